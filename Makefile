@@ -1,0 +1,36 @@
+# The README's commands. Everything a fresh machine needs is installed here.
+PY ?= python3
+PIP := $(PY) -m pip
+# extras installed by `make setup`; the test suite covers all of them
+EXTRAS ?= dev,embed,train,bench
+export OMP_NUM_THREADS ?= 2
+export MKL_NUM_THREADS ?= 2
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+
+.PHONY: setup demo test test-rust test-py bench bench-rust lint
+
+setup:
+	$(PIP) install --quiet --upgrade "pip>=23.1" "maturin>=1.9.4,<2.0"
+	$(PIP) install --quiet --no-build-isolation -e ".[$(EXTRAS)]"
+
+demo: setup
+	$(PY) -m mrt_fast.cli demo
+
+test: setup test-rust test-py
+
+test-rust:
+	cargo test --workspace --release
+
+test-py:
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: setup
+	$(PY) bench/run_select_bench.py
+
+bench-rust:
+	cargo bench -p grades_core
+
+lint:
+	cargo clippy --workspace --all-targets -- -D warnings

@@ -1,0 +1,705 @@
+//! Quality-weighted facility location ("GRADES") and its greedy optimisers.
+//!
+//! Objective over a ground set `U` with weights `w_i = q_i^alpha` and
+//! similarities `S_ij` in [0, 1]:
+//!
+//! ```text
+//! F(S) = sum_{i in U} w_i * max_{j in S} w_j * S_ij      (max over {} = 0)
+//! gain(j | S) = sum_i w_i * max(0, w_j * S_ij - c_i),    c_i = current cover of i
+//! ```
+//!
+//! F is normalised, monotone and submodular for w >= 0 and S >= 0, so greedy
+//! is within (1 - 1/e) of the best K-subset. Both optimisers pick the largest
+//! gain with ties going to the lower index; lazy greedy (Minoux) re-evaluates
+//! only stale heap tops and returns exactly what naive greedy returns.
+//!
+//! **Certificate.** For any greedy prefix `S_t`, `OPT <= F(S_t) + (sum of the K
+//! largest marginal gains w.r.t. S_t)`. Each result carries the minimum of that
+//! bound over the prefixes examined (every prefix for naive greedy and for
+//! lazy greedy on pools of at most 4096 candidates; prefixes 0, 1, 2, 4, 8, ...
+//! and K otherwise), using exact gains where known and, for lazy greedy, the
+//! heap's stale gains, which are valid upper bounds by submodularity.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use rayon::prelude::*;
+
+use crate::error::{invalid, Error, Result};
+use crate::kernel::{gather_normalized, gemm_abt, gram, Csr, Kernel};
+use crate::pools::Pools;
+
+/// Which greedy runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Optimizer {
+    Naive,
+    Lazy,
+}
+
+impl Optimizer {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "naive" => Ok(Optimizer::Naive),
+            "lazy" => Ok(Optimizer::Lazy),
+            other => invalid(format!("optimizer must be 'lazy' or 'naive', got {other:?}")),
+        }
+    }
+}
+
+/// Parameters shared by every facility-location entry point.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// Number of candidates to keep per pool (>= 1).
+    pub k: usize,
+    /// Quality exponent (>= 0); 0 ignores rewards (plain diversity).
+    pub alpha: f64,
+    /// Smoothing in the quality normalisation (> 0).
+    pub eps: f64,
+    /// Keep only the `k_max` best-quality candidates as the ground set.
+    pub k_max: Option<usize>,
+    pub optimizer: Optimizer,
+}
+
+impl Params {
+    pub fn validate(&self) -> Result<()> {
+        if self.k < 1 {
+            return invalid(format!("k must be >= 1, got {}", self.k));
+        }
+        if !self.alpha.is_finite() || self.alpha < 0.0 {
+            return invalid(format!("alpha must be a finite number >= 0, got {}", self.alpha));
+        }
+        if !self.eps.is_finite() || self.eps <= 0.0 {
+            return invalid(format!("eps must be a finite number > 0, got {}", self.eps));
+        }
+        if let Some(km) = self.k_max {
+            if km < self.k {
+                return invalid(format!("k_max must be >= k, got k_max = {km} < k = {}", self.k));
+            }
+        }
+        Ok(())
+    }
+
+    fn needs_rewards(&self) -> bool {
+        self.alpha > 0.0 || self.k_max.is_some()
+    }
+}
+
+/// The outcome of one pool.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FlResult {
+    /// Chosen candidates (indices within the pool), in pick order.
+    pub indices: Vec<usize>,
+    /// Marginal gain of each pick, in pick order.
+    pub gains: Vec<f64>,
+    /// F(S) of the chosen set.
+    pub objective: f64,
+    /// Certified upper bound on the best K-subset's F.
+    pub upper_bound: f64,
+}
+
+impl FlResult {
+    /// objective / upper_bound (1 when both are 0).
+    pub fn ratio(&self) -> f64 {
+        if self.upper_bound > 0.0 {
+            self.objective / self.upper_bound
+        } else {
+            1.0
+        }
+    }
+}
+
+/// GRADES quality `q_j = eps + (r_j - min r) / (max r - min r + eps)`.
+pub fn quality(rewards: &[f64], eps: f64) -> Vec<f64> {
+    if rewards.is_empty() {
+        return Vec::new();
+    }
+    let (lo, hi) = rewards
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    let den = hi - lo + eps;
+    rewards.iter().map(|&r| eps + (r - lo) / den).collect()
+}
+
+/// Positions of the `k_max` largest qualities, ties to the lower index,
+/// returned in ascending index order (so later ties still go to the lower index).
+pub fn prefilter(q: &[f64], k_max: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..q.len()).collect();
+    if k_max < q.len() {
+        order.sort_by(|&a, &b| q[b].total_cmp(&q[a]).then(a.cmp(&b)));
+        order.truncate(k_max);
+        order.sort_unstable();
+    }
+    order
+}
+
+/// A source of similarities that greedy can query.
+pub trait Source {
+    /// Size of the ground set.
+    fn n(&self) -> usize;
+    /// `sum_i w_i * max(0, w_j * S_ij - c_i)` for each `j` in `js`.
+    fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]);
+    /// `c_i = max(c_i, w_j * S_ij)` for every i.
+    fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]);
+    /// Upper bounds on every gain with an empty cover (default: exact).
+    fn initial_bounds(&mut self, w: &[f64], out: &mut [f64]) {
+        let n = self.n();
+        let all: Vec<usize> = (0..n).collect();
+        let c = vec![0.0; n];
+        self.gains(&all, w, &c, out);
+    }
+    /// How many stale heap tops lazy greedy re-evaluates at once.
+    fn batch(&self) -> usize {
+        1
+    }
+}
+
+#[inline(always)]
+fn column_gain(col: &[f32], wj: f64, w: &[f64], c: &[f64]) -> f64 {
+    let mut acc = 0.0f64;
+    for ((&s, &wi), &ci) in col.iter().zip(w).zip(c) {
+        let t = wj * s as f64 - ci;
+        if t > 0.0 {
+            acc += wi * t;
+        }
+    }
+    acc
+}
+
+#[inline(always)]
+fn column_cover(col: &[f32], wj: f64, c: &mut [f64]) {
+    for (&s, ci) in col.iter().zip(c.iter_mut()) {
+        let v = wj * s as f64;
+        if v > *ci {
+            *ci = v;
+        }
+    }
+}
+
+/// A dense similarity held column by column: column `j` (the `S_ij` for all
+/// i) is `s[j*n .. (j+1)*n]`. A symmetric row-major matrix qualifies as is.
+pub struct DenseSource<'a> {
+    pub s: &'a [f32],
+    pub n: usize,
+}
+
+impl Source for DenseSource<'_> {
+    fn n(&self) -> usize {
+        self.n
+    }
+    fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
+        let n = self.n;
+        for (o, &j) in out.iter_mut().zip(js) {
+            *o = column_gain(&self.s[j * n..(j + 1) * n], w[j], w, c);
+        }
+    }
+    fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
+        let n = self.n;
+        column_cover(&self.s[j * n..(j + 1) * n], w[j], c);
+    }
+}
+
+/// A sparse similarity held column by column (row `j` of `cols` lists the
+/// `i` with a stored `S_ij`).
+pub struct SparseSource<'a> {
+    pub cols: &'a Csr,
+}
+
+impl Source for SparseSource<'_> {
+    fn n(&self) -> usize {
+        self.cols.n
+    }
+    fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
+        let m = self.cols;
+        for (o, &j) in out.iter_mut().zip(js) {
+            let wj = w[j];
+            let mut acc = 0.0f64;
+            for e in m.indptr[j]..m.indptr[j + 1] {
+                let i = m.indices[e] as usize;
+                let t = wj * m.data[e] as f64 - c[i];
+                if t > 0.0 {
+                    acc += w[i] * t;
+                }
+            }
+            *o = acc;
+        }
+    }
+    fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
+        let m = self.cols;
+        let wj = w[j];
+        for e in m.indptr[j]..m.indptr[j + 1] {
+            let i = m.indices[e] as usize;
+            let v = wj * m.data[e] as f64;
+            if v > c[i] {
+                c[i] = v;
+            }
+        }
+    }
+}
+
+/// Rows per fixed chunk of the on-demand source; fixed so that sums do not
+/// depend on the number of threads.
+const CHUNK: usize = 512;
+
+/// Similarity columns recomputed on demand from unit-norm embeddings: memory
+/// O(n d), never the n x n matrix. Gains of a batch of columns are one GEMM
+/// per fixed row chunk, chunks in parallel.
+pub struct OnDemandSource {
+    x: Vec<f32>,
+    n: usize,
+    d: usize,
+    kernel: Kernel,
+    batch: usize,
+}
+
+impl OnDemandSource {
+    /// `x` must hold unit-norm rows (see [`crate::kernel::normalize_rows`]).
+    pub fn new(x: Vec<f32>, n: usize, d: usize, kernel: Kernel) -> Self {
+        Self { x, n, d, kernel, batch: 32 }
+    }
+
+    fn column(&self, j: usize, out: &mut [f32]) {
+        let d = self.d;
+        let xj = &self.x[j * d..(j + 1) * d];
+        let kernel = self.kernel;
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, o)| {
+            let r0 = ci * CHUNK;
+            gemm_abt(&self.x[r0 * d..(r0 + o.len()) * d], o.len(), xj, 1, d, o);
+            for v in o.iter_mut() {
+                *v = kernel.apply(*v);
+            }
+        });
+        out[j] = kernel.apply(1.0);
+    }
+}
+
+impl Source for OnDemandSource {
+    fn n(&self) -> usize {
+        self.n
+    }
+    fn batch(&self) -> usize {
+        self.batch
+    }
+    fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
+        let (n, d, kernel) = (self.n, self.d, self.kernel);
+        let b = js.len();
+        if b == 0 {
+            return;
+        }
+        let mut xb = Vec::with_capacity(b * d);
+        for &j in js {
+            xb.extend_from_slice(&self.x[j * d..(j + 1) * d]);
+        }
+        let x = &self.x;
+        let n_chunks = n.div_ceil(CHUNK);
+        let partial: Vec<Vec<f64>> = (0..n_chunks)
+            .into_par_iter()
+            .map(|ci| {
+                let r0 = ci * CHUNK;
+                let rows = CHUNK.min(n - r0);
+                // block (b x rows): block[r][i] = x_{js[r]} . x_{r0 + i}
+                let mut block = vec![0f32; b * rows];
+                gemm_abt(&xb, b, &x[r0 * d..(r0 + rows) * d], rows, d, &mut block);
+                let mut acc = vec![0f64; b];
+                for (r, &j) in js.iter().enumerate() {
+                    let col = &mut block[r * rows..(r + 1) * rows];
+                    for v in col.iter_mut() {
+                        *v = kernel.apply(*v);
+                    }
+                    if j >= r0 && j < r0 + rows {
+                        col[j - r0] = kernel.apply(1.0);
+                    }
+                    acc[r] = column_gain(col, w[j], &w[r0..r0 + rows], &c[r0..r0 + rows]);
+                }
+                acc
+            })
+            .collect();
+        for (r, o) in out.iter_mut().enumerate().take(b) {
+            *o = partial.iter().map(|p| p[r]).sum();
+        }
+    }
+    fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
+        let mut col = vec![0f32; self.n];
+        self.column(j, &mut col);
+        column_cover(&col, w[j], c);
+    }
+    fn initial_bounds(&mut self, w: &[f64], out: &mut [f64]) {
+        // Upper bounds with a small relative slack: any valid bound keeps lazy
+        // greedy exact, because a pick is always re-evaluated by `gains` first.
+        let (n, d) = (self.n, self.d);
+        const SLACK: f64 = 1.0 + 1e-5;
+        match self.kernel {
+            Kernel::Shift => {
+                // sum_i w_i (1 + x_i.x_j)/2 = (sum w + x_j . sum_i w_i x_i) / 2
+                let sw: f64 = w.iter().sum();
+                let mut m = vec![0f64; d];
+                for (i, row) in self.x.chunks_exact(d).enumerate() {
+                    for (a, &v) in m.iter_mut().zip(row) {
+                        *a += w[i] * v as f64;
+                    }
+                }
+                for (j, o) in out.iter_mut().enumerate() {
+                    let row = &self.x[j * d..(j + 1) * d];
+                    let dot: f64 = row.iter().zip(&m).map(|(&a, &b)| a as f64 * b).sum();
+                    *o = (w[j] * 0.5 * (sw + dot)).max(0.0) * SLACK + 1e-12;
+                }
+            }
+            Kernel::Clip => {
+                let c = vec![0.0; n];
+                let all: Vec<usize> = (0..n).collect();
+                for (js, o) in all.chunks(256).zip(out.chunks_mut(256)) {
+                    self.gains(js, w, &c, o);
+                }
+                for o in out.iter_mut() {
+                    *o = *o * SLACK + 1e-12;
+                }
+            }
+        }
+    }
+}
+
+/// Sum of the `k` largest values (all of them if fewer).
+fn top_k_sum(vals: &mut [f64], k: usize) -> f64 {
+    if vals.len() > k && k > 0 {
+        vals.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        vals[..k].iter().sum()
+    } else if k == 0 {
+        0.0
+    } else {
+        vals.iter().sum()
+    }
+}
+
+/// Whether the certificate is evaluated after `t` picks.
+fn certify_at(t: usize, k: usize, n: usize) -> bool {
+    n <= 4096 || t == k || t.is_power_of_two() || t == 0
+}
+
+/// Heap entry: larger gain first, then lower index.
+#[derive(Clone, Copy)]
+struct Entry {
+    g: f64,
+    j: usize,
+}
+impl PartialEq for Entry {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.g.total_cmp(&o.g).then(o.j.cmp(&self.j))
+    }
+}
+
+/// Greedy maximisation of F over `src` with weights `w`, keeping
+/// `min(k, n)` elements. Indices are positions in the source's ground set.
+pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimizer) -> FlResult {
+    let n = src.n();
+    let k = k.min(n);
+    let mut res = FlResult::default();
+    if n == 0 {
+        return res;
+    }
+    let mut c = vec![0f64; n];
+    let mut chosen = vec![false; n];
+    let mut f = 0.0f64;
+    let mut ub = f64::INFINITY;
+    let mut scratch: Vec<f64> = Vec::with_capacity(n);
+    match opt {
+        Optimizer::Naive => {
+            let mut g = vec![0f64; n];
+            let mut js: Vec<usize> = (0..n).collect();
+            for t in 0..=k {
+                js.retain(|&j| !chosen[j]);
+                let mut gj = vec![0f64; js.len()];
+                src.gains(&js, w, &c, &mut gj);
+                for (&j, &v) in js.iter().zip(&gj) {
+                    g[j] = v;
+                }
+                if certify_at(t, k, n) {
+                    scratch.clear();
+                    scratch.extend_from_slice(&gj);
+                    ub = ub.min(f + top_k_sum(&mut scratch, k));
+                }
+                if t == k {
+                    break;
+                }
+                // argmax, ties to the lower index (js is ascending)
+                let mut best = js[0];
+                for &j in &js[1..] {
+                    if g[j] > g[best] {
+                        best = j;
+                    }
+                }
+                chosen[best] = true;
+                f += g[best];
+                src.cover(best, w, &mut c);
+                res.indices.push(best);
+                res.gains.push(g[best]);
+            }
+        }
+        Optimizer::Lazy => {
+            let mut init = vec![0f64; n];
+            src.initial_bounds(w, &mut init);
+            scratch.extend_from_slice(&init);
+            ub = ub.min(top_k_sum(&mut scratch, k));
+            let mut heap: BinaryHeap<Entry> = init.iter().enumerate().map(|(j, &g)| Entry { g, j }).collect();
+            // step at which each entry's value was computed exactly; initial
+            // bounds count as stale so every pick is evaluated by `gains`.
+            let mut fresh = vec![usize::MAX; n];
+            let b = src.batch().max(1);
+            let mut stale: Vec<usize> = Vec::with_capacity(b);
+            let mut keep: Vec<Entry> = Vec::with_capacity(b);
+            let mut vals = vec![0f64; b];
+            for t in 0..k {
+                if t > 0 && certify_at(t, k, n) {
+                    scratch.clear();
+                    scratch.extend(heap.iter().map(|e| e.g));
+                    ub = ub.min(f + top_k_sum(&mut scratch, k));
+                }
+                loop {
+                    let top = *heap.peek().expect("heap holds every unchosen element");
+                    if fresh[top.j] == t {
+                        heap.pop();
+                        chosen[top.j] = true;
+                        f += top.g;
+                        src.cover(top.j, w, &mut c);
+                        res.indices.push(top.j);
+                        res.gains.push(top.g);
+                        break;
+                    }
+                    stale.clear();
+                    keep.clear();
+                    while stale.len() < b {
+                        match heap.peek() {
+                            Some(e) if fresh[e.j] != t => {
+                                stale.push(e.j);
+                                heap.pop();
+                            }
+                            Some(e) if stale.is_empty() => {
+                                keep.push(*e);
+                                heap.pop();
+                            }
+                            _ => break,
+                        }
+                    }
+                    src.gains(&stale, w, &c, &mut vals[..stale.len()]);
+                    for (&j, &g) in stale.iter().zip(&vals) {
+                        fresh[j] = t;
+                        heap.push(Entry { g, j });
+                    }
+                    heap.extend(keep.drain(..));
+                }
+            }
+            scratch.clear();
+            scratch.extend(heap.iter().map(|e| e.g));
+            ub = ub.min(f + top_k_sum(&mut scratch, k));
+        }
+    }
+    // F(S) from the final cover, not the running sum of gains.
+    res.objective = c.iter().zip(w).map(|(&ci, &wi)| wi * ci).sum();
+    res.upper_bound = ub.max(res.objective);
+    res
+}
+
+/// Quality weights `q^alpha` for the ground set `u` of one pool, given the
+/// pool's rewards (None: all weights 1).
+fn weights_for(q: Option<&[f64]>, u: &[usize], alpha: f64) -> Vec<f64> {
+    match q {
+        Some(q) if alpha > 0.0 => u.iter().map(|&i| q[i].powf(alpha)).collect(),
+        _ => vec![1.0; u.len()],
+    }
+}
+
+/// Check rewards are finite; name the pool and the candidate.
+fn check_rewards(pool: usize, r: &[f64]) -> Result<()> {
+    if let Some((i, &v)) = r.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        return Err(Error::Pool { pool, msg: format!("reward of candidate {i} is {v}; rewards must be finite") });
+    }
+    Ok(())
+}
+
+/// Quality and ground set of one pool (all candidates unless k_max prefilters).
+fn ground_set(pool: usize, n: usize, rewards: Option<&[f64]>, params: &Params) -> Result<(Option<Vec<f64>>, Vec<usize>)> {
+    let q = match rewards {
+        Some(r) => {
+            check_rewards(pool, r)?;
+            Some(quality(r, params.eps))
+        }
+        None => None,
+    };
+    let u = match (params.k_max, &q) {
+        (Some(km), Some(q)) => prefilter(q, km),
+        _ => (0..n).collect(),
+    };
+    Ok((q, u))
+}
+
+fn need_rewards_error() -> Error {
+    Error::Invalid("alpha > 0 or k_max needs rewards; pass rewards or use alpha = 0".into())
+}
+
+/// Per-thread buffers for the batched path.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    s: Vec<f32>,
+    r: Vec<f64>,
+}
+
+fn run_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>, params: &Params, kernel: Kernel, sc: &mut Scratch) -> Result<FlResult> {
+    let n = pools.layout.len(p);
+    if n == 0 {
+        return Ok(FlResult::default());
+    }
+    let pool_rewards = match rewards {
+        Some(r) => {
+            sc.r.clear();
+            sc.r.extend((0..n).map(|i| r[pools.layout.row(p, i)]));
+            Some(&sc.r[..])
+        }
+        None => None,
+    };
+    let (q, u) = ground_set(p, n, pool_rewards, params)?;
+    gather_normalized(pools, p, &u, &mut sc.x)?;
+    let m = u.len();
+    gram(&sc.x, m, pools.dim, kernel, &mut sc.s);
+    let w = weights_for(q.as_deref(), &u, params.alpha);
+    let mut src = DenseSource { s: &sc.s, n: m };
+    let mut res = greedy(&mut src, &w, params.k, params.optimizer);
+    for i in res.indices.iter_mut() {
+        *i = u[*i];
+    }
+    Ok(res)
+}
+
+/// Facility location on every pool of a ragged batch, in parallel over pools.
+/// `rewards`, when given, is indexed by matrix row (like the embeddings).
+pub fn facility_location_batch(pools: &Pools<'_>, rewards: Option<&[f64]>, params: &Params, kernel: Kernel) -> Result<Vec<FlResult>> {
+    params.validate()?;
+    if params.needs_rewards() && rewards.is_none() {
+        return Err(need_rewards_error());
+    }
+    if let Some(r) = rewards {
+        if r.len() != pools.layout.n_rows() {
+            return invalid(format!("rewards has {} entries but embeddings have {} rows", r.len(), pools.layout.n_rows()));
+        }
+    }
+    let out: Vec<Result<FlResult>> = (0..pools.layout.n_pools())
+        .into_par_iter()
+        .map_init(Scratch::default, |sc, p| run_pool(pools, p, rewards, params, kernel, sc))
+        .collect();
+    // the first failing pool, deterministically
+    out.into_iter().collect()
+}
+
+fn single_pool_setup(n: usize, rewards: Option<&[f64]>, params: &Params) -> Result<(Option<Vec<f64>>, Vec<usize>, Vec<f64>)> {
+    params.validate()?;
+    if params.needs_rewards() && rewards.is_none() {
+        return Err(need_rewards_error());
+    }
+    if let Some(r) = rewards {
+        if r.len() != n {
+            return invalid(format!("rewards has {} entries but the pool has {} candidates", r.len(), n));
+        }
+    }
+    let (q, u) = ground_set(0, n, rewards, params)?;
+    let w = weights_for(q.as_deref(), &u, params.alpha);
+    Ok((q, u, w))
+}
+
+fn remap(mut res: FlResult, u: &[usize]) -> FlResult {
+    for i in res.indices.iter_mut() {
+        *i = u[*i];
+    }
+    res
+}
+
+/// Facility location on one pool with a precomputed dense similarity
+/// (row-major `n x n`, values in [0, 1]; need not be symmetric).
+pub fn facility_location_dense(sim: &[f32], n: usize, rewards: Option<&[f64]>, params: &Params) -> Result<FlResult> {
+    if sim.len() != n * n {
+        return invalid(format!("similarity has {} entries, expected n * n = {}", sim.len(), n * n));
+    }
+    if let Some((e, &v)) = sim.iter().enumerate().find(|(_, v)| !v.is_finite() || !(0.0..=1.0).contains(*v)) {
+        return invalid(format!(
+            "similarity[{}, {}] = {v} is outside [0, 1]; map cosines with kernel='clip' or 'shift' first",
+            e / n.max(1),
+            e % n.max(1)
+        ));
+    }
+    let (_, u, w) = single_pool_setup(n, rewards, params)?;
+    let m = u.len();
+    // column-major copy of the ground-set block: col j holds S_ij, i in U
+    let mut cols = vec![0f32; m * m];
+    for (jj, &j) in u.iter().enumerate() {
+        for (ii, &i) in u.iter().enumerate() {
+            cols[jj * m + ii] = sim[i * n + j];
+        }
+    }
+    let mut src = DenseSource { s: &cols, n: m };
+    Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u))
+}
+
+/// Facility location on one pool with a sparse similarity graph.
+pub fn facility_location_sparse(graph: &Csr, rewards: Option<&[f64]>, params: &Params) -> Result<FlResult> {
+    let n = graph.n;
+    let (_, u, w) = single_pool_setup(n, rewards, params)?;
+    let cols = if u.len() == n {
+        graph.transpose()
+    } else {
+        // restrict to the ground set, renumbered 0..m
+        let mut pos = vec![u32::MAX; n];
+        for (k, &i) in u.iter().enumerate() {
+            pos[i] = k as u32;
+        }
+        let mut indptr = vec![0usize];
+        let mut indices = Vec::new();
+        let mut data = Vec::new();
+        for &i in &u {
+            for e in graph.indptr[i]..graph.indptr[i + 1] {
+                let j = graph.indices[e] as usize;
+                if pos[j] != u32::MAX {
+                    indices.push(pos[j]);
+                    data.push(graph.data[e]);
+                }
+            }
+            indptr.push(indices.len());
+        }
+        Csr { n: u.len(), indptr, indices, data }.transpose()
+    };
+    let mut src = SparseSource { cols: &cols };
+    Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u))
+}
+
+/// Facility location on one large pool of embeddings without ever holding the
+/// n x n similarity: columns are recomputed on demand (memory O(n d)).
+pub fn facility_location_on_demand(x: &[f32], n: usize, d: usize, rewards: Option<&[f64]>, params: &Params, kernel: Kernel) -> Result<FlResult> {
+    if d == 0 || x.len() != n * d {
+        return invalid(format!("embeddings have {} floats, expected n * d = {} * {}", x.len(), n, d));
+    }
+    let (_, u, w) = single_pool_setup(n, rewards, params)?;
+    let offsets = [0u64, n as u64];
+    let layout = crate::pools::Layout::single(&offsets);
+    let pools = Pools { data: x, dim: d, layout };
+    let mut xn = Vec::new();
+    gather_normalized(&pools, 0, &u, &mut xn)?;
+    let mut src = OnDemandSource::new(xn, u.len(), d, kernel);
+    Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u))
+}
+
+/// Naive reference objective (for tests): F(S) over a dense column-major source.
+pub fn objective_dense(s: &[f32], n: usize, w: &[f64], set: &[usize]) -> f64 {
+    (0..n)
+        .map(|i| {
+            let best = set.iter().map(|&j| w[j] * s[j * n + i] as f64).fold(0.0f64, f64::max);
+            w[i] * best
+        })
+        .sum()
+}

@@ -1,0 +1,223 @@
+//! Similarity: cosine mapped into [0, 1], as dense Gram blocks (GEMM) or a
+//! sparse CSR graph.
+//!
+//! The facility-location objective needs `S_ij` in `[0, 1]`. Cosine `c` lies in
+//! `[-1, 1]`; the [`Kernel`] says how it is mapped:
+//! * [`Kernel::Clip`]: `max(0, c)` (negative similarity counts as none);
+//! * [`Kernel::Shift`]: `(1 + c) / 2` (the paper's code uses this).
+
+use crate::error::{invalid, Error, Result};
+use crate::pools::Pools;
+
+/// How a cosine in [-1, 1] becomes a similarity in [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// `max(0, c)`
+    Clip,
+    /// `(1 + c) / 2`
+    Shift,
+}
+
+impl Kernel {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "clip" => Ok(Kernel::Clip),
+            "shift" => Ok(Kernel::Shift),
+            other => invalid(format!("kernel must be 'clip' or 'shift', got {other:?}")),
+        }
+    }
+
+    /// Map a cosine to a similarity in [0, 1] (the cosine is clamped to
+    /// [-1, 1] first so rounding never leaves the range).
+    #[inline(always)]
+    pub fn apply(self, c: f32) -> f32 {
+        let c = c.clamp(-1.0, 1.0);
+        match self {
+            Kernel::Clip => c.max(0.0),
+            Kernel::Shift => 0.5 * (1.0 + c),
+        }
+    }
+}
+
+/// Copy the rows of the candidates `which` of pool `p` into `out`
+/// (row-major, `which.len() x dim`), each scaled to unit norm. Fails on a
+/// non-finite value or a zero-norm row, naming the pool and candidate.
+pub fn gather_normalized(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f32>) -> Result<()> {
+    let d = pools.dim;
+    out.clear();
+    out.reserve(which.len() * d);
+    for &i in which {
+        let row = pools.layout.row(p, i);
+        let x = pools.row_slice(row);
+        let mut ss = 0.0f64;
+        for &v in x {
+            if !v.is_finite() {
+                return Err(Error::Pool {
+                    pool: p,
+                    msg: format!("embedding of candidate {i} (row {row}) holds a non-finite value {v}"),
+                });
+            }
+            ss += (v as f64) * (v as f64);
+        }
+        if ss == 0.0 || !ss.is_finite() {
+            return Err(Error::Pool {
+                pool: p,
+                msg: format!("embedding of candidate {i} (row {row}) has zero norm; cosine similarity is undefined"),
+            });
+        }
+        let inv = (1.0 / ss.sqrt()) as f32;
+        out.extend(x.iter().map(|&v| v * inv));
+    }
+    Ok(())
+}
+
+/// Normalise every row of a row-major `n x d` matrix in place (for one pool).
+pub fn normalize_rows(x: &mut [f32], d: usize) -> Result<()> {
+    for (i, row) in x.chunks_exact_mut(d).enumerate() {
+        let mut ss = 0.0f64;
+        for &v in row.iter() {
+            if !v.is_finite() {
+                return invalid(format!("embedding row {i} holds a non-finite value {v}"));
+            }
+            ss += (v as f64) * (v as f64);
+        }
+        if ss == 0.0 || !ss.is_finite() {
+            return invalid(format!("embedding row {i} has zero norm; cosine similarity is undefined"));
+        }
+        let inv = (1.0 / ss.sqrt()) as f32;
+        row.iter_mut().for_each(|v| *v *= inv);
+    }
+    Ok(())
+}
+
+/// `c (m x n) = a (m x d) * b (n x d)^T`, all row-major, single-threaded GEMM.
+#[inline]
+pub fn gemm_abt(a: &[f32], m: usize, b: &[f32], n: usize, d: usize, c: &mut [f32]) {
+    debug_assert!(a.len() >= m * d && b.len() >= n * d && c.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: the slices hold at least m*d, n*d and m*n elements (checked in
+    // debug above, guaranteed by every caller), strides describe row-major
+    // a, the transpose of row-major b, and row-major c.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            d,
+            n,
+            1.0,
+            a.as_ptr(),
+            d as isize,
+            1,
+            b.as_ptr(),
+            1,
+            d as isize,
+            0.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+/// Similarity matrix of unit-norm rows `x` (`n x d`): `out[i*n + j] =
+/// kernel(x_i . x_j)`, symmetric. The diagonal is set to `kernel(1)`.
+pub fn gram(x: &[f32], n: usize, d: usize, kernel: Kernel, out: &mut Vec<f32>) {
+    out.clear();
+    out.resize(n * n, 0.0);
+    gemm_abt(x, n, x, n, d, out);
+    for v in out.iter_mut() {
+        *v = kernel.apply(*v);
+    }
+    let one = kernel.apply(1.0);
+    for i in 0..n {
+        out[i * n + i] = one;
+    }
+}
+
+/// A sparse similarity graph in compressed-sparse-row form. Row `i` lists the
+/// `j` with a stored `S_ij`; absent entries are 0.
+#[derive(Debug, Clone)]
+pub struct Csr {
+    pub n: usize,
+    pub indptr: Vec<usize>,
+    pub indices: Vec<u32>,
+    pub data: Vec<f32>,
+}
+
+impl Csr {
+    /// Validate and copy a CSR graph. Values must be finite and in [0, 1]
+    /// (map cosines with a [`Kernel`] first); indices in range.
+    pub fn new(n: usize, indptr: &[i64], indices: &[i64], data: &[f32]) -> Result<Self> {
+        if indptr.len() != n + 1 {
+            return invalid(format!("indptr has {} entries, expected n + 1 = {}", indptr.len(), n + 1));
+        }
+        if indptr[0] != 0 {
+            return invalid(format!("indptr must start at 0, got {}", indptr[0]));
+        }
+        if indices.len() != data.len() {
+            return invalid(format!(
+                "indices ({}) and data ({}) must have the same length",
+                indices.len(),
+                data.len()
+            ));
+        }
+        let mut ip = Vec::with_capacity(n + 1);
+        for (i, w) in indptr.windows(2).enumerate() {
+            if w[1] < w[0] {
+                return invalid(format!("indptr decreases at row {i}: {} > {}", w[0], w[1]));
+            }
+            ip.push(w[0] as usize);
+        }
+        let nnz = *indptr.last().unwrap();
+        if nnz < 0 || nnz as usize != indices.len() {
+            return invalid(format!("indptr ends at {nnz} but there are {} stored entries", indices.len()));
+        }
+        ip.push(nnz as usize);
+        let mut idx = Vec::with_capacity(indices.len());
+        for (e, &j) in indices.iter().enumerate() {
+            if j < 0 || j as usize >= n {
+                return invalid(format!("indices[{e}] = {j} is out of range for n = {n}"));
+            }
+            idx.push(j as u32);
+        }
+        for (e, &v) in data.iter().enumerate() {
+            if !v.is_finite() || !(0.0..=1.0).contains(&v) {
+                return invalid(format!(
+                    "similarity data[{e}] = {v} is outside [0, 1]; map cosines with kernel='clip' or 'shift' first"
+                ));
+            }
+        }
+        Ok(Self { n, indptr: ip, indices: idx, data: data.to_vec() })
+    }
+
+    pub fn nnz(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// The transpose (CSR of S^T, i.e. CSC of S): row j of the result lists the
+    /// `i` with a stored `S_ij`. Entries keep ascending order.
+    pub fn transpose(&self) -> Csr {
+        let n = self.n;
+        let mut counts = vec![0usize; n + 1];
+        for &j in &self.indices {
+            counts[j as usize + 1] += 1;
+        }
+        for j in 0..n {
+            counts[j + 1] += counts[j];
+        }
+        let mut next = counts.clone();
+        let mut indices = vec![0u32; self.nnz()];
+        let mut data = vec![0f32; self.nnz()];
+        for i in 0..n {
+            for e in self.indptr[i]..self.indptr[i + 1] {
+                let j = self.indices[e] as usize;
+                let slot = next[j];
+                next[j] += 1;
+                indices[slot] = i as u32;
+                data[slot] = self.data[e];
+            }
+        }
+        Csr { n, indptr: counts, indices, data }
+    }
+}

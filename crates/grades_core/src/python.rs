@@ -1,0 +1,364 @@
+//! PyO3 bindings (cargo feature `python`). The only file that knows Python.
+//!
+//! Every entry point validates its arrays, releases the GIL for the work, and
+//! turns core errors into `ValueError` and any internal panic into
+//! `RuntimeError`, so nothing unwinds into the interpreter.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::error::Error;
+use crate::facility::{self, FlResult, Optimizer, Params};
+use crate::kernel::{self, Csr, Kernel};
+use crate::pools::{Layout, Pools};
+use crate::sampling::{self, Picks};
+
+fn to_py(e: Error) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// Run `f` without the GIL; map errors and panics to Python exceptions.
+fn run<T: Send, F: FnOnce() -> crate::Result<T> + Send>(py: Python<'_>, f: F) -> PyResult<T> {
+    py.detach(|| match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(to_py(e)),
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown".into());
+            Err(PyRuntimeError::new_err(format!("internal error in mrt_fast core: {msg}")))
+        }
+    })
+}
+
+fn slice1<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, name: &str) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| PyValueError::new_err(format!("{name} must be a contiguous 1-d array")))
+}
+
+fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, name: &str) -> PyResult<(&'a [T], usize, usize)> {
+    let sh = a.shape();
+    let (r, c) = (sh[0], sh[1]);
+    let s = a.as_slice().map_err(|_| PyValueError::new_err(format!("{name} must be a C-contiguous 2-d array")))?;
+    Ok((s, r, c))
+}
+
+fn params(k: usize, alpha: f64, eps: f64, k_max: Option<usize>, optimizer: &str) -> PyResult<Params> {
+    let p = Params { k, alpha, eps, k_max, optimizer: Optimizer::parse(optimizer).map_err(to_py)? };
+    p.validate().map_err(to_py)?;
+    Ok(p)
+}
+
+fn single_result<'py>(py: Python<'py>, r: FlResult) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let idx: Vec<u64> = r.indices.iter().map(|&i| i as u64).collect();
+    d.set_item("indices", PyArray1::from_vec(py, idx))?;
+    d.set_item("gains", PyArray1::from_vec(py, r.gains))?;
+    d.set_item("objective", r.objective)?;
+    d.set_item("upper_bound", r.upper_bound)?;
+    Ok(d)
+}
+
+/// Facility location over a ragged batch of pools.
+/// Returns dict(indices, offsets, gains, objective, upper_bound): pool p's picks
+/// are indices[offsets[p]:offsets[p+1]] (positions within the pool).
+#[pyfunction]
+#[pyo3(signature = (data, offsets, k, *, rows=None, rewards=None, alpha=0.0, eps=1e-6, k_max=None, kernel="shift", optimizer="lazy"))]
+#[allow(clippy::too_many_arguments)]
+fn fl_batch<'py>(
+    py: Python<'py>,
+    data: PyReadonlyArray2<'py, f32>,
+    offsets: PyReadonlyArray1<'py, u64>,
+    k: usize,
+    rows: Option<PyReadonlyArray1<'py, u64>>,
+    rewards: Option<PyReadonlyArray1<'py, f64>>,
+    alpha: f64,
+    eps: f64,
+    k_max: Option<usize>,
+    kernel: &str,
+    optimizer: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (x, _, d) = slice2(&data, "embeddings")?;
+    let off = slice1(&offsets, "offsets")?;
+    let rows_s = match &rows {
+        Some(r) => Some(slice1(r, "rows")?),
+        None => None,
+    };
+    let rew = match &rewards {
+        Some(r) => Some(slice1(r, "rewards")?),
+        None => None,
+    };
+    let p = params(k, alpha, eps, k_max, optimizer)?;
+    let kern = Kernel::parse(kernel).map_err(to_py)?;
+    let res = run(py, || {
+        let pools = Pools::new(x, d, off, rows_s)?;
+        facility::facility_location_batch(&pools, rew, &p, kern)
+    })?;
+    let mut out_off = Vec::with_capacity(res.len() + 1);
+    out_off.push(0u64);
+    let mut idx = Vec::new();
+    let mut gains = Vec::new();
+    let mut obj = Vec::with_capacity(res.len());
+    let mut ub = Vec::with_capacity(res.len());
+    for r in res {
+        idx.extend(r.indices.iter().map(|&i| i as u64));
+        gains.extend_from_slice(&r.gains);
+        out_off.push(idx.len() as u64);
+        obj.push(r.objective);
+        ub.push(r.upper_bound);
+    }
+    let dct = PyDict::new(py);
+    dct.set_item("indices", PyArray1::from_vec(py, idx))?;
+    dct.set_item("offsets", PyArray1::from_vec(py, out_off))?;
+    dct.set_item("gains", PyArray1::from_vec(py, gains))?;
+    dct.set_item("objective", PyArray1::from_vec(py, obj))?;
+    dct.set_item("upper_bound", PyArray1::from_vec(py, ub))?;
+    Ok(dct)
+}
+
+/// Facility location on one pool with a precomputed dense similarity in [0, 1].
+#[pyfunction]
+#[pyo3(signature = (sim, k, *, rewards=None, alpha=0.0, eps=1e-6, k_max=None, optimizer="lazy"))]
+#[allow(clippy::too_many_arguments)]
+fn fl_dense<'py>(
+    py: Python<'py>,
+    sim: PyReadonlyArray2<'py, f32>,
+    k: usize,
+    rewards: Option<PyReadonlyArray1<'py, f64>>,
+    alpha: f64,
+    eps: f64,
+    k_max: Option<usize>,
+    optimizer: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (s, r, c) = slice2(&sim, "similarity")?;
+    if r != c {
+        return Err(PyValueError::new_err(format!("similarity must be square, got {r} x {c}")));
+    }
+    let rew = match &rewards {
+        Some(x) => Some(slice1(x, "rewards")?),
+        None => None,
+    };
+    let p = params(k, alpha, eps, k_max, optimizer)?;
+    let res = run(py, || facility::facility_location_dense(s, r, rew, &p))?;
+    single_result(py, res)
+}
+
+/// Facility location on one pool with a sparse CSR similarity graph in [0, 1].
+#[pyfunction]
+#[pyo3(signature = (n, indptr, indices, data, k, *, rewards=None, alpha=0.0, eps=1e-6, k_max=None, optimizer="lazy"))]
+#[allow(clippy::too_many_arguments)]
+fn fl_sparse<'py>(
+    py: Python<'py>,
+    n: usize,
+    indptr: PyReadonlyArray1<'py, i64>,
+    indices: PyReadonlyArray1<'py, i64>,
+    data: PyReadonlyArray1<'py, f32>,
+    k: usize,
+    rewards: Option<PyReadonlyArray1<'py, f64>>,
+    alpha: f64,
+    eps: f64,
+    k_max: Option<usize>,
+    optimizer: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (ip, ix, dv) = (slice1(&indptr, "indptr")?, slice1(&indices, "indices")?, slice1(&data, "data")?);
+    let rew = match &rewards {
+        Some(x) => Some(slice1(x, "rewards")?),
+        None => None,
+    };
+    let p = params(k, alpha, eps, k_max, optimizer)?;
+    let res = run(py, || {
+        let g = Csr::new(n, ip, ix, dv)?;
+        facility::facility_location_sparse(&g, rew, &p)
+    })?;
+    single_result(py, res)
+}
+
+/// Facility location on one large pool; similarity columns recomputed on
+/// demand, memory O(n d).
+#[pyfunction]
+#[pyo3(signature = (x, k, *, rewards=None, alpha=0.0, eps=1e-6, k_max=None, kernel="shift", optimizer="lazy"))]
+#[allow(clippy::too_many_arguments)]
+fn fl_on_demand<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray2<'py, f32>,
+    k: usize,
+    rewards: Option<PyReadonlyArray1<'py, f64>>,
+    alpha: f64,
+    eps: f64,
+    k_max: Option<usize>,
+    kernel: &str,
+    optimizer: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (xs, n, d) = slice2(&x, "embeddings")?;
+    let rew = match &rewards {
+        Some(v) => Some(slice1(v, "rewards")?),
+        None => None,
+    };
+    let p = params(k, alpha, eps, k_max, optimizer)?;
+    let kern = Kernel::parse(kernel).map_err(to_py)?;
+    let res = run(py, || facility::facility_location_on_demand(xs, n, d, rew, &p, kern))?;
+    single_result(py, res)
+}
+
+/// Cosine similarity of the rows of `x`, mapped into [0, 1] by `kernel`.
+#[pyfunction]
+#[pyo3(signature = (x, kernel="shift"))]
+fn similarity<'py>(py: Python<'py>, x: PyReadonlyArray2<'py, f32>, kernel: &str) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let (xs, n, d) = slice2(&x, "embeddings")?;
+    let kern = Kernel::parse(kernel).map_err(to_py)?;
+    let out = run(py, || {
+        let mut xn = xs.to_vec();
+        kernel::normalize_rows(&mut xn, d)?;
+        let mut s = Vec::new();
+        kernel::gram(&xn, n, d, kern, &mut s);
+        Ok(s)
+    })?;
+    Ok(PyArray1::from_vec(py, out))
+}
+
+fn layout_args<'a>(offsets: &'a [u64], rows: Option<&'a [u64]>, n_rows: usize) -> crate::Result<Layout<'a>> {
+    Layout::new(offsets, rows, n_rows)
+}
+
+fn picks_dict<'py>(py: Python<'py>, p: Picks) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("indices", PyArray1::from_vec(py, p.indices))?;
+    d.set_item("offsets", PyArray1::from_vec(py, p.offsets))?;
+    d.set_item("weights", PyArray1::from_vec(py, p.weights))?;
+    d.set_item("modes_missed", PyArray1::from_vec(py, p.modes_missed))?;
+    Ok(d)
+}
+
+/// Random-K per pool, seeded per pool from (seed, key).
+#[pyfunction]
+#[pyo3(signature = (offsets, keys, k, seed, *, rows=None, n_rows=None))]
+fn random_k<'py>(
+    py: Python<'py>,
+    offsets: PyReadonlyArray1<'py, u64>,
+    keys: PyReadonlyArray1<'py, u64>,
+    k: usize,
+    seed: u64,
+    rows: Option<PyReadonlyArray1<'py, u64>>,
+    n_rows: Option<usize>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let off = slice1(&offsets, "offsets")?;
+    let ks = slice1(&keys, "keys")?;
+    let rows_s = match &rows {
+        Some(r) => Some(slice1(r, "rows")?),
+        None => None,
+    };
+    let nr = n_rows.unwrap_or_else(|| off.last().copied().unwrap_or(0) as usize);
+    let p = run(py, || sampling::random_k(&layout_args(off, rows_s, nr)?, ks, k, seed))?;
+    picks_dict(py, p)
+}
+
+/// Top-K rewards per pool, ties to the lower index.
+#[pyfunction]
+#[pyo3(signature = (offsets, rewards, k, *, rows=None))]
+fn top_k<'py>(
+    py: Python<'py>,
+    offsets: PyReadonlyArray1<'py, u64>,
+    rewards: PyReadonlyArray1<'py, f64>,
+    k: usize,
+    rows: Option<PyReadonlyArray1<'py, u64>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let off = slice1(&offsets, "offsets")?;
+    let r = slice1(&rewards, "rewards")?;
+    let rows_s = match &rows {
+        Some(x) => Some(slice1(x, "rows")?),
+        None => None,
+    };
+    let p = run(py, || sampling::top_k(&layout_args(off, rows_s, r.len())?, r, k))?;
+    picks_dict(py, p)
+}
+
+/// Mode-stratified K per pool (largest remainder allocation, uniform draws).
+#[pyfunction]
+#[pyo3(signature = (offsets, modes, keys, k, seed, *, rows=None))]
+fn stratified_k<'py>(
+    py: Python<'py>,
+    offsets: PyReadonlyArray1<'py, u64>,
+    modes: PyReadonlyArray1<'py, i64>,
+    keys: PyReadonlyArray1<'py, u64>,
+    k: usize,
+    seed: u64,
+    rows: Option<PyReadonlyArray1<'py, u64>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let off = slice1(&offsets, "offsets")?;
+    let m = slice1(&modes, "modes")?;
+    let ks = slice1(&keys, "keys")?;
+    let rows_s = match &rows {
+        Some(x) => Some(slice1(x, "rows")?),
+        None => None,
+    };
+    let p = run(py, || sampling::stratified_k(&layout_args(off, rows_s, m.len())?, m, ks, k, seed))?;
+    picks_dict(py, p)
+}
+
+/// Largest-remainder allocation of k over strata sizes.
+#[pyfunction]
+fn largest_remainder(counts: Vec<usize>, k: usize) -> Vec<usize> {
+    sampling::largest_remainder(&counts, k)
+}
+
+/// Stable 64-bit keys of string prompt ids given as Arrow-style
+/// (offsets, utf-8 bytes) buffers.
+#[pyfunction]
+fn keys_from_strings<'py>(
+    py: Python<'py>,
+    offsets: PyReadonlyArray1<'py, i64>,
+    data: PyReadonlyArray1<'py, u8>,
+) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let off = slice1(&offsets, "offsets")?;
+    let b = slice1(&data, "data")?;
+    let keys = run(py, || {
+        let mut out = Vec::with_capacity(off.len().saturating_sub(1));
+        for w in off.windows(2) {
+            let (s, e) = (w[0], w[1]);
+            if s < 0 || e < s || e as usize > b.len() {
+                return Err(Error::Invalid(format!("bad string offsets {s}..{e}")));
+            }
+            out.push(sampling::key_of_bytes(&b[s as usize..e as usize]));
+        }
+        Ok(out)
+    })?;
+    Ok(PyArray1::from_vec(py, keys))
+}
+
+/// Stable 64-bit keys of integer prompt ids.
+#[pyfunction]
+fn keys_from_ints<'py>(py: Python<'py>, ids: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let v = slice1(&ids, "ids")?;
+    let keys: Vec<u64> = v.iter().map(|&x| sampling::key_of_int(x)).collect();
+    Ok(PyArray1::from_vec(py, keys))
+}
+
+/// Number of threads the core's pool uses.
+#[pyfunction]
+fn num_threads() -> usize {
+    rayon::current_num_threads()
+}
+
+#[pymodule]
+fn _grades_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(fl_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(fl_dense, m)?)?;
+    m.add_function(wrap_pyfunction!(fl_sparse, m)?)?;
+    m.add_function(wrap_pyfunction!(fl_on_demand, m)?)?;
+    m.add_function(wrap_pyfunction!(similarity, m)?)?;
+    m.add_function(wrap_pyfunction!(random_k, m)?)?;
+    m.add_function(wrap_pyfunction!(top_k, m)?)?;
+    m.add_function(wrap_pyfunction!(stratified_k, m)?)?;
+    m.add_function(wrap_pyfunction!(largest_remainder, m)?)?;
+    m.add_function(wrap_pyfunction!(keys_from_strings, m)?)?;
+    m.add_function(wrap_pyfunction!(keys_from_ints, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    // === variance bindings (streaming accumulators) register below ===
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

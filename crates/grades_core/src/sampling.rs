@@ -1,0 +1,211 @@
+//! Content-blind and reward-only selectors over a ragged batch of pools:
+//! random-K (RKoN), top-K (BKoN) and mode-stratified K.
+//!
+//! Random draws are seeded per pool from `(seed, key)`, where `key` is a
+//! 64-bit digest of the pool's prompt id, so a pool's draw does not depend on
+//! row order, sharding or the number of threads.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+
+use crate::error::{invalid, Error, Result};
+use crate::pools::Layout;
+
+/// Stable 64-bit key of a prompt id given as bytes (xxh3).
+pub fn key_of_bytes(b: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(b)
+}
+
+/// Stable 64-bit key of an integer prompt id.
+pub fn key_of_int(v: i64) -> u64 {
+    key_of_bytes(&v.to_le_bytes())
+}
+
+/// SplitMix64 finaliser.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The generator of one pool.
+pub fn pool_rng(seed: u64, key: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(mix(mix(seed) ^ key))
+}
+
+/// `k` of `n` positions uniformly without replacement (partial Fisher-Yates),
+/// in draw order. `k >= n` returns a random permutation of all `n`.
+pub fn sample_without_replacement(rng: &mut ChaCha8Rng, n: usize, k: usize) -> Vec<usize> {
+    let k = k.min(n);
+    let mut v: Vec<usize> = (0..n).collect();
+    for i in 0..k {
+        let j = rng.random_range(i..n);
+        v.swap(i, j);
+    }
+    v.truncate(k);
+    v
+}
+
+/// Selected candidates of many pools: `indices[offsets[p]..offsets[p+1]]` are
+/// pool p's picks (positions within the pool), in pick order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Picks {
+    pub offsets: Vec<u64>,
+    pub indices: Vec<u64>,
+    /// Per pick weight (stratified only; 1 elsewhere).
+    pub weights: Vec<f64>,
+    /// Per pool: number of modes present in the pool that received no pick.
+    pub modes_missed: Vec<u64>,
+}
+
+impl Picks {
+    fn from_pools(per_pool: Vec<(Vec<usize>, Vec<f64>, u64)>) -> Self {
+        let mut out = Picks { offsets: vec![0], ..Default::default() };
+        for (idx, w, missed) in per_pool {
+            out.indices.extend(idx.iter().map(|&i| i as u64));
+            out.weights.extend(w);
+            out.offsets.push(out.indices.len() as u64);
+            out.modes_missed.push(missed);
+        }
+        out
+    }
+}
+
+fn check_keys(layout: &Layout<'_>, keys: &[u64]) -> Result<()> {
+    if keys.len() != layout.n_pools() {
+        return invalid(format!("keys has {} entries but there are {} pools", keys.len(), layout.n_pools()));
+    }
+    Ok(())
+}
+
+fn check_k(k: usize) -> Result<()> {
+    if k < 1 {
+        return invalid(format!("k must be >= 1, got {k}"));
+    }
+    Ok(())
+}
+
+/// Random-K: `min(k, n)` uniformly without replacement in every pool.
+pub fn random_k(layout: &Layout<'_>, keys: &[u64], k: usize, seed: u64) -> Result<Picks> {
+    check_k(k)?;
+    check_keys(layout, keys)?;
+    let per: Vec<_> = (0..layout.n_pools())
+        .into_par_iter()
+        .map(|p| {
+            let mut rng = pool_rng(seed, keys[p]);
+            let idx = sample_without_replacement(&mut rng, layout.len(p), k);
+            let w = vec![1.0; idx.len()];
+            (idx, w, 0u64)
+        })
+        .collect();
+    Ok(Picks::from_pools(per))
+}
+
+/// Top-K: the `min(k, n)` largest rewards of every pool, ties to the lower
+/// index (a stable descending sort). `rewards` is indexed by row.
+pub fn top_k(layout: &Layout<'_>, rewards: &[f64], k: usize) -> Result<Picks> {
+    check_k(k)?;
+    if rewards.len() != layout.n_rows() {
+        return invalid(format!("rewards has {} entries but there are {} rows", rewards.len(), layout.n_rows()));
+    }
+    let per: Result<Vec<_>> = (0..layout.n_pools())
+        .into_par_iter()
+        .map(|p| {
+            let n = layout.len(p);
+            let r: Vec<f64> = (0..n).map(|i| rewards[layout.row(p, i)]).collect();
+            if let Some((i, v)) = r.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                return Err(Error::Pool { pool: p, msg: format!("reward of candidate {i} is {v}; rewards must be finite") });
+            }
+            let mut idx: Vec<usize> = (0..n).collect();
+            idx.sort_by(|&a, &b| r[b].total_cmp(&r[a]));
+            idx.truncate(k.min(n));
+            let w = vec![1.0; idx.len()];
+            Ok((idx, w, 0u64))
+        })
+        .collect();
+    Ok(Picks::from_pools(per?))
+}
+
+/// Largest-remainder allocation of `k` over strata of sizes `counts`
+/// (`k <= sum counts`): `k_m = floor(k p_m)` plus one for the largest
+/// remainders; remainder ties go to the larger stratum, then the earlier one.
+pub fn largest_remainder(counts: &[usize], k: usize) -> Vec<usize> {
+    let n: usize = counts.iter().sum();
+    if n == 0 {
+        return vec![0; counts.len()];
+    }
+    let k = k.min(n);
+    // exact integer arithmetic: k * c_m = q_m * n + rem_m
+    let mut alloc: Vec<usize> = counts.iter().map(|&c| (k * c) / n).collect();
+    let given: usize = alloc.iter().sum();
+    let mut order: Vec<usize> = (0..counts.len()).collect();
+    order.sort_by(|&a, &b| {
+        let ra = (k * counts[a]) % n;
+        let rb = (k * counts[b]) % n;
+        rb.cmp(&ra).then(counts[b].cmp(&counts[a])).then(a.cmp(&b))
+    });
+    for &m in order.iter().take(k - given) {
+        alloc[m] += 1;
+    }
+    alloc
+}
+
+/// Mode-stratified K. `modes` (indexed by row) labels each candidate's mode.
+/// Each pool allocates `k` over its modes by largest remainder of `k p_m`
+/// and draws uniformly inside each mode. Each pick carries the weight
+/// `k p_m / k_m`, which makes the weighted mean of the picks an unbiased
+/// estimate of the pool mean whenever every mode gets a pick; modes that got
+/// none are counted in `modes_missed`.
+pub fn stratified_k(layout: &Layout<'_>, modes: &[i64], keys: &[u64], k: usize, seed: u64) -> Result<Picks> {
+    check_k(k)?;
+    check_keys(layout, keys)?;
+    if modes.len() != layout.n_rows() {
+        return invalid(format!("modes has {} entries but there are {} rows", modes.len(), layout.n_rows()));
+    }
+    let per: Vec<_> = (0..layout.n_pools())
+        .into_par_iter()
+        .map(|p| {
+            let n = layout.len(p);
+            // modes in order of first appearance, with their members
+            let mut labels: Vec<i64> = Vec::new();
+            let mut members: Vec<Vec<usize>> = Vec::new();
+            for i in 0..n {
+                let m = modes[layout.row(p, i)];
+                match labels.iter().position(|&l| l == m) {
+                    Some(s) => members[s].push(i),
+                    None => {
+                        labels.push(m);
+                        members.push(vec![i]);
+                    }
+                }
+            }
+            // order strata by label so the draw does not depend on row order
+            let mut order: Vec<usize> = (0..labels.len()).collect();
+            order.sort_by_key(|&s| labels[s]);
+            let members: Vec<Vec<usize>> = order.iter().map(|&s| std::mem::take(&mut members[s])).collect();
+            let counts: Vec<usize> = members.iter().map(|m| m.len()).collect();
+            let kk = k.min(n);
+            let alloc = largest_remainder(&counts, kk);
+            let mut rng = pool_rng(seed, keys[p]);
+            let mut idx = Vec::with_capacity(kk);
+            let mut w = Vec::with_capacity(kk);
+            let mut missed = 0u64;
+            for (s, mem) in members.iter().enumerate() {
+                let km = alloc[s];
+                if km == 0 {
+                    missed += 1;
+                    continue;
+                }
+                let wt = kk as f64 * (mem.len() as f64 / n as f64) / km as f64;
+                for pos in sample_without_replacement(&mut rng, mem.len(), km) {
+                    idx.push(mem[pos]);
+                    w.push(wt);
+                }
+            }
+            (idx, w, missed)
+        })
+        .collect();
+    Ok(Picks::from_pools(per))
+}

@@ -1,0 +1,38 @@
+"""mrt_fast: multi-response training at scale.
+
+How many responses per prompt to keep (`variance_budget`), which ones
+(`select`, `facility_location`), and training/evaluating on the result.
+"""
+
+from __future__ import annotations
+
+from ._grades_core import __version__
+from ._tables import MrtInputError
+from .select import (
+    METHODS,
+    FacilityLocationResult,
+    SelectionReport,
+    SmallPoolWarning,
+    facility_location,
+    select,
+)
+
+__all__ = [
+    "__version__",
+    "METHODS",
+    "FacilityLocationResult",
+    "MrtInputError",
+    "SelectionReport",
+    "SmallPoolWarning",
+    "facility_location",
+    "select",
+]
+
+
+def __getattr__(name: str):
+    # heavier parts load on first use
+    if name in ("variance_budget", "VarianceAccumulator", "VarianceReport"):
+        from . import variance
+
+        return getattr(variance, name)
+    raise AttributeError(f"module 'mrt_fast' has no attribute {name!r}")

@@ -1,0 +1,180 @@
+"""Turning user tables (polars, pyarrow, pandas) into the core's arrays.
+
+Everything here is column-level work done by polars/pyarrow/NumPy: no Python
+loop over rows or pools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import _grades_core as core
+
+
+class MrtInputError(ValueError):
+    """A table or argument that mrt_fast cannot use; the message names it."""
+
+
+def table_kind(table: Any) -> str:
+    if isinstance(table, pl.DataFrame):
+        return "polars"
+    if isinstance(table, pa.Table):
+        return "arrow"
+    mod = type(table).__module__
+    if mod.startswith("pandas") and type(table).__name__ == "DataFrame":
+        return "pandas"
+    if isinstance(table, pl.LazyFrame):
+        raise MrtInputError("select needs a DataFrame, not a LazyFrame: call .collect() first")
+    raise TypeError(
+        f"table must be a polars DataFrame, a pyarrow Table or a pandas DataFrame, got {type(table).__name__}"
+    )
+
+
+def columns_of(table: Any, kind: str) -> list[str]:
+    if kind == "arrow":
+        return list(table.column_names)
+    return [str(c) for c in table.columns]
+
+
+def to_polars(table: Any, kind: str, cols: list[str]) -> pl.DataFrame:
+    """A polars frame holding only `cols` (zero-copy where the layout allows)."""
+    if kind == "polars":
+        return table.select(cols)
+    if kind == "arrow":
+        return pl.from_arrow(table.select(cols))  # type: ignore[return-value]
+    import pandas as pd  # noqa: F401  (pandas input implies pandas is installed)
+
+    sub = table[cols]
+    out = {}
+    for c in cols:
+        col = sub[c]
+        if col.dtype == object and len(col) and isinstance(col.iloc[0], np.ndarray):
+            out[c] = pl.Series(c, [np.asarray(v) for v in col.to_numpy()])
+        else:
+            out[c] = pl.Series(c, col.to_numpy() if col.dtype != object else col.tolist())
+    return pl.DataFrame(out)
+
+
+def require(cols: list[str], name: str, role: str) -> None:
+    if name not in cols:
+        raise MrtInputError(f"column {name!r} ({role}) not found; the table has columns {cols}")
+
+
+@dataclass
+class Groups:
+    """Pools of a table: pool p holds table rows rows[offsets[p]:offsets[p+1]]."""
+
+    keys: pl.Series  # one prompt id per pool, in order of first appearance
+    offsets: np.ndarray  # uint64, n_pools + 1
+    rows: np.ndarray  # uint64, a permutation of the table's rows
+    identity: bool  # rows is 0..n-1 (groups already contiguous)
+
+    @property
+    def n_pools(self) -> int:
+        return len(self.offsets) - 1
+
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets.astype(np.int64))
+
+
+def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups:
+    if df.height == 0:
+        raise MrtInputError("the table is empty: there is nothing to select from")
+    nulls = df[by].null_count()
+    if nulls:
+        first = int(df[by].is_null().arg_true()[0])
+        raise MrtInputError(f"column {by!r} has {nulls} null prompt id(s), the first at row {first}")
+    idx = pl.int_range(pl.len(), dtype=pl.UInt64).alias("__row")
+    agg = pl.col("__row")
+    if candidate_key is not None:
+        agg = agg.sort_by(candidate_key)
+    g = df.with_columns(idx).group_by(by, maintain_order=True).agg(agg)
+    sizes = g["__row"].list.len().to_numpy().astype(np.uint64)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.uint64)
+    np.cumsum(sizes, out=offsets[1:])
+    rows = g["__row"].explode().to_numpy().astype(np.uint64, copy=False)
+    identity = bool(np.array_equal(rows, np.arange(len(rows), dtype=np.uint64)))
+    return Groups(keys=g[by], offsets=offsets, rows=rows, identity=identity)
+
+
+def pool_keys(keys: pl.Series) -> np.ndarray:
+    """Stable 64-bit digests of prompt ids (ints by value, the rest by their text)."""
+    if keys.dtype.is_integer():
+        return core.keys_from_ints(keys.cast(pl.Int64).to_numpy())
+    arr = keys.cast(pl.Utf8).to_arrow()
+    arr = pc.cast(arr, pa.large_string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    _, off_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(off_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return core.keys_from_strings(np.ascontiguousarray(offsets), data)
+
+
+def embeddings(df: pl.DataFrame, name: str) -> np.ndarray:
+    """The embedding column as a C-contiguous (n, d) float32 matrix."""
+    s = df[name]
+    if s.null_count():
+        first = int(s.is_null().arg_true()[0])
+        raise MrtInputError(f"column {name!r} has {s.null_count()} null embedding(s), the first at row {first}")
+    if isinstance(s.dtype, pl.Array):
+        inner = s.dtype.inner
+        if not inner.is_numeric():
+            raise MrtInputError(f"column {name!r} must hold numbers, got {s.dtype}")
+        x = s.cast(pl.Array(pl.Float32, s.dtype.size)).to_numpy()
+        return np.ascontiguousarray(x, dtype=np.float32)
+    if isinstance(s.dtype, pl.List):
+        if not s.dtype.inner.is_numeric():
+            raise MrtInputError(f"column {name!r} must hold lists of numbers, got {s.dtype}")
+        lens = s.list.len()
+        lo, hi = lens.min(), lens.max()
+        if lo != hi:
+            bad = int((lens != lens[0]).arg_true()[0])
+            raise MrtInputError(
+                f"column {name!r} has embeddings of different lengths: row 0 has {lens[0]}, row {bad} has {lens[bad]}"
+            )
+        if lo == 0:
+            raise MrtInputError(f"column {name!r} holds empty embeddings")
+        flat = s.explode()
+        if flat.null_count():
+            raise MrtInputError(f"column {name!r} holds null values inside embeddings")
+        x = flat.cast(pl.Float32).to_numpy().reshape(len(s), int(lo))
+        return np.ascontiguousarray(x, dtype=np.float32)
+    raise MrtInputError(f"column {name!r} must be a list/array of floats (one embedding per row), got {s.dtype}")
+
+
+def numeric(df: pl.DataFrame, name: str, role: str, dtype=pl.Float64) -> np.ndarray:
+    s = df[name]
+    if not s.dtype.is_numeric():
+        raise MrtInputError(f"column {name!r} ({role}) must be numeric, got {s.dtype}")
+    if s.null_count():
+        first = int(s.is_null().arg_true()[0])
+        raise MrtInputError(f"column {name!r} ({role}) has {s.null_count()} null value(s), the first at row {first}")
+    out = s.cast(dtype).to_numpy()
+    return np.ascontiguousarray(out)
+
+
+def take(table: Any, kind: str, idx: np.ndarray, extra: dict[str, np.ndarray]) -> Any:
+    """Rows `idx` of `table`, in that order, every column intact, plus `extra`."""
+    cols = columns_of(table, kind)
+    clash = [c for c in extra if c in cols]
+    if clash:
+        raise MrtInputError(f"the table already has column(s) {clash} that select adds; rename them first")
+    if kind == "polars":
+        out = table[pl.Series(idx, dtype=pl.UInt64)] if len(idx) else table.clear()
+        return out.with_columns([pl.Series(k, v) for k, v in extra.items()])
+    if kind == "arrow":
+        out = table.take(pa.array(idx, type=pa.uint64()))
+        for k, v in extra.items():
+            out = out.append_column(k, pa.array(v))
+        return out
+    out = table.iloc[idx.astype(np.int64)].copy()
+    for k, v in extra.items():
+        out[k] = v
+    return out

@@ -1,0 +1,421 @@
+"""Selection: which K responses to keep per prompt.
+
+`select` takes a table with one row per candidate and returns the kept rows;
+`facility_location` is the NumPy-level entry to the facility-location core.
+All per-pool work runs in the Rust core, in parallel over pools, without the GIL.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import _grades_core as core
+from ._tables import (
+    MrtInputError,
+    columns_of,
+    embeddings as _embeddings,
+    group,
+    numeric,
+    pool_keys,
+    require,
+    table_kind,
+    take,
+    to_polars,
+)
+
+#: method name -> canonical name (the paper's aliases included)
+METHODS = {
+    "random": "random",
+    "rkon": "random",
+    "top": "top",
+    "bkon": "top",
+    "diverse": "diverse",
+    "dkon": "diverse",
+    "grades": "grades",
+    "dbkon": "grades",
+    "stratified": "stratified",
+}
+FACILITY_METHODS = ("diverse", "grades")
+KERNELS = ("clip", "shift")
+
+
+class SmallPoolWarning(UserWarning):
+    """Some pools had no more than K candidates and were kept whole."""
+
+
+@dataclass
+class SelectionReport:
+    """What a `select` call did, pool by pool where it matters."""
+
+    method: str
+    k: int
+    n_pools: int
+    n_candidates: int
+    n_kept: int
+    n_small_pools: int
+    small_pool_ids: list = field(default_factory=list)
+    objective: np.ndarray | None = None  # per pool (facility-location methods)
+    upper_bound: np.ndarray | None = None  # per pool
+    modes_missed: int = 0  # stratified: pool-modes that got no pick
+    seconds: float = 0.0
+
+    @property
+    def approximation_ratio(self) -> np.ndarray | None:
+        """Per pool F(S) / certified upper bound on OPT (a lower bound on the true ratio)."""
+        if self.objective is None:
+            return None
+        ub = self.upper_bound
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.where(ub > 0, self.objective / np.where(ub > 0, ub, 1.0), 1.0)
+        return r
+
+    @property
+    def mean_ratio(self) -> float | None:
+        r = self.approximation_ratio
+        return None if r is None or len(r) == 0 else float(np.mean(r))
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "k": self.k,
+            "n_pools": self.n_pools,
+            "n_candidates": self.n_candidates,
+            "n_kept": self.n_kept,
+            "n_small_pools": self.n_small_pools,
+            "small_pool_ids": list(self.small_pool_ids),
+            "mean_approximation_ratio": self.mean_ratio,
+            "min_approximation_ratio": None
+            if self.approximation_ratio is None or not len(self.approximation_ratio)
+            else float(np.min(self.approximation_ratio)),
+            "modes_missed": self.modes_missed,
+            "seconds": self.seconds,
+        }
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise MrtInputError(f"k must be an integer >= 1, got {k!r}")
+    if k < 1:
+        raise MrtInputError(f"k must be >= 1, got {k}")
+    return int(k)
+
+
+def _check_common(alpha: float, eps: float, k: int, k_max: int | None, kernel: str) -> None:
+    if not np.isfinite(alpha) or alpha < 0:
+        raise MrtInputError(f"alpha must be a finite number >= 0, got {alpha}")
+    if not np.isfinite(eps) or eps <= 0:
+        raise MrtInputError(f"eps must be a finite number > 0, got {eps}")
+    if k_max is not None and k_max < k:
+        raise MrtInputError(f"k_max must be >= k, got k_max = {k_max} < k = {k}")
+    if kernel not in KERNELS:
+        raise MrtInputError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+
+
+_POOL_RE = re.compile(r"^pool (\d+): ")
+
+
+def _name_pool(err: ValueError, keys, by: str) -> MrtInputError:
+    """Rewrite the core's 'pool 12: ...' into one naming the prompt id."""
+    msg = str(err)
+    m = _POOL_RE.match(msg)
+    if m:
+        p = int(m.group(1))
+        msg = f"pool {p} ({by}={keys[p]!r}): {msg[m.end():]}"
+    return MrtInputError(msg)
+
+
+def select(
+    table: Any,
+    k: int,
+    method: str = "grades",
+    *,
+    by: str = "prompt_id",
+    embedding: str = "embedding",
+    reward: str = "reward",
+    mode: str = "mode",
+    alpha: float = 0.75,
+    eps: float = 1e-6,
+    k_max: int | None = None,
+    kernel: str = "shift",
+    seed: int = 0,
+    candidate_key: str | None = None,
+    optimizer: str = "lazy",
+    return_report: bool = False,
+):
+    """Keep K candidates per prompt.
+
+    Parameters
+    ----------
+    table : polars.DataFrame | pyarrow.Table | pandas.DataFrame
+        One row per candidate response.
+    k : int
+        Candidates kept per pool (prompt). Pools with n <= k are kept whole and
+        reported (a :class:`SmallPoolWarning` and ``report.n_small_pools``).
+    method : str
+        ``"random"`` (``"rkon"``), ``"top"`` (``"bkon"``), ``"diverse"``
+        (``"dkon"``: facility location, alpha = 0), ``"grades"`` (``"dbkon"``:
+        quality-weighted facility location) or ``"stratified"`` (by ``mode``).
+    by, embedding, reward, mode : str
+        Column names: the prompt id, the embedding (list/array of floats), the
+        reward (numeric) and the mode label (integer) columns.
+    alpha, eps, k_max :
+        GRADES quality weights ``q = eps + (r - min r)/(max r - min r + eps)``,
+        weights ``q**alpha``; ``k_max`` keeps only the best ``k_max`` by quality
+        as the ground set.
+    kernel : "shift" | "clip"
+        Cosine c mapped into [0, 1] as ``(1 + c)/2`` or ``max(0, c)``.
+    seed : int
+        Random draws are seeded per pool from ``(seed, prompt id)``: a pool's
+        draw does not depend on other pools, sharding or threads.
+    candidate_key : str, optional
+        A column ordering the candidates inside a pool before selection (e.g. a
+        candidate index or the response text). With it, results do not depend
+        on the table's row order either; without it, a pool's candidates are
+        taken in their order of appearance.
+    optimizer : "lazy" | "naive"
+        Greedy variant for facility location; both return the same picks.
+    return_report : bool
+        Also return a :class:`SelectionReport`.
+
+    Returns
+    -------
+    The same table type with only the kept rows (grouped by pool in order of
+    first appearance, then by pick order), every input column intact, plus
+    ``pick_rank`` (0-based order of selection within its pool), ``gain`` (the
+    marginal gain, facility-location methods) and ``weight`` (stratified: the
+    per-row weight that keeps the weighted estimate unbiased).
+    """
+    t0 = time.perf_counter()
+    k = _check_k(k)
+    if not isinstance(method, str) or method.lower() not in METHODS:
+        raise MrtInputError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+    m = METHODS[method.lower()]
+    if m == "diverse":
+        alpha = 0.0
+    _check_common(alpha, eps, k, k_max, kernel)
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise MrtInputError(f"seed must be an integer >= 0, got {seed!r}")
+
+    kind = table_kind(table)
+    cols = columns_of(table, kind)
+    require(cols, by, "prompt id")
+    need = [by]
+    if m in FACILITY_METHODS:
+        require(cols, embedding, "embedding")
+        need.append(embedding)
+    if m == "top" or (m == "grades" and (alpha > 0 or k_max is not None)):
+        require(cols, reward, "reward")
+        need.append(reward)
+    if m == "stratified":
+        require(cols, mode, "mode")
+        need.append(mode)
+    if candidate_key is not None:
+        require(cols, candidate_key, "candidate key")
+        need.append(candidate_key)
+    df = to_polars(table, kind, list(dict.fromkeys(need)))
+    g = group(df, by, candidate_key)
+    rows = None if g.identity else g.rows
+    sizes = g.sizes()
+    small = sizes <= k
+
+    extra: dict[str, np.ndarray] = {}
+    report = SelectionReport(
+        method=m,
+        k=k,
+        n_pools=g.n_pools,
+        n_candidates=df.height,
+        n_kept=0,
+        n_small_pools=int(small.sum()),
+        small_pool_ids=g.keys.filter(small).head(20).to_list(),
+    )
+    try:
+        if m in FACILITY_METHODS:
+            x = _embeddings(df, embedding)
+            rew = numeric(df, reward, "reward") if reward in df.columns else None
+            res = core.fl_batch(
+                x, g.offsets, k, rows=rows, rewards=rew, alpha=float(alpha), eps=float(eps),
+                k_max=k_max, kernel=kernel, optimizer=optimizer,
+            )
+            extra["gain"] = res["gains"]
+            report.objective = res["objective"]
+            report.upper_bound = res["upper_bound"]
+        elif m == "random":
+            res = core.random_k(g.offsets, pool_keys(g.keys), k, int(seed), rows=rows, n_rows=df.height)
+        elif m == "top":
+            rew = numeric(df, reward, "reward")
+            res = core.top_k(g.offsets, rew, k, rows=rows)
+        else:
+            modes = numeric(df, mode, "mode", dtype=__import__("polars").Int64)
+            res = core.stratified_k(g.offsets, modes, pool_keys(g.keys), k, int(seed), rows=rows)
+            extra["weight"] = res["weights"]
+            report.modes_missed = int(res["modes_missed"].sum())
+    except ValueError as e:
+        if isinstance(e, MrtInputError):
+            raise
+        raise _name_pool(e, g.keys, by) from None
+
+    out_off = res["offsets"].astype(np.int64)
+    counts = np.diff(out_off)
+    pool_of = np.repeat(np.arange(g.n_pools), counts)
+    pos = g.offsets.astype(np.int64)[pool_of] + res["indices"].astype(np.int64)
+    idx = g.rows[pos]
+    rank = np.arange(len(idx), dtype=np.int64) - out_off[pool_of]
+    extra = {"pick_rank": rank.astype(np.int32), **extra}
+    out = take(table, kind, idx, extra)
+    report.n_kept = int(len(idx))
+    report.seconds = time.perf_counter() - t0
+    if report.n_small_pools:
+        warnings.warn(
+            f"{report.n_small_pools} of {report.n_pools} pools have <= k = {k} candidates and were kept whole "
+            f"(first: {report.small_pool_ids[:5]})",
+            SmallPoolWarning,
+            stacklevel=2,
+        )
+    return (out, report) if return_report else out
+
+
+@dataclass
+class FacilityLocationResult:
+    """Facility-location picks. For a batch, every field is per pool."""
+
+    indices: Any  # pick order; ndarray, or list of ndarrays per pool
+    gains: Any
+    objective: Any  # float, or ndarray per pool
+    upper_bound: Any
+
+    @property
+    def ratio(self):
+        """F(S) / certified upper bound on OPT (per pool for a batch)."""
+        obj = np.asarray(self.objective, dtype=np.float64)
+        ub = np.asarray(self.upper_bound, dtype=np.float64)
+        r = np.where(ub > 0, obj / np.where(ub > 0, ub, 1.0), 1.0)
+        return float(r) if r.ndim == 0 else r
+
+
+def _as_f32_2d(x: Any, name: str) -> np.ndarray:
+    try:
+        a = np.asarray(x, dtype=np.float32)
+    except (ValueError, TypeError) as e:
+        raise MrtInputError(f"{name} must be a 2-d numeric array with rows of equal length: {e}") from None
+    if a.ndim != 2:
+        raise MrtInputError(f"{name} must be 2-d (n, d), got shape {a.shape}")
+    return np.ascontiguousarray(a)
+
+
+def _as_f64_1d(x: Any, name: str, n: int) -> np.ndarray:
+    try:
+        a = np.ascontiguousarray(np.asarray(x, dtype=np.float64))
+    except (ValueError, TypeError) as e:
+        raise MrtInputError(f"{name} must be numeric: {e}") from None
+    if a.ndim != 1 or len(a) != n:
+        raise MrtInputError(f"{name} must be 1-d with {n} entries, got shape {a.shape}")
+    return a
+
+
+#: a single pool whose n x n similarity would exceed this many bytes is
+#: solved with similarity columns recomputed on demand instead.
+DENSE_LIMIT_BYTES = 256 * 1024 * 1024
+
+
+def facility_location(
+    embeddings: Any = None,
+    k: int = 1,
+    *,
+    offsets: Any = None,
+    rewards: Any = None,
+    alpha: float = 0.0,
+    eps: float = 1e-6,
+    k_max: int | None = None,
+    kernel: str = "shift",
+    similarity: Any = None,
+    optimizer: str = "lazy",
+    memory: str = "auto",
+) -> FacilityLocationResult:
+    """Greedy (quality-weighted) facility location on NumPy arrays.
+
+    * one pool: ``embeddings`` of shape (n, d);
+    * a ragged batch: ``embeddings`` (N, d) plus ``offsets`` (n_pools + 1,
+      pool p = rows offsets[p]:offsets[p+1]); results are per pool;
+    * a precomputed similarity in [0, 1]: ``similarity`` as a dense (n, n)
+      array, a scipy.sparse matrix, or an ``(indptr, indices, data)`` CSR
+      triple (then ``embeddings`` is not needed).
+
+    ``memory`` picks how a single pool of embeddings is solved: ``"dense"``
+    holds the n x n similarity, ``"on_demand"`` recomputes similarity columns
+    inside lazy greedy (memory O(n d)), ``"auto"`` switches to on-demand when
+    the matrix would exceed 256 MiB.
+    """
+    k = _check_k(k)
+    _check_common(alpha, eps, k, k_max, kernel)
+    if optimizer not in ("lazy", "naive"):
+        raise MrtInputError(f"optimizer must be 'lazy' or 'naive', got {optimizer!r}")
+    if memory not in ("auto", "dense", "on_demand"):
+        raise MrtInputError(f"memory must be 'auto', 'dense' or 'on_demand', got {memory!r}")
+    kw = dict(alpha=float(alpha), eps=float(eps), k_max=k_max, optimizer=optimizer)
+
+    def single(r: dict) -> FacilityLocationResult:
+        return FacilityLocationResult(
+            indices=r["indices"].astype(np.int64), gains=r["gains"],
+            objective=float(r["objective"]), upper_bound=float(r["upper_bound"]),
+        )
+
+    if similarity is not None:
+        if offsets is not None:
+            raise MrtInputError("a precomputed similarity describes one pool; do not pass offsets with it")
+        if hasattr(similarity, "tocsr") or isinstance(similarity, tuple):
+            if isinstance(similarity, tuple):
+                if len(similarity) != 3:
+                    raise MrtInputError("a CSR similarity tuple must be (indptr, indices, data)")
+                indptr, indices, data = similarity
+                n = len(indptr) - 1
+            else:
+                csr = similarity.tocsr()
+                if csr.shape[0] != csr.shape[1]:
+                    raise MrtInputError(f"similarity must be square, got {csr.shape}")
+                indptr, indices, data, n = csr.indptr, csr.indices, csr.data, csr.shape[0]
+            rew = None if rewards is None else _as_f64_1d(rewards, "rewards", n)
+            r = core.fl_sparse(
+                n, np.ascontiguousarray(indptr, dtype=np.int64), np.ascontiguousarray(indices, dtype=np.int64),
+                np.ascontiguousarray(data, dtype=np.float32), k, rewards=rew, **kw,
+            )
+            return single(r)
+        s = _as_f32_2d(similarity, "similarity")
+        rew = None if rewards is None else _as_f64_1d(rewards, "rewards", s.shape[0])
+        return single(core.fl_dense(s, k, rewards=rew, **kw))
+
+    if embeddings is None:
+        raise MrtInputError("pass embeddings or a precomputed similarity")
+    x = _as_f32_2d(embeddings, "embeddings")
+    n = x.shape[0]
+    if n == 0:
+        raise MrtInputError("embeddings are empty: there is nothing to select from")
+    rew = None if rewards is None else _as_f64_1d(rewards, "rewards", n)
+    if offsets is None:
+        on_demand = memory == "on_demand" or (memory == "auto" and n * n * 4 > DENSE_LIMIT_BYTES)
+        if on_demand:
+            return single(core.fl_on_demand(x, k, rewards=rew, kernel=kernel, **kw))
+        off = np.array([0, n], dtype=np.uint64)
+        r = core.fl_batch(x, off, k, rewards=rew, kernel=kernel, **kw)
+        return FacilityLocationResult(
+            indices=r["indices"].astype(np.int64), gains=r["gains"],
+            objective=float(r["objective"][0]), upper_bound=float(r["upper_bound"][0]),
+        )
+    off = np.asarray(offsets)
+    if off.ndim != 1 or not np.issubdtype(off.dtype, np.integer) or (len(off) and off.min() < 0):
+        raise MrtInputError("offsets must be a 1-d array of non-negative integers")
+    off = np.ascontiguousarray(off, dtype=np.uint64)
+    r = core.fl_batch(x, off, k, rewards=rew, kernel=kernel, **kw)
+    po = r["offsets"].astype(np.int64)
+    idx = r["indices"].astype(np.int64)
+    return FacilityLocationResult(
+        indices=np.split(idx, po[1:-1]),
+        gains=np.split(r["gains"], po[1:-1]),
+        objective=r["objective"],
+        upper_bound=r["upper_bound"],
+    )
