@@ -125,7 +125,7 @@ pub fn quality(rewards: &[f64], eps: f64) -> Vec<f64> {
 pub fn prefilter(q: &[f64], k_max: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..q.len()).collect();
     if k_max < q.len() {
-        order.sort_by(|&a, &b| q[b].total_cmp(&q[a]).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| q[b].partial_cmp(&q[a]).unwrap_or(Ordering::Equal).then(a.cmp(&b)));
         order.truncate(k_max);
         order.sort_unstable();
     }
@@ -393,7 +393,8 @@ impl PartialOrd for Entry {
 }
 impl Ord for Entry {
     fn cmp(&self, o: &Self) -> Ordering {
-        self.g.total_cmp(&o.g).then(o.j.cmp(&self.j))
+        // gains are finite and -0.0 never arises (sums start at +0.0)
+        self.g.partial_cmp(&o.g).unwrap_or(Ordering::Equal).then(o.j.cmp(&self.j))
     }
 }
 
