@@ -15,6 +15,7 @@ pub mod facility;
 pub mod kernel;
 pub mod pools;
 pub mod sampling;
+pub mod simd;
 pub mod variance;
 
 #[cfg(feature = "python")]
