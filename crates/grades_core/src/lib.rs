@@ -13,6 +13,7 @@
 pub mod error;
 pub mod facility;
 pub mod kernel;
+pub mod kmeans;
 pub mod pools;
 pub mod sampling;
 pub mod simd;
