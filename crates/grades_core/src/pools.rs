@@ -114,7 +114,7 @@ impl<'a> Pools<'a> {
         if dim == 0 {
             return invalid("embedding dimension must be >= 1");
         }
-        if data.len() % dim != 0 {
+        if !data.len().is_multiple_of(dim) {
             return invalid(format!(
                 "embedding buffer of {} floats is not a multiple of dim = {}",
                 data.len(),
