@@ -740,7 +740,7 @@ def _threshold_components(x: np.ndarray, threshold: float, block: int = 4096) ->
         index.add(x)
         for s in range(0, n, block):
             lims, _, nbr = index.range_search(x[s : s + block], float(threshold) - 1e-6)
-            counts = np.diff(lims)
+            counts = np.diff(lims.astype(np.int64))
             rows.append(np.repeat(np.arange(s, s + len(counts)), counts))
             cols.append(nbr.astype(np.int64))
     except ImportError:  # pragma: no cover - faiss is in the embed extra
