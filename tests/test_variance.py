@@ -345,3 +345,43 @@ def test_implicit_mrt_clusters():
         implicit_mrt(np.zeros((3, 4)))
     with pytest.raises(MrtInputError, match="one value per prompt"):
         implicit_mrt(emb, losses=losses[:3])
+
+
+# ---------------------------------------------------------------- CLI
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
+def test_cli_diagnose_round_trip(tmp_path, suffix):
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+
+    rng = np.random.default_rng(4)
+    x = simulate(rng, 1, 60, 5, 1.0, 4.0)[0]
+    df = pl.DataFrame({"q": [f"p{i}" for i in np.repeat(np.arange(60), 5)], "nll": x.ravel()})
+    f = tmp_path / f"losses{suffix}"
+    {".parquet": df.write_parquet, ".csv": df.write_csv, ".jsonl": df.write_ndjson}[suffix](f)
+    out, png = tmp_path / "rep.json", tmp_path / "rep.png"
+    res = CliRunner().invoke(
+        app,
+        ["diagnose", str(f), "--loss", "nll", "--by", "q", "--cost-prompt", "4", "--cost-response", "1",
+         "--budget", "400", "--n-boot", "50", "--json", str(out), "--plot", str(png)],
+    )
+    assert res.exit_code == 0, res.output
+    d = json.loads(out.read_text())
+    ref = variance_budget(df, by="q", loss="nll", cost_prompt=4, cost_response=1, budget=400, n_boot=50)
+    assert d["k_best"] == ref.k_best and d["v_x"] == pytest.approx(ref.v_x)
+    assert d["k_star"] == pytest.approx(ref.k_star)
+    assert png.stat().st_size > 1000
+    assert "K*" in res.output
+
+
+def test_cli_diagnose_bad_input(tmp_path):
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+
+    f = tmp_path / "x.csv"
+    pl.DataFrame({"prompt_id": [1, 2, 3], "loss": [0.1, 0.2, 0.3]}).write_csv(f)
+    res = CliRunner().invoke(app, ["diagnose", str(f)])
+    assert res.exit_code == 2 and "single response" in res.output
