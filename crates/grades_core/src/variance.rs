@@ -9,8 +9,9 @@
 //!
 //! Rows whose key repeats the previous row's key (the usual layout: the
 //! responses of a prompt stored together) are folded as a run: the run's own
-//! mean and `M2` are computed in cache and merged into the map once, so the
-//! hash map is touched once per run rather than once per row.
+//! mean and `M2` are computed in one pass and merged into the table once, so
+//! the table is touched once per run rather than once per row; the table
+//! slots of upcoming runs are prefetched so that cache misses overlap.
 //!
 //! From the per-prompt statistics, [`Accumulator::summary`] gives the
 //! estimators of the paper's decomposition `Var = V_x / Np + V_y|x / (Np K)`:
@@ -31,11 +32,6 @@
 //! Prompts with a single response carry no within-prompt information; they
 //! are left out of both estimators and counted in
 //! [`Summary::n_single_response_prompts`] so the caller can report them.
-
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
-
-use rustc_hash::FxHasher;
 
 use crate::error::{invalid, Error, Result};
 
@@ -96,12 +92,126 @@ impl Stats {
     }
 }
 
-type Map = HashMap<u64, Stats, BuildHasherDefault<FxHasher>>;
+/// Open-addressing (linear probing) table from prompt key to [`Stats`].
+/// A slot is empty when its count is 0; the home slot is the top bits of a
+/// multiplicative hash. [`Accumulator::update`] prefetches the slots of the
+/// runs a few steps ahead so that cache misses overlap.
+#[derive(Debug, Clone)]
+struct Table {
+    slots: Vec<(u64, Stats)>,
+    len: usize,
+    bits: u32,
+}
+
+#[inline]
+fn hash(k: u64) -> u64 {
+    (k ^ (k >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table::with_bits(4)
+    }
+}
+
+impl Table {
+    fn with_bits(bits: u32) -> Self {
+        Table { slots: vec![(0, Stats::default()); 1usize << bits], len: 0, bits }
+    }
+
+    #[inline]
+    fn home(&self, h: u64) -> usize {
+        (h >> (64 - self.bits)) as usize
+    }
+
+    fn reserve(&mut self, additional: usize) {
+        let need = self.len + additional;
+        if need * 10 <= self.slots.len() * 7 {
+            return;
+        }
+        let mut bits = self.bits;
+        while need * 10 > (1usize << bits) * 7 {
+            bits += 1;
+        }
+        let old = std::mem::replace(self, Table::with_bits(bits));
+        for (k, st) in old.slots {
+            if st.count != 0 {
+                self.merge_in(k, hash(k), &st);
+            }
+        }
+    }
+
+    /// Merge `st` into key's slot (inserting it). Capacity must be reserved.
+    #[inline]
+    fn merge_in(&mut self, key: u64, h: u64, st: &Stats) -> bool {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(h);
+        loop {
+            let slot = &mut self.slots[i];
+            if slot.1.count == 0 {
+                *slot = (key, *st);
+                self.len += 1;
+                return false;
+            }
+            if slot.0 == key {
+                slot.1.merge(st);
+                return true;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    #[inline]
+    fn upsert(&mut self, key: u64, h: u64, st: &Stats) -> bool {
+        self.reserve(1);
+        self.merge_in(key, h, st)
+    }
+
+    /// Hint the CPU to fetch the home slot of hash `h` (no effect on results).
+    #[inline(always)]
+    fn prefetch(&self, h: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let p = self.slots.as_ptr().wrapping_add(self.home(h)) as *const i8;
+            // SAFETY: prefetch is a hint; it never faults, even on a bad address.
+            unsafe { std::arch::x86_64::_mm_prefetch(p, std::arch::x86_64::_MM_HINT_T0) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = h;
+    }
+
+    fn get(&self, key: u64) -> Option<&Stats> {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(hash(key));
+        loop {
+            let slot = &self.slots[i];
+            if slot.1.count == 0 {
+                return None;
+            }
+            if slot.0 == key {
+                return Some(&slot.1);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, &Stats)> {
+        self.slots.iter().filter(|s| s.1.count != 0).map(|s| (s.0, &s.1))
+    }
+}
+
+/// Rows per block of [`Accumulator::update`]: a block's runs are folded
+/// first, then merged into the table with software prefetching.
+const BLOCK: usize = 1 << 18;
+/// Below this many slots (about 1 MiB) the table is in cache; no prefetching.
+const PREFETCH_MIN_SLOTS: usize = 1 << 15;
+/// How many runs ahead the table slot is prefetched.
+const PREFETCH: usize = 16;
 
 /// Streaming accumulator of per-prompt loss statistics.
 #[derive(Debug, Clone, Default)]
 pub struct Accumulator {
-    map: Map,
+    map: Table,
     rows: u64,
 }
 
@@ -162,12 +272,12 @@ impl Accumulator {
 
     /// Number of distinct prompts seen.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.map.len
     }
 
     /// True when no row has been seen.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.map.len == 0
     }
 
     /// Total rows seen.
@@ -177,7 +287,7 @@ impl Accumulator {
 
     /// Statistics of one prompt.
     pub fn get(&self, key: u64) -> Option<&Stats> {
-        self.map.get(&key)
+        self.map.get(key)
     }
 
     /// Add rows `(keys[i], losses[i])`. All-or-nothing: a NaN or infinite loss
@@ -199,38 +309,62 @@ impl Accumulator {
                 losses[i]
             )));
         }
-        let n = keys.len();
-        let mut i = 0;
-        while i < n {
-            let k = keys[i];
-            let mut j = i + 1;
-            while j < n && keys[j] == k {
-                j += 1;
+        let mut runs: Vec<(u64, u64, Stats)> = Vec::new();
+        for (kb, xb) in keys.chunks(BLOCK).zip(losses.chunks(BLOCK)) {
+            runs.clear();
+            let n = kb.len();
+            let mut i = 0;
+            while i < n {
+                // One fused pass over a run of equal keys: sums of deviations
+                // from the run's first value (the shifted-data algorithm, stable
+                // because the shift is a sample of the run).
+                let k = kb[i];
+                let shift = xb[i];
+                let (mut s1, mut s2) = (0.0f64, 0.0f64);
+                let mut j = i + 1;
+                while j < n && kb[j] == k {
+                    let d = xb[j] - shift;
+                    s1 += d;
+                    s2 += d * d;
+                    j += 1;
+                }
+                let c = (j - i) as u64;
+                let md = s1 / c as f64;
+                runs.push((hash(k), k, Stats { count: c, mean: shift + md, m2: (s2 - s1 * md).max(0.0) }));
+                i = j;
             }
-            let e = self.map.entry(k).or_default();
-            if j == i + 1 {
-                e.push(losses[i]);
+            if self.map.slots.len() >= PREFETCH_MIN_SLOTS && runs.len() >= 1024 {
+                // Reserve first so that the home slots stay valid while prefetching.
+                self.map.reserve(runs.len());
+                for r in 0..runs.len() {
+                    if let Some(ahead) = runs.get(r + PREFETCH) {
+                        self.map.prefetch(ahead.0);
+                    }
+                    let (h, k, st) = &runs[r];
+                    self.map.merge_in(*k, *h, st);
+                }
             } else {
-                e.merge(&Stats::of_slice(&losses[i..j]));
+                for (h, k, st) in &runs {
+                    self.map.upsert(*k, *h, st);
+                }
             }
-            i = j;
         }
-        self.rows += n as u64;
+        self.rows += keys.len() as u64;
         Ok(())
     }
 
     /// Fold another accumulator into this one (exact, order-free up to rounding).
     pub fn merge(&mut self, other: &Accumulator) {
-        self.map.reserve(other.map.len());
-        for (k, s) in &other.map {
-            self.map.entry(*k).or_default().merge(s);
+        // other's slots are in hash order already: a forward sweep here too
+        for (k, s) in other.map.iter() {
+            self.map.upsert(k, hash(k), s);
         }
         self.rows += other.rows;
     }
 
     /// Per-prompt statistics sorted by key: `(keys, stats)`.
     pub fn per_prompt(&self) -> (Vec<u64>, Vec<Stats>) {
-        let mut v: Vec<(u64, Stats)> = self.map.iter().map(|(k, s)| (*k, *s)).collect();
+        let mut v: Vec<(u64, Stats)> = self.map.iter().map(|(k, s)| (k, *s)).collect();
         v.sort_unstable_by_key(|e| e.0);
         v.into_iter().unzip()
     }
@@ -282,8 +416,8 @@ impl Accumulator {
                 b.len()
             ));
         }
-        let mut map = Map::default();
-        map.reserve(n as usize);
+        let mut map = Table::default();
+        map.reserve((n as usize).min(b.len() / ENTRY));
         let mut total = 0u64;
         for i in 0..n as usize {
             let o = HEADER + i * ENTRY;
@@ -297,7 +431,7 @@ impl Accumulator {
                 ));
             }
             total = total.saturating_add(count);
-            if map.insert(key, Stats { count, mean, m2 }).is_some() {
+            if map.upsert(key, hash(key), &Stats { count, mean, m2 }) {
                 return invalid(format!("corrupt variance accumulator: key {key} appears twice"));
             }
         }
@@ -356,6 +490,7 @@ pub fn summarize(stats: &[Stats], n_rows: u64) -> Result<Summary> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::HashMap;
 
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
@@ -365,7 +500,7 @@ mod tests {
         if a.len() != b.len() || a.n_rows() != b.n_rows() {
             return false;
         }
-        a.map.iter().all(|(k, s)| match b.get(*k) {
+        a.map.iter().all(|(k, s)| match b.get(k) {
             Some(t) => s.count == t.count && close(s.mean, t.mean, 1e-9) && close(s.m2, t.m2, 1e-7),
             None => false,
         })
