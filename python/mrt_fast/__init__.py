@@ -35,4 +35,12 @@ def __getattr__(name: str):
         from . import variance
 
         return getattr(variance, name)
+    if name == "embed_texts":
+        import importlib
+
+        return importlib.import_module(".embed", __name__).embed_texts
+    if name in ("pool_modes", "knn_graph", "facility_location_corpus"):
+        from . import similarity
+
+        return getattr(similarity, name)
     raise AttributeError(f"module 'mrt_fast' has no attribute {name!r}")

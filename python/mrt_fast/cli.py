@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+import warnings
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -17,77 +21,204 @@ app = typer.Typer(
 console = Console()
 
 
-def _example_pools(seed: int = 0):
-    """A small synthetic pool set: 4 prompts x 12 candidates in 3 modes."""
-    import numpy as np
-    import polars as pl
+@contextlib.contextmanager
+def _user_errors():
+    """Bad input ends the command with one line on stderr and exit code 2."""
+    from ._tables import MrtInputError
 
-    rng = np.random.default_rng(seed)
-    rows = []
-    for p in range(4):
-        centres = rng.normal(size=(3, 16))
-        for j in range(12):
-            m = j % 3
-            e = centres[m] + 0.15 * rng.normal(size=16)
-            rows.append(
-                {"prompt_id": f"prompt_{p}", "candidate": j, "mode": m,
-                 "reward": float(1.0 - 0.3 * abs(m - 1) + 0.05 * rng.normal()),
-                 "embedding": e.astype(np.float32).tolist()}
-            )
-    return pl.DataFrame(rows).with_columns(pl.col("embedding").cast(pl.Array(pl.Float32, 16)))
+    try:
+        yield
+    except (MrtInputError, OSError, TypeError) as e:
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        typer.echo(f"error: {msg}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _chunks_of_pools(sizes, chunk_rows: int):
+    """Split pools (in order) into runs of at most ~chunk_rows candidates."""
+    out, cur, rows = [], [], 0
+    for i, n in enumerate(sizes):
+        if cur and rows + n > chunk_rows:
+            out.append(cur)
+            cur, rows = [], 0
+        cur.append(i)
+        rows += n
+    if cur:
+        out.append(cur)
+    return out
 
 
 @app.command()
-def demo(k: int = typer.Option(2, help="Responses kept per prompt.")) -> None:
-    """Run every selector on a bundled example pool set and show what each kept."""
-    import warnings
+def demo(
+    out_dir: Path = typer.Option(Path("mrt_demo_out"), "--out-dir", help="Where the plot and kept rows are written."),
+    k: int = typer.Option(2, "--k", help="Responses kept per prompt."),
+    model: Optional[str] = typer.Option(None, help="Embedding model (default: bundled all-MiniLM-L6-v2)."),
+    max_prompts: Optional[int] = typer.Option(None, help="Use only the first N example prompts."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Embedding cache directory (default: the user cache)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
+) -> None:
+    """Embed the bundled MOSAIC examples, run every selector, show what each kept and why."""
+    from .demo import run_demo
 
-    from .select import select
+    with _user_errors():
+        run_demo(out_dir, k=k, model=model, max_prompts=max_prompts,
+                 cache_dir=False if no_cache else cache_dir, console=console)
 
-    df = _example_pools()
-    tab = Table(title=f"kept per prompt (K = {k})")
-    tab.add_column("prompt")
-    methods = ["random", "top", "diverse", "grades", "stratified"]
-    for m in methods:
-        tab.add_column(m)
-    kept = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for m in methods:
-            kept[m] = select(df, k, m, seed=0)
-    for pid in df["prompt_id"].unique(maintain_order=True):
-        cells = []
-        for m in methods:
-            sub = kept[m].filter(kept[m]["prompt_id"] == pid)
-            cells.append(", ".join(f"#{c}(m{md})" for c, md in zip(sub["candidate"], sub["mode"])))
-        tab.add_row(pid, *cells)
+
+@app.command("embed")
+def embed_cmd(
+    inp: Path = typer.Argument(..., help="Input table (.parquet, .jsonl/.ndjson, .csv)."),
+    out: Path = typer.Argument(..., help="Output table; format from the suffix."),
+    text: str = typer.Option("response", help="Column holding the text to embed."),
+    column: str = typer.Option("embedding", help="Name of the embedding column written."),
+    model: Optional[str] = typer.Option(None, help="sentence-transformers model name or local directory "
+                                        "(default: bundled all-MiniLM-L6-v2, offline)."),
+    batch_size: int = typer.Option(64, help="Texts per model batch."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Embedding cache directory (default: $MRT_CACHE_DIR or ~/.cache/mrt_fast)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
+    chunk_rows: int = typer.Option(200_000, help="Rows read and embedded per chunk."),
+) -> None:
+    """Add unit-norm sentence embeddings of a text column to a table."""
+    import polars as pl
+
+    from . import _io
+    from .embed import embed, load_model
+
+    t0 = time.perf_counter()
+    with _user_errors():
+        if chunk_rows < 1:
+            raise typer.BadParameter("--chunk-rows must be >= 1")
+        lf = _io.scan(inp)
+        schema = lf.collect_schema()
+        if text not in schema.names():
+            from ._tables import MrtInputError
+
+            raise MrtInputError(f"column {text!r} (text to embed) not found in {str(inp)!r}; it has {schema.names()}")
+        n = int(_io.collect(lf.select(pl.len()), inp).item())
+        load_model(model)  # fail early, before any work, if it cannot be loaded
+        stats_all = {"hits": 0, "computed": 0}
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        with _io.AtomicWriter(out) as w, Progress(
+            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=True,
+        ) as prog:
+            task = prog.add_task("embedding", total=n)
+            for s in range(0, max(n, 1), chunk_rows):
+                df = _io.collect(lf.slice(s, chunk_rows), inp)
+                if df.height == 0:
+                    from ._tables import MrtInputError
+
+                    raise MrtInputError(f"{str(inp)!r} has no rows: there is no text to embed")
+                st: dict = {}
+                df = embed(df, text=text, out=column, model=model, batch_size=batch_size,
+                           cache_dir=False if no_cache else cache_dir, progress=False, stats=st)
+                w.write(df)
+                stats_all["hits"] += st["hits"]
+                stats_all["computed"] += st["computed"]
+                stats_all["model_id"] = st["model_id"]
+                prog.advance(task, df.height)
+            w.commit()
+    tab = Table(title="mrt embed")
+    for c in ("rows", "model", "computed", "from cache", "seconds", "output"):
+        tab.add_column(c)
+    tab.add_row(str(n), str(stats_all.get("model_id")), str(stats_all["computed"]), str(stats_all["hits"]),
+                f"{time.perf_counter() - t0:.1f}", str(out))
     console.print(tab)
 
 
 @app.command("select")
 def select_cmd(
-    inp: Path = typer.Argument(..., help="Input table (.parquet, .jsonl, .csv)."),
+    inp: Path = typer.Argument(..., help="Input table (.parquet, .jsonl/.ndjson, .csv)."),
     out: Path = typer.Argument(..., help="Output table; format from the suffix."),
     k: int = typer.Option(..., "--k", help="Responses kept per prompt."),
     method: str = typer.Option("grades", help="random | top | diverse | grades | stratified (or rkon/bkon/dkon/dbkon)."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
+    embedding: str = typer.Option("embedding", help="Embedding column (diverse, grades; stratified without modes)."),
+    reward: str = typer.Option("reward", help="Reward column (top, grades)."),
+    mode: str = typer.Option("mode", help="Mode column (stratified); computed by k-means when absent."),
     alpha: float = typer.Option(0.75, help="Quality exponent (grades)."),
+    k_max: Optional[int] = typer.Option(None, help="Prefilter: keep only the best K_MAX by reward as ground set (grades)."),
     kernel: str = typer.Option("shift", help="shift: (1+c)/2, clip: max(0, c)."),
-    seed: int = typer.Option(0, help="Seed of random draws."),
+    n_modes: Optional[int] = typer.Option(None, help="Modes per pool when they are computed (default: silhouette rule)."),
+    seed: int = typer.Option(0, help="Seed of random draws and k-means."),
+    chunk_rows: int = typer.Option(1_000_000, help="Candidates read per chunk (whole pools per chunk)."),
 ) -> None:
     """Keep K responses per prompt of a table."""
+    import numpy as np
     import polars as pl
 
-    from .select import select
+    from . import _io
+    from ._tables import MrtInputError
+    from .select import FACILITY_METHODS, METHODS, SmallPoolWarning, select
 
-    readers = {".parquet": pl.read_parquet, ".jsonl": pl.read_ndjson, ".csv": pl.read_csv}
-    if inp.suffix not in readers:
-        raise typer.BadParameter(f"unsupported input format {inp.suffix!r}")
-    df = readers[inp.suffix](inp)
-    kept, rep = select(df, k, method, by=by, alpha=alpha, kernel=kernel, seed=seed, return_report=True)
-    writers = {".parquet": kept.write_parquet, ".jsonl": kept.write_ndjson, ".csv": kept.write_csv}
-    writers[out.suffix](out)
-    console.print(rep.to_dict())
+    t0 = time.perf_counter()
+    with _user_errors():
+        if not isinstance(method, str) or method.lower() not in METHODS:
+            raise MrtInputError(f"--method must be one of {sorted(METHODS)}, got {method!r}")
+        if k < 1:
+            raise MrtInputError(f"--k must be >= 1, got {k}")
+        if chunk_rows < 1:
+            raise MrtInputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
+        m = METHODS[method.lower()]
+        lf = _io.scan(inp)
+        names = lf.collect_schema().names()
+
+        def need(col: str, role: str) -> None:
+            if col not in names:
+                raise MrtInputError(f"column {col!r} ({role}) not found in {str(inp)!r}; it has columns {names}")
+
+        need(by, "prompt id")
+        compute_modes = m == "stratified" and mode not in names
+        if m in FACILITY_METHODS or compute_modes:
+            need(embedding, "embedding")
+        if m == "top" or (m == "grades" and (alpha > 0 or k_max is not None)):
+            need(reward, "reward")
+        counts = _io.collect(lf.group_by(by, maintain_order=True).agg(pl.len().alias("__n")), inp)
+        if counts.height == 0:
+            raise MrtInputError(f"{str(inp)!r} has no rows: there is nothing to select from")
+        plan = _chunks_of_pools(counts["__n"].to_list(), chunk_rows)
+        tot = {"pools": 0, "cands": 0, "kept": 0, "small": 0, "missed": 0}
+        ratios: list[np.ndarray] = []
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        with _io.AtomicWriter(out) as w, Progress(
+            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=True,
+        ) as prog:
+            task = prog.add_task(f"{m}-{k} over pools", total=counts.height)
+            last = None
+            for idx in plan:
+                part = lf if len(plan) == 1 else lf.filter(pl.col(by).is_in(counts[by].gather(idx).implode()))
+                df = _io.collect(part, inp)
+                df = _io.decode_embedding(df, embedding)
+                if compute_modes:
+                    from .similarity import pool_modes
+
+                    df = pool_modes(df, by=by, embedding=embedding, out=mode, n_modes=n_modes, seed=seed)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", SmallPoolWarning)
+                    kept, rep = select(df, k, m, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha,
+                                       k_max=k_max, kernel=kernel, seed=seed, return_report=True)
+                w.write(kept)
+                last = kept
+                tot["pools"] += rep.n_pools
+                tot["cands"] += rep.n_candidates
+                tot["kept"] += rep.n_kept
+                tot["small"] += rep.n_small_pools
+                tot["missed"] += rep.modes_missed
+                if rep.approximation_ratio is not None:
+                    ratios.append(rep.approximation_ratio)
+                prog.advance(task, len(idx))
+            w.commit(empty_schema=last)
+    tab = Table(title=f"mrt select: {m}, K = {k}")
+    for c in ("pools", "candidates", "kept", "pools <= K", "mean certified ratio", "seconds"):
+        tab.add_column(c, justify="right")
+    ratio = f"{float(np.mean(np.concatenate(ratios))):.4f}" if ratios else "-"
+    tab.add_row(str(tot["pools"]), str(tot["cands"]), str(tot["kept"]), str(tot["small"]), ratio,
+                f"{time.perf_counter() - t0:.2f}")
+    console.print(tab)
+    console.print(f"wrote {tot['kept']} rows to {out}")
 
 
 # ---- variance diagnostics commands ----

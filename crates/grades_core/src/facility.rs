@@ -26,7 +26,7 @@ use std::collections::BinaryHeap;
 use rayon::prelude::*;
 
 use crate::error::{invalid, Error, Result};
-use crate::kernel::{gather_normalized, gemm_abt, gram, Csr, Kernel};
+use crate::kernel::{cosine_gram, gather_normalized, gather_rows, gemm_abt, Csr, Kernel};
 use crate::pools::Pools;
 
 /// Which greedy runs.
@@ -125,7 +125,7 @@ pub fn quality(rewards: &[f64], eps: f64) -> Vec<f64> {
 pub fn prefilter(q: &[f64], k_max: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..q.len()).collect();
     if k_max < q.len() {
-        order.sort_by(|&a, &b| q[b].total_cmp(&q[a]).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| q[b].partial_cmp(&q[a]).unwrap_or(Ordering::Equal).then(a.cmp(&b)));
         order.truncate(k_max);
         order.sort_unstable();
     }
@@ -153,16 +153,24 @@ pub trait Source {
     }
 }
 
+/// `sum_i w_i max(0, w_j s_i - c_i)`: branch-free, four partial sums (a fixed
+/// order, so the same inputs always give the same bits).
 #[inline(always)]
 fn column_gain(col: &[f32], wj: f64, w: &[f64], c: &[f64]) -> f64 {
-    let mut acc = 0.0f64;
-    for ((&s, &wi), &ci) in col.iter().zip(w).zip(c) {
-        let t = wj * s as f64 - ci;
-        if t > 0.0 {
-            acc += wi * t;
+    let n = col.len().min(w.len()).min(c.len());
+    let (col, w, c) = (&col[..n], &w[..n], &c[..n]);
+    let mut acc = [0.0f64; 4];
+    let m = n - n % 4;
+    for b in (0..m).step_by(4) {
+        for l in 0..4 {
+            let t = (wj * col[b + l] as f64 - c[b + l]).max(0.0);
+            acc[l] += w[b + l] * t;
         }
     }
-    acc
+    for i in m..n {
+        acc[i % 4] += w[i] * (wj * col[i] as f64 - c[i]).max(0.0);
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3])
 }
 
 #[inline(always)]
@@ -393,7 +401,8 @@ impl PartialOrd for Entry {
 }
 impl Ord for Entry {
     fn cmp(&self, o: &Self) -> Ordering {
-        self.g.total_cmp(&o.g).then(o.j.cmp(&self.j))
+        // gains are finite and -0.0 never arises (sums start at +0.0)
+        self.g.partial_cmp(&o.g).unwrap_or(Ordering::Equal).then(o.j.cmp(&self.j))
     }
 }
 
@@ -551,6 +560,7 @@ struct Scratch {
     x: Vec<f32>,
     s: Vec<f32>,
     r: Vec<f64>,
+    inv: Vec<f32>,
 }
 
 fn run_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>, params: &Params, kernel: Kernel, sc: &mut Scratch) -> Result<FlResult> {
@@ -567,9 +577,20 @@ fn run_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>, params: &Param
         None => None,
     };
     let (q, u) = ground_set(p, n, pool_rewards, params)?;
-    gather_normalized(pools, p, &u, &mut sc.x)?;
     let m = u.len();
-    gram(&sc.x, m, pools.dim, kernel, &mut sc.s);
+    let d = pools.dim;
+    // the pool's rows straight from the caller's matrix when they are
+    // contiguous and all in the ground set; a gathered copy otherwise
+    let first = pools.layout.row(p, 0);
+    let contiguous = m == n && (0..n).all(|i| pools.layout.row(p, i) == first + i);
+    let x: &[f32] = if contiguous {
+        &pools.data[first * d..(first + n) * d]
+    } else {
+        gather_rows(pools, p, &u, &mut sc.x);
+        &sc.x
+    };
+    let name = |i: usize| (p, format!("candidate {} (row {})", u[i], pools.layout.row(p, u[i])));
+    cosine_gram(x, m, d, kernel, &mut sc.s, &mut sc.inv, &name)?;
     let w = weights_for(q.as_deref(), &u, params.alpha);
     let mut src = DenseSource { s: &sc.s, n: m };
     let mut res = greedy(&mut src, &w, params.k, params.optimizer);

@@ -135,6 +135,69 @@ pub fn gram(x: &[f32], n: usize, d: usize, kernel: Kernel, out: &mut Vec<f32>) {
     }
 }
 
+/// Gather the raw rows of the candidates `which` of pool `p` into `out`
+/// (row-major), without normalising.
+pub fn gather_rows(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f32>) {
+    let d = pools.dim;
+    out.clear();
+    out.reserve(which.len() * d);
+    for &i in which {
+        out.extend_from_slice(pools.row_slice(pools.layout.row(p, i)));
+    }
+}
+
+/// Cosine similarity block of raw rows `x` (`n x d`, any norms) mapped by
+/// `kernel`: one GEMM on the raw rows, norms read off the Gram diagonal, then
+/// one fused scale + kernel pass. `name(i)` names row i in error messages.
+/// Fails on a non-finite value or a zero-norm row.
+pub fn cosine_gram(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    kernel: Kernel,
+    out: &mut Vec<f32>,
+    inv: &mut Vec<f32>,
+    name: &dyn Fn(usize) -> (usize, String),
+) -> Result<()> {
+    out.clear();
+    out.resize(n * n, 0.0);
+    crate::simd::syrk(x, n, d, out);
+    inv.clear();
+    for i in 0..n {
+        let g = out[i * n + i];
+        if !(g.is_finite() && g > 0.0) {
+            // slow path: find out exactly what is wrong with row i
+            let row = &x[i * d..(i + 1) * d];
+            let (pool, what) = name(i);
+            if let Some(v) = row.iter().find(|v| !v.is_finite()) {
+                return Err(Error::Pool { pool, msg: format!("embedding of {what} holds a non-finite value {v}") });
+            }
+            let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
+            if ss == 0.0 {
+                return Err(Error::Pool {
+                    pool,
+                    msg: format!("embedding of {what} has zero norm; cosine similarity is undefined"),
+                });
+            }
+            return Err(Error::Pool {
+                pool,
+                msg: format!("embedding of {what} is too large for float32 arithmetic (squared norm {ss:e})"),
+            });
+        }
+        inv.push(1.0 / g.sqrt());
+    }
+    let one = kernel.apply(1.0);
+    for i in 0..n {
+        let row = &mut out[i * n..(i + 1) * n];
+        let a = inv[i];
+        for (v, &b) in row.iter_mut().zip(inv.iter()) {
+            *v = kernel.apply(*v * a * b);
+        }
+        row[i] = one;
+    }
+    Ok(())
+}
+
 /// A sparse similarity graph in compressed-sparse-row form. Row `i` lists the
 /// `j` with a stored `S_ij`; absent entries are 0.
 #[derive(Debug, Clone)]

@@ -13,8 +13,10 @@
 pub mod error;
 pub mod facility;
 pub mod kernel;
+pub mod kmeans;
 pub mod pools;
 pub mod sampling;
+pub mod simd;
 pub mod variance;
 
 #[cfg(feature = "python")]

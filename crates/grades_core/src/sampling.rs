@@ -119,7 +119,8 @@ pub fn top_k(layout: &Layout<'_>, rewards: &[f64], k: usize) -> Result<Picks> {
                 return Err(Error::Pool { pool: p, msg: format!("reward of candidate {i} is {v}; rewards must be finite") });
             }
             let mut idx: Vec<usize> = (0..n).collect();
-            idx.sort_by(|&a, &b| r[b].total_cmp(&r[a]));
+            // finite values (checked above); -0.0 and 0.0 tie, as they compare equal
+            idx.sort_by(|&a, &b| r[b].partial_cmp(&r[a]).unwrap_or(std::cmp::Ordering::Equal));
             idx.truncate(k.min(n));
             let w = vec![1.0; idx.len()];
             Ok((idx, w, 0u64))

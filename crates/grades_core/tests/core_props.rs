@@ -1,0 +1,185 @@
+//! Property tests of the selection core (no Python).
+use grades_core::facility::{
+    facility_location_batch, facility_location_dense, facility_location_on_demand, facility_location_sparse, greedy,
+    objective_dense, quality, DenseSource, Optimizer, Params,
+};
+use grades_core::kernel::{Csr, Kernel};
+use grades_core::pools::Pools;
+use grades_core::sampling::{largest_remainder, random_k, stratified_k, top_k};
+use proptest::prelude::*;
+
+fn params(k: usize, alpha: f64, opt: Optimizer) -> Params {
+    Params { k, alpha, eps: 1e-6, k_max: None, optimizer: opt }
+}
+
+/// Random symmetric similarity in [0, 1] with unit diagonal, column-major == row-major.
+fn sym(n: usize, vals: &[f32]) -> Vec<f32> {
+    let mut s = vec![0f32; n * n];
+    let mut t = 0;
+    for i in 0..n {
+        s[i * n + i] = 1.0;
+        for j in (i + 1)..n {
+            let v = vals[t % vals.len()];
+            t += 1;
+            s[i * n + j] = v;
+            s[j * n + i] = v;
+        }
+    }
+    s
+}
+
+fn brute_opt(s: &[f32], n: usize, w: &[f64], k: usize) -> f64 {
+    let mut best = 0.0f64;
+    for mask in 0u32..(1 << n) {
+        if mask.count_ones() as usize != k {
+            continue;
+        }
+        let set: Vec<usize> = (0..n).filter(|&j| mask >> j & 1 == 1).collect();
+        best = best.max(objective_dense(s, n, w, &set));
+    }
+    best
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn lazy_equals_naive_and_bounds_hold(n in 2usize..10, k in 1usize..6,
+                                         vals in prop::collection::vec(0f32..=1.0, 1..64),
+                                         rw in prop::collection::vec(-3f64..3.0, 10),
+                                         alpha in prop::sample::select(vec![0.0, 0.5, 0.75, 2.0])) {
+        let s = sym(n, &vals);
+        let q = quality(&rw[..n], 1e-6);
+        let w: Vec<f64> = q.iter().map(|v| v.powf(alpha)).collect();
+        let mut src = DenseSource { s: &s, n };
+        let a = greedy(&mut src, &w, k, Optimizer::Naive);
+        let b = greedy(&mut src, &w, k, Optimizer::Lazy);
+        prop_assert_eq!(&a.indices, &b.indices);
+        prop_assert_eq!(&a.gains, &b.gains);
+        let kk = k.min(n);
+        let opt = brute_opt(&s, n, &w, kk);
+        let tol = 1e-9 * (1.0 + opt);
+        // greedy within (1 - 1/e) of OPT; certificate >= OPT >= greedy
+        prop_assert!(a.objective >= (1.0 - (-1.0f64).exp()) * opt - tol);
+        prop_assert!(a.upper_bound + tol >= opt, "naive bound {} < opt {}", a.upper_bound, opt);
+        prop_assert!(b.upper_bound + tol >= opt, "lazy bound {} < opt {}", b.upper_bound, opt);
+        prop_assert!(a.objective <= opt + tol);
+        // objective equals F of the chosen set and the sum of gains
+        prop_assert!((a.objective - objective_dense(&s, n, &w, &a.indices)).abs() <= tol);
+        prop_assert!((a.objective - a.gains.iter().sum::<f64>()).abs() <= tol);
+        // gains are non-increasing (submodularity along the greedy path)
+        for g in a.gains.windows(2) { prop_assert!(g[1] <= g[0] + 1e-12); }
+    }
+
+    #[test]
+    fn sparse_and_dense_agree(n in 2usize..12, k in 1usize..5, vals in prop::collection::vec(0f32..=1.0, 1..80)) {
+        let s = sym(n, &vals);
+        let mut indptr = vec![0i64];
+        let mut indices = vec![];
+        let mut data = vec![];
+        for i in 0..n {
+            for j in 0..n {
+                if s[i * n + j] > 0.0 { indices.push(j as i64); data.push(s[i * n + j]); }
+            }
+            indptr.push(indices.len() as i64);
+        }
+        let g = Csr::new(n, &indptr, &indices, &data).unwrap();
+        let p = params(k, 0.0, Optimizer::Lazy);
+        let a = facility_location_sparse(&g, None, &p).unwrap();
+        let b = facility_location_dense(&s, n, None, &p).unwrap();
+        prop_assert_eq!(a.indices, b.indices);
+        prop_assert!((a.objective - b.objective).abs() < 1e-9);
+    }
+
+    #[test]
+    fn on_demand_lazy_equals_naive(n in 2usize..40, d in 1usize..8, k in 1usize..8, seed in 0u64..1000,
+                                   kernel in prop::sample::select(vec![Kernel::Clip, Kernel::Shift])) {
+        let x: Vec<f32> = (0..n * d).map(|t| {
+            let z = (t as u64 + 1).wrapping_mul(6364136223846793005).wrapping_add(seed.wrapping_mul(1442695040888963407));
+            ((z >> 33) as f32 / (1u64 << 31) as f32) - 0.5 + if t % d == 0 { 1e-3 } else { 0.0 }
+        }).collect();
+        let a = facility_location_on_demand(&x, n, d, None, &params(k, 0.0, Optimizer::Naive), kernel).unwrap();
+        let b = facility_location_on_demand(&x, n, d, None, &params(k, 0.0, Optimizer::Lazy), kernel).unwrap();
+        prop_assert_eq!(&a.indices, &b.indices);
+        prop_assert_eq!(&a.gains, &b.gains);
+        // and the on-demand objective matches the dense Gram path closely
+        let off = [0u64, n as u64];
+        let pools = Pools::new(&x, d, &off, None).unwrap();
+        let c = facility_location_batch(&pools, None, &params(k, 0.0, Optimizer::Lazy), kernel).unwrap();
+        prop_assert!((c[0].objective - b.objective).abs() <= 1e-4 * (1.0 + b.objective.abs()));
+    }
+
+    #[test]
+    fn largest_remainder_sums_to_k(counts in prop::collection::vec(1usize..20, 1..8), k in 1usize..40) {
+        let n: usize = counts.iter().sum();
+        let a = largest_remainder(&counts, k);
+        prop_assert_eq!(a.iter().sum::<usize>(), k.min(n));
+        for (m, &c) in counts.iter().enumerate() {
+            let exact = k.min(n) as f64 * c as f64 / n as f64;
+            prop_assert!((a[m] as f64 - exact).abs() < 1.0 + 1e-9);
+            prop_assert!(a[m] <= c);
+        }
+    }
+}
+
+#[test]
+fn block_similarity_covers_every_mode_first() {
+    // 3 modes x 4 members; S = 1 inside a mode, 0.3 across; alpha = 0
+    let (m, per) = (3usize, 4usize);
+    let n = m * per;
+    let mut s = vec![0.3f32; n * n];
+    for i in 0..n {
+        for j in 0..n {
+            if i / per == j / per {
+                s[i * n + j] = 1.0;
+            }
+        }
+    }
+    let r = facility_location_dense(&s, n, None, &params(5, 0.0, Optimizer::Lazy)).unwrap();
+    let first: Vec<usize> = r.indices[..m].iter().map(|&i| i / per).collect();
+    let mut sorted = first.clone();
+    sorted.sort();
+    assert_eq!(sorted, vec![0, 1, 2], "first picks {:?}", r.indices);
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let x = vec![1.0f32, 0.0, 0.0, 0.0, 1.0, 0.0];
+    let off = [0u64, 3];
+    let pools = Pools::new(&x, 2, &off, None).unwrap();
+    let e = facility_location_batch(&pools, None, &params(1, 0.0, Optimizer::Lazy), Kernel::Clip).unwrap_err();
+    assert!(e.to_string().contains("zero norm"), "{e}");
+    assert!(Pools::new(&x, 4, &off, None).is_err());
+    assert!(Pools::new(&x, 2, &[0, 2], None).is_err());
+    let good = vec![1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0];
+    let pools = Pools::new(&good, 2, &off, None).unwrap();
+    let p = Params { k: 0, ..params(1, 0.0, Optimizer::Lazy) };
+    assert!(facility_location_batch(&pools, None, &p, Kernel::Clip).is_err());
+    let p = params(2, 0.75, Optimizer::Lazy);
+    assert!(facility_location_batch(&pools, None, &p, Kernel::Clip).unwrap_err().to_string().contains("rewards"));
+    let r = [1.0, f64::NAN, 0.0];
+    let e = facility_location_batch(&pools, Some(&r), &p, Kernel::Clip).unwrap_err();
+    assert!(e.to_string().contains("candidate 1"), "{e}");
+    assert!(Csr::new(2, &[0, 1, 2], &[0, 5], &[1.0, 1.0]).is_err());
+    assert!(Csr::new(2, &[0, 1, 2], &[0, 1], &[1.0, 1.5]).is_err());
+}
+
+#[test]
+fn samplers_basic() {
+    let off = [0u64, 5, 7, 17];
+    let layout = grades_core::pools::Layout::new(&off, None, 17).unwrap();
+    let keys = [11u64, 22, 33];
+    let a = random_k(&layout, &keys, 3, 7).unwrap();
+    assert_eq!(a.offsets, vec![0, 3, 5, 8]);
+    let b = random_k(&layout, &keys, 3, 7).unwrap();
+    assert_eq!(a, b);
+    let rewards: Vec<f64> = (0..17).map(|i| (i % 4) as f64).collect();
+    let t = top_k(&layout, &rewards, 2).unwrap();
+    assert_eq!(&t.indices[..2], &[3, 2]);
+    let modes: Vec<i64> = (0..17).map(|i| (i % 3) as i64).collect();
+    let s = stratified_k(&layout, &modes, &keys, 3, 1).unwrap();
+    assert_eq!(s.offsets.last().copied(), Some(8));
+    let mut bad = rewards.clone();
+    bad[6] = f64::INFINITY;
+    assert!(top_k(&layout, &bad, 2).unwrap_err().to_string().contains("pool 1"));
+}

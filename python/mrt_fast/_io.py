@@ -1,0 +1,154 @@
+"""Reading and writing candidate tables (Parquet, JSONL, CSV) with polars.
+
+Reads are lazy scans (only the needed columns, only the needed rows); writes
+go to a temporary file in the destination's directory and are renamed into
+place on success, so a failed run never leaves a half-written file.
+CSV cannot hold lists: embedding columns are written as JSON text and read
+back from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import polars as pl
+
+from ._tables import MrtInputError
+
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+
+
+def fmt_of(path: Path, role: str) -> str:
+    f = FORMATS.get(path.suffix.lower())
+    if f is None:
+        raise MrtInputError(
+            f"{role} file {str(path)!r}: unsupported format {path.suffix!r} (use .parquet, .jsonl/.ndjson or .csv)"
+        )
+    return f
+
+
+def _one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return msg[0] if msg else type(e).__name__
+
+
+def scan(path: Path) -> pl.LazyFrame:
+    """A lazy scan of an input table; fails with a one-line error if unreadable."""
+    path = Path(path)
+    f = fmt_of(path, "input")
+    if not path.exists():
+        raise MrtInputError(f"input file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise MrtInputError(f"input {str(path)!r} is not a file")
+    if not os.access(path, os.R_OK):
+        raise MrtInputError(f"input file {str(path)!r} is not readable (permission denied)")
+    try:
+        if f == "parquet":
+            lf = pl.scan_parquet(path)
+        elif f == "jsonl":
+            lf = pl.scan_ndjson(path, infer_schema_length=1000)
+        else:
+            lf = pl.scan_csv(path)
+        lf.collect_schema()
+    except Exception as e:  # noqa: BLE001 - polars raises several kinds for a bad file
+        raise MrtInputError(f"cannot read {str(path)!r} as {f}: {_one_line(e)}") from None
+    return lf
+
+
+def collect(lf: pl.LazyFrame, path: Path) -> pl.DataFrame:
+    try:
+        return lf.collect()
+    except Exception as e:  # noqa: BLE001
+        raise MrtInputError(f"cannot read {str(path)!r}: {_one_line(e)}") from None
+
+
+def decode_embedding(df: pl.DataFrame, name: str) -> pl.DataFrame:
+    """An embedding column stored as JSON text (CSV) becomes a list of floats."""
+    if name in df.columns and df[name].dtype in (pl.Utf8, pl.String):
+        try:
+            return df.with_columns(pl.col(name).str.json_decode(pl.List(pl.Float32)))
+        except Exception as e:  # noqa: BLE001
+            raise MrtInputError(f"column {name!r} holds text that is not a JSON list of numbers: {_one_line(e)}") from None
+    return df
+
+
+def _csv_safe(df: pl.DataFrame) -> pl.DataFrame:
+    nested = [c for c, t in df.schema.items() if isinstance(t, (pl.List, pl.Array, pl.Struct))]
+    if not nested:
+        return df
+    return df.with_columns(
+        pl.Series(c, [None if v is None else json.dumps(v if not hasattr(v, "tolist") else v.tolist())
+                      for v in df[c].to_list()], dtype=pl.Utf8)
+        for c in nested
+    )
+
+
+class AtomicWriter:
+    """Append polars frames to a temp file; `commit` renames it onto `path`."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.fmt = fmt_of(self.path, "output")
+        parent = self.path.parent if str(self.path.parent) else Path(".")
+        if not parent.is_dir():
+            raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=parent)
+        except OSError as e:
+            raise MrtInputError(f"cannot write to {str(parent)!r}: {_one_line(e)}") from None
+        os.close(fd)
+        self.tmp = Path(tmp)
+        self._pq = None
+        self._fh = None
+        self.rows = 0
+        self._first = True
+
+    def write(self, df: pl.DataFrame) -> None:
+        if self.fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            t = df.to_arrow()
+            if self._pq is None:
+                self._pq = pq.ParquetWriter(self.tmp, t.schema)
+            self._pq.write_table(t.cast(self._pq.schema) if t.schema != self._pq.schema else t)
+        else:
+            if self._fh is None:
+                self._fh = open(self.tmp, "wb")
+            if self.fmt == "jsonl":
+                df.write_ndjson(self._fh)
+            else:
+                _csv_safe(df).write_csv(self._fh, include_header=self._first)
+        self._first = False
+        self.rows += df.height
+
+    def _close(self) -> None:
+        if self._pq is not None:
+            self._pq.close()
+            self._pq = None
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def commit(self, empty_schema: pl.DataFrame | None = None) -> None:
+        if self._first and empty_schema is not None:
+            self.write(empty_schema.clear())
+        self._close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self._close()
+        try:
+            self.tmp.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, ev, tb):
+        if et is not None or self.tmp.exists():
+            self.abort()
+        return False

@@ -1,0 +1,198 @@
+"""Embeddings (offline MiniLM), cache, kNN graphs, demo."""
+
+import json
+import os
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from mrt_fast import MrtInputError
+from mrt_fast.cli import app
+
+runner = CliRunner()
+
+
+# ------------------------------------------------------------- kNN graph (faiss only)
+
+
+def brute_graph(x, k, kernel="shift", symmetrize=True):
+    xs = x / np.linalg.norm(x, axis=1, keepdims=True)
+    c = xs.astype(np.float64) @ xs.T.astype(np.float64)
+    n = len(x)
+    s = np.zeros((n, n))
+    for i in range(n):
+        others = [j for j in np.argsort(-c[i], kind="stable") if j != i][:k]
+        for j in others:
+            s[i, j] = (1 + c[i, j]) / 2 if kernel == "shift" else max(0.0, c[i, j])
+        s[i, i] = 1.0
+    return np.maximum(s, s.T) if symmetrize else s
+
+
+@pytest.mark.embed
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 40), st.integers(1, 8), st.integers(2, 6), st.sampled_from(["shift", "clip"]),
+       st.booleans(), st.integers(0, 10**6))
+def test_knn_graph_equals_brute_force(n, k, d, kernel, sym, seed):
+    from mrt_fast.similarity import knn_graph
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    g = knn_graph(x, k, kernel=kernel, symmetrize=sym)
+    want = brute_graph(x, min(k, n - 1), kernel, sym)
+    np.testing.assert_allclose(g.dense(), want, atol=2e-6)
+    assert np.all(np.diff(g.indptr) >= 1) and g.data.min() >= 0 and g.data.max() <= 1 + 1e-6
+    if sym:
+        np.testing.assert_allclose(g.dense(), g.dense().T)
+
+
+@pytest.mark.embed
+@pytest.mark.parametrize("index", ["ivf", "hnsw"])
+def test_approximate_index_reports_recall(index):
+    from mrt_fast.similarity import knn_graph
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(600, 16)).astype(np.float32)
+    g = knn_graph(x, 5, index=index, recall_sample=200, nprobe=64 if index == "ivf" else 8)
+    assert g.recall_sample == 200 and g.recall is not None and 0.9 <= g.recall <= 1.0
+    low = knn_graph(x, 5, index="ivf", nlist=50, nprobe=1, recall_sample=200)
+    assert low.recall < g.recall or g.recall == 1.0
+    with pytest.raises(MrtInputError, match="index"):
+        knn_graph(x, 5, index="annoy")
+
+
+@pytest.mark.embed
+def test_corpus_facility_location_matches_dense_on_full_graph():
+    from mrt_fast import facility_location
+    from mrt_fast.similarity import facility_location_corpus
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(40, 6)).astype(np.float32)
+    # with every neighbour kept the graph is the full matrix: same picks as the dense core
+    res, g = facility_location_corpus(x, 4, n_neighbors=39, return_graph=True)
+    dense = facility_location(x, 4)
+    assert g.nnz == 40 * 40
+    assert res.indices.tolist() == dense.indices.tolist()
+    assert res.objective == pytest.approx(dense.objective, rel=1e-5)
+    assert 0 < res.ratio <= 1
+
+
+# ------------------------------------------------------------- embeddings (MiniLM, offline)
+
+
+@pytest.mark.embed
+def test_minilm_weights_hash():
+    from mrt_fast.embed import MINILM_WEIGHTS_SHA256, minilm_path, sha256_file
+
+    assert sha256_file(minilm_path() / "model.safetensors") == MINILM_WEIGHTS_SHA256
+
+
+@pytest.mark.embed
+def test_embed_cache_hit_and_miss(tmp_path):
+    from mrt_fast.embed import EmbeddingCache, embed_texts, resolve_model
+
+    st1, st2 = {}, {}
+    a = embed_texts(["a red apple", "quantum physics", "a red apple"], cache_dir=tmp_path, stats=st1, progress=False)
+    assert (st1["hits"], st1["computed"]) == (0, 2)
+    assert a.dtype == np.float32 and a.shape == (3, 384)
+    np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1, atol=1e-5)
+    assert np.array_equal(a[0], a[2])
+    assert float(a[0] @ a[1]) < 0.5
+    b = embed_texts(["quantum physics", "a green pear"], cache_dir=tmp_path, stats=st2, progress=False)
+    assert (st2["hits"], st2["computed"]) == (1, 1)
+    np.testing.assert_array_equal(b[0], a[1])
+    c = EmbeddingCache(tmp_path)
+    assert c.count(resolve_model(None)[0]) == 3
+    c.close()
+    # no cache: same vectors, nothing written
+    d = embed_texts(["a red apple"], cache_dir=False, progress=False)
+    np.testing.assert_allclose(d[0], a[0], atol=1e-5)
+
+
+@pytest.mark.embed
+def test_embed_cli_round_trip_and_errors(tmp_path):
+    df = pl.DataFrame({"prompt_id": [1, 1, 2], "response": ["yes", "no", "maybe"], "reward": [1.0, 0.0, 0.5]})
+    for suf in (".parquet", ".jsonl", ".csv"):
+        inp, out = tmp_path / f"in{suf}", tmp_path / f"out{suf}"
+        {".parquet": df.write_parquet, ".jsonl": df.write_ndjson, ".csv": df.write_csv}[suf](inp)
+        r = runner.invoke(app, ["embed", str(inp), str(out), "--cache-dir", str(tmp_path / "c")])
+        assert r.exit_code == 0, r.output
+        got = pl.read_parquet(out) if suf == ".parquet" else (pl.read_ndjson(out) if suf == ".jsonl" else pl.read_csv(out))
+        assert got["response"].to_list() == df["response"].to_list()
+        emb = got["embedding"]
+        if suf == ".csv":
+            emb = pl.Series([json.loads(v) for v in emb])
+        assert len(emb[0]) == 384
+    # then select on the embedded csv (embedding stored as JSON text)
+    r = runner.invoke(app, ["select", str(tmp_path / "out.csv"), str(tmp_path / "sel.csv"), "--k", "1"])
+    assert r.exit_code == 0, r.output
+    assert pl.read_csv(tmp_path / "sel.csv").height == 2
+    # errors: empty text, missing text, wrong column, model not available offline
+    cases = {
+        "empty": pl.DataFrame({"response": ["ok", "  "]}),
+        "null": pl.DataFrame({"response": ["ok", None]}),
+        "schema": pl.DataFrame({"text": ["ok"]}),
+        "notext": pl.DataFrame({"response": [1, 2]}),
+    }
+    for name, bad in cases.items():
+        inp, out = tmp_path / f"{name}.parquet", tmp_path / f"{name}_out.parquet"
+        bad.write_parquet(inp)
+        r = runner.invoke(app, ["embed", str(inp), str(out), "--no-cache"])
+        assert r.exit_code == 2, (name, r.output)
+        assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error:"), r.stderr
+        assert not out.exists()
+    inp = tmp_path / "in.parquet"
+    r = runner.invoke(app, ["embed", str(inp), str(tmp_path / "m.parquet"), "--model", "no-such-org/no-such-model"])
+    assert r.exit_code == 2 and "offline" in r.stderr and r.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "m.parquet").exists()
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
+@pytest.mark.embed
+def test_embed_table_api(tmp_path):
+    from mrt_fast.embed import embed
+
+    df = pl.DataFrame({"response": ["one", "two"], "x": [1, 2]})
+    out = embed(df, cache_dir=tmp_path, progress=False)
+    assert out.schema["embedding"] == pl.Array(pl.Float32, 384) and out["x"].to_list() == [1, 2]
+    with pytest.raises(MrtInputError, match="empty at row 1"):
+        embed(pl.DataFrame({"response": ["one", ""]}), cache_dir=False)
+    with pytest.raises(MrtInputError, match="not found"):
+        embed(df, text="prompt", cache_dir=False)
+
+
+# ------------------------------------------------------------- bundled data and demo
+
+
+def test_bundled_examples():
+    from mrt_fast.demo import load_examples
+
+    df = load_examples()
+    assert df.height == 32 and df["prompt_id"].n_unique() == 8
+    assert sorted(df["domain"].unique()) == ["advisory", "code", "creative", "reasoning"]
+    assert df.group_by("prompt_id").len()["len"].to_list() == [4] * 8
+    assert set(df["axis"]) == {"prompt", "response"}
+    text = " ".join(df["response"].to_list() + df["prompt"].to_list() + df["theme"].to_list())
+    for leftover in ("\\", "$O", "``", "{,}", "~"):
+        assert leftover not in text.replace("\\n", ""), leftover
+    assert df["reward"].is_between(-1, 1).all() and df["response"].str.len_chars().min() > 100
+
+
+@pytest.mark.embed
+def test_demo_reduced(tmp_path):
+    r = runner.invoke(app, ["demo", "--out-dir", str(tmp_path / "d"), "--max-prompts", "3",
+                            "--cache-dir", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    for name in ("selectors.png", "kept.jsonl", "metrics.json"):
+        assert (tmp_path / "d" / name).stat().st_size > 0
+    m = json.loads((tmp_path / "d" / "metrics.json").read_text())
+    assert set(m) == {"random", "top", "diverse", "grades", "stratified"}
+    kept = pl.read_ndjson(tmp_path / "d" / "kept.jsonl")
+    assert kept.height == 5 * 3 * 2
+    # facility location (alpha = 0) maximises coverage; top-K has the highest reward
+    assert m["diverse"]["coverage"] >= max(m["random"]["coverage"], m["top"]["coverage"]) - 1e-9
+    assert m["top"]["reward"] >= max(v["reward"] for v in m.values()) - 1e-9
+    assert "code_041" in r.output and "gain" in r.output
