@@ -386,6 +386,129 @@ fn kmeans_modes<'py>(
 
 // ---- end k-means modes bindings ----
 
+// ---- variance bindings (streaming accumulators) ----
+
+use pyo3::types::PyBytes;
+
+use crate::variance::{Accumulator as VarAcc, Summary as VarSummary};
+
+fn var_summary_dict<'py>(py: Python<'py>, s: &VarSummary) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("n_rows", s.n_rows)?;
+    d.set_item("n_prompts", s.n_prompts)?;
+    d.set_item("n_single_response_prompts", s.n_single_response_prompts)?;
+    d.set_item("n_used_prompts", s.n_used_prompts)?;
+    d.set_item("n_used_rows", s.n_used_rows)?;
+    d.set_item("v_y_given_x", s.v_y_given_x)?;
+    d.set_item("var_of_means", s.var_of_means)?;
+    d.set_item("within_leak", s.within_leak)?;
+    d.set_item("v_x_raw", s.v_x_raw)?;
+    d.set_item("v_x", s.v_x)?;
+    d.set_item("grand_mean", s.grand_mean)?;
+    d.set_item("mean_k", s.mean_k)?;
+    Ok(d)
+}
+
+/// Streaming, mergeable per-prompt loss statistics (count, mean, M2).
+#[pyclass(name = "VarianceAccumulator", module = "mrt_fast._grades_core")]
+#[derive(Default)]
+struct PyVarianceAccumulator {
+    inner: VarAcc,
+}
+
+#[pymethods]
+impl PyVarianceAccumulator {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add rows (keys[i], losses[i]); all-or-nothing on a non-finite loss.
+    fn update(&mut self, py: Python<'_>, keys: PyReadonlyArray1<'_, u64>, losses: PyReadonlyArray1<'_, f64>) -> PyResult<()> {
+        let k = slice1(&keys, "keys")?;
+        let x = slice1(&losses, "losses")?;
+        let acc = &mut self.inner;
+        run(py, || acc.update(k, x))
+    }
+
+    /// Fold `other` into this accumulator.
+    fn merge(&mut self, py: Python<'_>, other: PyRef<'_, PyVarianceAccumulator>) -> PyResult<()> {
+        let o = &other.inner;
+        let acc = &mut self.inner;
+        run(py, || {
+            acc.merge(o);
+            Ok(())
+        })
+    }
+
+    fn copy(&self) -> Self {
+        Self { inner: self.inner.clone() }
+    }
+
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.inner.to_bytes())
+    }
+
+    #[staticmethod]
+    fn from_bytes(py: Python<'_>, data: &[u8]) -> PyResult<Self> {
+        let inner = run(py, || VarAcc::from_bytes(data))?;
+        Ok(Self { inner })
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    #[getter]
+    fn n_rows(&self) -> u64 {
+        self.inner.n_rows()
+    }
+
+    /// Per-prompt arrays sorted by key: dict(key, count, mean, m2).
+    fn per_prompt<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let acc = &self.inner;
+        let (keys, stats) = py.detach(|| acc.per_prompt());
+        let d = PyDict::new(py);
+        d.set_item("count", PyArray1::from_iter(py, stats.iter().map(|s| s.count)))?;
+        d.set_item("mean", PyArray1::from_iter(py, stats.iter().map(|s| s.mean)))?;
+        d.set_item("m2", PyArray1::from_iter(py, stats.iter().map(|s| s.m2)))?;
+        d.set_item("key", PyArray1::from_vec(py, keys))?;
+        Ok(d)
+    }
+
+    /// The decomposition's estimators as a dict (see the Rust docs).
+    fn summary<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let acc = &self.inner;
+        let s = run(py, || acc.summary())?;
+        var_summary_dict(py, &s)
+    }
+}
+
+/// Estimators from per-prompt arrays (count, mean, m2), in the given order.
+#[pyfunction]
+fn variance_summary<'py>(
+    py: Python<'py>,
+    count: PyReadonlyArray1<'py, u64>,
+    mean: PyReadonlyArray1<'py, f64>,
+    m2: PyReadonlyArray1<'py, f64>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (c, mu, q) = (slice1(&count, "count")?, slice1(&mean, "mean")?, slice1(&m2, "m2")?);
+    if c.len() != mu.len() || c.len() != q.len() {
+        return Err(PyValueError::new_err("count, mean and m2 must have the same length"));
+    }
+    let s = run(py, || {
+        let stats: Vec<crate::variance::Stats> = c
+            .iter()
+            .zip(mu)
+            .zip(q)
+            .map(|((&count, &mean), &m2)| crate::variance::Stats { count, mean, m2 })
+            .collect();
+        let rows = c.iter().sum();
+        crate::variance::summarize(&stats, rows)
+    })?;
+    var_summary_dict(py, &s)
+}
+
 #[pymodule]
 fn _grades_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fl_batch, m)?)?;
@@ -402,6 +525,8 @@ fn _grades_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     // === variance bindings (streaming accumulators) register below ===
     m.add_function(wrap_pyfunction!(kmeans_modes, m)?)?;
+    m.add_class::<PyVarianceAccumulator>()?;
+    m.add_function(wrap_pyfunction!(variance_summary, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

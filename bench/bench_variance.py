@@ -1,0 +1,133 @@
+"""Throughput of the streaming variance accumulator.
+
+One streaming pass over N (prompt key, loss) rows fed from NumPy in chunks,
+compared with
+  * the floor: one plain pass that only reads the same chunks (np.sum of both arrays),
+  * polars group_by/agg computing the same per-prompt statistics on the whole table.
+
+    python bench/bench_variance.py --rows 10_000_000 --k 16 --layout grouped
+    python bench/bench_variance.py --rows 10_000_000 --layout shuffled
+
+Prints one JSON line of results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import time
+
+import numpy as np
+import polars as pl
+
+from mrt_fast import _grades_core as core
+
+
+def mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: well-mixed u64 keys, as mrt_fast's id hashing gives."""
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def make(rows: int, k: int, layout: str, seed: int):
+    rng = np.random.default_rng(seed)
+    n_prompts = max(1, rows // k)
+    idx = np.arange(rows, dtype=np.int64) // k
+    if layout == "shuffled":
+        rng.shuffle(idx)
+    keys = mix(idx % n_prompts)
+    mu = rng.normal(size=n_prompts)
+    losses = mu[idx % n_prompts] + rng.normal(scale=2.0, size=rows)
+    return keys, losses, n_prompts
+
+
+CPU = {}
+
+
+def best_of(f, repeat):
+    """Best wall time over `repeat` runs; the process CPU time of that run is kept in CPU[f]."""
+    best = (math.inf, math.inf)
+    for _ in range(repeat):
+        t, c = time.perf_counter(), time.process_time()
+        out = f()
+        best = min(best, (time.perf_counter() - t, time.process_time() - c))
+    CPU[f.__name__] = best[1]
+    return best[0], out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=float, default=1e8)
+    ap.add_argument("--k", type=int, default=16, help="responses per prompt")
+    ap.add_argument("--chunk", type=int, default=1 << 20, help="rows per update call")
+    ap.add_argument("--layout", choices=["grouped", "shuffled"], default="grouped")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-polars", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    rows = int(a.rows)
+    keys, losses, n_prompts = make(rows, a.k, a.layout, a.seed)
+    chunks = [(keys[s : s + a.chunk], losses[s : s + a.chunk]) for s in range(0, rows, a.chunk)]
+
+    def floor():
+        t = 0.0
+        for kc, xc in chunks:
+            t += float(np.sum(xc)) + float(np.sum(kc))
+        return t
+
+    def stream():
+        acc = core.VarianceAccumulator()
+        for kc, xc in chunks:
+            acc.update(kc, xc)
+        return acc
+
+    t_floor, _ = best_of(floor, a.repeat)
+    t_acc, acc = best_of(stream, a.repeat)
+    t_sum, summ = best_of(acc.summary, 1)
+    res = {
+        "rows": rows,
+        "k": a.k,
+        "prompts": n_prompts,
+        "layout": a.layout,
+        "chunk": a.chunk,
+        "read_floor_s": round(t_floor, 4),
+        "accumulate_s": round(t_acc, 4),
+        "rows_per_s": round(rows / t_acc),
+        "ratio_to_read_floor": round(t_acc / t_floor, 2),
+        "read_floor_cpu_s": round(CPU["floor"], 4),
+        "accumulate_cpu_s": round(CPU["stream"], 4),
+        "summary_s": round(t_sum, 4),
+        "v_x": summ["v_x"],
+        "v_y_given_x": summ["v_y_given_x"],
+    }
+    if not a.no_polars:
+        df = pl.DataFrame({"k": keys, "x": losses})
+
+        def polars_stats():
+            g = df.group_by("k").agg(
+                pl.len().alias("n"), pl.col("x").mean().alias("mean"), pl.col("x").var(ddof=1).alias("s2")
+            )
+            u = g.filter(pl.col("n") >= 2)
+            return u.select(
+                pl.col("s2").mean().alias("v_y"),
+                (pl.col("mean").var(ddof=1) - (pl.col("s2") / pl.col("n")).mean()).alias("v_x_raw"),
+            )
+
+        t_pl, st = best_of(polars_stats, a.repeat)
+        res["polars_groupby_s"] = round(t_pl, 4)
+        res["speedup_vs_polars"] = round(t_pl / t_acc, 2)
+        res["polars_groupby_cpu_s"] = round(CPU["polars_stats"], 4)
+        assert abs(st["v_y"][0] - summ["v_y_given_x"]) <= 1e-8 * abs(summ["v_y_given_x"])
+        assert abs(st["v_x_raw"][0] - summ["v_x_raw"]) <= 1e-6 * (1 + abs(summ["v_x_raw"]))
+    res["machine"] = f"{platform.machine()} {os.cpu_count()} logical cpus, {platform.python_implementation()} {platform.python_version()}"
+    res["polars_threads"] = pl.thread_pool_size()
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

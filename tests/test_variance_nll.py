@@ -1,0 +1,118 @@
+"""Per-response NLL under a causal LM: batched == one at a time, prompt masked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mrt_fast import MrtInputError
+
+pytestmark = pytest.mark.train
+
+TEXTS = [
+    "how hot is the weather today",
+    "does it feel really warm today",
+    "it is sunny and warm",
+    "cold and rainy with wind",
+    "the answer is forty two",
+    "write a haiku about the sea",
+    "waves fold into foam",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.train_from_iterator(TEXTS * 5, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>", "<pad>"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    return model, tok
+
+
+def manual_nll(model, tok, prompt, response):
+    import torch
+
+    p = tok(prompt, add_special_tokens=True)["input_ids"] or [tok.bos_token_id]
+    r = tok(response, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([p + r])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0]
+    logp = torch.log_softmax(logits.double(), -1)
+    tgt = ids[0, len(p):]
+    return float(-logp[len(p) - 1 : -1].gather(-1, tgt[:, None]).mean())
+
+
+def test_batched_matches_unbatched(tiny):
+    from mrt_fast.nll import response_nll
+
+    model, tok = tiny
+    prompts = [TEXTS[0], TEXTS[0], TEXTS[1], TEXTS[5], "q"]
+    responses = [TEXTS[2], TEXTS[3], TEXTS[2] + " " + TEXTS[4], TEXTS[6], "a"]
+    got = response_nll(model, tok, prompts, responses, batch_size=3, progress=False)
+    want = [manual_nll(model, tok, p, r) for p, r in zip(prompts, responses)]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    one = response_nll(model, tok, prompts, responses, batch_size=1, progress=False, sort_by_length=False)
+    np.testing.assert_allclose(got, one, rtol=1e-4, atol=1e-5)
+    # the prompt is masked: changing only the prompt changes the loss through context,
+    # while the number of scored tokens is the response's
+    assert got[0] != got[1]
+
+
+def test_nll_bad_input(tiny):
+    from mrt_fast.nll import response_nll
+
+    model, tok = tiny
+    with pytest.raises(MrtInputError, match="no tokens"):
+        response_nll(model, tok, ["a"], [""], progress=False)
+    with pytest.raises(MrtInputError, match="differ in length"):
+        response_nll(model, tok, ["a", "b"], ["c"], progress=False)
+    with pytest.raises(MrtInputError, match="max_length"):
+        response_nll(model, tok, ["a"], [TEXTS[5]], max_length=2, progress=False)
+
+
+def test_nll_feeds_variance_budget(tiny):
+    import polars as pl
+
+    from mrt_fast import variance_budget
+    from mrt_fast.nll import response_nll
+
+    model, tok = tiny
+    prompts = [TEXTS[i % 3] for i in range(12)]
+    responses = [TEXTS[3 + (i % 4)] for i in range(12)]
+    loss = response_nll(model, tok, prompts, responses, batch_size=4, progress=False)
+    rep = variance_budget(pl.DataFrame({"prompt_id": prompts, "loss": loss}), n_boot=20)
+    assert rep.n_prompts == 3 and rep.v_y_given_x > 0
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_two_examples():
+    pytest.importorskip("gguf")
+    from mrt_fast.nll import load_smollm2, response_nll
+
+    try:
+        model, tok = load_smollm2()
+    except (ImportError, FileNotFoundError) as e:
+        pytest.skip(str(e))
+    loss = response_nll(
+        model, tok, ["The capital of France is", "The capital of France is"], [" Paris.", " a banana made of glue."], progress=False
+    )
+    assert np.isfinite(loss).all() and loss[0] < loss[1]
