@@ -1,0 +1,149 @@
+"""Typed stubs of the Rust core (`crates/grades_core/src/python.rs`).
+
+Every function validates its arrays, releases the GIL for the work, raises
+ValueError on bad input and RuntimeError (never a panic) on an internal error.
+Arrays must be C-contiguous with the dtypes shown (the Python layer converts).
+"""
+
+from typing import Any, Optional, TypedDict
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+class FlBatch(TypedDict):
+    indices: npt.NDArray[np.uint64]  # positions within each pool, pick order
+    offsets: npt.NDArray[np.uint64]  # pool p's picks: indices[offsets[p]:offsets[p+1]]
+    gains: npt.NDArray[np.float64]
+    objective: npt.NDArray[np.float64]  # per pool
+    upper_bound: npt.NDArray[np.float64]  # per pool
+
+class FlSingle(TypedDict):
+    indices: npt.NDArray[np.uint64]
+    gains: npt.NDArray[np.float64]
+    objective: float
+    upper_bound: float
+
+class Picks(TypedDict):
+    indices: npt.NDArray[np.uint64]
+    offsets: npt.NDArray[np.uint64]
+    weights: npt.NDArray[np.float64]
+    modes_missed: npt.NDArray[np.uint64]  # per pool
+
+class Modes(TypedDict):
+    labels: npt.NDArray[np.uint32]  # per position
+    n_modes: npt.NDArray[np.uint32]  # per pool
+    inertia: npt.NDArray[np.float64]
+    silhouette: npt.NDArray[np.float64]
+
+def fl_batch(
+    data: npt.NDArray[np.float32],
+    offsets: npt.NDArray[np.uint64],
+    k: int,
+    *,
+    rows: Optional[npt.NDArray[np.uint64]] = None,
+    rewards: Optional[npt.NDArray[np.float64]] = None,
+    alpha: float = 0.0,
+    eps: float = 1e-6,
+    k_max: Optional[int] = None,
+    kernel: str = "shift",
+    optimizer: str = "lazy",
+) -> FlBatch: ...
+def fl_dense(
+    sim: npt.NDArray[np.float32],
+    k: int,
+    *,
+    rewards: Optional[npt.NDArray[np.float64]] = None,
+    alpha: float = 0.0,
+    eps: float = 1e-6,
+    k_max: Optional[int] = None,
+    optimizer: str = "lazy",
+) -> FlSingle: ...
+def fl_sparse(
+    n: int,
+    indptr: npt.NDArray[np.int64],
+    indices: npt.NDArray[np.int64],
+    data: npt.NDArray[np.float32],
+    k: int,
+    *,
+    rewards: Optional[npt.NDArray[np.float64]] = None,
+    alpha: float = 0.0,
+    eps: float = 1e-6,
+    k_max: Optional[int] = None,
+    optimizer: str = "lazy",
+) -> FlSingle: ...
+def fl_on_demand(
+    x: npt.NDArray[np.float32],
+    k: int,
+    *,
+    rewards: Optional[npt.NDArray[np.float64]] = None,
+    alpha: float = 0.0,
+    eps: float = 1e-6,
+    k_max: Optional[int] = None,
+    kernel: str = "shift",
+    optimizer: str = "lazy",
+) -> FlSingle: ...
+def similarity(x: npt.NDArray[np.float32], kernel: str = "shift") -> npt.NDArray[np.float32]:
+    """Flattened (n*n) cosine similarity of the rows of x mapped into [0, 1]."""
+def random_k(
+    offsets: npt.NDArray[np.uint64],
+    keys: npt.NDArray[np.uint64],
+    k: int,
+    seed: int,
+    *,
+    rows: Optional[npt.NDArray[np.uint64]] = None,
+    n_rows: Optional[int] = None,
+) -> Picks: ...
+def top_k(
+    offsets: npt.NDArray[np.uint64],
+    rewards: npt.NDArray[np.float64],
+    k: int,
+    *,
+    rows: Optional[npt.NDArray[np.uint64]] = None,
+) -> Picks: ...
+def stratified_k(
+    offsets: npt.NDArray[np.uint64],
+    modes: npt.NDArray[np.int64],
+    keys: npt.NDArray[np.uint64],
+    k: int,
+    seed: int,
+    *,
+    rows: Optional[npt.NDArray[np.uint64]] = None,
+) -> Picks: ...
+def largest_remainder(counts: list[int], k: int) -> list[int]: ...
+def keys_from_strings(offsets: npt.NDArray[np.int64], data: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]: ...
+def keys_from_ints(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]: ...
+def num_threads() -> int: ...
+def kmeans_modes(
+    data: npt.NDArray[np.float32],
+    offsets: npt.NDArray[np.uint64],
+    keys: npt.NDArray[np.uint64],
+    seed: int,
+    *,
+    rows: Optional[npt.NDArray[np.uint64]] = None,
+    n_modes: Optional[int] = None,
+    m_max: int = 8,
+    min_silhouette: float = 0.25,
+    max_iter: int = 100,
+) -> Modes: ...
+def variance_summary(
+    count: npt.NDArray[np.uint64], mean: npt.NDArray[np.float64], m2: npt.NDArray[np.float64]
+) -> dict[str, Any]:
+    """Estimators (v_x, v_y_given_x, ...) from per-prompt (count, mean, M2) arrays."""
+
+class VarianceAccumulator:
+    """Per-prompt count/mean/M2 (Welford), mergeable exactly (Chan)."""
+
+    def __init__(self) -> None: ...
+    def update(self, keys: npt.NDArray[np.uint64], losses: npt.NDArray[np.float64]) -> None: ...
+    def merge(self, other: "VarianceAccumulator") -> None: ...
+    def copy(self) -> "VarianceAccumulator": ...
+    def to_bytes(self) -> bytes: ...
+    @staticmethod
+    def from_bytes(data: bytes) -> "VarianceAccumulator": ...
+    def summary(self) -> dict[str, Any]: ...
+    def per_prompt(self) -> dict[str, npt.NDArray[Any]]: ...
+    @property
+    def n_rows(self) -> int: ...
+    def __len__(self) -> int: ...
