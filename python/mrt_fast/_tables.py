@@ -90,6 +90,17 @@ def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups
     if nulls:
         first = int(df[by].is_null().arg_true()[0])
         raise MrtInputError(f"column {by!r} has {nulls} null prompt id(s), the first at row {first}")
+    if candidate_key is None:
+        # fast path: every prompt's rows already contiguous (the usual layout)
+        s = df[by]
+        starts = s.ne_missing(s.shift(1)).arg_true()
+        run_keys = s.gather(starts)
+        if run_keys.n_unique() == len(run_keys):
+            offsets = np.empty(len(starts) + 1, dtype=np.uint64)
+            offsets[:-1] = starts.to_numpy()
+            offsets[-1] = df.height
+            rows = np.arange(df.height, dtype=np.uint64)
+            return Groups(keys=run_keys, offsets=offsets, rows=rows, identity=True)
     idx = pl.int_range(pl.len(), dtype=pl.UInt64).alias("__row")
     agg = pl.col("__row")
     if candidate_key is not None:
