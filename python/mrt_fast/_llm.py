@@ -91,8 +91,26 @@ def resolve_dtype(dtype: str | None, device: str):
         raise MrtInputError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
 
 
+def resolve_model_path(spec: str) -> str:
+    """``pkg://package/relative/path`` -> that file inside an installed package; other specs unchanged."""
+    spec = str(spec)
+    if spec.startswith("pkg://"):
+        import importlib.util
+
+        pkg, _, rest = spec[len("pkg://") :].partition("/")
+        found = importlib.util.find_spec(pkg)
+        if found is None or not found.submodule_search_locations:
+            raise MrtInputError(f"model {spec!r}: package {pkg!r} is not installed")
+        p = Path(list(found.submodule_search_locations)[0]) / rest
+        if not p.exists():
+            raise MrtInputError(f"model {spec!r}: {rest!r} not found in package {pkg!r}")
+        return str(p)
+    return spec
+
+
 def _gguf_location(spec: str) -> tuple[str, str | None]:
     """(directory or hub id, gguf file name or None) for a model spec."""
+    spec = resolve_model_path(spec)
     p = Path(spec)
     if p.is_file() and p.suffix == ".gguf":
         return str(p.parent), p.name

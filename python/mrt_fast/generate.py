@@ -41,6 +41,7 @@ from ._llm import (
     prompt_ids,
     read_table,
     require_columns,
+    resolve_model_path,
     stable_seed,
     write_table,
 )
@@ -190,7 +191,7 @@ class _VllmSampler:  # pragma: no cover - needs a GPU and vllm
         self.cfg = cfg
         if not isinstance(model, (str, os.PathLike)):
             raise MrtInputError("the vLLM backend needs a model path or hub id, not a model object")
-        self.llm = vllm.LLM(model=str(model), seed=cfg.seed, **(cfg.vllm_kwargs or {}))
+        self.llm = vllm.LLM(model=resolve_model_path(str(model)), seed=cfg.seed, **(cfg.vllm_kwargs or {}))
         self.tok = load_tokenizer(tokenizer) if tokenizer is not None else self.llm.get_tokenizer()
 
     def batch(self, items: list[tuple[Any, str]]) -> list[dict]:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._llm import as_polars, load_tokenizer, pick_device, require_columns, resolve_dtype
+from ._llm import as_polars, load_tokenizer, pick_device, require_columns, resolve_dtype, resolve_model_path
 from ._tables import MrtInputError
 
 
@@ -30,9 +30,9 @@ class RewardModel:
             from transformers import AutoModelForSequenceClassification
 
             self.model = AutoModelForSequenceClassification.from_pretrained(
-                str(model), dtype=resolve_dtype(dtype, self.device)
+                resolve_model_path(str(model)), dtype=resolve_dtype(dtype, self.device)
             )
-            tokenizer = tokenizer if tokenizer is not None else str(model)
+            tokenizer = tokenizer if tokenizer is not None else resolve_model_path(str(model))
         else:
             if tokenizer is None:
                 raise MrtInputError("pass tokenizer= when the reward model is a loaded object")
