@@ -123,6 +123,35 @@ def _gguf_location(spec: str) -> tuple[str, str | None]:
     return spec, None
 
 
+def is_gguf(spec: Any) -> bool:
+    return isinstance(spec, (str, os.PathLike)) and _gguf_location(str(spec))[1] is not None
+
+
+def materialize_gguf(spec: str, dest: str | os.PathLike) -> str:
+    """Dequantise a GGUF model once into a regular checkpoint directory (reused when present).
+
+    Loading a GGUF dequantises every tensor, which takes minutes on a CPU; a
+    pipeline loads the base model once per stage and cell, so it loads this copy.
+    """
+    dest = Path(dest)
+    if (dest / "config.json").exists():
+        return str(dest)
+    model = load_causal_lm(spec, device="cpu", dtype="float32")
+    tok = load_tokenizer(spec)
+    tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
+    # the tensors are plain float32 after loading; drop the GGUF marker so the copy saves as a regular checkpoint
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    for attr in ("is_quantized", "quantization_method"):
+        if attr in model.__dict__:
+            del model.__dict__[attr]
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, dest)
+    return str(dest)
+
+
 def load_tokenizer(spec: Any):
     """A tokenizer from a path / hub id / .gguf file, or the object itself; pads on the right, has a pad token."""
     if not isinstance(spec, (str, os.PathLike)):

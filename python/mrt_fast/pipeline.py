@@ -146,6 +146,13 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, progress
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
+    from ._llm import is_gguf, materialize_gguf
+
+    if is_gguf(cfg.model):  # dequantise once, not once per stage and cell
+        _log(f"dequantise {cfg.model} -> {out / 'base_model'}", progress)
+        model = materialize_gguf(cfg.model, out / "base_model")
+    else:
+        model = cfg.model
     emb = embedder
 
     def get_embedder():
@@ -162,7 +169,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, progress
         _log(f"generate: n={gcfg.n} per prompt -> {cand}", progress)
         prompts = read_table(cfg.train_prompts)
         require_columns(prompts, ["prompt_id", "prompt"], "train prompts")
-        generate(prompts.select("prompt_id", "prompt"), cand, cfg.model, gcfg, progress=progress)
+        generate(prompts.select("prompt_id", "prompt"), cand, model, gcfg, progress=progress)
     # 2. embed
     embedded = out / "embedded.parquet"
     if not embedded.exists():
@@ -208,13 +215,13 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, progress
                     continue
                 _log(f"train {name}: {tcfg.max_steps} optimizer steps", progress)
                 kept = pl.read_parquet(sel_f)
-                train(kept.select("prompt_id", "prompt", "response"), cfg.model, run_dir, tcfg, progress=progress)
+                train(kept.select("prompt_id", "prompt", "response"), model, run_dir, tcfg, progress=progress)
         if not metrics_f.exists():
             if "evaluate" not in stages:
                 continue
             _log(f"evaluate {name}", progress)
             t0 = time.time()
-            m = evaluate(eval_df, cfg.model, adapter=adapter, config=ecfg, embedder=get_embedder(),
+            m = evaluate(eval_df, model, adapter=adapter, config=ecfg, embedder=get_embedder(),
                          reward_model=cfg.reward_model, samples_out=run_dir / "samples.parquet", progress=progress)
             m["eval_seconds"] = time.time() - t0
             run_dir.mkdir(parents=True, exist_ok=True)
