@@ -43,4 +43,11 @@ def __getattr__(name: str):
         from . import similarity
 
         return getattr(similarity, name)
+    # LLM pipeline (torch/transformers load on first use)
+    _llm = {"pass_at_k": "evaluate", "EvalConfig": "evaluate", "GenerationConfig": "generate",
+            "TrainConfig": "train", "RewardModel": "reward"}
+    if name in _llm:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_llm[name]}", __name__), name)
     raise AttributeError(f"module 'mrt_fast' has no attribute {name!r}")

@@ -322,5 +322,112 @@ def nll_cmd(
     console.print(f"wrote {len(res)} rows with {loss!r} to {out}")
 
 
+# ---- LLM pipeline commands ----
+
+
+def _kv_options(pairs: list[str] | None) -> dict:
+    """--set key=value pairs (values parsed as YAML scalars/lists)."""
+    import yaml
+
+    out = {}
+    for item in pairs or []:
+        if "=" not in item:
+            raise typer.BadParameter(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
+@app.command("generate")
+def generate_cmd(
+    prompts: Path = typer.Argument(..., help="Prompt table (.parquet/.jsonl/.csv) with prompt_id and prompt."),
+    out: Path = typer.Argument(..., help="Candidate table to write; shards in OUT.parts/ make the run resumable."),
+    model: str = typer.Option(..., "--model", help="Model path, hub id, .gguf file or pkg://package/file."),
+    n: int = typer.Option(64, "--n", help="Candidates per prompt."),
+    temperature: float = typer.Option(1.0),
+    top_p: float = typer.Option(1.0),
+    max_new_tokens: int = typer.Option(256),
+    seed: int = typer.Option(0),
+    backend: str = typer.Option("auto", help="auto | vllm | transformers."),
+    shard_prompts: int = typer.Option(64, help="Prompts per shard (unit of resumption)."),
+) -> None:
+    """Overgenerate N candidate responses per prompt (vLLM on GPU, transformers on CPU); resumable."""
+    from .generate import GenerationConfig, generate
+
+    cfg = GenerationConfig(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                           backend=backend, shard_prompts=shard_prompts)
+    df = generate(str(prompts), out, model, cfg)
+    console.print(f"{df.height} candidates for {df['prompt_id'].n_unique()} prompts -> {out}")
+
+
+@app.command("score")
+def score_cmd(
+    inp: Path = typer.Argument(..., help="Candidate table with prompt and response columns."),
+    out: Path = typer.Argument(..., help="Output table with a reward column."),
+    model: str = typer.Option(..., "--model", help="Sequence-classification reward model (num_labels=1)."),
+    batch_size: int = typer.Option(16),
+) -> None:
+    """Score every (prompt, response) with a reward model."""
+    from ._llm import write_table
+    from .reward import score
+
+    df = score(str(inp), model, batch_size=batch_size)
+    write_table(df, out)
+    console.print(f"scored {df.height} rows -> {out}; reward mean {df['reward'].mean():.4f}")
+
+
+@app.command("train")
+def train_cmd(
+    data: Path = typer.Argument(..., help="Kept rows: prompt_id, prompt, response."),
+    out: Path = typer.Argument(..., help="Output directory (adapter/, train_log.jsonl)."),
+    model: str = typer.Option(..., "--model"),
+    max_steps: int = typer.Option(200, help="Optimizer steps (the same for every K)."),
+    sets: list[str] = typer.Option(None, "--set", help="Any TrainConfig field, key=value (repeatable)."),
+) -> None:
+    """LoRA fine-tuning on the per-prompt-averaged multi-response loss."""
+    from .train import TrainConfig, train
+
+    cfg = TrainConfig.from_dict({"max_steps": max_steps, **_kv_options(sets)})
+    r = train(str(data), model, out, cfg)
+    console.print(f"{r.steps} steps over {r.n_pairs} pairs ({r.n_prompts} prompts, {r.epochs:.2f} epochs); "
+                  f"final loss {r.log[-1]['loss']:.4f}; adapter -> {r.adapter_dir}")
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    data: Path = typer.Argument(..., help="Held-out prompts: prompt_id, prompt, reference[, tests]."),
+    model: str = typer.Option(..., "--model"),
+    adapter: Path = typer.Option(None, help="LoRA adapter directory."),
+    reward_model: str = typer.Option(None, help="Reward model for best-of-n reward."),
+    embedder: str = typer.Option("minilm", help="minilm | hashing | a sentence-transformers path."),
+    out: Path = typer.Option(None, help="Write the metrics as JSON here."),
+    sets: list[str] = typer.Option(None, "--set", help="Any EvalConfig field, key=value (repeatable)."),
+) -> None:
+    """Reference loss, coverage, diversity, best-of-n reward and pass@k on held-out prompts."""
+    import json
+
+    from .evaluate import EvalConfig, evaluate
+    from .pipeline import make_embedder
+
+    m = evaluate(str(data), model, adapter=adapter, config=EvalConfig.from_dict(_kv_options(sets)),
+                 embedder=make_embedder(embedder), reward_model=reward_model)
+    if out:
+        out.write_text(json.dumps(m, indent=2))
+    console.print(m)
+
+
+@app.command("run")
+def run_cmd(
+    config: Path = typer.Argument(..., help="Experiment YAML (see docs)."),
+) -> None:
+    """Generate -> embed -> score -> select -> train -> evaluate over a method x K grid; writes results."""
+    from .pipeline import RunConfig, results_markdown, run
+
+    cfg = RunConfig.from_yaml(config)
+    res = run(cfg)
+    console.print(results_markdown(res))
+    console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
+
+
 if __name__ == "__main__":
     app()
