@@ -288,7 +288,7 @@ pub struct OnDemandSource {
 impl OnDemandSource {
     /// `x` must hold unit-norm rows (see [`crate::kernel::normalize_rows`]).
     pub fn new(x: Vec<f32>, n: usize, d: usize, kernel: Kernel) -> Self {
-        Self { x, n, d, kernel, batch: 32 }
+        Self { x, n, d, kernel, batch: 64 }
     }
 
     fn column(&self, j: usize, out: &mut [f32]) {
@@ -357,14 +357,16 @@ impl Source for OnDemandSource {
         column_cover(&col, w[j], c);
     }
     fn initial_bounds(&mut self, w: &[f64], out: &mut [f64]) {
-        // Upper bounds with a small relative slack: any valid bound keeps lazy
-        // greedy exact, because a pick is always re-evaluated by `gains` first.
+        // Upper bounds on the empty-cover gains `w_j sum_i w_i S_ij`, computed
+        // another way than `gains` (so they may differ in the last bits) and
+        // padded: any valid bound keeps lazy greedy exact, because a pick is
+        // always re-evaluated by `gains` first.
         let (n, d) = (self.n, self.d);
-        const SLACK: f64 = 1.0 + 1e-5;
+        let sw: f64 = w.iter().sum();
+        let pad = |j: usize, v: f64| v.max(0.0) * (1.0 + 1e-5) + 1e-5 * w[j] * sw + 1e-12;
         match self.kernel {
             Kernel::Shift => {
                 // sum_i w_i (1 + x_i.x_j)/2 = (sum w + x_j . sum_i w_i x_i) / 2
-                let sw: f64 = w.iter().sum();
                 let mut m = vec![0f64; d];
                 for (i, row) in self.x.chunks_exact(d).enumerate() {
                     for (a, &v) in m.iter_mut().zip(row) {
@@ -374,17 +376,54 @@ impl Source for OnDemandSource {
                 for (j, o) in out.iter_mut().enumerate() {
                     let row = &self.x[j * d..(j + 1) * d];
                     let dot: f64 = row.iter().zip(&m).map(|(&a, &b)| a as f64 * b).sum();
-                    *o = (w[j] * 0.5 * (sw + dot)).max(0.0) * SLACK + 1e-12;
+                    *o = pad(j, w[j] * 0.5 * (sw + dot));
                 }
             }
             Kernel::Clip => {
-                let c = vec![0.0; n];
-                let all: Vec<usize> = (0..n).collect();
-                for (js, o) in all.chunks(256).zip(out.chunks_mut(256)) {
-                    self.gains(js, w, &c, o);
+                // one pass over the upper block triangle of S (half the flops
+                // of the full matrix, one stripe x stripe block at a time),
+                // partial sums reduced in a fixed order
+                const B: usize = crate::simd::STRIPE;
+                let nb = n.div_ceil(B);
+                let pairs: Vec<(usize, usize)> = (0..nb).flat_map(|a| (a..nb).map(move |b| (a, b))).collect();
+                let (x, kernel) = (&self.x, self.kernel);
+                let parts: Vec<(Vec<f64>, Vec<f64>)> = pairs
+                    .par_iter()
+                    .map(|&(a, b)| {
+                        let (i0, j0) = (a * B, b * B);
+                        let (mi, mj) = (B.min(n - i0), B.min(n - j0));
+                        let mut blk = vec![0f32; mi * mj];
+                        gemm_abt(&x[i0 * d..(i0 + mi) * d], mi, &x[j0 * d..(j0 + mj) * d], mj, d, &mut blk);
+                        let mut col = vec![0f64; mj]; // sum_i w_i S_ij for j in block b
+                        let mut row = vec![0f64; mi]; // sum_j w_j S_ij for i in block a (a != b)
+                        for (ii, r) in blk.chunks_exact(mj).enumerate() {
+                            let i = i0 + ii;
+                            let mut rs = 0f64;
+                            for (jj, &v) in r.iter().enumerate() {
+                                let j = j0 + jj;
+                                let s = if i == j { kernel.apply(1.0) } else { kernel.apply(v) } as f64;
+                                col[jj] += w[i] * s;
+                                rs += w[j] * s;
+                            }
+                            row[ii] = rs;
+                        }
+                        if a == b {
+                            row.clear();
+                        }
+                        (col, row)
+                    })
+                    .collect();
+                let mut acc = vec![0f64; n];
+                for (&(a, b), (col, row)) in pairs.iter().zip(&parts) {
+                    for (jj, v) in col.iter().enumerate() {
+                        acc[b * B + jj] += v;
+                    }
+                    for (ii, v) in row.iter().enumerate() {
+                        acc[a * B + ii] += v;
+                    }
                 }
-                for o in out.iter_mut() {
-                    *o = *o * SLACK + 1e-12;
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = pad(j, w[j] * acc[j]);
                 }
             }
         }
@@ -488,16 +527,19 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
             // step at which each entry's value was computed exactly; initial
             // bounds count as stale so every pick is evaluated by `gains`.
             let mut fresh = vec![usize::MAX; n];
-            let b = src.batch().max(1);
-            let mut stale: Vec<usize> = Vec::with_capacity(b);
-            let mut keep: Vec<Entry> = Vec::with_capacity(b);
-            let mut vals = vec![0f64; b];
+            // re-evaluate 1 stale top, then 2, 4, ... up to the source's batch
+            // size while a step keeps finding stale tops
+            let b_max = src.batch().max(1);
+            let mut stale: Vec<usize> = Vec::with_capacity(b_max);
+            let mut keep: Vec<Entry> = Vec::with_capacity(b_max);
+            let mut vals = vec![0f64; b_max];
             for t in 0..k {
                 if t > 0 && certify_at(t, k, n) {
                     scratch.clear();
                     scratch.extend(heap.iter().map(|e| e.g));
                     ub = ub.min(f + top_k_sum(&mut scratch, k));
                 }
+                let mut b = 1usize;
                 loop {
                     let top = *heap.peek().expect("heap holds every unchosen element");
                     if fresh[top.j] == t {
@@ -530,6 +572,7 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
                         heap.push(Entry { g, j });
                     }
                     heap.extend(keep.drain(..));
+                    b = (2 * b).min(b_max);
                 }
             }
             scratch.clear();

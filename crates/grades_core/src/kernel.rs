@@ -161,7 +161,11 @@ pub fn cosine_gram(
 ) -> Result<()> {
     out.clear();
     out.resize(n * n, 0.0);
-    crate::simd::syrk(x, n, d, out);
+    if n > crate::simd::STRIPE {
+        crate::simd::syrk_large(x, n, d, out);
+    } else {
+        crate::simd::syrk(x, n, d, out);
+    }
     inv.clear();
     for i in 0..n {
         let g = out[i * n + i];
@@ -187,13 +191,20 @@ pub fn cosine_gram(
         inv.push(1.0 / g.sqrt());
     }
     let one = kernel.apply(1.0);
-    for i in 0..n {
-        let row = &mut out[i * n..(i + 1) * n];
+    let scale = |i: usize, row: &mut [f32]| {
         let a = inv[i];
         for (v, &b) in row.iter_mut().zip(inv.iter()) {
             *v = kernel.apply(*v * a * b);
         }
         row[i] = one;
+    };
+    if n > crate::simd::STRIPE {
+        use rayon::prelude::*;
+        out.par_chunks_mut(n).enumerate().for_each(|(i, row)| scale(i, row));
+    } else {
+        for (i, row) in out.chunks_exact_mut(n).enumerate() {
+            scale(i, row);
+        }
     }
     Ok(())
 }

@@ -76,3 +76,64 @@ unsafe fn syrk_avx2(x: &[f32], n: usize, d: usize, out: &mut [f32]) {
         i0 += TI;
     }
 }
+
+/// Rows per stripe of the blocked large-matrix paths.
+pub const STRIPE: usize = 256;
+
+/// A raw pointer that may cross threads; every use writes disjoint regions.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only to write disjoint regions of one buffer from rayon tasks
+// (see `syrk_large`).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// `out = x x^T` for a large `x`: stripes of rows in parallel, each a
+/// cache-blocked GEMM against the rows at or after its own (the upper block
+/// triangle), then the lower triangle mirrored from the upper.
+pub fn syrk_large(x: &[f32], n: usize, d: usize, out: &mut [f32]) {
+    use rayon::prelude::*;
+    assert!(x.len() >= n * d && out.len() >= n * n, "syrk_large: buffers too small");
+    out[..n * n].par_chunks_mut(STRIPE * n).enumerate().for_each(|(s, rows)| {
+        let r0 = s * STRIPE;
+        let m = rows.len() / n;
+        // SAFETY: a (m x d) = x[r0..], b^T with b = x[r0..] (n - r0 rows),
+        // c = rows[.., r0..] with row stride n; all in bounds.
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                d,
+                n - r0,
+                1.0,
+                x.as_ptr().add(r0 * d),
+                d as isize,
+                1,
+                x.as_ptr().add(r0 * d),
+                1,
+                d as isize,
+                0.0,
+                rows.as_mut_ptr().add(r0),
+                n as isize,
+                1,
+            );
+        }
+    });
+    let p = SendPtr(out.as_mut_ptr());
+    (0..n.div_ceil(STRIPE)).into_par_iter().for_each(move |s| {
+        let p = p;
+        let r0 = s * STRIPE;
+        let r1 = (r0 + STRIPE).min(n);
+        // lower part of stripe s: out[i][j] = out[j][i] for j < r0 <= i.
+        // Reads touch only the upper parts written in the first phase.
+        const T: usize = 32;
+        for jb in (0..r0).step_by(T) {
+            for i in r0..r1 {
+                for j in jb..(jb + T).min(r0) {
+                    // SAFETY: i, j < n; (i, j) with j < r0 is written only by
+                    // this task; (j, i) lies in the upper part, never written here.
+                    unsafe { *p.0.add(i * n + j) = *p.0.add(j * n + i) };
+                }
+            }
+        }
+    });
+}
