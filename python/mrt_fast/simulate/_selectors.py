@@ -120,9 +120,9 @@ def _pool_table(x: torch.Tensor, y: torch.Tensor, mode: torch.Tensor, with_embed
 
 def _pool_means(kept: pl.DataFrame, v_flat: torch.Tensor, n_pools_total: int, k: int) -> torch.Tensor:
     """Per-pool selector estimate v_bar = (1/K) sum_j w_j v_j (w = 1 unless stratified)."""
-    rows = torch.from_numpy(kept["row"].to_numpy())
-    pool = torch.from_numpy(kept["prompt_id"].to_numpy())
-    w = torch.from_numpy(kept["weight"].to_numpy()).to(v_flat.dtype) if "weight" in kept.columns else None
+    rows = torch.from_numpy(kept["row"].to_numpy().copy())
+    pool = torch.from_numpy(kept["prompt_id"].to_numpy().copy())
+    w = torch.from_numpy(kept["weight"].to_numpy().copy()).to(v_flat.dtype) if "weight" in kept.columns else None
     vv = v_flat[rows]
     if w is not None:
         vv = vv * w[:, None]
@@ -184,7 +184,7 @@ def _run_selectors(params, x, gram, v_target, g, k, n, pools, selectors, seed):
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SmallPoolWarning)
-            kept = _select(df, k, s, seed=seed)
+            kept = _select(df, k, s, kernel="clip", seed=seed)
         vbar = _pool_means(kept, v_flat, n_prompts * pools, k).reshape(n_prompts, pools, -1)
         st = _stats(vbar, v_target, gram)
         st["reward_mode_fraction"] = float((kept["mode"] == D.REWARD_MODE).mean())
@@ -202,12 +202,12 @@ def selector_emse(
     pools: int = 200,
     target_responses: int = 500,
     selectors=SELECTORS,
-    model: str = "trained",
+    model: str = "untrained",
 ) -> dict:
     """Fig 1(c): bias^2 + Tr Cov of each selector's K-of-n gradient estimate.
 
     One polars table holds every candidate of every pool of every prompt
-    (prompt_id = (prompt, pool) pair, embedding = `response_features(y)`,
+    (prompt_id = (prompt, pool) pair, embedding = `response_features(y)` under kernel="clip" (its cosines are already >= 0),
     reward = -(y - f(x))^2, mode = true mode); each selector is one
     `mrt_fast.select` call over all pools at once.
     """
@@ -230,7 +230,7 @@ def topk_pool_sweep(
     n_prompts: int = 30,
     pools: int = 200,
     target_responses: int = 500,
-    model: str = "trained",
+    model: str = "untrained",
 ) -> dict:
     """Top-K at fixed K over growing pools: its bias toward the reward mode grows with n
     (random-K alongside as the unbiased reference)."""

@@ -96,16 +96,16 @@ def token_transformer(
     *,
     seed: int = 0,
     ks=(1, 2, 4),
-    selectors=("random", "top", "grades", "diverse", "stratified"),
-    n_prompts: int = 192,
+    selectors=("random", "top", "grades", "stratified"),
+    n_prompts: int = 96,
     n: int = 16,
-    steps: int = 300,
+    steps: int = 250,
     lr: float = 3e-3,
     weight_decay: float = 0.01,
     d: int = 32,
     layers: int = 2,
     heads: int = 2,
-    test_prompts: int = 256,
+    test_prompts: int = 128,
 ) -> dict:
     """Test NLL of a small transformer trained on each selector's K-of-n data."""
     t0 = time.perf_counter()
@@ -132,10 +132,10 @@ def token_transformer(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SmallPoolWarning)
             kept = _select(df, k, s, kernel="clip", seed=seed)
-        pid = kept["prompt_id"].to_numpy()
-        cand = kept["cand"].to_numpy()
+        pid = kept["prompt_id"].to_numpy().copy()
+        cand = kept["cand"].to_numpy().copy()
         rank = kept["pick_rank"].to_numpy()
-        ys[c, pid, rank] = y[pid, cand]
+        ys[c, pid, rank] = y[torch.as_tensor(pid), torch.as_tensor(cand)]
         wt = kept["weight"].to_numpy() if "weight" in kept.columns else np.ones(len(pid))
         w[c, pid, rank] = torch.as_tensor(wt, dtype=torch.float32) / k
         kept_modes[f"{s}/K={k}"] = np.bincount(kept["mode"].to_numpy(), minlength=N_MODES).tolist()
