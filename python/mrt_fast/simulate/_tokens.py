@@ -100,7 +100,7 @@ def token_transformer(
     n_prompts: int = 96,
     n: int = 16,
     steps: int = 250,
-    lr: float = 3e-3,
+    lr: float = 1e-2,
     weight_decay: float = 0.01,
     d: int = 32,
     layers: int = 2,
@@ -132,11 +132,11 @@ def token_transformer(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SmallPoolWarning)
             kept = _select(df, k, s, kernel="clip", seed=seed)
-        pid = kept["prompt_id"].to_numpy().copy()
-        cand = kept["cand"].to_numpy().copy()
-        rank = kept["pick_rank"].to_numpy()
-        ys[c, pid, rank] = y[torch.as_tensor(pid), torch.as_tensor(cand)]
-        wt = kept["weight"].to_numpy() if "weight" in kept.columns else np.ones(len(pid))
+        pid = torch.tensor(kept["prompt_id"].to_numpy(), dtype=torch.long)
+        cand = torch.tensor(kept["cand"].to_numpy(), dtype=torch.long)
+        rank = torch.tensor(kept["pick_rank"].to_numpy(), dtype=torch.long)
+        ys[c, pid, rank] = y[pid, cand]
+        wt = kept["weight"].to_numpy() if "weight" in kept.columns else np.ones(kept.height)
         w[c, pid, rank] = torch.as_tensor(wt, dtype=torch.float32) / k
         kept_modes[f"{s}/K={k}"] = np.bincount(kept["mode"].to_numpy(), minlength=N_MODES).tolist()
     w = w / n_prompts  # per-prompt averaged loss
