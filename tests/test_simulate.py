@@ -168,3 +168,26 @@ def test_run_rejects_bad_seed():
 
     with pytest.raises(ValueError, match="seed"):
         run(quick=True, seed=-1)
+
+
+def test_cli_prints_comparison(monkeypatch, tmp_path):
+    """`mrt simulate` wires options to run() and prints every comparison row."""
+    from typer.testing import CliRunner
+
+    import mrt_fast.simulate as sim
+    from mrt_fast.cli import app
+
+    seen = {}
+
+    def fake_run(quick, out, seed, threads, progress=None):
+        seen.update(quick=quick, out=out, seed=seed, threads=threads)
+        return {"total_seconds": 1.0, "comparison": [
+            {"quantity": "(b) predicted K*", "paper": "5.3", "measured": "5.41", "agrees": True, "note": "n"},
+            {"quantity": "(c) cos", "paper": "< 0", "measured": "0.2", "agrees": False, "note": "m"},
+        ]}
+
+    monkeypatch.setattr(sim, "run", fake_run)
+    r = CliRunner().invoke(app, ["simulate", "--quick", "--out", str(tmp_path), "--seed", "3"])
+    assert r.exit_code == 0, r.output
+    assert seen == {"quick": True, "out": tmp_path, "seed": 3, "threads": 2}
+    assert "predicted K*" in r.output and "5.41" in r.output and "no" in r.output

@@ -35,4 +35,8 @@ def __getattr__(name: str):
         from . import variance
 
         return getattr(variance, name)
+    if name == "simulate":  # the paper's controlled experiments (torch extra)
+        import importlib
+
+        return importlib.import_module(".simulate", __name__)
     raise AttributeError(f"module 'mrt_fast' has no attribute {name!r}")
