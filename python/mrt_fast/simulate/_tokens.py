@@ -137,7 +137,7 @@ def token_transformer(
         rank = torch.tensor(kept["pick_rank"].to_numpy(), dtype=torch.long)
         ys[c, pid, rank] = y[pid, cand]
         wt = kept["weight"].to_numpy() if "weight" in kept.columns else np.ones(kept.height)
-        w[c, pid, rank] = torch.as_tensor(wt, dtype=torch.float32) / k
+        w[c, pid, rank] = torch.tensor(wt, dtype=torch.float32) / k
         kept_modes[f"{s}/K={k}"] = np.bincount(kept["mode"].to_numpy(), minlength=N_MODES).tolist()
     w = w / n_prompts  # per-prompt averaged loss
     flat = lambda z: z.reshape(len(cells), n_prompts * kmax, *z.shape[3:])  # noqa: E731
