@@ -50,4 +50,8 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(f".{_llm[name]}", __name__), name)
+    if name == "simulate":  # the paper's controlled experiments (torch extra)
+        import importlib
+
+        return importlib.import_module(".simulate", __name__)
     raise AttributeError(f"module 'mrt_fast' has no attribute {name!r}")

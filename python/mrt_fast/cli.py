@@ -429,5 +429,32 @@ def run_cmd(
     console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
 
 
+# ---- simulate commands ----
+@app.command()
+def simulate(
+    quick: bool = typer.Option(False, "--quick", help="Small sizes (seconds to a minute); same qualitative checks."),
+    out: Path = typer.Option(Path("simulate_out"), "--out", help="Folder for the PNGs and results.json."),
+    seed: int = typer.Option(0, help="Seed of every draw and initialisation."),
+    threads: int = typer.Option(2, help="torch CPU threads."),
+) -> None:
+    """Reproduce the paper's controlled experiments (needs the torch extra)."""
+    try:
+        from .simulate import run
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise typer.BadParameter(f"`mrt simulate` needs the torch extra: pip install 'mrt_fast[torch]' ({e})")
+
+    with console.status("simulating...") as status:
+        res = run(quick=quick, out=out, seed=seed, threads=threads,
+                  progress=lambda name: status.update(f"simulating: {name}"))
+    tab = Table(title=f"measured vs paper ({'quick' if quick else 'full'} run, {res['total_seconds']:.0f} s)")
+    for c in ("quantity", "paper", "measured", "agrees", "note"):
+        tab.add_column(c, overflow="fold")
+    for r in res["comparison"]:
+        tab.add_row(r["quantity"], r["paper"], r["measured"],
+                    "[green]yes[/green]" if r["agrees"] else "[red]no[/red]", r["note"])
+    console.print(tab)
+    console.print(f"figures and results.json in {out}")
+
+
 if __name__ == "__main__":
     app()
