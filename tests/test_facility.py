@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 import mrt_fast
+from mrt_fast import MrtInputError
 from mrt_fast import _grades_core as core
 
 from _ref import F, brute_opt, cosine_sim, naive_greedy, quality
@@ -164,3 +165,24 @@ def test_certified_ratio_is_reported_per_pool():
     res = mrt_fast.facility_location(x, 4, offsets=off)
     assert res.ratio.shape == (20,)
     assert np.all(res.ratio >= 1 - 1 / math.e) and np.all(res.ratio <= 1 + 1e-12)
+
+
+def test_sparse_accepts_int32_and_int64_and_symmetric_flag():
+    scipy_sparse = pytest.importorskip("scipy.sparse")
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(40, 6)).astype(np.float32)
+    S = cosine_sim(x, "clip").astype(np.float32)
+    S[S < 0.3] = 0
+    csr = scipy_sparse.csr_matrix(S)
+    assert csr.indices.dtype == np.int32
+    base = mrt_fast.facility_location(similarity=S, k=6)
+    for ip, ix in ((csr.indptr, csr.indices), (csr.indptr.astype(np.int64), csr.indices.astype(np.int64)),
+                   (csr.indptr.astype(np.int64), csr.indices)):
+        for sym in (False, True):
+            r = mrt_fast.facility_location(similarity=(ip, ix, csr.data), k=6, symmetric=sym)
+            assert r.indices.tolist() == base.indices.tolist()
+    with pytest.raises(MrtInputError, match="integers"):
+        mrt_fast.facility_location(similarity=(csr.indptr.astype(float), csr.indices, csr.data), k=2)
+    with pytest.raises(ValueError, match="out of range"):
+        bad = csr.indices.copy(); bad[3] = 99
+        mrt_fast.facility_location(similarity=(csr.indptr, bad, csr.data), k=2)

@@ -336,6 +336,7 @@ def facility_location(
     similarity: Any = None,
     optimizer: str = "lazy",
     memory: str = "auto",
+    symmetric: bool = False,
 ) -> FacilityLocationResult:
     """Greedy (quality-weighted) facility location on NumPy arrays.
 
@@ -350,6 +351,11 @@ def facility_location(
     holds the n x n similarity, ``"on_demand"`` recomputes similarity columns
     inside lazy greedy (memory O(n d)), ``"auto"`` switches to on-demand when
     the matrix would exceed 256 MiB.
+
+    A sparse ``similarity`` is read in place (int32 or int64 indices, float32
+    values; other dtypes are converted). ``symmetric=True`` promises S = S^T
+    (e.g. a symmetrised kNN graph): rows then serve as columns and the graph
+    is not transposed.
     """
     k = _check_k(k)
     _check_common(alpha, eps, k, k_max, kernel)
@@ -380,9 +386,18 @@ def facility_location(
                     raise MrtInputError(f"similarity must be square, got {csr.shape}")
                 indptr, indices, data, n = csr.indptr, csr.indices, csr.data, csr.shape[0]
             rew = None if rewards is None else _as_f64_1d(rewards, "rewards", n)
+
+            def ints(a, name):
+                a = np.asarray(a)
+                if a.dtype not in (np.int32, np.int64):
+                    if not np.issubdtype(a.dtype, np.integer):
+                        raise MrtInputError(f"{name} must be integers, got {a.dtype}")
+                    a = a.astype(np.int64)
+                return np.ascontiguousarray(a)
+
             r = core.fl_sparse(
-                n, np.ascontiguousarray(indptr, dtype=np.int64), np.ascontiguousarray(indices, dtype=np.int64),
-                np.ascontiguousarray(data, dtype=np.float32), k, rewards=rew, **kw,
+                n, ints(indptr, "indptr"), ints(indices, "indices"),
+                np.ascontiguousarray(data, dtype=np.float32), k, rewards=rew, symmetric=bool(symmetric), **kw,
             )
             return single(r)
         s = _as_f32_2d(similarity, "similarity")

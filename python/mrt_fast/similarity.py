@@ -256,7 +256,7 @@ def facility_location_corpus(
 
     g = knn_graph(x, n_neighbors, **knn)
     res = facility_location(similarity=g.csr, k=k, rewards=rewards, alpha=alpha, eps=eps, k_max=k_max,
-                            optimizer=optimizer)
+                            optimizer=optimizer, symmetric=g.symmetric)
     return (res, g) if return_graph else res
 
 

@@ -26,7 +26,7 @@ use std::collections::BinaryHeap;
 use rayon::prelude::*;
 
 use crate::error::{invalid, Error, Result};
-use crate::kernel::{cosine_gram, gather_normalized, gather_rows, gemm_abt, Csr, Kernel};
+use crate::kernel::{cosine_gram, gather_normalized, gather_rows, gemm_abt, Csr, CsrRef, Idx, Kernel};
 use crate::pools::Pools;
 
 /// Which greedy runs.
@@ -234,21 +234,21 @@ impl Source for DenseSource<'_> {
 
 /// A sparse similarity held column by column (row `j` of `cols` lists the
 /// `i` with a stored `S_ij`).
-pub struct SparseSource<'a> {
-    pub cols: &'a Csr,
+pub struct SparseSource<'a, P: Idx, I: Idx> {
+    pub cols: CsrRef<'a, P, I>,
 }
 
-impl Source for SparseSource<'_> {
+impl<P: Idx, I: Idx> Source for SparseSource<'_, P, I> {
     fn n(&self) -> usize {
         self.cols.n
     }
     fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
-        let m = self.cols;
+        let m = &self.cols;
         for (o, &j) in out.iter_mut().zip(js) {
             let wj = w[j];
             let mut acc = 0.0f64;
-            for e in m.indptr[j]..m.indptr[j + 1] {
-                let i = m.indices[e] as usize;
+            for e in m.row(j) {
+                let i = m.indices[e].ix();
                 let t = wj * m.data[e] as f64 - c[i];
                 if t > 0.0 {
                     acc += w[i] * t;
@@ -258,10 +258,10 @@ impl Source for SparseSource<'_> {
         }
     }
     fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
-        let m = self.cols;
+        let m = &self.cols;
         let wj = w[j];
-        for e in m.indptr[j]..m.indptr[j + 1] {
-            let i = m.indices[e] as usize;
+        for e in m.row(j) {
+            let i = m.indices[e].ix();
             let v = wj * m.data[e] as f64;
             if v > c[i] {
                 c[i] = v;
@@ -740,34 +740,48 @@ pub fn facility_location_dense(sim: &[f32], n: usize, rewards: Option<&[f64]>, p
     Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u))
 }
 
-/// Facility location on one pool with a sparse similarity graph.
-pub fn facility_location_sparse(graph: &Csr, rewards: Option<&[f64]>, params: &Params) -> Result<FlResult> {
+/// Facility location on one pool with a sparse similarity graph. With
+/// `symmetric` (the caller promises S = S^T, as for a symmetrised kNN graph)
+/// rows serve as columns and the graph is used in place; otherwise it is
+/// transposed once (memory O(nnz)).
+pub fn facility_location_sparse<P: Idx, I: Idx>(
+    graph: &CsrRef<'_, P, I>,
+    symmetric: bool,
+    rewards: Option<&[f64]>,
+    params: &Params,
+) -> Result<FlResult> {
     let n = graph.n;
     let (_, u, w) = single_pool_setup(n, rewards, params)?;
-    let cols = if u.len() == n {
-        graph.transpose()
-    } else {
-        // restrict to the ground set, renumbered 0..m
-        let mut pos = vec![u32::MAX; n];
-        for (k, &i) in u.iter().enumerate() {
-            pos[i] = k as u32;
+    if u.len() == n {
+        if symmetric {
+            let mut src = SparseSource { cols: *graph };
+            return Ok(greedy(&mut src, &w, params.k, params.optimizer));
         }
-        let mut indptr = vec![0usize];
-        let mut indices = Vec::new();
-        let mut data = Vec::new();
-        for &i in &u {
-            for e in graph.indptr[i]..graph.indptr[i + 1] {
-                let j = graph.indices[e] as usize;
-                if pos[j] != u32::MAX {
-                    indices.push(pos[j]);
-                    data.push(graph.data[e]);
-                }
+        let cols = graph.transpose();
+        let mut src = SparseSource { cols: cols.as_ref() };
+        return Ok(greedy(&mut src, &w, params.k, params.optimizer));
+    }
+    // restrict to the ground set, renumbered 0..m
+    let mut pos = vec![u32::MAX; n];
+    for (k, &i) in u.iter().enumerate() {
+        pos[i] = k as u32;
+    }
+    let mut indptr = vec![0usize];
+    let mut indices = Vec::new();
+    let mut data = Vec::new();
+    for &i in &u {
+        for e in graph.row(i) {
+            let j = graph.indices[e].ix();
+            if pos[j] != u32::MAX {
+                indices.push(pos[j]);
+                data.push(graph.data[e]);
             }
-            indptr.push(indices.len());
         }
-        Csr { n: u.len(), indptr, indices, data }.transpose()
-    };
-    let mut src = SparseSource { cols: &cols };
+        indptr.push(indices.len());
+    }
+    let sub = Csr { n: u.len(), indptr, indices, data };
+    let cols = if symmetric { sub } else { sub.transpose() };
+    let mut src = SparseSource { cols: cols.as_ref() };
     Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u))
 }
 

@@ -209,8 +209,121 @@ pub fn cosine_gram(
     Ok(())
 }
 
-/// A sparse similarity graph in compressed-sparse-row form. Row `i` lists the
-/// `j` with a stored `S_ij`; absent entries are 0.
+/// An integer type usable as a CSR index (int32 or int64 from NumPy/scipy,
+/// or the core's own u32/usize).
+pub trait Idx: Copy + Send + Sync + 'static {
+    fn ix(self) -> usize;
+    /// Whether the value is a valid index below `n` (non-negative too).
+    fn below(self, n: usize) -> bool;
+    fn show(self) -> i128;
+}
+macro_rules! idx_signed {
+    ($($t:ty),*) => {$(impl Idx for $t {
+        #[inline(always)] fn ix(self) -> usize { self as usize }
+        #[inline(always)] fn below(self, n: usize) -> bool { self >= 0 && (self as u64) < n as u64 }
+        fn show(self) -> i128 { self as i128 }
+    })*};
+}
+macro_rules! idx_unsigned {
+    ($($t:ty),*) => {$(impl Idx for $t {
+        #[inline(always)] fn ix(self) -> usize { self as usize }
+        #[inline(always)] fn below(self, n: usize) -> bool { (self as u64) < n as u64 }
+        fn show(self) -> i128 { self as i128 }
+    })*};
+}
+idx_signed!(i32, i64);
+idx_unsigned!(u32, usize);
+
+/// A borrowed, validated sparse similarity graph in compressed-sparse-row
+/// form: row `i` lists the `j` with a stored `S_ij` (absent entries are 0).
+/// Validation reads the caller's arrays in place; nothing is copied.
+#[derive(Debug, Clone, Copy)]
+pub struct CsrRef<'a, P: Idx, I: Idx> {
+    pub n: usize,
+    pub indptr: &'a [P],
+    pub indices: &'a [I],
+    pub data: &'a [f32],
+}
+
+impl<'a, P: Idx, I: Idx> CsrRef<'a, P, I> {
+    /// Validate: indptr has n + 1 non-decreasing entries from 0 to nnz,
+    /// indices are in [0, n), values are finite and in [0, 1] (map cosines
+    /// with a [`Kernel`] first).
+    pub fn new(n: usize, indptr: &'a [P], indices: &'a [I], data: &'a [f32]) -> Result<Self> {
+        if indptr.len() != n + 1 {
+            return invalid(format!("indptr has {} entries, expected n + 1 = {}", indptr.len(), n + 1));
+        }
+        if n > u32::MAX as usize {
+            return invalid(format!("a sparse pool holds at most {} candidates, got {n}", u32::MAX));
+        }
+        if indptr[0].show() != 0 {
+            return invalid(format!("indptr must start at 0, got {}", indptr[0].show()));
+        }
+        if indices.len() != data.len() {
+            return invalid(format!(
+                "indices ({}) and data ({}) must have the same length",
+                indices.len(),
+                data.len()
+            ));
+        }
+        for (i, w) in indptr.windows(2).enumerate() {
+            if w[1].show() < w[0].show() {
+                return invalid(format!("indptr decreases at row {i}: {} > {}", w[0].show(), w[1].show()));
+            }
+        }
+        let nnz = indptr[n].show();
+        if nnz != indices.len() as i128 {
+            return invalid(format!("indptr ends at {nnz} but there are {} stored entries", indices.len()));
+        }
+        if let Some((e, j)) = indices.iter().enumerate().find(|(_, j)| !j.below(n)) {
+            return invalid(format!("indices[{e}] = {} is out of range for n = {n}", j.show()));
+        }
+        if let Some((e, v)) = data.iter().enumerate().find(|(_, v)| !(v.is_finite() && (0.0..=1.0).contains(*v))) {
+            return invalid(format!(
+                "similarity data[{e}] = {v} is outside [0, 1]; map cosines with kernel='clip' or 'shift' first"
+            ));
+        }
+        Ok(Self { n, indptr, indices, data })
+    }
+
+    pub fn nnz(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// Entries of row `i`: positions into `indices`/`data`.
+    #[inline(always)]
+    pub fn row(&self, i: usize) -> std::ops::Range<usize> {
+        self.indptr[i].ix()..self.indptr[i + 1].ix()
+    }
+
+    /// The transpose as an owned graph (row j lists the i with a stored
+    /// S_ij), entries in ascending order.
+    pub fn transpose(&self) -> Csr {
+        let n = self.n;
+        let mut counts = vec![0usize; n + 1];
+        for &j in self.indices {
+            counts[j.ix() + 1] += 1;
+        }
+        for j in 0..n {
+            counts[j + 1] += counts[j];
+        }
+        let mut next = counts.clone();
+        let mut indices = vec![0u32; self.nnz()];
+        let mut data = vec![0f32; self.nnz()];
+        for i in 0..n {
+            for e in self.row(i) {
+                let j = self.indices[e].ix();
+                let slot = next[j];
+                next[j] += 1;
+                indices[slot] = i as u32;
+                data[slot] = self.data[e];
+            }
+        }
+        Csr { n, indptr: counts, indices, data }
+    }
+}
+
+/// An owned sparse similarity graph (see [`CsrRef`]).
 #[derive(Debug, Clone)]
 pub struct Csr {
     pub n: usize,
@@ -220,78 +333,26 @@ pub struct Csr {
 }
 
 impl Csr {
-    /// Validate and copy a CSR graph. Values must be finite and in [0, 1]
-    /// (map cosines with a [`Kernel`] first); indices in range.
+    /// Validate and copy a CSR graph given with int64 indices.
     pub fn new(n: usize, indptr: &[i64], indices: &[i64], data: &[f32]) -> Result<Self> {
-        if indptr.len() != n + 1 {
-            return invalid(format!("indptr has {} entries, expected n + 1 = {}", indptr.len(), n + 1));
-        }
-        if indptr[0] != 0 {
-            return invalid(format!("indptr must start at 0, got {}", indptr[0]));
-        }
-        if indices.len() != data.len() {
-            return invalid(format!(
-                "indices ({}) and data ({}) must have the same length",
-                indices.len(),
-                data.len()
-            ));
-        }
-        let mut ip = Vec::with_capacity(n + 1);
-        for (i, w) in indptr.windows(2).enumerate() {
-            if w[1] < w[0] {
-                return invalid(format!("indptr decreases at row {i}: {} > {}", w[0], w[1]));
-            }
-            ip.push(w[0] as usize);
-        }
-        let nnz = *indptr.last().unwrap();
-        if nnz < 0 || nnz as usize != indices.len() {
-            return invalid(format!("indptr ends at {nnz} but there are {} stored entries", indices.len()));
-        }
-        ip.push(nnz as usize);
-        let mut idx = Vec::with_capacity(indices.len());
-        for (e, &j) in indices.iter().enumerate() {
-            if j < 0 || j as usize >= n {
-                return invalid(format!("indices[{e}] = {j} is out of range for n = {n}"));
-            }
-            idx.push(j as u32);
-        }
-        for (e, &v) in data.iter().enumerate() {
-            if !v.is_finite() || !(0.0..=1.0).contains(&v) {
-                return invalid(format!(
-                    "similarity data[{e}] = {v} is outside [0, 1]; map cosines with kernel='clip' or 'shift' first"
-                ));
-            }
-        }
-        Ok(Self { n, indptr: ip, indices: idx, data: data.to_vec() })
+        CsrRef::new(n, indptr, indices, data)?;
+        Ok(Csr {
+            n,
+            indptr: indptr.iter().map(|&v| v as usize).collect(),
+            indices: indices.iter().map(|&v| v as u32).collect(),
+            data: data.to_vec(),
+        })
+    }
+
+    pub fn as_ref(&self) -> CsrRef<'_, usize, u32> {
+        CsrRef { n: self.n, indptr: &self.indptr, indices: &self.indices, data: &self.data }
     }
 
     pub fn nnz(&self) -> usize {
         self.indices.len()
     }
 
-    /// The transpose (CSR of S^T, i.e. CSC of S): row j of the result lists the
-    /// `i` with a stored `S_ij`. Entries keep ascending order.
     pub fn transpose(&self) -> Csr {
-        let n = self.n;
-        let mut counts = vec![0usize; n + 1];
-        for &j in &self.indices {
-            counts[j as usize + 1] += 1;
-        }
-        for j in 0..n {
-            counts[j + 1] += counts[j];
-        }
-        let mut next = counts.clone();
-        let mut indices = vec![0u32; self.nnz()];
-        let mut data = vec![0f32; self.nnz()];
-        for i in 0..n {
-            for e in self.indptr[i]..self.indptr[i + 1] {
-                let j = self.indices[e] as usize;
-                let slot = next[j];
-                next[j] += 1;
-                indices[slot] = i as u32;
-                data[slot] = self.data[e];
-            }
-        }
-        Csr { n, indptr: counts, indices, data }
+        self.as_ref().transpose()
     }
 }

@@ -13,7 +13,7 @@ use pyo3::types::PyDict;
 
 use crate::error::Error;
 use crate::facility::{self, FlResult, Optimizer, Params};
-use crate::kernel::{self, Csr, Kernel};
+use crate::kernel::{self, Kernel};
 use crate::pools::{Layout, Pools};
 use crate::sampling::{self, Picks};
 
@@ -148,15 +148,49 @@ fn fl_dense<'py>(
     single_result(py, res)
 }
 
-/// Facility location on one pool with a sparse CSR similarity graph in [0, 1].
+/// An int32 or int64 index array, borrowed without a copy.
+enum IdxArr<'py> {
+    I32(PyReadonlyArray1<'py, i32>),
+    I64(PyReadonlyArray1<'py, i64>),
+}
+
+fn idx_arr<'py>(a: &Bound<'py, PyAny>, name: &str) -> PyResult<IdxArr<'py>> {
+    if let Ok(v) = a.extract::<PyReadonlyArray1<'py, i32>>() {
+        return Ok(IdxArr::I32(v));
+    }
+    if let Ok(v) = a.extract::<PyReadonlyArray1<'py, i64>>() {
+        return Ok(IdxArr::I64(v));
+    }
+    Err(PyValueError::new_err(format!("{name} must be a 1-d int32 or int64 array")))
+}
+
+fn sparse_run<P: kernel::Idx, I: kernel::Idx>(
+    py: Python<'_>,
+    n: usize,
+    ip: &[P],
+    ix: &[I],
+    dv: &[f32],
+    symmetric: bool,
+    rew: Option<&[f64]>,
+    p: &Params,
+) -> PyResult<FlResult> {
+    run(py, || {
+        let g = kernel::CsrRef::new(n, ip, ix, dv)?;
+        facility::facility_location_sparse(&g, symmetric, rew, p)
+    })
+}
+
+/// Facility location on one pool with a sparse CSR similarity graph in [0, 1]
+/// (int32 or int64 indices, used in place). `symmetric=True` promises S = S^T
+/// and skips the transpose.
 #[pyfunction]
-#[pyo3(signature = (n, indptr, indices, data, k, *, rewards=None, alpha=0.0, eps=1e-6, k_max=None, optimizer="lazy"))]
+#[pyo3(signature = (n, indptr, indices, data, k, *, rewards=None, alpha=0.0, eps=1e-6, k_max=None, optimizer="lazy", symmetric=false))]
 #[allow(clippy::too_many_arguments)]
 fn fl_sparse<'py>(
     py: Python<'py>,
     n: usize,
-    indptr: PyReadonlyArray1<'py, i64>,
-    indices: PyReadonlyArray1<'py, i64>,
+    indptr: &Bound<'py, PyAny>,
+    indices: &Bound<'py, PyAny>,
     data: PyReadonlyArray1<'py, f32>,
     k: usize,
     rewards: Option<PyReadonlyArray1<'py, f64>>,
@@ -164,17 +198,21 @@ fn fl_sparse<'py>(
     eps: f64,
     k_max: Option<usize>,
     optimizer: &str,
+    symmetric: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (ip, ix, dv) = (slice1(&indptr, "indptr")?, slice1(&indices, "indices")?, slice1(&data, "data")?);
+    let (ipa, ixa) = (idx_arr(indptr, "indptr")?, idx_arr(indices, "indices")?);
+    let dv = slice1(&data, "data")?;
     let rew = match &rewards {
         Some(x) => Some(slice1(x, "rewards")?),
         None => None,
     };
     let p = params(k, alpha, eps, k_max, optimizer)?;
-    let res = run(py, || {
-        let g = Csr::new(n, ip, ix, dv)?;
-        facility::facility_location_sparse(&g, rew, &p)
-    })?;
+    let res = match (&ipa, &ixa) {
+        (IdxArr::I32(a), IdxArr::I32(b)) => sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p),
+        (IdxArr::I32(a), IdxArr::I64(b)) => sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p),
+        (IdxArr::I64(a), IdxArr::I32(b)) => sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p),
+        (IdxArr::I64(a), IdxArr::I64(b)) => sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p),
+    }?;
     single_result(py, res)
 }
 

@@ -85,8 +85,12 @@ proptest! {
         }
         let g = Csr::new(n, &indptr, &indices, &data).unwrap();
         let p = params(k, 0.0, Optimizer::Lazy);
-        let a = facility_location_sparse(&g, None, &p).unwrap();
+        let a = facility_location_sparse(&g.as_ref(), false, None, &p).unwrap();
         let b = facility_location_dense(&s, n, None, &p).unwrap();
+        // the graph is symmetric: using rows as columns in place gives the same
+        let c = facility_location_sparse(&g.as_ref(), true, None, &p).unwrap();
+        prop_assert_eq!(&a.indices, &c.indices);
+        prop_assert_eq!(&a.gains, &c.gains);
         prop_assert_eq!(a.indices, b.indices);
         prop_assert!((a.objective - b.objective).abs() < 1e-9);
     }
