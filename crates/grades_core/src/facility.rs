@@ -270,39 +270,127 @@ impl<P: Idx, I: Idx> Source for SparseSource<'_, P, I> {
     }
 }
 
-/// Rows per fixed chunk of the on-demand source; fixed so that sums do not
-/// depend on the number of threads.
+/// Rows per chunk when a column block is computed in parallel.
 const CHUNK: usize = 512;
 
-/// Similarity columns recomputed on demand from unit-norm embeddings: memory
-/// O(n d), never the n x n matrix. Gains of a batch of columns are one GEMM
-/// per fixed row chunk, chunks in parallel.
+/// A bounded cache of similarity columns, least recently used out.
+struct ColumnCache {
+    n: usize,
+    slots: Vec<f32>,
+    slot_of: Vec<u32>,
+    owner: Vec<usize>,
+    last: Vec<u64>,
+    clock: u64,
+}
+
+impl ColumnCache {
+    fn new(n: usize, cap: usize) -> Self {
+        Self { n, slots: Vec::new(), slot_of: vec![u32::MAX; n], owner: Vec::with_capacity(cap), last: Vec::with_capacity(cap), clock: 0 }
+    }
+    fn cap(&self) -> usize {
+        self.owner.capacity()
+    }
+    fn get(&self, j: usize) -> Option<&[f32]> {
+        let s = self.slot_of[j];
+        (s != u32::MAX).then(|| &self.slots[s as usize * self.n..(s as usize + 1) * self.n])
+    }
+    fn touch(&mut self, j: usize) {
+        let s = self.slot_of[j];
+        if s != u32::MAX {
+            self.last[s as usize] = self.clock;
+        }
+    }
+    /// A slot for column j: a free one, else the least recently used one not
+    /// touched at the current clock.
+    fn insert(&mut self, j: usize, col: &[f32]) {
+        let n = self.n;
+        let s = if self.owner.len() < self.cap() {
+            self.owner.push(j);
+            self.last.push(self.clock);
+            self.slots.extend_from_slice(col);
+            self.owner.len() - 1
+        } else {
+            let s = (0..self.owner.len()).min_by_key(|&s| self.last[s]).expect("cache has slots");
+            self.slot_of[self.owner[s]] = u32::MAX;
+            self.owner[s] = j;
+            self.last[s] = self.clock;
+            self.slots[s * n..(s + 1) * n].copy_from_slice(col);
+            s
+        };
+        self.slot_of[j] = s as u32;
+    }
+}
+
+/// Similarity columns recomputed on demand from unit-norm embeddings, never
+/// the n x n matrix: missing columns of a batch are one GEMM (row chunks in
+/// parallel) and recent columns are kept in a bounded LRU cache of at most
+/// `8 d` columns, so memory stays O(n d) (at most 8x the embeddings).
 pub struct OnDemandSource {
     x: Vec<f32>,
     n: usize,
     d: usize,
     kernel: Kernel,
     batch: usize,
+    cache: ColumnCache,
 }
 
 impl OnDemandSource {
     /// `x` must hold unit-norm rows (see [`crate::kernel::normalize_rows`]).
     pub fn new(x: Vec<f32>, n: usize, d: usize, kernel: Kernel) -> Self {
-        Self { x, n, d, kernel, batch: 64 }
+        const BATCH: usize = 64;
+        let cap = (8 * d).max(BATCH).min(n.max(1));
+        Self { x, n, d, kernel, batch: BATCH.min(cap), cache: ColumnCache::new(n, cap) }
     }
 
-    fn column(&self, j: usize, out: &mut [f32]) {
-        let d = self.d;
-        let xj = &self.x[j * d..(j + 1) * d];
-        let kernel = self.kernel;
-        out.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, o)| {
+    /// Columns `js` (`b x n`, row r = column js[r]) by one GEMM in row chunks.
+    fn columns(&self, js: &[usize]) -> Vec<f32> {
+        let (n, d, kernel) = (self.n, self.d, self.kernel);
+        let b = js.len();
+        let mut xb = Vec::with_capacity(b * d);
+        for &j in js {
+            xb.extend_from_slice(&self.x[j * d..(j + 1) * d]);
+        }
+        // (n x b) blocks per row chunk, then transposed into (b x n)
+        let blocks: Vec<Vec<f32>> = (0..n.div_ceil(CHUNK))
+            .into_par_iter()
+            .map(|ci| {
+                let r0 = ci * CHUNK;
+                let rows = CHUNK.min(n - r0);
+                let mut blk = vec![0f32; rows * b];
+                gemm_abt(&self.x[r0 * d..(r0 + rows) * d], rows, &xb, b, d, &mut blk);
+                blk
+            })
+            .collect();
+        let mut out = vec![0f32; b * n];
+        for (ci, blk) in blocks.iter().enumerate() {
             let r0 = ci * CHUNK;
-            gemm_abt(&self.x[r0 * d..(r0 + o.len()) * d], o.len(), xj, 1, d, o);
-            for v in o.iter_mut() {
-                *v = kernel.apply(*v);
+            for (ii, row) in blk.chunks_exact(b).enumerate() {
+                for (r, &v) in row.iter().enumerate() {
+                    out[r * n + r0 + ii] = kernel.apply(v);
+                }
             }
-        });
-        out[j] = kernel.apply(1.0);
+        }
+        for (r, &j) in js.iter().enumerate() {
+            out[r * n + j] = kernel.apply(1.0);
+        }
+        out
+    }
+
+    /// Make every column of `js` (at most the cache's size) resident.
+    fn ensure(&mut self, js: &[usize]) {
+        self.cache.clock += 1;
+        for &j in js {
+            self.cache.touch(j);
+        }
+        let missing: Vec<usize> = js.iter().copied().filter(|&j| self.cache.get(j).is_none()).collect();
+        if missing.is_empty() {
+            return;
+        }
+        let cols = self.columns(&missing);
+        let n = self.n;
+        for (r, &j) in missing.iter().enumerate() {
+            self.cache.insert(j, &cols[r * n..(r + 1) * n]);
+        }
     }
 }
 
@@ -314,47 +402,18 @@ impl Source for OnDemandSource {
         self.batch
     }
     fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
-        let (n, d, kernel) = (self.n, self.d, self.kernel);
-        let b = js.len();
-        if b == 0 {
-            return;
-        }
-        let mut xb = Vec::with_capacity(b * d);
-        for &j in js {
-            xb.extend_from_slice(&self.x[j * d..(j + 1) * d]);
-        }
-        let x = &self.x;
-        let n_chunks = n.div_ceil(CHUNK);
-        let partial: Vec<Vec<f64>> = (0..n_chunks)
-            .into_par_iter()
-            .map(|ci| {
-                let r0 = ci * CHUNK;
-                let rows = CHUNK.min(n - r0);
-                // block (b x rows): block[r][i] = x_{js[r]} . x_{r0 + i}
-                let mut block = vec![0f32; b * rows];
-                gemm_abt(&xb, b, &x[r0 * d..(r0 + rows) * d], rows, d, &mut block);
-                let mut acc = vec![0f64; b];
-                for (r, &j) in js.iter().enumerate() {
-                    let col = &mut block[r * rows..(r + 1) * rows];
-                    for v in col.iter_mut() {
-                        *v = kernel.apply(*v);
-                    }
-                    if j >= r0 && j < r0 + rows {
-                        col[j - r0] = kernel.apply(1.0);
-                    }
-                    acc[r] = column_gain(col, w[j], &w[r0..r0 + rows], &c[r0..r0 + rows]);
-                }
-                acc
-            })
-            .collect();
-        for (r, o) in out.iter_mut().enumerate().take(b) {
-            *o = partial.iter().map(|p| p[r]).sum();
+        let step = self.batch.max(1);
+        for (jb, ob) in js.chunks(step).zip(out.chunks_mut(step)) {
+            self.ensure(jb);
+            let cache = &self.cache;
+            ob.par_iter_mut().zip(jb.par_iter()).for_each(|(o, &j)| {
+                *o = column_gain(cache.get(j).expect("column was just made resident"), w[j], w, c);
+            });
         }
     }
     fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
-        let mut col = vec![0f32; self.n];
-        self.column(j, &mut col);
-        column_cover(&col, w[j], c);
+        self.ensure(&[j]);
+        column_cover(self.cache.get(j).expect("column was just made resident"), w[j], c);
     }
     fn initial_bounds(&mut self, w: &[f64], out: &mut [f64]) {
         // Upper bounds on the empty-cover gains `w_j sum_i w_i S_ij`, computed
