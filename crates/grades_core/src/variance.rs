@@ -9,7 +9,8 @@
 //!
 //! Rows whose key repeats the previous row's key (the usual layout: the
 //! responses of a prompt stored together) are folded as a run: the run's own
-//! mean and `M2` are computed in one pass and merged into the table once, so
+//! mean and `M2` are computed (a vectorised corrected two-pass over the run,
+//! which is in cache) and merged into the table once, so
 //! the table is touched once per run rather than once per row; the table
 //! slots of upcoming runs are prefetched so that cache misses overlap.
 //!
