@@ -9,7 +9,8 @@
 //!
 //! Rows whose key repeats the previous row's key (the usual layout: the
 //! responses of a prompt stored together) are folded as a run: the run's own
-//! mean and `M2` are computed in one pass and merged into the table once, so
+//! mean and `M2` are computed (a vectorised corrected two-pass over the run,
+//! which is in cache) and merged into the table once, so
 //! the table is touched once per run rather than once per row; the table
 //! slots of upcoming runs are prefetched so that cache misses overlap.
 //!
@@ -36,6 +37,7 @@
 use crate::error::{invalid, Error, Result};
 
 /// Per-prompt running statistics.
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Stats {
     /// Number of responses (rows) seen.
@@ -92,18 +94,129 @@ impl Stats {
     }
 }
 
-/// Open-addressing (linear probing) table from prompt key to [`Stats`].
-/// A slot is empty when its count is 0; the home slot is the top bits of a
-/// multiplicative hash. [`Accumulator::update`] prefetches the slots of the
-/// runs a few steps ahead so that cache misses overlap.
-#[derive(Debug, Clone)]
-struct Table {
-    slots: Vec<(u64, Stats)>,
-    len: usize,
-    bits: u32,
+/// One table slot (or one run of an update): a key and its statistics.
+/// 32 bytes, aligned so that a slot never straddles two cache lines.
+#[repr(C, align(32))]
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    key: u64,
+    st: Stats,
 }
 
-#[inline]
+/// A zero-filled, 32-byte aligned array of slots. Large arrays (2 MiB and
+/// up) are anonymous memory mappings that ask for transparent huge pages on
+/// Linux: the table is accessed at random, and with 4 KiB pages nearly every
+/// access would also miss the TLB; fresh mappings are zero already and fault
+/// in a few large pages instead of many small ones.
+struct SlotBuf {
+    ptr: std::ptr::NonNull<Slot>,
+    n: usize,
+    mapped: bool,
+}
+
+// SAFETY: SlotBuf owns its memory exclusively, like a Vec<Slot>.
+unsafe impl Send for SlotBuf {}
+// SAFETY: shared access is read-only, like &[Slot].
+unsafe impl Sync for SlotBuf {}
+
+const HUGE: usize = 2 << 20;
+
+impl SlotBuf {
+    fn layout(n: usize) -> std::alloc::Layout {
+        std::alloc::Layout::array::<Slot>(n).expect("variance table size overflows")
+    }
+
+    fn zeroed(n: usize) -> SlotBuf {
+        assert!(n > 0);
+        let bytes = n * std::mem::size_of::<Slot>();
+        #[cfg(target_os = "linux")]
+        if bytes >= HUGE {
+            // SAFETY: a fresh private anonymous mapping (zero-filled by the
+            // kernel, page aligned, so aligned for Slot); all-zero bytes are a
+            // valid Slot (an empty one).
+            unsafe {
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                if p != libc::MAP_FAILED {
+                    // a hint: failure only means small pages
+                    libc::madvise(p, bytes, libc::MADV_HUGEPAGE);
+                    return SlotBuf { ptr: std::ptr::NonNull::new_unchecked(p as *mut Slot), n, mapped: true };
+                }
+            }
+        }
+        let layout = Self::layout(n);
+        // SAFETY: the layout has a non-zero size; all-zero bytes are a valid Slot.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
+        let Some(ptr) = std::ptr::NonNull::new(p) else { std::alloc::handle_alloc_error(layout) };
+        let _ = bytes;
+        SlotBuf { ptr, n, mapped: false }
+    }
+}
+
+impl Drop for SlotBuf {
+    fn drop(&mut self) {
+        // SAFETY: ptr/n/mapped describe the allocation made in `zeroed`.
+        unsafe {
+            #[cfg(target_os = "linux")]
+            if self.mapped {
+                libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.n * std::mem::size_of::<Slot>());
+                return;
+            }
+            std::alloc::dealloc(self.ptr.as_ptr() as *mut u8, Self::layout(self.n));
+        }
+    }
+}
+
+impl std::ops::Deref for SlotBuf {
+    type Target = [Slot];
+    fn deref(&self) -> &[Slot] {
+        // SAFETY: ptr points to n initialised slots owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.n) }
+    }
+}
+
+impl std::ops::DerefMut for SlotBuf {
+    fn deref_mut(&mut self) -> &mut [Slot] {
+        // SAFETY: as in deref, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.n) }
+    }
+}
+
+impl Clone for SlotBuf {
+    fn clone(&self) -> Self {
+        let mut c = SlotBuf::zeroed(self.n);
+        c.copy_from_slice(self);
+        c
+    }
+}
+
+impl std::fmt::Debug for SlotBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SlotBuf({} slots)", self.n)
+    }
+}
+
+/// Open-addressing (linear probing) table from prompt key to [`Stats`].
+/// A slot is empty when its count is 0; the home slot is the top bits of a
+/// multiplicative hash, so growing the table re-inserts in address order.
+/// [`Accumulator::update`] prefetches the slots of the runs a few steps
+/// ahead so that cache misses overlap.
+#[derive(Debug, Clone)]
+struct Table {
+    slots: SlotBuf,
+    len: usize,
+    bits: u32,
+    /// Largest `len` before the table grows (load factor 0.7).
+    limit: usize,
+}
+
+#[inline(always)]
 fn hash(k: u64) -> u64 {
     (k ^ (k >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
@@ -116,17 +229,18 @@ impl Default for Table {
 
 impl Table {
     fn with_bits(bits: u32) -> Self {
-        Table { slots: vec![(0, Stats::default()); 1usize << bits], len: 0, bits }
+        let n = 1usize << bits;
+        Table { slots: SlotBuf::zeroed(n), len: 0, bits, limit: n / 10 * 7 + (n % 10) * 7 / 10 }
     }
 
-    #[inline]
+    #[inline(always)]
     fn home(&self, h: u64) -> usize {
         (h >> (64 - self.bits)) as usize
     }
 
     fn reserve(&mut self, additional: usize) {
         let need = self.len + additional;
-        if need * 10 <= self.slots.len() * 7 {
+        if need <= self.limit {
             return;
         }
         let mut bits = self.bits;
@@ -134,27 +248,28 @@ impl Table {
             bits += 1;
         }
         let old = std::mem::replace(self, Table::with_bits(bits));
-        for (k, st) in old.slots {
-            if st.count != 0 {
-                self.merge_in(k, hash(k), &st);
+        for s in old.slots.iter() {
+            if s.st.count != 0 {
+                self.merge_in(s.key, hash(s.key), &s.st);
             }
         }
     }
 
-    /// Merge `st` into key's slot (inserting it). Capacity must be reserved.
-    #[inline]
+    /// Merge `st` into key's slot (inserting it); true when the key was
+    /// already present. Capacity must be reserved.
+    #[inline(always)]
     fn merge_in(&mut self, key: u64, h: u64, st: &Stats) -> bool {
         let mask = self.slots.len() - 1;
         let mut i = self.home(h);
         loop {
             let slot = &mut self.slots[i];
-            if slot.1.count == 0 {
-                *slot = (key, *st);
+            if slot.st.count == 0 {
+                *slot = Slot { key, st: *st };
                 self.len += 1;
                 return false;
             }
-            if slot.0 == key {
-                slot.1.merge(st);
+            if slot.key == key {
+                slot.st.merge(st);
                 return true;
             }
             i = (i + 1) & mask;
@@ -163,7 +278,9 @@ impl Table {
 
     #[inline]
     fn upsert(&mut self, key: u64, h: u64, st: &Stats) -> bool {
-        self.reserve(1);
+        if self.len >= self.limit {
+            self.reserve(1);
+        }
         self.merge_in(key, h, st)
     }
 
@@ -174,7 +291,10 @@ impl Table {
         {
             let p = self.slots.as_ptr().wrapping_add(self.home(h)) as *const i8;
             // SAFETY: prefetch is a hint; it never faults, even on a bad address.
-            unsafe { std::arch::x86_64::_mm_prefetch(p, std::arch::x86_64::_MM_HINT_T0) }
+            unsafe {
+                std::arch::x86_64::_mm_prefetch(p, std::arch::x86_64::_MM_HINT_T0);
+                std::arch::x86_64::_mm_prefetch(p.wrapping_add(64), std::arch::x86_64::_MM_HINT_T0);
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = h;
@@ -185,34 +305,174 @@ impl Table {
         let mut i = self.home(hash(key));
         loop {
             let slot = &self.slots[i];
-            if slot.1.count == 0 {
+            if slot.st.count == 0 {
                 return None;
             }
-            if slot.0 == key {
-                return Some(&slot.1);
+            if slot.key == key {
+                return Some(&slot.st);
             }
             i = (i + 1) & mask;
         }
     }
 
     fn iter(&self) -> impl Iterator<Item = (u64, &Stats)> {
-        self.slots.iter().filter(|s| s.1.count != 0).map(|s| (s.0, &s.1))
+        self.slots.iter().filter(|s| s.st.count != 0).map(|s| (s.key, &s.st))
+    }
+
+    /// Merge a list of runs in order, prefetching the home slot (and the
+    /// next cache line, where linear probing continues) of the run
+    /// `PREFETCH` places ahead so that cache misses overlap.
+    fn merge_runs(&mut self, runs: &[Slot]) {
+        for (r, run) in runs.iter().enumerate() {
+            if let Some(ahead) = runs.get(r + PREFETCH) {
+                self.prefetch(hash(ahead.key));
+            }
+            self.upsert(run.key, hash(run.key), &run.st);
+        }
     }
 }
 
-/// Rows per block of [`Accumulator::update`]: a block's runs are folded
-/// first, then merged into the table with software prefetching.
-const BLOCK: usize = 1 << 18;
-/// Below this many slots (about 1 MiB) the table is in cache; no prefetching.
-const PREFETCH_MIN_SLOTS: usize = 1 << 15;
+/// Rows per block of the run scan: run starts of a block are found first
+/// (vector compares of neighbouring keys), then each run is folded.
+const BLOCK: usize = 1 << 12;
 /// How many runs ahead the table slot is prefetched.
-const PREFETCH: usize = 16;
+const PREFETCH: usize = 32;
+
+/// Statistics of a run of finite values by the corrected two-pass
+/// algorithm: `mean = sum / n`, then `M2 = sum d^2 - (sum d)^2 / n` with
+/// `d = x - mean` (the second term removes the rounding error of the
+/// mean). Sums use 8 independent partial sums, so the loops vectorise.
+/// Returns the plain sum as well: it is non-finite when a value is, and then
+/// the statistics are not to be used.
+#[inline(always)]
+fn run_stats(x: &[f64]) -> (f64, Stats) {
+    let n = x.len();
+    if n == 1 {
+        return (x[0], Stats { count: 1, mean: x[0], m2: 0.0 });
+    }
+    let ch = x.chunks_exact(8);
+    let rem = ch.remainder();
+    let mut a = [0.0f64; 8];
+    for c in ch.clone() {
+        for l in 0..8 {
+            a[l] += c[l];
+        }
+    }
+    for (l, v) in rem.iter().enumerate() {
+        a[l] += v;
+    }
+    let sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+    let nf = n as f64;
+    let mean = sum / nf;
+    let (mut q, mut c1) = ([0.0f64; 8], [0.0f64; 8]);
+    for c in ch {
+        for l in 0..8 {
+            let d = c[l] - mean;
+            q[l] += d * d;
+            c1[l] += d;
+        }
+    }
+    for (l, v) in rem.iter().enumerate() {
+        let d = v - mean;
+        q[l] += d * d;
+        c1[l] += d;
+    }
+    let q = ((q[0] + q[4]) + (q[1] + q[5])) + ((q[2] + q[6]) + (q[3] + q[7]));
+    let c1 = ((c1[0] + c1[4]) + (c1[1] + c1[5])) + ((c1[2] + c1[6]) + (c1[3] + c1[7]));
+    let m2 = (q - c1 * c1 / nf).max(0.0);
+    // a non-finite M2 (overflow of the squares) is reported like a bad sum
+    (if m2.is_finite() { sum } else { f64::INFINITY }, Stats { count: n as u64, mean, m2 })
+}
+
+/// Split `keys`/`x` into runs of equal keys and append each run's key and
+/// statistics to `out`. Stops at the first run whose values are not all
+/// finite (or whose statistics overflow) and returns the index of its first
+/// row. Runs are cut at block boundaries (which only changes rounding).
+#[inline(always)]
+fn scan_runs(keys: &[u64], x: &[f64], out: &mut Vec<Slot>) -> Option<usize> {
+    let mut starts = [0u32; BLOCK + 1];
+    let mut base = 0;
+    for (kb, xb) in keys.chunks(BLOCK).zip(x.chunks(BLOCK)) {
+        let n = kb.len();
+        // run starts: row 0, and every row whose key differs from the previous
+        starts[0] = 0;
+        let mut ns = 1;
+        let mut i = 1;
+        while i < n {
+            let w = (n - i).min(64);
+            let mut m = 0u64;
+            if w == 64 {
+                let (a, b) = (&kb[i..i + 64], &kb[i - 1..i + 63]);
+                for l in 0..64 {
+                    m |= ((a[l] != b[l]) as u64) << l;
+                }
+            } else {
+                for l in 0..w {
+                    m |= ((kb[i + l] != kb[i + l - 1]) as u64) << l;
+                }
+            }
+            while m != 0 {
+                starts[ns] = (i + m.trailing_zeros() as usize) as u32;
+                ns += 1;
+                m &= m - 1;
+            }
+            i += w;
+        }
+        starts[ns] = n as u32;
+        out.reserve(ns);
+        for r in 0..ns {
+            let (s, e) = (starts[r] as usize, starts[r + 1] as usize);
+            let (sum, st) = run_stats(&xb[s..e]);
+            if !sum.is_finite() {
+                return Some(base + s);
+            }
+            out.push(Slot { key: kb[s], st });
+        }
+        base += n;
+    }
+    None
+}
+
+/// [`scan_runs`] compiled for AVX2 (same operations, so the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scan_runs_avx2(keys: &[u64], x: &[f64], out: &mut Vec<Slot>) -> Option<usize> {
+    scan_runs(keys, x, out)
+}
+
+fn scan_runs_dispatch(keys: &[u64], x: &[f64], out: &mut Vec<Slot>) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked just above).
+            return unsafe { scan_runs_avx2(keys, x, out) };
+        }
+    }
+    scan_runs(keys, x, out)
+}
+
+/// Scratch list of runs kept between updates (not part of the state).
+#[derive(Default)]
+struct Scratch(Vec<Slot>);
+
+impl Clone for Scratch {
+    fn clone(&self) -> Self {
+        Scratch::default()
+    }
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Scratch")
+    }
+}
 
 /// Streaming accumulator of per-prompt loss statistics.
 #[derive(Debug, Clone, Default)]
 pub struct Accumulator {
     map: Table,
     rows: u64,
+    runs: Scratch,
 }
 
 /// The decomposition estimated from an accumulator.
@@ -248,21 +508,6 @@ const MAGIC: &[u8; 8] = b"MRTVACC\0";
 const VERSION: u32 = 1;
 const HEADER: usize = 8 + 4 + 4 + 8 + 8;
 const ENTRY: usize = 32;
-
-#[inline]
-fn first_non_finite(x: &[f64]) -> Option<usize> {
-    // Integer test on the exponent bits: vectorises, unlike an early-exit scan.
-    const EXP: u64 = 0x7ff0_0000_0000_0000;
-    let mut base = 0;
-    for chunk in x.chunks(1024) {
-        let bad = chunk.iter().fold(0u64, |a, v| a | ((v.to_bits() & EXP == EXP) as u64));
-        if bad != 0 {
-            return chunk.iter().position(|v| !v.is_finite()).map(|p| base + p);
-        }
-        base += chunk.len();
-    }
-    None
-}
 
 impl Accumulator {
     /// An empty accumulator.
@@ -301,55 +546,32 @@ impl Accumulator {
                 losses.len()
             ));
         }
-        if let Some(i) = first_non_finite(losses) {
+        let mut runs = std::mem::take(&mut self.runs.0);
+        runs.clear();
+        if let Some(s) = scan_runs_dispatch(keys, losses, &mut runs) {
+            self.runs.0 = runs;
+            let i = s + losses[s..].iter().position(|v| !v.is_finite()).unwrap_or(0);
+            if !losses[i].is_finite() {
+                return Err(Error::Invalid(format!(
+                    "loss at row {} (row {} of this update) is {}: losses must be finite",
+                    self.rows + i as u64,
+                    i,
+                    losses[i]
+                )));
+            }
             return Err(Error::Invalid(format!(
-                "loss at row {} (row {} of this update) is {}: losses must be finite",
-                self.rows + i as u64,
-                i,
-                losses[i]
+                "losses from row {} (row {s} of this update) are too large: their sum or squared deviations overflow f64",
+                self.rows + s as u64
             )));
         }
-        let mut runs: Vec<(u64, u64, Stats)> = Vec::new();
-        for (kb, xb) in keys.chunks(BLOCK).zip(losses.chunks(BLOCK)) {
-            runs.clear();
-            let n = kb.len();
-            let mut i = 0;
-            while i < n {
-                // One fused pass over a run of equal keys: sums of deviations
-                // from the run's first value (the shifted-data algorithm, stable
-                // because the shift is a sample of the run).
-                let k = kb[i];
-                let shift = xb[i];
-                let (mut s1, mut s2) = (0.0f64, 0.0f64);
-                let mut j = i + 1;
-                while j < n && kb[j] == k {
-                    let d = xb[j] - shift;
-                    s1 += d;
-                    s2 += d * d;
-                    j += 1;
-                }
-                let c = (j - i) as u64;
-                let md = s1 / c as f64;
-                runs.push((hash(k), k, Stats { count: c, mean: shift + md, m2: (s2 - s1 * md).max(0.0) }));
-                i = j;
-            }
-            if self.map.slots.len() >= PREFETCH_MIN_SLOTS && runs.len() >= 1024 {
-                // Reserve first so that the home slots stay valid while prefetching.
-                self.map.reserve(runs.len());
-                for r in 0..runs.len() {
-                    if let Some(ahead) = runs.get(r + PREFETCH) {
-                        self.map.prefetch(ahead.0);
-                    }
-                    let (h, k, st) = &runs[r];
-                    self.map.merge_in(*k, *h, st);
-                }
-            } else {
-                for (h, k, st) in &runs {
-                    self.map.upsert(*k, *h, st);
-                }
-            }
-        }
+        self.map.merge_runs(&runs);
         self.rows += keys.len() as u64;
+        // keep the scratch list unless it is much larger than the table
+        let keep = (1 << 16).max(self.map.slots.len());
+        if runs.capacity() <= keep {
+            runs.clear();
+            self.runs.0 = runs;
+        }
         Ok(())
     }
 
@@ -438,7 +660,7 @@ impl Accumulator {
         if total != rows {
             return invalid(format!("corrupt variance accumulator: counts sum to {total}, header says {rows} rows"));
         }
-        Ok(Accumulator { map, rows })
+        Ok(Accumulator { map, rows, ..Default::default() })
     }
 }
 
@@ -582,6 +804,147 @@ mod tests {
         let r = Accumulator::from_bytes(&b).unwrap();
         assert!(same(&acc, &r));
         assert_eq!(r.to_bytes(), b);
+    }
+
+    /// Neumaier-compensated sum: an accurate reference.
+    fn acc_sum(x: impl Iterator<Item = f64>) -> f64 {
+        let (mut s, mut c) = (0.0f64, 0.0f64);
+        for v in x {
+            let t = s + v;
+            c += if s.abs() >= v.abs() { (s - t) + v } else { (v - t) + s };
+            s = t;
+        }
+        s + c
+    }
+
+    /// Per key: (accurate mean and M2, Welford's mean and M2 over the rows in order).
+    fn references(keys: &[u64], x: &[f64]) -> HashMap<u64, ((f64, f64), Stats)> {
+        let mut groups: HashMap<u64, Vec<f64>> = HashMap::new();
+        for (k, v) in keys.iter().zip(x) {
+            groups.entry(*k).or_default().push(*v);
+        }
+        groups
+            .into_iter()
+            .map(|(k, v)| {
+                let mean = acc_sum(v.iter().copied()) / v.len() as f64;
+                let m2 = acc_sum(v.iter().map(|&y| (y - mean) * (y - mean)));
+                let mut w = Stats::default();
+                v.iter().for_each(|&y| w.push(y));
+                (k, ((mean, m2), w))
+            })
+            .collect()
+    }
+
+    /// Rows with adversarial runs: a large common offset plus small noise,
+    /// single-row runs, short runs, and runs longer than a scan block.
+    fn adversarial(seed: u64, offset: f64, noise: f64) -> (Vec<u64>, Vec<f64>) {
+        let mut s = seed | 1;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let (mut keys, mut x) = (Vec::new(), Vec::new());
+        while keys.len() < 3 * BLOCK {
+            let len = match rnd() % 8 {
+                0..=2 => 1,
+                3..=5 => 2 + (rnd() % 20) as usize,
+                6 => 8 * (1 + (rnd() % 8) as usize),
+                _ => 1 + (rnd() % (BLOCK as u64 + 500)) as usize,
+            };
+            let key = rnd() % 37; // keys come back in later runs
+            for _ in 0..len {
+                keys.push(key);
+                let u = (rnd() >> 11) as f64 / (1u64 << 53) as f64;
+                x.push(offset + noise * (u - 0.5) + noise * (key as f64));
+            }
+        }
+        (keys, x)
+    }
+
+    #[test]
+    fn fast_path_is_at_least_as_accurate_as_welford() {
+        for (seed, offset, noise) in
+            [(1, 0.0, 1.0), (2, 1e9, 1.0), (3, 1e9, 1e-3), (4, -3e7, 1e-2), (5, 1e12, 10.0), (6, 1.0, 1e-9)]
+        {
+            let (keys, x) = adversarial(seed, offset, noise);
+            let mut acc = Accumulator::new();
+            // in a few calls, so runs are also cut at call boundaries
+            for (kc, xc) in keys.chunks(5000).zip(x.chunks(5000)) {
+                acc.update(kc, xc).unwrap();
+            }
+            let refs = references(&keys, &x);
+            assert_eq!(acc.len(), refs.len());
+            let (mut err_fast, mut err_welford) = (0.0f64, 0.0f64);
+            for (k, ((mean, m2), w)) in &refs {
+                let t = acc.get(*k).unwrap();
+                assert_eq!(t.count, w.count);
+                // means: a few ulps of the offset
+                assert!((t.mean - mean).abs() <= 1e-13 * (1.0 + mean.abs()), "{seed}: mean {} vs {mean}", t.mean);
+                err_fast = err_fast.max((t.m2 - m2).abs() / m2);
+                err_welford = err_welford.max((w.m2 - m2).abs() / m2);
+            }
+            assert!(
+                err_fast <= 2.0 * err_welford + 1e-12,
+                "seed {seed}: relative M2 error {err_fast:e} (Welford {err_welford:e})"
+            );
+        }
+    }
+
+    #[test]
+    fn vector_and_portable_scans_agree_bit_for_bit() {
+        let (keys, x) = adversarial(9, 1e9, 1.0);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        assert_eq!(scan_runs(&keys, &x, &mut a), None);
+        assert_eq!(scan_runs_dispatch(&keys, &x, &mut b), None);
+        assert_eq!(a.len(), b.len());
+        for (p, q) in a.iter().zip(&b) {
+            assert_eq!((p.key, p.st.count, p.st.mean.to_bits(), p.st.m2.to_bits()), (q.key, q.st.count, q.st.mean.to_bits(), q.st.m2.to_bits()));
+        }
+        // runs are maximal within a block: neighbours differ unless cut at a block boundary
+        let mut row = 0;
+        for w in a.windows(2) {
+            row += w[0].st.count as usize;
+            assert!(w[0].key != w[1].key || row % BLOCK == 0);
+        }
+    }
+
+    #[test]
+    fn bad_values_anywhere_are_named_and_nothing_is_added() {
+        let (keys, x) = adversarial(11, 0.0, 1.0);
+        let n = keys.len();
+        for (pos, bad) in [(0, f64::NAN), (BLOCK + 3, f64::INFINITY), (n - 1, f64::NEG_INFINITY), (2 * BLOCK - 1, f64::NAN)] {
+            let mut y = x.clone();
+            y[pos] = bad;
+            let mut acc = Accumulator::new();
+            acc.update(&[5, 5], &[1.0, 2.0]).unwrap();
+            let e = acc.update(&keys, &y).unwrap_err().to_string();
+            assert!(e.contains(&format!("row {} (row {pos} of this update)", pos + 2)), "{e}");
+            assert_eq!((acc.n_rows(), acc.len()), (2, 1));
+        }
+        // finite values whose sum or squared deviations overflow
+        let mut acc = Accumulator::new();
+        assert!(acc.update(&[1, 1], &[1e308, 1e308]).unwrap_err().to_string().contains("overflow"));
+        assert!(acc.update(&[1, 1, 2], &[0.0, 1.0, 1e200]).is_ok());
+        assert!(acc.update(&[3, 3], &[1e200, -1e200]).unwrap_err().to_string().contains("overflow"));
+        assert_eq!(acc.n_rows(), 3);
+    }
+
+    #[test]
+    fn large_tables_grow_and_clone() {
+        // enough prompts for the table to use the large (mapped) buffer
+        let n = 200_000u64;
+        let keys: Vec<u64> = (0..2 * n).map(|i| i / 2).collect();
+        let x: Vec<f64> = (0..2 * n).map(|i| (i % 7) as f64).collect();
+        let mut acc = Accumulator::new();
+        acc.update(&keys, &x).unwrap();
+        assert!(acc.map.slots.len() * std::mem::size_of::<Slot>() >= HUGE);
+        let c = acc.clone();
+        assert!(same(&acc, &c));
+        let s = acc.get(12345).unwrap();
+        assert_eq!(s.count, 2);
+        assert!(close(s.mean, (x[24690] + x[24691]) / 2.0, 1e-15));
     }
 
     fn rows() -> impl Strategy<Value = (Vec<u64>, Vec<f64>)> {
