@@ -318,9 +318,9 @@ def _as_f64_1d(x: Any, name: str, n: int) -> np.ndarray:
     return a
 
 
-#: a single pool whose n x n similarity would exceed this many bytes is
+#: a single pool whose n x n float32 similarity would exceed this many bytes (2 GiB) is
 #: solved with similarity columns recomputed on demand instead.
-DENSE_LIMIT_BYTES = 256 * 1024 * 1024
+DENSE_LIMIT_BYTES = 2 * 1024 * 1024 * 1024
 
 
 def facility_location(
@@ -349,8 +349,12 @@ def facility_location(
 
     ``memory`` picks how a single pool of embeddings is solved: ``"dense"``
     holds the n x n similarity, ``"on_demand"`` recomputes similarity columns
-    inside lazy greedy (memory O(n d)), ``"auto"`` switches to on-demand when
-    the matrix would exceed 256 MiB.
+    inside lazy greedy (memory O(n d): the embeddings plus a cache of at most
+    8 d columns), ``"auto"`` switches to on-demand when the matrix would exceed
+    2 GiB (n > 23,170). On-demand trades time for memory: every re-evaluation
+    lazy greedy needs costs a column (n d flops) instead of a column scan, and
+    on embeddings where many candidates have near-equal gains lazy greedy
+    re-evaluates several percent of the pool per step.
 
     A sparse ``similarity`` is read in place (int32 or int64 indices, float32
     values; other dtypes are converted). ``symmetric=True`` promises S = S^T

@@ -36,13 +36,29 @@ fn main() {
     let d = 384;
     let k = 100;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let x: Vec<f32> = (0..n * d).map(|_| normal(&mut rng)).collect();
+    let clusters: usize = std::env::var("CLUSTERS").map(|v| v.parse().unwrap()).unwrap_or(0);
+    let x: Vec<f32> = if clusters == 0 {
+        (0..n * d).map(|_| normal(&mut rng)).collect()
+    } else {
+        use rand::Rng;
+        let c: Vec<f32> = (0..clusters * d).map(|_| normal(&mut rng)).collect();
+        let mut x = Vec::with_capacity(n * d);
+        for _ in 0..n {
+            let m = rng.random_range(0..clusters);
+            for t in 0..d {
+                x.push(c[m * d + t] + 0.6 * normal(&mut rng));
+            }
+        }
+        x
+    };
     let (mut s, mut inv) = (Vec::new(), Vec::new());
     for kernel in [Kernel::Clip, Kernel::Shift] {
         cosine_gram(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, format!("{i}"))).unwrap();
         let w = vec![1.0; n];
         let mut src = Counting { inner: DenseSource { s: &s, n }, evals: 0 };
         let r = greedy(&mut src, &w, k, Optimizer::Lazy);
+        let first: Vec<f64> = r.gains.iter().take(5).copied().collect();
+        println!("first gains {first:?}");
         println!("{kernel:?}: n = {n}, k = {k}: {} evaluations after the initial pass ({:.1} per step), ratio {:.4}",
             src.evals - n, (src.evals - n) as f64 / k as f64, r.ratio());
     }

@@ -586,8 +586,9 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
             // step at which each entry's value was computed exactly; initial
             // bounds count as stale so every pick is evaluated by `gains`.
             let mut fresh = vec![usize::MAX; n];
-            // re-evaluate 1 stale top, then 2, 4, ... up to the source's batch
-            // size while a step keeps finding stale tops
+            // re-evaluate the source's batch of stale tops at a time (1 for
+            // sources where a column is cheap; on-demand columns cost about
+            // the same one at a time as in a batch)
             let b_max = src.batch().max(1);
             let mut stale: Vec<usize> = Vec::with_capacity(b_max);
             let mut keep: Vec<Entry> = Vec::with_capacity(b_max);
@@ -598,7 +599,7 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
                     scratch.extend(heap.iter().map(|e| e.g));
                     ub = ub.min(f + top_k_sum(&mut scratch, k));
                 }
-                let mut b = 1usize;
+                let b = b_max;
                 loop {
                     let top = *heap.peek().expect("heap holds every unchosen element");
                     if fresh[top.j] == t {
@@ -631,7 +632,6 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
                         heap.push(Entry { g, j });
                     }
                     heap.extend(keep.drain(..));
-                    b = (2 * b).min(b_max);
                 }
             }
             scratch.clear();
