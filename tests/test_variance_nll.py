@@ -23,29 +23,12 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def tiny():
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    torch.manual_seed(0)
+    from mrt_fast.testing import tiny_causal_lm, tiny_tokenizer
+
     torch.set_num_threads(1)
-    tk = Tokenizer(models.BPE(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.train_from_iterator(TEXTS * 5, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>", "<pad>"]))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    return model, tok
+    tok = tiny_tokenizer(TEXTS)
+    return tiny_causal_lm(tok, seed=0).eval(), tok
 
 
 def manual_nll(model, tok, prompt, response):
