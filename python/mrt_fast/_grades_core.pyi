@@ -62,8 +62,8 @@ def fl_dense(
 ) -> FlSingle: ...
 def fl_sparse(
     n: int,
-    indptr: npt.NDArray[np.int64],
-    indices: npt.NDArray[np.int64],
+    indptr: npt.NDArray[np.int32] | npt.NDArray[np.int64],
+    indices: npt.NDArray[np.int32] | npt.NDArray[np.int64],
     data: npt.NDArray[np.float32],
     k: int,
     *,
@@ -72,7 +72,9 @@ def fl_sparse(
     eps: float = 1e-6,
     k_max: Optional[int] = None,
     optimizer: str = "lazy",
-) -> FlSingle: ...
+    symmetric: bool = False,
+) -> FlSingle:
+    """CSR arrays are used in place; symmetric=True promises S = S^T (no transpose)."""
 def fl_on_demand(
     x: npt.NDArray[np.float32],
     k: int,
