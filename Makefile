@@ -36,4 +36,4 @@ bench-rust:
 	cargo bench -p grades_core
 
 lint:
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --all-features -- -D warnings

@@ -335,7 +335,7 @@ pub struct OnDemandSource {
 }
 
 impl OnDemandSource {
-    /// `x` must hold unit-norm rows (see [`crate::kernel::normalize_rows`]).
+    /// `x` must hold unit-norm rows (see [`crate::kernel::gather_normalized`]).
     pub fn new(x: Vec<f32>, n: usize, d: usize, kernel: Kernel) -> Self {
         const BATCH: usize = 64;
         let cap = (8 * d).max(BATCH).min(n.max(1));

@@ -71,25 +71,6 @@ pub fn gather_normalized(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut
     Ok(())
 }
 
-/// Normalise every row of a row-major `n x d` matrix in place (for one pool).
-pub fn normalize_rows(x: &mut [f32], d: usize) -> Result<()> {
-    for (i, row) in x.chunks_exact_mut(d).enumerate() {
-        let mut ss = 0.0f64;
-        for &v in row.iter() {
-            if !v.is_finite() {
-                return invalid(format!("embedding row {i} holds a non-finite value {v}"));
-            }
-            ss += (v as f64) * (v as f64);
-        }
-        if ss == 0.0 || !ss.is_finite() {
-            return invalid(format!("embedding row {i} has zero norm; cosine similarity is undefined"));
-        }
-        let inv = (1.0 / ss.sqrt()) as f32;
-        row.iter_mut().for_each(|v| *v *= inv);
-    }
-    Ok(())
-}
-
 /// `c (m x n) = a (m x d) * b (n x d)^T`, all row-major, single-threaded GEMM.
 #[inline]
 pub fn gemm_abt(a: &[f32], m: usize, b: &[f32], n: usize, d: usize, c: &mut [f32]) {
@@ -117,21 +98,6 @@ pub fn gemm_abt(a: &[f32], m: usize, b: &[f32], n: usize, d: usize, c: &mut [f32
             n as isize,
             1,
         );
-    }
-}
-
-/// Similarity matrix of unit-norm rows `x` (`n x d`): `out[i*n + j] =
-/// kernel(x_i . x_j)`, symmetric. The diagonal is set to `kernel(1)`.
-pub fn gram(x: &[f32], n: usize, d: usize, kernel: Kernel, out: &mut Vec<f32>) {
-    out.clear();
-    out.resize(n * n, 0.0);
-    gemm_abt(x, n, x, n, d, out);
-    for v in out.iter_mut() {
-        *v = kernel.apply(*v);
-    }
-    let one = kernel.apply(1.0);
-    for i in 0..n {
-        out[i * n + i] = one;
     }
 }
 

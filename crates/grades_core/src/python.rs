@@ -164,6 +164,7 @@ fn idx_arr<'py>(a: &Bound<'py, PyAny>, name: &str) -> PyResult<IdxArr<'py>> {
     Err(PyValueError::new_err(format!("{name} must be a 1-d int32 or int64 array")))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn sparse_run<P: kernel::Idx, I: kernel::Idx>(
     py: Python<'_>,
     n: usize,
@@ -243,17 +244,16 @@ fn fl_on_demand<'py>(
     single_result(py, res)
 }
 
-/// Cosine similarity of the rows of `x`, mapped into [0, 1] by `kernel`.
+/// Cosine similarity of the rows of `x`, mapped into [0, 1] by `kernel`: the
+/// same Gram path (`cosine_gram`) that selection runs on each pool.
 #[pyfunction]
 #[pyo3(signature = (x, kernel="shift"))]
 fn similarity<'py>(py: Python<'py>, x: PyReadonlyArray2<'py, f32>, kernel: &str) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let (xs, n, d) = slice2(&x, "embeddings")?;
     let kern = Kernel::parse(kernel).map_err(to_py)?;
     let out = run(py, || {
-        let mut xn = xs.to_vec();
-        kernel::normalize_rows(&mut xn, d)?;
-        let mut s = Vec::new();
-        kernel::gram(&xn, n, d, kern, &mut s);
+        let (mut s, mut inv) = (Vec::new(), Vec::new());
+        kernel::cosine_gram(xs, n, d, kern, &mut s, &mut inv, &|i| (0, format!("row {i}")))?;
         Ok(s)
     })?;
     Ok(PyArray1::from_vec(py, out))
