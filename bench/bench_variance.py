@@ -71,6 +71,9 @@ def main() -> None:
     ap.add_argument("--layout", choices=["grouped", "shuffled"], default="grouped")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-polars", action="store_true")
+    ap.add_argument(
+        "--reserve", action="store_true", help="size the accumulator for the number of prompts up front (expected_prompts)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     rows = int(a.rows)
@@ -84,7 +87,7 @@ def main() -> None:
         return t
 
     def stream():
-        acc = core.VarianceAccumulator()
+        acc = core.VarianceAccumulator(n_prompts if a.reserve else 0)
         for kc, xc in chunks:
             acc.update(kc, xc)
         return acc
@@ -98,6 +101,7 @@ def main() -> None:
         "prompts": n_prompts,
         "layout": a.layout,
         "chunk": a.chunk,
+        "reserved": a.reserve,
         "read_floor_s": round(t_floor, 4),
         "accumulate_s": round(t_acc, 4),
         "rows_per_s": round(rows / t_acc),

@@ -156,6 +156,27 @@ def test_id_types_and_inputs():
     assert acc.summary()["v_x_raw"] == pytest.approx(base["v_x_raw"])
 
 
+def test_expected_prompts_is_only_a_hint():
+    rng = np.random.default_rng(3)
+    # large enough for the parallel path (>= 2^16 rows per update)
+    keys = rng.integers(0, 30_000, size=200_000).astype(np.uint64)
+    x = rng.normal(size=keys.size)
+    plain = VarianceAccumulator().update(keys, x, hashed=True)
+    sized = VarianceAccumulator(expected_prompts=30_000).update(keys, x, hashed=True)
+    late = VarianceAccumulator().reserve(10).update(keys[:5], x[:5], hashed=True).reserve(50_000)
+    late.update(keys[5:], x[5:], hashed=True)
+    assert plain.to_bytes() == sized.to_bytes()
+    assert plain.summary() == sized.summary()
+    np.testing.assert_allclose(late.per_prompt()["m2"].to_numpy(), plain.per_prompt()["m2"].to_numpy(), rtol=1e-10)
+    for bad in (-1, 2.5, "many", True):
+        with pytest.raises(MrtInputError, match="expected_prompts"):
+            VarianceAccumulator(expected_prompts=bad)
+        with pytest.raises(MrtInputError, match="prompts"):
+            VarianceAccumulator().reserve(bad)
+    with pytest.raises(MrtInputError, match="memory"):
+        VarianceAccumulator(expected_prompts=10**17)
+
+
 # ---------------------------------------------------------------- bad input
 
 

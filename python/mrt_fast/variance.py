@@ -116,12 +116,35 @@ class VarianceAccumulator:
     built by different workers `merge` into the same statistics as one pass
     (to floating-point rounding). `to_bytes`/`from_bytes` (and pickling) move
     partial results between processes.
+
+    `expected_prompts` sizes the table for that many distinct prompts up
+    front, which saves the table's repeated growth on a long stream (about a
+    third of the time at millions of prompts); it is only a hint and never
+    changes the statistics.
     """
 
     __slots__ = ("_core",)
 
-    def __init__(self, _core: Any = None) -> None:
-        self._core = _core if _core is not None else core.VarianceAccumulator()
+    def __init__(self, _core: Any = None, *, expected_prompts: int = 0) -> None:
+        if _core is not None:
+            self._core = _core
+            return
+        if isinstance(expected_prompts, bool) or not isinstance(expected_prompts, (int, np.integer)) or expected_prompts < 0:
+            raise MrtInputError(f"expected_prompts must be a non-negative integer, got {expected_prompts!r}")
+        try:
+            self._core = core.VarianceAccumulator(int(expected_prompts))
+        except (ValueError, OverflowError) as e:
+            raise MrtInputError(f"expected_prompts={expected_prompts}: {e}") from None
+
+    def reserve(self, prompts: int) -> "VarianceAccumulator":
+        """Make room for about `prompts` more distinct prompts (a sizing hint)."""
+        if isinstance(prompts, bool) or not isinstance(prompts, (int, np.integer)) or prompts < 0:
+            raise MrtInputError(f"prompts must be a non-negative integer, got {prompts!r}")
+        try:
+            self._core.reserve(int(prompts))
+        except (ValueError, OverflowError) as e:
+            raise MrtInputError(str(e)) from None
+        return self
 
     def update(self, prompt_ids: Any, losses: Any, *, hashed: bool = False) -> "VarianceAccumulator":
         """Add rows. `prompt_ids` of any type (hashed to stable 64-bit keys)

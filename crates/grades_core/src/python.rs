@@ -457,8 +457,16 @@ struct PyVarianceAccumulator {
 #[pymethods]
 impl PyVarianceAccumulator {
     #[new]
-    fn new() -> Self {
-        Self::default()
+    #[pyo3(signature = (expected_prompts=0))]
+    fn new(py: Python<'_>, expected_prompts: usize) -> PyResult<Self> {
+        let inner = run(py, || VarAcc::with_capacity(expected_prompts))?;
+        Ok(Self { inner })
+    }
+
+    /// Make room for about `prompts` more distinct prompts (a sizing hint).
+    fn reserve(&mut self, py: Python<'_>, prompts: usize) -> PyResult<()> {
+        let acc = &mut self.inner;
+        run(py, || acc.reserve(prompts))
     }
 
     /// Add rows (keys[i], losses[i]); all-or-nothing on a non-finite loss.

@@ -127,8 +127,17 @@ impl SlotBuf {
     }
 
     fn zeroed(n: usize) -> SlotBuf {
+        match Self::try_zeroed(n) {
+            Some(b) => b,
+            None => std::alloc::handle_alloc_error(Self::layout(n)),
+        }
+    }
+
+    /// A zeroed buffer of `n` slots, or None when the memory is not there.
+    fn try_zeroed(n: usize) -> Option<SlotBuf> {
         assert!(n > 0);
-        let bytes = n * std::mem::size_of::<Slot>();
+        let bytes = n.checked_mul(std::mem::size_of::<Slot>())?;
+        std::alloc::Layout::array::<Slot>(n).ok()?;
         #[cfg(target_os = "linux")]
         if bytes >= HUGE {
             // SAFETY: a fresh private anonymous mapping (zero-filled by the
@@ -146,16 +155,15 @@ impl SlotBuf {
                 if p != libc::MAP_FAILED {
                     // a hint: failure only means small pages
                     libc::madvise(p, bytes, libc::MADV_HUGEPAGE);
-                    return SlotBuf { ptr: std::ptr::NonNull::new_unchecked(p as *mut Slot), n, mapped: true };
+                    return Some(SlotBuf { ptr: std::ptr::NonNull::new_unchecked(p as *mut Slot), n, mapped: true });
                 }
             }
         }
         let layout = Self::layout(n);
         // SAFETY: the layout has a non-zero size; all-zero bytes are a valid Slot.
         let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
-        let Some(ptr) = std::ptr::NonNull::new(p) else { std::alloc::handle_alloc_error(layout) };
         let _ = bytes;
-        SlotBuf { ptr, n, mapped: false }
+        Some(SlotBuf { ptr: std::ptr::NonNull::new(p)?, n, mapped: false })
     }
 }
 
@@ -216,6 +224,9 @@ struct Table {
     limit: usize,
 }
 
+/// Key hash: an xorshift and a multiplication by an odd constant, each
+/// invertible, so distinct keys have distinct hashes (the summary orders
+/// prompts by it).
 #[inline(always)]
 fn hash(k: u64) -> u64 {
     (k ^ (k >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -233,25 +244,42 @@ impl Table {
         Table { slots: SlotBuf::zeroed(n), len: 0, bits, limit: n / 10 * 7 + (n % 10) * 7 / 10 }
     }
 
+    /// Make room for `additional` more keys; None (and the table
+    /// unchanged) when the memory for the larger table is not there.
+    fn try_reserve(&mut self, additional: usize) -> Option<()> {
+        let need = self.len.checked_add(additional)?;
+        if need <= self.limit {
+            return Some(());
+        }
+        let mut bits = self.bits;
+        while need.checked_mul(10)? > (1usize << bits) * 7 {
+            bits += 1;
+            if bits >= usize::BITS - 6 {
+                return None;
+            }
+        }
+        let n = 1usize << bits;
+        let slots = SlotBuf::try_zeroed(n)?;
+        let mut t = Table { slots, len: 0, bits, limit: n / 10 * 7 + (n % 10) * 7 / 10 };
+        for s in self.slots.iter() {
+            if s.st.count != 0 {
+                t.merge_in(s.key, hash(s.key), &s.st);
+            }
+        }
+        *self = t;
+        Some(())
+    }
+
+    /// Home slot: the `bits` hash bits after the shard bits (the shard
+    /// bits are the same for every key of a table).
     #[inline(always)]
     fn home(&self, h: u64) -> usize {
-        (h >> (64 - self.bits)) as usize
+        ((h << SHARD_BITS) >> (64 - self.bits)) as usize
     }
 
     fn reserve(&mut self, additional: usize) {
-        let need = self.len + additional;
-        if need <= self.limit {
-            return;
-        }
-        let mut bits = self.bits;
-        while need * 10 > (1usize << bits) * 7 {
-            bits += 1;
-        }
-        let old = std::mem::replace(self, Table::with_bits(bits));
-        for s in old.slots.iter() {
-            if s.st.count != 0 {
-                self.merge_in(s.key, hash(s.key), &s.st);
-            }
+        if self.try_reserve(additional).is_none() {
+            panic!("out of memory growing the variance table past {} prompts", self.len);
         }
     }
 
@@ -337,6 +365,26 @@ impl Table {
 const BLOCK: usize = 1 << 12;
 /// How many runs ahead the table slot is prefetched.
 const PREFETCH: usize = 32;
+/// The table is split into `SHARDS` independent tables by the top
+/// `SHARD_BITS` bits of the key hash, so that one update merges into all
+/// shards in parallel. Every key lives in one shard and its runs are merged
+/// there in row order, so the statistics do not depend on the thread count.
+const SHARD_BITS: u32 = 6;
+const SHARDS: usize = 1 << SHARD_BITS;
+/// Updates with fewer rows are scanned and merged on the calling thread.
+const PAR_ROWS: usize = 1 << 16;
+
+#[inline(always)]
+fn shard_of(h: u64) -> usize {
+    (h >> (64 - SHARD_BITS)) as usize
+}
+
+/// Runs of one stretch of rows, one list per shard, each in row order.
+type Buckets = Vec<Vec<Slot>>;
+
+fn buckets() -> Buckets {
+    vec![Vec::new(); SHARDS]
+}
 
 /// Statistics of a run of finite values by the corrected two-pass
 /// algorithm: `mean = sum / n`, then `M2 = sum d^2 - (sum d)^2 / n` with
@@ -389,7 +437,7 @@ fn run_stats(x: &[f64]) -> (f64, Stats) {
 /// finite (or whose statistics overflow) and returns the index of its first
 /// row. Runs are cut at block boundaries (which only changes rounding).
 #[inline(always)]
-fn scan_runs(keys: &[u64], x: &[f64], out: &mut Vec<Slot>) -> Option<usize> {
+fn scan_runs(keys: &[u64], x: &[f64], out: &mut Buckets) -> Option<usize> {
     let mut starts = [0u32; BLOCK + 1];
     let mut base = 0;
     for (kb, xb) in keys.chunks(BLOCK).zip(x.chunks(BLOCK)) {
@@ -419,14 +467,14 @@ fn scan_runs(keys: &[u64], x: &[f64], out: &mut Vec<Slot>) -> Option<usize> {
             i += w;
         }
         starts[ns] = n as u32;
-        out.reserve(ns);
         for r in 0..ns {
             let (s, e) = (starts[r] as usize, starts[r + 1] as usize);
             let (sum, st) = run_stats(&xb[s..e]);
             if !sum.is_finite() {
                 return Some(base + s);
             }
-            out.push(Slot { key: kb[s], st });
+            let key = kb[s];
+            out[shard_of(hash(key))].push(Slot { key, st });
         }
         base += n;
     }
@@ -436,11 +484,11 @@ fn scan_runs(keys: &[u64], x: &[f64], out: &mut Vec<Slot>) -> Option<usize> {
 /// [`scan_runs`] compiled for AVX2 (same operations, so the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn scan_runs_avx2(keys: &[u64], x: &[f64], out: &mut Vec<Slot>) -> Option<usize> {
+unsafe fn scan_runs_avx2(keys: &[u64], x: &[f64], out: &mut Buckets) -> Option<usize> {
     scan_runs(keys, x, out)
 }
 
-fn scan_runs_dispatch(keys: &[u64], x: &[f64], out: &mut Vec<Slot>) -> Option<usize> {
+fn scan_runs_dispatch(keys: &[u64], x: &[f64], out: &mut Buckets) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") {
@@ -451,9 +499,10 @@ fn scan_runs_dispatch(keys: &[u64], x: &[f64], out: &mut Vec<Slot>) -> Option<us
     scan_runs(keys, x, out)
 }
 
-/// Scratch list of runs kept between updates (not part of the state).
+/// Scratch lists of runs kept between updates (not part of the state): one
+/// [`Buckets`] per stretch of rows scanned in parallel.
 #[derive(Default)]
-struct Scratch(Vec<Slot>);
+struct Scratch(Vec<Buckets>);
 
 impl Clone for Scratch {
     fn clone(&self) -> Self {
@@ -470,9 +519,77 @@ impl std::fmt::Debug for Scratch {
 /// Streaming accumulator of per-prompt loss statistics.
 #[derive(Debug, Clone, Default)]
 pub struct Accumulator {
-    map: Table,
+    shards: Shards,
     rows: u64,
     runs: Scratch,
+}
+
+/// The per-shard tables.
+#[derive(Debug, Clone)]
+struct Shards([Table; SHARDS]);
+
+impl Default for Shards {
+    fn default() -> Self {
+        Shards(std::array::from_fn(|_| Table::default()))
+    }
+}
+
+impl Shards {
+    fn len(&self) -> usize {
+        self.0.iter().map(|t| t.len).sum()
+    }
+
+    fn get(&self, key: u64) -> Option<&Stats> {
+        self.0[shard_of(hash(key))].get(key)
+    }
+
+    fn upsert(&mut self, key: u64, st: &Stats) -> bool {
+        let h = hash(key);
+        self.0[shard_of(h)].upsert(key, h, st)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, &Stats)> {
+        self.0.iter().flat_map(|t| t.iter())
+    }
+
+    /// Every prompt's statistics in the order of its key hash. The shards
+    /// hold consecutive ranges of hashes, so each is sorted on its own, in
+    /// parallel, into its part of the output.
+    fn stats_in_hash_order(&self) -> Vec<Stats> {
+        use rayon::prelude::*;
+        let mut out = vec![Stats::default(); self.len()];
+        let mut parts = Vec::with_capacity(SHARDS);
+        let mut rest = out.as_mut_slice();
+        for t in &self.0 {
+            let (a, b) = rest.split_at_mut(t.len);
+            parts.push((t, a));
+            rest = b;
+        }
+        parts.into_par_iter().for_each(|(t, dst)| {
+            let mut v: Vec<(u64, Stats)> = t.iter().map(|(k, s)| (hash(k), *s)).collect();
+            // hash is a bijection of the key: no ties, so unstable is deterministic
+            v.sort_unstable_by_key(|e| e.0);
+            for (d, e) in dst.iter_mut().zip(v) {
+                *d = e.1;
+            }
+        });
+        out
+    }
+
+    /// Merge the buckets of consecutive stretches of rows, in order.
+    fn merge_buckets(&mut self, parts: &[Buckets], parallel: bool) {
+        let one = |(s, t): (usize, &mut Table)| {
+            for p in parts {
+                t.merge_runs(&p[s]);
+            }
+        };
+        if parallel {
+            use rayon::prelude::*;
+            self.0.par_iter_mut().enumerate().for_each(one);
+        } else {
+            self.0.iter_mut().enumerate().for_each(one);
+        }
+    }
 }
 
 /// The decomposition estimated from an accumulator.
@@ -515,14 +632,41 @@ impl Accumulator {
         Self::default()
     }
 
+    /// An empty accumulator sized for about `prompts` distinct prompts, so
+    /// that streaming them in does not grow (rehash) the table on the way.
+    pub fn with_capacity(prompts: usize) -> Result<Self> {
+        let mut a = Self::default();
+        a.reserve(prompts)?;
+        Ok(a)
+    }
+
+    /// Make room for about `prompts` more distinct prompts (a hint: the
+    /// table still grows when it has to; results do not depend on it).
+    /// Errors (with the statistics unchanged) when the memory for that many
+    /// prompts cannot be had.
+    pub fn reserve(&mut self, prompts: usize) -> Result<()> {
+        // keys spread over the shards binomially: add 4 standard deviations
+        let per = prompts / SHARDS;
+        let per = per + 4 * ((per as f64).sqrt() as usize) + 16;
+        for t in &mut self.shards.0 {
+            if t.try_reserve(per).is_none() {
+                return invalid(format!(
+                    "cannot reserve room for {prompts} prompts ({} bytes of table): not enough memory",
+                    (prompts as u128) * 2 * std::mem::size_of::<Slot>() as u128
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Number of distinct prompts seen.
     pub fn len(&self) -> usize {
-        self.map.len
+        self.shards.len()
     }
 
     /// True when no row has been seen.
     pub fn is_empty(&self) -> bool {
-        self.map.len == 0
+        self.len() == 0
     }
 
     /// Total rows seen.
@@ -532,7 +676,7 @@ impl Accumulator {
 
     /// Statistics of one prompt.
     pub fn get(&self, key: u64) -> Option<&Stats> {
-        self.map.get(key)
+        self.shards.get(key)
     }
 
     /// Add rows `(keys[i], losses[i])`. All-or-nothing: a NaN or infinite loss
@@ -546,10 +690,29 @@ impl Accumulator {
                 losses.len()
             ));
         }
-        let mut runs = std::mem::take(&mut self.runs.0);
-        runs.clear();
-        if let Some(s) = scan_runs_dispatch(keys, losses, &mut runs) {
-            self.runs.0 = runs;
+        let n = keys.len();
+        let parallel = n >= PAR_ROWS && rayon::current_num_threads() > 1;
+        // stretches start at multiples of BLOCK, where the scan cuts runs
+        // anyway: the runs do not depend on how many stretches there are
+        let n_parts = if parallel { (2 * rayon::current_num_threads()).min(n.div_ceil(BLOCK)) } else { 1 };
+        let per = n.div_ceil(BLOCK).div_ceil(n_parts) * BLOCK;
+        let mut parts = std::mem::take(&mut self.runs.0);
+        parts.resize_with(n_parts, buckets);
+        for b in parts.iter_mut().flatten() {
+            b.clear();
+        }
+        let scan = |(i, out): (usize, &mut Buckets)| {
+            let (s, e) = ((i * per).min(n), ((i + 1) * per).min(n));
+            scan_runs_dispatch(&keys[s..e], &losses[s..e], out).map(|r| s + r)
+        };
+        let bad = if parallel {
+            use rayon::prelude::*;
+            parts.par_iter_mut().enumerate().map(scan).collect::<Vec<_>>().into_iter().flatten().min()
+        } else {
+            parts.iter_mut().enumerate().map(scan).flatten().min()
+        };
+        if let Some(s) = bad {
+            self.runs.0 = parts;
             let i = s + losses[s..].iter().position(|v| !v.is_finite()).unwrap_or(0);
             if !losses[i].is_finite() {
                 return Err(Error::Invalid(format!(
@@ -564,13 +727,14 @@ impl Accumulator {
                 self.rows + s as u64
             )));
         }
-        self.map.merge_runs(&runs);
-        self.rows += keys.len() as u64;
-        // keep the scratch list unless it is much larger than the table
-        let keep = (1 << 16).max(self.map.slots.len());
-        if runs.capacity() <= keep {
-            runs.clear();
-            self.runs.0 = runs;
+        self.shards.merge_buckets(&parts, parallel);
+        self.rows += n as u64;
+        // keep the scratch lists for the next update, unless they are much
+        // larger than both the tables and this update (at most 2^21 runs)
+        let slots: usize = self.shards.0.iter().map(|t| t.slots.len()).sum();
+        let keep = (1 << 16).max(slots).max((2 * n).min(1 << 21));
+        if parts.iter().flatten().map(|b| b.capacity()).sum::<usize>() <= keep {
+            self.runs.0 = parts;
         }
         Ok(())
     }
@@ -578,25 +742,30 @@ impl Accumulator {
     /// Fold another accumulator into this one (exact, order-free up to rounding).
     pub fn merge(&mut self, other: &Accumulator) {
         // other's slots are in hash order already: a forward sweep here too
-        for (k, s) in other.map.iter() {
-            self.map.upsert(k, hash(k), s);
+        for (a, b) in self.shards.0.iter_mut().zip(&other.shards.0) {
+            a.reserve(b.len);
+            for (k, s) in b.iter() {
+                a.merge_in(k, hash(k), s);
+            }
         }
         self.rows += other.rows;
     }
 
     /// Per-prompt statistics sorted by key: `(keys, stats)`.
     pub fn per_prompt(&self) -> (Vec<u64>, Vec<Stats>) {
-        let mut v: Vec<(u64, Stats)> = self.map.iter().map(|(k, s)| (k, *s)).collect();
-        v.sort_unstable_by_key(|e| e.0);
+        use rayon::slice::ParallelSliceMut;
+        let mut v: Vec<(u64, Stats)> = Vec::with_capacity(self.len());
+        v.extend(self.shards.iter().map(|(k, s)| (k, *s)));
+        v.par_sort_unstable_by_key(|e| e.0);
         v.into_iter().unzip()
     }
 
-    /// The estimators of the decomposition. Deterministic for a given state
-    /// (prompts are visited in key order). Errors when fewer than two prompts
-    /// have at least two responses.
+    /// The estimators of the decomposition. Deterministic for a given state:
+    /// prompts are visited in the order of their key hash (a bijection of the
+    /// key), whatever order they were inserted in. Errors when fewer than two
+    /// prompts have at least two responses.
     pub fn summary(&self) -> Result<Summary> {
-        let (_, stats) = self.per_prompt();
-        summarize(&stats, self.rows)
+        summarize(&self.shards.stats_in_hash_order(), self.rows)
     }
 
     /// Serialise: magic `MRTVACC\0`, u32 version, u32 reserved, u64 rows,
@@ -638,8 +807,7 @@ impl Accumulator {
                 b.len()
             ));
         }
-        let mut map = Table::default();
-        map.reserve((n as usize).min(b.len() / ENTRY));
+        let mut map = Shards::default();
         let mut total = 0u64;
         for i in 0..n as usize {
             let o = HEADER + i * ENTRY;
@@ -653,14 +821,14 @@ impl Accumulator {
                 ));
             }
             total = total.saturating_add(count);
-            if map.upsert(key, hash(key), &Stats { count, mean, m2 }) {
+            if map.upsert(key, &Stats { count, mean, m2 }) {
                 return invalid(format!("corrupt variance accumulator: key {key} appears twice"));
             }
         }
         if total != rows {
             return invalid(format!("corrupt variance accumulator: counts sum to {total}, header says {rows} rows"));
         }
-        Ok(Accumulator { map, rows, ..Default::default() })
+        Ok(Accumulator { shards: map, rows, ..Default::default() })
     }
 }
 
@@ -722,7 +890,7 @@ mod tests {
         if a.len() != b.len() || a.n_rows() != b.n_rows() {
             return false;
         }
-        a.map.iter().all(|(k, s)| match b.get(k) {
+        a.shards.iter().all(|(k, s)| match b.get(k) {
             Some(t) => s.count == t.count && close(s.mean, t.mean, 1e-9) && close(s.m2, t.m2, 1e-7),
             None => false,
         })
@@ -895,19 +1063,73 @@ mod tests {
     #[test]
     fn vector_and_portable_scans_agree_bit_for_bit() {
         let (keys, x) = adversarial(9, 1e9, 1.0);
-        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let (mut a, mut b) = (buckets(), buckets());
         assert_eq!(scan_runs(&keys, &x, &mut a), None);
         assert_eq!(scan_runs_dispatch(&keys, &x, &mut b), None);
-        assert_eq!(a.len(), b.len());
-        for (p, q) in a.iter().zip(&b) {
-            assert_eq!((p.key, p.st.count, p.st.mean.to_bits(), p.st.m2.to_bits()), (q.key, q.st.count, q.st.mean.to_bits(), q.st.m2.to_bits()));
+        for (ba, bb) in a.iter().zip(&b) {
+            assert_eq!(ba.len(), bb.len());
+            for (p, q) in ba.iter().zip(bb) {
+                assert_eq!((p.key, p.st.count, p.st.mean.to_bits(), p.st.m2.to_bits()), (q.key, q.st.count, q.st.mean.to_bits(), q.st.m2.to_bits()));
+            }
+            assert!(ba.iter().all(|r| shard_of(hash(r.key)) == shard_of(hash(ba[0].key))));
         }
-        // runs are maximal within a block: neighbours differ unless cut at a block boundary
-        let mut row = 0;
-        for w in a.windows(2) {
-            row += w[0].st.count as usize;
-            assert!(w[0].key != w[1].key || row % BLOCK == 0);
+        // runs are maximal within a block: a run starts where the key changes or a block begins
+        let starts = (0..keys.len()).filter(|&i| i % BLOCK == 0 || keys[i] != keys[i - 1]).count();
+        assert_eq!(a.iter().map(|b| b.len()).sum::<usize>(), starts);
+        assert_eq!(a.iter().flatten().map(|r| r.st.count as usize).sum::<usize>(), keys.len());
+    }
+
+    #[test]
+    fn summary_does_not_depend_on_insertion_order() {
+        // the same per-prompt statistics reached in opposite orders, and with
+        // a table sized up front: the summary is the same to the bit
+        let prompts: Vec<u64> = (0..5000u64).map(|p| p.wrapping_mul(0x2545_F491_4F6C_DD1D) >> (p % 40)).collect();
+        let rows = |p: u64| [(p % 97) as f64, ((p * 7) % 13) as f64 + 0.25, 1.0 / (1 + p % 5) as f64];
+        let mut fwd = Accumulator::new();
+        for &p in &prompts {
+            fwd.update(&[p; 3], &rows(p)).unwrap();
         }
+        let mut rev = Accumulator::with_capacity(prompts.len()).unwrap();
+        for &p in prompts.iter().rev() {
+            rev.update(&[p; 3], &rows(p)).unwrap();
+        }
+        assert_eq!(fwd.to_bytes(), rev.to_bytes());
+        let (a, b) = (fwd.summary().unwrap(), rev.summary().unwrap());
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert_eq!(a.v_x_raw.to_bits(), b.v_x_raw.to_bits());
+        // distinct keys never share a hash (spot check of the bijection)
+        let mut h: Vec<u64> = prompts.iter().map(|&k| hash(k)).collect();
+        h.sort_unstable();
+        h.dedup();
+        let mut k = prompts.clone();
+        k.sort_unstable();
+        k.dedup();
+        assert_eq!(h.len(), k.len());
+    }
+
+    #[test]
+    fn thread_count_does_not_change_a_bit() {
+        // big enough for the parallel path, with runs cut by update and block boundaries
+        let (mut keys2, mut x2) = (Vec::new(), Vec::new());
+        for seed in 0..16u64 {
+            let (k, x) = adversarial(21 + seed, 3.0, 1.0);
+            keys2.extend(k.iter().map(|k| k + 40 * (seed % 5)));
+            x2.extend(x);
+        }
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let mut acc = Accumulator::new();
+                for (kc, xc) in keys2.chunks(PAR_ROWS + 777).zip(x2.chunks(PAR_ROWS + 777)) {
+                    acc.update(kc, xc).unwrap();
+                }
+                acc.to_bytes()
+            })
+        };
+        assert!(keys2.len() > 2 * PAR_ROWS);
+        let one = run(1);
+        assert_eq!(one, run(2));
+        assert_eq!(one, run(3));
     }
 
     #[test]
@@ -934,12 +1156,16 @@ mod tests {
     #[test]
     fn large_tables_grow_and_clone() {
         // enough prompts for the table to use the large (mapped) buffer
-        let n = 200_000u64;
+        let n = 400_000u64;
         let keys: Vec<u64> = (0..2 * n).map(|i| i / 2).collect();
         let x: Vec<f64> = (0..2 * n).map(|i| (i % 7) as f64).collect();
-        let mut acc = Accumulator::new();
+        let mut acc = Accumulator::with_capacity(1_600_000).unwrap();
         acc.update(&keys, &x).unwrap();
-        assert!(acc.map.slots.len() * std::mem::size_of::<Slot>() >= HUGE);
+        let mut grown = Accumulator::new();
+        grown.update(&keys, &x).unwrap();
+        assert!(same(&acc, &grown));
+        assert_eq!(acc.to_bytes(), grown.to_bytes());
+        assert!(acc.shards.0.iter().all(|t| t.slots.len() * std::mem::size_of::<Slot>() >= HUGE));
         let c = acc.clone();
         assert!(same(&acc, &c));
         let s = acc.get(12345).unwrap();
