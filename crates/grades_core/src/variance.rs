@@ -709,7 +709,7 @@ impl Accumulator {
             use rayon::prelude::*;
             parts.par_iter_mut().enumerate().map(scan).collect::<Vec<_>>().into_iter().flatten().min()
         } else {
-            parts.iter_mut().enumerate().map(scan).flatten().min()
+            parts.iter_mut().enumerate().filter_map(scan).min()
         };
         if let Some(s) = bad {
             self.runs.0 = parts;
