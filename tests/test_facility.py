@@ -110,7 +110,17 @@ def test_batch_equals_per_pool_and_sparse_equals_dense():
     for p in range(len(sizes)):
         one = mrt_fast.facility_location(x[off[p]:off[p + 1]], 4, rewards=r[off[p]:off[p + 1]], alpha=0.75, kernel="clip")
         assert batch.indices[p].tolist() == one.indices.tolist()
+        np.testing.assert_array_equal(batch.gains[p], one.gains)
         assert batch.objective[p] == pytest.approx(one.objective)
+    # the per-pool fields are Ragged sequences over flat arrays
+    assert isinstance(batch.indices, mrt_fast.Ragged) and len(batch.indices) == len(sizes)
+    assert batch.indices.lengths().tolist() == [min(4, s) for s in sizes]
+    assert [a.tolist() for a in batch.indices] == batch.indices.to_list()
+    assert batch.indices[-1].tolist() == batch.indices[len(sizes) - 1].tolist()
+    assert [a.tolist() for a in batch.indices[1:3]] == batch.indices.to_list()[1:3]
+    assert np.concatenate(list(batch.indices)).tolist() == batch.indices.values.tolist()
+    with pytest.raises(IndexError, match="out of range"):
+        batch.indices[len(sizes)]
     scipy_sparse = pytest.importorskip("scipy.sparse")
     S = cosine_sim(x[:17], "clip").astype(np.float32)
     S[S < 0.2] = 0

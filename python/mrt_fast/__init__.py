@@ -11,6 +11,7 @@ from ._tables import MrtInputError
 from .select import (
     METHODS,
     FacilityLocationResult,
+    Ragged,
     SelectionReport,
     SmallPoolWarning,
     facility_location,
@@ -22,6 +23,7 @@ __all__ = [
     "METHODS",
     "FacilityLocationResult",
     "MrtInputError",
+    "Ragged",
     "SelectionReport",
     "SmallPoolWarning",
     "facility_location",

@@ -7,9 +7,11 @@ All per-pool work runs in the Rust core, in parallel over pools, without the GIL
 
 from __future__ import annotations
 
+import operator
 import re
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -280,11 +282,52 @@ def select(
     return (out, report) if return_report else out
 
 
+class Ragged(Sequence):
+    """Per-pool arrays of a batch without one Python object per pool: a flat
+    `values` array cut by `offsets` (pool p is `values[offsets[p]:offsets[p+1]]`).
+    Indexing a pool gives a NumPy view; slices give lists of views; it works
+    with `len`, iteration and `np.stack`/`np.concatenate`."""
+
+    __slots__ = ("values", "offsets")
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray) -> None:
+        self.values = values
+        self.offsets = offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, p):
+        if isinstance(p, slice):
+            return [self[i] for i in range(*p.indices(len(self)))]
+        n = len(self)
+        i = operator.index(p)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"pool {p} out of range for {n} pools")
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+    def __iter__(self):
+        v, o = self.values, self.offsets
+        return (v[o[i] : o[i + 1]] for i in range(len(self)))
+
+    def lengths(self) -> np.ndarray:
+        """Number of entries per pool."""
+        return np.diff(self.offsets)
+
+    def to_list(self) -> list:
+        return [a.tolist() for a in self]
+
+    def __repr__(self) -> str:
+        return f"Ragged({len(self)} pools, {len(self.values)} values, dtype={self.values.dtype})"
+
+
 @dataclass
 class FacilityLocationResult:
     """Facility-location picks. For a batch, every field is per pool."""
 
-    indices: Any  # pick order; ndarray, or list of ndarrays per pool
+    indices: Any  # pick order; ndarray, or a Ragged sequence of per-pool arrays
     gains: Any
     objective: Any  # float, or ndarray per pool
     upper_bound: Any
@@ -433,8 +476,8 @@ def facility_location(
     po = r["offsets"].astype(np.int64)
     idx = r["indices"].astype(np.int64)
     return FacilityLocationResult(
-        indices=np.split(idx, po[1:-1]),
-        gains=np.split(r["gains"], po[1:-1]),
+        indices=Ragged(idx, po),
+        gains=Ragged(r["gains"], po),
         objective=r["objective"],
         upper_bound=r["upper_bound"],
     )

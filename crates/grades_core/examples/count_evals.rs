@@ -34,7 +34,7 @@ impl Source for Counting<'_> {
 fn main() {
     let n: usize = std::env::var("N").map(|v| v.parse().unwrap()).unwrap_or(5000);
     let d = 384;
-    let k = 100;
+    let k: usize = std::env::var("K").map(|v| v.parse().unwrap()).unwrap_or(100);
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let clusters: usize = std::env::var("CLUSTERS").map(|v| v.parse().unwrap()).unwrap_or(0);
     let x: Vec<f32> = if clusters == 0 {
@@ -53,7 +53,7 @@ fn main() {
     };
     let (mut s, mut inv) = (Vec::new(), Vec::new());
     for kernel in [Kernel::Clip, Kernel::Shift] {
-        cosine_gram(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, format!("{i}"))).unwrap();
+        cosine_gram(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, format!("{i}")), &[]).unwrap();
         let w = vec![1.0; n];
         let mut src = Counting { inner: DenseSource { s: &s, n }, evals: 0 };
         let r = greedy(&mut src, &w, k, Optimizer::Lazy);

@@ -17,9 +17,14 @@ fn main() {
     let off: Vec<u64> = (0..=np).map(|p| (p * n) as u64).collect();
     let pools = Pools::new(&x, d, &off, None).unwrap();
     let params = Params { k: 4, alpha, eps: 1e-6, k_max: None, optimizer: Optimizer::Lazy };
-    let t = Instant::now();
-    let res = facility_location_batch(&pools, Some(&r), &params, Kernel::Clip).unwrap();
-    let dt = t.elapsed().as_secs_f64();
+    let reps: usize = std::env::var("REPS").map(|v| v.parse().unwrap()).unwrap_or(1);
+    let mut dt = f64::INFINITY;
+    let mut res = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        res = facility_location_batch(&pools, Some(&r), &params, Kernel::Clip).unwrap();
+        dt = dt.min(t.elapsed().as_secs_f64());
+    }
     let mean_ratio: f64 = res.iter().map(|r| r.ratio()).sum::<f64>() / np as f64;
-    println!("{:.4} ms/pool over {} threads, mean certified ratio {:.4}", dt * 1e3 / np as f64, rayon::current_num_threads(), mean_ratio);
+    println!("{:.4} ms/pool (best of {reps}) over {} threads, mean certified ratio {:.4}", dt * 1e3 / np as f64, rayon::current_num_threads(), mean_ratio);
 }

@@ -153,8 +153,9 @@ pub trait Source {
     }
 }
 
-/// `sum_i w_i max(0, w_j s_i - c_i)`: branch-free, four partial sums (a fixed
-/// order, so the same inputs always give the same bits).
+/// `sum_i w_i max(0, w_j s_i - c_i)`: branch-free, 16 partial sums (four
+/// vectors of four lanes, so four independent add chains) reduced in a fixed
+/// tree: the same inputs always give the same bits, vectorised or not.
 #[inline(always)]
 fn column_gain(col: &[f32], wj: f64, w: &[f64], c: &[f64]) -> f64 {
     #[inline(always)]
@@ -163,20 +164,25 @@ fn column_gain(col: &[f32], wj: f64, w: &[f64], c: &[f64]) -> f64 {
         // `t > 0 ? t : 0` (maxpd semantics; inputs are never NaN)
         wi * if t > 0.0 { t } else { 0.0 }
     }
+    const L: usize = 16;
     let n = col.len().min(w.len()).min(c.len());
     let (col, w, c) = (&col[..n], &w[..n], &c[..n]);
-    let mut acc = [0.0f64; 4];
-    let (cs, ws, xs) = (col.chunks_exact(4), w.chunks_exact(4), c.chunks_exact(4));
+    let mut acc = [0.0f64; L];
+    let (cs, ws, xs) = (col.chunks_exact(L), w.chunks_exact(L), c.chunks_exact(L));
     let tail = (cs.remainder(), ws.remainder(), xs.remainder());
-    for ((s4, w4), c4) in cs.zip(ws).zip(xs) {
-        for l in 0..4 {
-            acc[l] += term(s4[l], wj, w4[l], c4[l]);
+    for ((s16, w16), c16) in cs.zip(ws).zip(xs) {
+        for l in 0..L {
+            acc[l] += term(s16[l], wj, w16[l], c16[l]);
         }
     }
     for (l, ((&s, &wi), &ci)) in tail.0.iter().zip(tail.1).zip(tail.2).enumerate() {
         acc[l] += term(s, wj, wi, ci);
     }
-    (acc[0] + acc[1]) + (acc[2] + acc[3])
+    let mut a = [0.0f64; 4];
+    for l in 0..4 {
+        a[l] = (acc[l] + acc[l + 4]) + (acc[l + 8] + acc[l + 12]);
+    }
+    (a[0] + a[1]) + (a[2] + a[3])
 }
 
 #[inline(always)]
@@ -203,8 +209,8 @@ fn dense_gains(s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f64], out: &mu
     }
 }
 
-/// The same loop compiled for AVX2: the four partial sums map onto one
-/// vector register lane by lane, so the bits equal the portable version's.
+/// The same loop compiled for AVX2: the partial sums map onto vector
+/// registers lane by lane, so the bits equal the portable version's.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn dense_gains_avx2(s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
@@ -489,17 +495,22 @@ impl Source for OnDemandSource {
     }
 }
 
-/// Sum of the `k` largest values (all of them if fewer).
+/// Sum of the `k` largest values (all of them if fewer), added in
+/// descending order so that the result depends only on the values, not on
+/// the order they come in.
 fn top_k_sum(vals: &mut [f64], k: usize) -> f64 {
-    if vals.len() > k && k > 0 {
-        vals.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
-        vals[..k].iter().sum()
-    } else if k == 0 {
-        0.0
-    } else {
-        vals.iter().sum()
+    let k = k.min(vals.len());
+    if k == 0 {
+        return 0.0;
     }
+    if vals.len() > k {
+        vals.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+    }
+    let top = &mut vals[..k];
+    top.sort_unstable_by(|a, b| b.total_cmp(a));
+    top.iter().sum()
 }
+
 
 /// Whether the certificate is evaluated after `t` picks.
 fn certify_at(t: usize, k: usize, n: usize) -> bool {
@@ -718,7 +729,18 @@ fn run_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>, params: &Param
         &sc.x
     };
     let name = |i: usize| (p, format!("candidate {} (row {})", u[i], pools.layout.row(p, u[i])));
-    cosine_gram(x, m, d, kernel, &mut sc.s, &mut sc.inv, &name)?;
+    // the next pool's rows (when contiguous), prefetched while this one computes
+    let next: &[f32] = if p + 1 < pools.layout.n_pools() && pools.layout.len(p + 1) > 0 {
+        let (f, len) = (pools.layout.row(p + 1, 0), pools.layout.len(p + 1));
+        if pools.layout.row(p + 1, len - 1) == f + len - 1 {
+            &pools.data[f * d..(f + len) * d]
+        } else {
+            &[]
+        }
+    } else {
+        &[]
+    };
+    cosine_gram(x, m, d, kernel, &mut sc.s, &mut sc.inv, &name, next)?;
     let w = weights_for(q.as_deref(), &u, params.alpha);
     let mut src = DenseSource { s: &sc.s, n: m };
     let mut res = greedy(&mut src, &w, params.k, params.optimizer);

@@ -115,7 +115,9 @@ pub fn gather_rows(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f
 /// Cosine similarity block of raw rows `x` (`n x d`, any norms) mapped by
 /// `kernel`: one GEMM on the raw rows, norms read off the Gram diagonal, then
 /// one fused scale + kernel pass. `name(i)` names row i in error messages.
-/// Fails on a non-finite value or a zero-norm row.
+/// `next` is memory the caller reads next, prefetched while the product
+/// computes (a hint; may be empty). Fails on a non-finite value or a
+/// zero-norm row.
 pub fn cosine_gram(
     x: &[f32],
     n: usize,
@@ -124,13 +126,14 @@ pub fn cosine_gram(
     out: &mut Vec<f32>,
     inv: &mut Vec<f32>,
     name: &dyn Fn(usize) -> (usize, String),
+    next: &[f32],
 ) -> Result<()> {
     out.clear();
     out.resize(n * n, 0.0);
     if n > crate::simd::STRIPE {
         crate::simd::syrk_large(x, n, d, out);
     } else {
-        crate::simd::syrk(x, n, d, out);
+        crate::simd::syrk(x, n, d, out, next);
     }
     inv.clear();
     for i in 0..n {

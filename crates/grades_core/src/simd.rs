@@ -3,17 +3,21 @@
 //! path runs only where stated.
 
 /// `out (n x n, row-major) = x x^T` for row-major `x (n x d)`; symmetric.
-pub fn syrk(x: &[f32], n: usize, d: usize, out: &mut [f32]) {
+/// `next` is memory the caller reads next (the following pool's rows): it is
+/// prefetched into L2 a little per tile while this product computes, so that
+/// the next call does not start by waiting on DRAM. A hint only.
+pub fn syrk(x: &[f32], n: usize, d: usize, out: &mut [f32], next: &[f32]) {
     assert!(x.len() >= n * d && out.len() >= n * n, "syrk: buffers too small");
     #[cfg(target_arch = "x86_64")]
     {
         if d >= 8 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above);
             // buffer sizes are asserted above.
-            unsafe { syrk_avx2(x, n, d, out) };
+            unsafe { syrk_avx2(x, n, d, out, next) };
             return;
         }
     }
+    let _ = next;
     crate::kernel::gemm_abt(x, n, x, n, d, out);
 }
 
@@ -33,12 +37,17 @@ unsafe fn hsum(v: std::arch::x86_64::__m256) -> f32 {
 /// in 8-wide FMA lanes, the tail in scalar.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn syrk_avx2(x: &[f32], n: usize, d: usize, out: &mut [f32]) {
+unsafe fn syrk_avx2(x: &[f32], n: usize, d: usize, out: &mut [f32], next: &[f32]) {
     use std::arch::x86_64::*;
     const TI: usize = 3;
     const TJ: usize = 4;
     let d8 = d - d % 8;
     let p = x.as_ptr();
+    // spread the prefetch of `next` (64-byte lines) evenly over the tiles
+    let tiles = n.div_ceil(TI) * (n.div_ceil(TJ) + 1) / 2 + 1;
+    let lines = std::mem::size_of_val(next).div_ceil(64);
+    let per_tile = lines.div_ceil(tiles);
+    let (npf, mut pf) = (next.as_ptr() as *const i8, 0usize);
     let mut i0 = 0;
     while i0 < n {
         let ni = TI.min(n - i0);
@@ -48,6 +57,13 @@ unsafe fn syrk_avx2(x: &[f32], n: usize, d: usize, out: &mut [f32]) {
         while j0 < n {
             let nj = TJ.min(n - j0);
             let rj: [usize; TJ] = std::array::from_fn(|b| j0 + b.min(nj - 1));
+            for _ in 0..per_tile {
+                if pf < lines {
+                    // a hint: never faults; the address is inside `next`
+                    _mm_prefetch::<_MM_HINT_T1>(npf.add(pf * 64));
+                    pf += 1;
+                }
+            }
             let mut acc = [[_mm256_setzero_ps(); TJ]; TI];
             let mut k = 0;
             while k < d8 {
