@@ -118,6 +118,7 @@ pub fn gather_rows(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f
 /// `next` is memory the caller reads next, prefetched while the product
 /// computes (a hint; may be empty). Fails on a non-finite value or a
 /// zero-norm row.
+#[allow(clippy::too_many_arguments)] // scratch buffers and hints, all positional in the hot path
 pub fn cosine_gram(
     x: &[f32],
     n: usize,
