@@ -503,6 +503,21 @@ fn top_k_sum(vals: &mut [f64], k: usize) -> f64 {
     if k == 0 {
         return 0.0;
     }
+    if k <= 8 {
+        // one pass keeping the k largest in a small descending array
+        let mut top = [f64::NEG_INFINITY; 8];
+        for &v in vals.iter() {
+            if v > top[k - 1] {
+                let mut i = k - 1;
+                while i > 0 && top[i - 1] < v {
+                    top[i] = top[i - 1];
+                    i -= 1;
+                }
+                top[i] = v;
+            }
+        }
+        return top[..k].iter().sum();
+    }
     if vals.len() > k {
         vals.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
     }
@@ -517,27 +532,32 @@ fn certify_at(t: usize, k: usize, n: usize) -> bool {
     n <= 4096 || t == k || t.is_power_of_two() || t == 0
 }
 
-/// Heap entry: larger gain first, then lower index.
-#[derive(Clone, Copy)]
+/// Heap entry: larger gain first, then lower index. The gain is kept as a
+/// u64 whose integer order is the float order (sign flipped for
+/// non-negatives, all bits for negatives; -0.0 is taken as +0.0), so heap
+/// comparisons are two integer compares.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Entry {
-    g: f64,
-    j: usize,
+    key: u64,
+    /// `usize::MAX - j`: lower indices first among equal gains
+    rj: usize,
 }
-impl PartialEq for Entry {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
+
+impl Entry {
+    #[inline(always)]
+    fn new(g: f64, j: usize) -> Self {
+        let b = (g + 0.0).to_bits();
+        let key = if b >> 63 == 0 { b | (1 << 63) } else { !b };
+        Entry { key, rj: usize::MAX - j }
     }
-}
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
+    #[inline(always)]
+    fn g(self) -> f64 {
+        let b = if self.key >> 63 == 1 { self.key & !(1 << 63) } else { !self.key };
+        f64::from_bits(b)
     }
-}
-impl Ord for Entry {
-    fn cmp(&self, o: &Self) -> Ordering {
-        // gains are finite and -0.0 never arises (sums start at +0.0)
-        self.g.partial_cmp(&o.g).unwrap_or(Ordering::Equal).then(o.j.cmp(&self.j))
+    #[inline(always)]
+    fn j(self) -> usize {
+        usize::MAX - self.rj
     }
 }
 
@@ -593,7 +613,7 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
             src.initial_bounds(w, &mut init);
             scratch.extend_from_slice(&init);
             ub = ub.min(top_k_sum(&mut scratch, k));
-            let mut heap: BinaryHeap<Entry> = init.iter().enumerate().map(|(j, &g)| Entry { g, j }).collect();
+            let mut heap: BinaryHeap<Entry> = init.iter().enumerate().map(|(j, &g)| Entry::new(g, j)).collect();
             // step at which each entry's value was computed exactly; initial
             // bounds count as stale so every pick is evaluated by `gains`.
             let mut fresh = vec![usize::MAX; n];
@@ -607,27 +627,27 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
             for t in 0..k {
                 if t > 0 && certify_at(t, k, n) {
                     scratch.clear();
-                    scratch.extend(heap.iter().map(|e| e.g));
+                    scratch.extend(heap.iter().map(|e| e.g()));
                     ub = ub.min(f + top_k_sum(&mut scratch, k));
                 }
                 let b = b_max;
                 loop {
                     let top = *heap.peek().expect("heap holds every unchosen element");
-                    if fresh[top.j] == t {
+                    if fresh[top.j()] == t {
                         heap.pop();
-                        chosen[top.j] = true;
-                        f += top.g;
-                        src.cover(top.j, w, &mut c);
-                        res.indices.push(top.j);
-                        res.gains.push(top.g);
+                        chosen[top.j()] = true;
+                        f += top.g();
+                        src.cover(top.j(), w, &mut c);
+                        res.indices.push(top.j());
+                        res.gains.push(top.g());
                         break;
                     }
                     stale.clear();
                     keep.clear();
                     while stale.len() < b {
                         match heap.peek() {
-                            Some(e) if fresh[e.j] != t => {
-                                stale.push(e.j);
+                            Some(e) if fresh[e.j()] != t => {
+                                stale.push(e.j());
                                 heap.pop();
                             }
                             Some(e) if stale.is_empty() => {
@@ -640,13 +660,13 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
                     src.gains(&stale, w, &c, &mut vals[..stale.len()]);
                     for (&j, &g) in stale.iter().zip(&vals) {
                         fresh[j] = t;
-                        heap.push(Entry { g, j });
+                        heap.push(Entry::new(g, j));
                     }
                     heap.extend(keep.drain(..));
                 }
             }
             scratch.clear();
-            scratch.extend(heap.iter().map(|e| e.g));
+            scratch.extend(heap.iter().map(|e| e.g()));
             ub = ub.min(f + top_k_sum(&mut scratch, k));
         }
     }
@@ -890,4 +910,26 @@ pub fn objective_dense(s: &[f32], n: usize, w: &[f64], set: &[usize]) -> f64 {
             w[i] * best
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_k_sum;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn top_k_sum_is_the_sum_of_the_k_largest_in_descending_order(
+            vals in proptest::collection::vec(prop_oneof![0.0f64..10.0, Just(1.5), Just(0.0)], 0..80),
+            k in 0usize..20,
+        ) {
+            let mut sorted = vals.clone();
+            sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+            // (+0.0: an empty f64 sum is -0.0)
+            let want: f64 = sorted.iter().take(k).sum::<f64>() + 0.0;
+            let mut v = vals.clone();
+            // same bits: the same values added in the same (descending) order
+            prop_assert_eq!((top_k_sum(&mut v, k) + 0.0).to_bits(), want.to_bits());
+        }
+    }
 }
