@@ -196,3 +196,27 @@ def test_sparse_accepts_int32_and_int64_and_symmetric_flag():
     with pytest.raises(ValueError, match="out of range"):
         bad = csr.indices.copy(); bad[3] = 99
         mrt_fast.facility_location(similarity=(csr.indptr, bad, csr.data), k=2)
+
+
+def test_large_dense_paths_match():
+    # n >= 4096: columns are evaluated in parallel batches; a precomputed
+    # matrix goes through the blocked parallel transpose (also with k_max)
+    rng = np.random.default_rng(5)
+    n = 4200
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    r = rng.random(n)
+    lazy = mrt_fast.facility_location(x, 6, kernel="clip", memory="dense", rewards=r, alpha=0.5)
+    naive = mrt_fast.facility_location(x, 6, kernel="clip", memory="dense", rewards=r, alpha=0.5, optimizer="naive")
+    assert lazy.indices.tolist() == naive.indices.tolist()
+    np.testing.assert_array_equal(lazy.gains, naive.gains)
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    S = np.maximum(xn[:300] @ xn[:300].T, 0).astype(np.float32)
+    np.fill_diagonal(S, 1.0)
+    for k_max in (None, 150):
+        pre = mrt_fast.facility_location(similarity=S, k=5, rewards=r[:300], alpha=0.5, k_max=k_max)
+        emb = mrt_fast.facility_location(x[:300], 5, kernel="clip", rewards=r[:300], alpha=0.5, k_max=k_max)
+        assert pre.indices.tolist() == emb.indices.tolist()
+        np.testing.assert_allclose(pre.gains, emb.gains, rtol=1e-5)
+    S[7, 3] = 1.5
+    with pytest.raises(mrt_fast.MrtInputError, match=r"similarity\[7, 3\] = 1.5"):
+        mrt_fast.facility_location(similarity=S, k=5)

@@ -404,6 +404,21 @@ def facility_location(
     (e.g. a symmetrised kNN graph): rows then serve as columns and the graph
     is not transposed.
     """
+    try:
+        return _facility_location(
+            embeddings, k, offsets=offsets, rewards=rewards, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
+            similarity=similarity, optimizer=optimizer, memory=memory, symmetric=symmetric,
+        )
+    except ValueError as e:
+        if isinstance(e, MrtInputError):
+            raise
+        raise MrtInputError(str(e)) from None
+
+
+def _facility_location(
+    embeddings: Any, k: int, *, offsets: Any, rewards: Any, alpha: float, eps: float, k_max: int | None,
+    kernel: str, similarity: Any, optimizer: str, memory: str, symmetric: bool,
+) -> FacilityLocationResult:
     k = _check_k(k)
     _check_common(alpha, eps, k, k_max, kernel)
     if optimizer not in ("lazy", "naive"):

@@ -217,20 +217,41 @@ unsafe fn dense_gains_avx2(s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f6
     dense_gains(s, n, js, w, c, out)
 }
 
+/// Dense pools from this size evaluate columns in parallel, in batches.
+const DENSE_PAR_N: usize = 4096;
+
+fn dense_gains_dispatch(s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked just above).
+            unsafe { dense_gains_avx2(s, n, js, w, c, out) };
+            return;
+        }
+    }
+    dense_gains(s, n, js, w, c, out)
+}
+
 impl Source for DenseSource<'_> {
     fn n(&self) -> usize {
         self.n
     }
     fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") {
-                // SAFETY: AVX2 is available (checked just above).
-                unsafe { dense_gains_avx2(self.s, self.n, js, w, c, out) };
-                return;
-            }
+        let (s, n) = (self.s, self.n);
+        if n >= DENSE_PAR_N && js.len() > 1 {
+            // each column is a long independent sum: one task per few columns
+            // (the same function per column, so the same bits)
+            out[..js.len()].par_chunks_mut(4).zip(js.par_chunks(4)).for_each(|(o, j)| dense_gains_dispatch(s, n, j, w, c, o));
+        } else {
+            dense_gains_dispatch(s, n, js, w, c, out)
         }
-        dense_gains(self.s, self.n, js, w, c, out)
+    }
+    fn batch(&self) -> usize {
+        if self.n >= DENSE_PAR_N {
+            2 * rayon::current_num_threads()
+        } else {
+            1
+        }
     }
     fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
         let n = self.n;
@@ -821,22 +842,38 @@ pub fn facility_location_dense(sim: &[f32], n: usize, rewards: Option<&[f64]>, p
     if sim.len() != n * n {
         return invalid(format!("similarity has {} entries, expected n * n = {}", sim.len(), n * n));
     }
-    if let Some((e, &v)) = sim.iter().enumerate().find(|(_, v)| !v.is_finite() || !(0.0..=1.0).contains(*v)) {
+    // the first bad entry in row-major order (rows checked in parallel)
+    let bad = |v: f32| !v.is_finite() || !(0.0..=1.0).contains(&v);
+    let first_bad = sim
+        .par_chunks(n.max(1))
+        .enumerate()
+        .find_first(|(_, row)| row.iter().any(|&v| bad(v)))
+        .map(|(i, row)| (i, row.iter().position(|&v| bad(v)).unwrap_or(0)));
+    if let Some((i, j)) = first_bad {
         return invalid(format!(
-            "similarity[{}, {}] = {v} is outside [0, 1]; map cosines with kernel='clip' or 'shift' first",
-            e / n.max(1),
-            e % n.max(1)
+            "similarity[{i}, {j}] = {} is outside [0, 1]; map cosines with kernel='clip' or 'shift' first",
+            sim[i * n + j]
         ));
     }
     let (_, u, w) = single_pool_setup(n, rewards, params)?;
     let m = u.len();
-    // column-major copy of the ground-set block: col j holds S_ij, i in U
+    // column-major copy of the ground-set block: col j holds S_ij, i in U;
+    // in parallel over columns, 64 at a time (so the row-major reads of a
+    // tile share cache lines)
     let mut cols = vec![0f32; m * m];
-    for (jj, &j) in u.iter().enumerate() {
-        for (ii, &i) in u.iter().enumerate() {
-            cols[jj * m + ii] = sim[i * n + j];
+    const T: usize = 64;
+    cols.par_chunks_mut(T * m.max(1)).enumerate().for_each(|(b, block)| {
+        let j0 = b * T;
+        let nj = block.len() / m.max(1);
+        for i0 in (0..m).step_by(T) {
+            for (ii, &i) in u[i0..(i0 + T).min(m)].iter().enumerate() {
+                let row = &sim[i * n..(i + 1) * n];
+                for jj in 0..nj {
+                    block[jj * m + i0 + ii] = row[u[j0 + jj]];
+                }
+            }
         }
-    }
+    });
     let mut src = DenseSource { s: &cols, n: m };
     Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u))
 }

@@ -129,8 +129,14 @@ pub fn cosine_gram(
     name: &dyn Fn(usize) -> (usize, String),
     next: &[f32],
 ) -> Result<()> {
-    out.clear();
-    out.resize(n * n, 0.0);
+    // every entry is written below: no clearing; a new buffer comes from
+    // zeroed pages (calloc), not a memset of n^2 floats
+    if out.capacity() < n * n {
+        *out = vec![0.0; n * n];
+    } else {
+        out.resize(n * n, 0.0);
+        out.truncate(n * n);
+    }
     if n > crate::simd::STRIPE {
         crate::simd::syrk_large(x, n, d, out);
     } else {
