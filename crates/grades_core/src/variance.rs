@@ -232,6 +232,11 @@ fn hash(k: u64) -> u64 {
     (k ^ (k >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// Most keys a table of `n` slots holds before it grows (load factor 0.7).
+fn load_limit(n: usize) -> usize {
+    n / 10 * 7 + (n % 10) * 7 / 10
+}
+
 impl Default for Table {
     fn default() -> Self {
         Table::with_bits(4)
@@ -241,7 +246,7 @@ impl Default for Table {
 impl Table {
     fn with_bits(bits: u32) -> Self {
         let n = 1usize << bits;
-        Table { slots: SlotBuf::zeroed(n), len: 0, bits, limit: n / 10 * 7 + (n % 10) * 7 / 10 }
+        Table { slots: SlotBuf::zeroed(n), len: 0, bits, limit: load_limit(n) }
     }
 
     /// Make room for `additional` more keys; None (and the table
@@ -260,7 +265,7 @@ impl Table {
         }
         let n = 1usize << bits;
         let slots = SlotBuf::try_zeroed(n)?;
-        let mut t = Table { slots, len: 0, bits, limit: n / 10 * 7 + (n % 10) * 7 / 10 };
+        let mut t = Table { slots, len: 0, bits, limit: load_limit(n) };
         for s in self.slots.iter() {
             if s.st.count != 0 {
                 t.merge_in(s.key, hash(s.key), &s.st);
