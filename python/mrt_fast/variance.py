@@ -99,6 +99,13 @@ def _keys(ids: Any, name: str = "prompt ids") -> np.ndarray:
     return np.ascontiguousarray(pool_keys(s), dtype=np.uint64)
 
 
+def _prompt_count(value: Any, name: str) -> int:
+    """A sizing hint: a non-negative integer (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise MrtInputError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
 def _check_costs(cost_prompt: float, cost_response: float) -> tuple[float, float]:
     for name, v in (("cost_prompt", cost_prompt), ("cost_response", cost_response)):
         if not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) or v <= 0:
@@ -129,19 +136,17 @@ class VarianceAccumulator:
         if _core is not None:
             self._core = _core
             return
-        if isinstance(expected_prompts, bool) or not isinstance(expected_prompts, (int, np.integer)) or expected_prompts < 0:
-            raise MrtInputError(f"expected_prompts must be a non-negative integer, got {expected_prompts!r}")
+        n = _prompt_count(expected_prompts, "expected_prompts")
         try:
-            self._core = core.VarianceAccumulator(int(expected_prompts))
+            self._core = core.VarianceAccumulator(n)
         except (ValueError, OverflowError) as e:
             raise MrtInputError(f"expected_prompts={expected_prompts}: {e}") from None
 
     def reserve(self, prompts: int) -> "VarianceAccumulator":
         """Make room for about `prompts` more distinct prompts (a sizing hint)."""
-        if isinstance(prompts, bool) or not isinstance(prompts, (int, np.integer)) or prompts < 0:
-            raise MrtInputError(f"prompts must be a non-negative integer, got {prompts!r}")
+        n = _prompt_count(prompts, "prompts")
         try:
-            self._core.reserve(int(prompts))
+            self._core.reserve(n)
         except (ValueError, OverflowError) as e:
             raise MrtInputError(str(e)) from None
         return self
