@@ -1,5 +1,6 @@
-//! Many small pools through the batched entry point (for profiling with
-//! callgrind/perf): NP pools x 64 candidates x 384 dims, K = 4.
+//! Many small pools (clustered like the benchmark's) through the batched entry point (for profiling with
+//! callgrind/perf): NP pools x 64 candidates x 384 dims, K = 4
+//! (env: NP, K, ALPHA, REPS).
 use grades_core::facility::{facility_location_batch, Optimizer, Params};
 use grades_core::kernel::Kernel;
 use grades_core::pools::Pools;
@@ -12,11 +13,26 @@ fn main() {
     let alpha: f64 = std::env::var("ALPHA").map(|v| v.parse().unwrap()).unwrap_or(0.0);
     let (n, d) = (64usize, 384usize);
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let x: Vec<f32> = (0..np * n * d).map(|_| rng.random::<f32>() - 0.5).collect();
+    // like the benchmark's pools: prompt centre + one of 4 mode offsets +
+    // noise (approximate normals from sums of uniforms)
+    let mut normal = move || (0..4).map(|_| rng.random::<f32>()).sum::<f32>() * 1.732 - 3.464;
+    let mut x = vec![0f32; np * n * d];
+    for pool in x.chunks_mut(n * d) {
+        let centre: Vec<f32> = (0..d).map(|_| normal()).collect();
+        let modes: Vec<f32> = (0..4 * d).map(|_| normal()).collect();
+        for (i, row) in pool.chunks_mut(d).enumerate() {
+            let m = &modes[(i * 7 % 4) * d..][..d];
+            for (l, v) in row.iter_mut().enumerate() {
+                *v = centre[l] + 0.8 * m[l] + 0.6 * normal();
+            }
+        }
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
     let r: Vec<f64> = (0..np * n).map(|_| rng.random::<f64>()).collect();
     let off: Vec<u64> = (0..=np).map(|p| (p * n) as u64).collect();
     let pools = Pools::new(&x, d, &off, None).unwrap();
-    let params = Params { k: 4, alpha, eps: 1e-6, k_max: None, optimizer: Optimizer::Lazy };
+    let k: usize = std::env::var("K").map(|v| v.parse().unwrap()).unwrap_or(4);
+    let params = Params { k, alpha, eps: 1e-6, k_max: None, optimizer: Optimizer::Lazy };
     let reps: usize = std::env::var("REPS").map(|v| v.parse().unwrap()).unwrap_or(1);
     let mut dt = f64::INFINITY;
     let mut res = Vec::new();

@@ -697,6 +697,106 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
     res
 }
 
+/// Pools up to this size run [`greedy_sweep`] in the batched path: every
+/// gain each step costs less there than a heap and its stale re-evaluations.
+pub const SWEEP_MAX_N: usize = 128;
+
+/// The gains of every column of a symmetric dense `s` at once, sweeping rows:
+/// row `i` of `s` is column `i`, so the terms of all columns for one `i` are
+/// contiguous. Each column's terms go into the same 16 partial sums (by
+/// `i mod 16`), reduced in the same tree, as in `column_gain`: the same bits.
+/// `acc` is scratch of at least `16 n`.
+#[inline(always)]
+fn sweep_gains(s: &[f32], n: usize, w: &[f64], c: &[f64], acc: &mut [f64], out: &mut [f64]) {
+    let (w, acc) = (&w[..n], &mut acc[..16 * n]);
+    acc.fill(0.0);
+    for ((row, &wi), (i, &ci)) in s[..n * n].chunks_exact(n).zip(w).zip(c[..n].iter().enumerate()) {
+        let a = &mut acc[(i % 16) * n..][..n];
+        for ((aj, &sj), &wj) in a.iter_mut().zip(row).zip(w) {
+            let t = wj * sj as f64 - ci;
+            *aj += wi * if t > 0.0 { t } else { 0.0 };
+        }
+    }
+    // the tree of `column_gain`, for all columns at once: partial l of the
+    // four-lane level into acc[l], then the final pairs into out
+    let (lo, hi) = acc.split_at_mut(4 * n);
+    let (h4, rest) = hi.split_at(4 * n);
+    let (h8, h12) = rest.split_at(4 * n);
+    for (((a, &b), &c8), &c12) in lo.iter_mut().zip(h4).zip(h8).zip(h12) {
+        *a = (*a + b) + (c8 + c12);
+    }
+    let (a0, a1, a2, a3) = (&lo[..n], &lo[n..2 * n], &lo[2 * n..3 * n], &lo[3 * n..4 * n]);
+    for ((((o, &x0), &x1), &x2), &x3) in out[..n].iter_mut().zip(a0).zip(a1).zip(a2).zip(a3) {
+        *o = (x0 + x1) + (x2 + x3);
+    }
+}
+
+/// The same loops compiled for AVX2 (lane-wise: the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sweep_gains_avx2(s: &[f32], n: usize, w: &[f64], c: &[f64], acc: &mut [f64], out: &mut [f64]) {
+    sweep_gains(s, n, w, c, acc, out)
+}
+
+fn sweep_gains_dispatch(s: &[f32], n: usize, w: &[f64], c: &[f64], acc: &mut [f64], out: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked just above).
+            unsafe { sweep_gains_avx2(s, n, w, c, acc, out) };
+            return;
+        }
+    }
+    sweep_gains(s, n, w, c, acc, out)
+}
+
+/// Greedy over a **symmetric** dense `n x n` similarity `s`, evaluating every
+/// gain at every step with one sweep over the rows. It returns exactly what
+/// [`greedy`] returns with [`Optimizer::Naive`] on `DenseSource { s, n }`:
+/// the same picks, gains, objective and certificate, to the bit. On small
+/// pools this is faster than lazy greedy, whose heap work and stale
+/// re-evaluations (often half the pool per step) cost more than the sweep.
+pub fn greedy_sweep(s: &[f32], n: usize, w: &[f64], k: usize) -> FlResult {
+    assert!(s.len() >= n * n && w.len() >= n, "greedy_sweep: buffers too small");
+    let k = k.min(n);
+    let mut res = FlResult::default();
+    if n == 0 {
+        return res;
+    }
+    res.indices.reserve(k);
+    res.gains.reserve(k);
+    let mut c = vec![0f64; n];
+    let mut chosen = vec![false; n];
+    let mut g = vec![0f64; n];
+    let mut acc = vec![0f64; 16 * n];
+    let mut scratch: Vec<f64> = Vec::with_capacity(n);
+    let (mut f, mut ub) = (0.0f64, f64::INFINITY);
+    for t in 0..=k {
+        sweep_gains_dispatch(s, n, w, &c, &mut acc, &mut g);
+        scratch.clear();
+        scratch.extend(g.iter().zip(&chosen).filter(|(_, &ch)| !ch).map(|(&v, _)| v));
+        ub = ub.min(f + top_k_sum(&mut scratch, k));
+        if t == k {
+            break;
+        }
+        // argmax over the unchosen, ties to the lower index
+        let mut best = usize::MAX;
+        for (j, (&v, &ch)) in g.iter().zip(&chosen).enumerate() {
+            if !ch && (best == usize::MAX || v > g[best]) {
+                best = j;
+            }
+        }
+        chosen[best] = true;
+        f += g[best];
+        column_cover(&s[best * n..(best + 1) * n], w[best], &mut c);
+        res.indices.push(best);
+        res.gains.push(g[best]);
+    }
+    res.objective = c.iter().zip(w).map(|(&ci, &wi)| wi * ci).sum();
+    res.upper_bound = ub.max(res.objective);
+    res
+}
+
 /// Quality weights `q^alpha` for the ground set `u` of one pool, given the
 /// pool's rewards (None: all weights 1).
 fn weights_for(q: Option<&[f64]>, u: &[usize], alpha: f64) -> Vec<f64> {
@@ -783,8 +883,14 @@ fn run_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>, params: &Param
     };
     cosine_gram(x, m, d, kernel, &mut sc.s, &mut sc.inv, &name, next)?;
     let w = weights_for(q.as_deref(), &u, params.alpha);
-    let mut src = DenseSource { s: &sc.s, n: m };
-    let mut res = greedy(&mut src, &w, params.k, params.optimizer);
+    // the Gram block is exactly symmetric: small pools take the sweep, which
+    // gives what naive (and so lazy) greedy gives
+    let mut res = if m <= SWEEP_MAX_N {
+        greedy_sweep(&sc.s, m, &w, params.k)
+    } else {
+        let mut src = DenseSource { s: &sc.s, n: m };
+        greedy(&mut src, &w, params.k, params.optimizer)
+    };
     for i in res.indices.iter_mut() {
         *i = u[*i];
     }

@@ -114,7 +114,8 @@ pub fn gather_rows(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f
 
 /// Cosine similarity block of raw rows `x` (`n x d`, any norms) mapped by
 /// `kernel`: one GEMM on the raw rows, norms read off the Gram diagonal, then
-/// one fused scale + kernel pass. `name(i)` names row i in error messages.
+/// one fused scale + kernel pass. The block is symmetric to the bit.
+/// `name(i)` names row i in error messages.
 /// `next` is memory the caller reads next, prefetched while the product
 /// computes (a hint; may be empty). Fails on a non-finite value or a
 /// zero-norm row.
@@ -170,7 +171,8 @@ pub fn cosine_gram(
     let scale = |i: usize, row: &mut [f32]| {
         let a = inv[i];
         for (v, &b) in row.iter_mut().zip(inv.iter()) {
-            *v = kernel.apply(*v * a * b);
+            // `a * b` first: the block stays exactly symmetric
+            *v = kernel.apply(*v * (a * b));
         }
         row[i] = one;
     };

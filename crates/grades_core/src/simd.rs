@@ -2,7 +2,8 @@
 //! each with a portable fallback. Results of a kernel do not depend on which
 //! path runs only where stated.
 
-/// `out (n x n, row-major) = x x^T` for row-major `x (n x d)`; symmetric.
+/// `out (n x n, row-major) = x x^T` for row-major `x (n x d)`; symmetric to
+/// the bit.
 /// `next` is memory the caller reads next (the following pool's rows): it is
 /// prefetched into L2 a little per tile while this product computes, so that
 /// the next call does not start by waiting on DRAM. A hint only.
@@ -19,6 +20,17 @@ pub fn syrk(x: &[f32], n: usize, d: usize, out: &mut [f32], next: &[f32]) {
     }
     let _ = next;
     crate::kernel::gemm_abt(x, n, x, n, d, out);
+    mirror_upper(out, n);
+}
+
+/// `out[i][j] = out[j][i]` for `j < i`: the lower triangle copied from the
+/// upper, so the result is symmetric to the bit whatever the GEMM did.
+fn mirror_upper(out: &mut [f32], n: usize) {
+    for i in 1..n {
+        for j in 0..i {
+            out[i * n + j] = out[j * n + i];
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -106,7 +118,8 @@ unsafe impl Sync for SendPtr {}
 
 /// `out = x x^T` for a large `x`: stripes of rows in parallel, each a
 /// cache-blocked GEMM against the rows at or after its own (the upper block
-/// triangle), then the lower triangle mirrored from the upper.
+/// triangle), then the lower triangle mirrored from the upper (symmetric to
+/// the bit).
 pub fn syrk_large(x: &[f32], n: usize, d: usize, out: &mut [f32]) {
     use rayon::prelude::*;
     assert!(x.len() >= n * d && out.len() >= n * n, "syrk_large: buffers too small");
@@ -139,14 +152,16 @@ pub fn syrk_large(x: &[f32], n: usize, d: usize, out: &mut [f32]) {
         let p = p;
         let r0 = s * STRIPE;
         let r1 = (r0 + STRIPE).min(n);
-        // lower part of stripe s: out[i][j] = out[j][i] for j < r0 <= i.
-        // Reads touch only the upper parts written in the first phase.
+        // lower part of stripe s: out[i][j] = out[j][i] for j < i, r0 <= i
+        // < r1 (the diagonal block too, so the result is symmetric to the
+        // bit). Reads touch only upper parts written in the first phase.
         const T: usize = 32;
-        for jb in (0..r0).step_by(T) {
+        for jb in (0..r1).step_by(T) {
             for i in r0..r1 {
-                for j in jb..(jb + T).min(r0) {
-                    // SAFETY: i, j < n; (i, j) with j < r0 is written only by
-                    // this task; (j, i) lies in the upper part, never written here.
+                for j in jb..(jb + T).min(i) {
+                    // SAFETY: i, j < n; (i, j) with j < i and r0 <= i < r1 is
+                    // written only by this task; (j, i) lies in an upper part,
+                    // never written in this phase.
                     unsafe { *p.0.add(i * n + j) = *p.0.add(j * n + i) };
                 }
             }

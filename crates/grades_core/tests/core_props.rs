@@ -1,9 +1,10 @@
 //! Property tests of the selection core (no Python).
 use grades_core::facility::{
     facility_location_batch, facility_location_dense, facility_location_on_demand, facility_location_sparse, greedy,
+    greedy_sweep,
     objective_dense, quality, DenseSource, Optimizer, Params,
 };
-use grades_core::kernel::{Csr, Kernel};
+use grades_core::kernel::{cosine_gram, Csr, Kernel};
 use grades_core::pools::Pools;
 use grades_core::sampling::{largest_remainder, random_k, stratified_k, top_k};
 use proptest::prelude::*;
@@ -69,6 +70,42 @@ proptest! {
         prop_assert!((a.objective - a.gains.iter().sum::<f64>()).abs() <= tol);
         // gains are non-increasing (submodularity along the greedy path)
         for g in a.gains.windows(2) { prop_assert!(g[1] <= g[0] + 1e-12); }
+    }
+
+    #[test]
+    fn sweep_equals_naive_to_the_bit(n in 1usize..70, k in 1usize..12,
+                                     vals in prop::collection::vec(0f32..=1.0, 1..200),
+                                     rw in prop::collection::vec(-3f64..3.0, 70),
+                                     alpha in prop::sample::select(vec![0.0, 0.5, 0.75, 2.0])) {
+        let s = sym(n, &vals);
+        let q = quality(&rw[..n], 1e-6);
+        let w: Vec<f64> = q.iter().map(|v| v.powf(alpha)).collect();
+        let a = greedy(&mut DenseSource { s: &s, n }, &w, k, Optimizer::Naive);
+        let b = greedy_sweep(&s, n, &w, k);
+        prop_assert_eq!(&a.indices, &b.indices);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&a.gains), bits(&b.gains));
+        prop_assert_eq!(a.objective.to_bits(), b.objective.to_bits());
+        prop_assert_eq!(a.upper_bound.to_bits(), b.upper_bound.to_bits());
+        // and lazy picks the same
+        let c = greedy(&mut DenseSource { s: &s, n }, &w, k, Optimizer::Lazy);
+        prop_assert_eq!(&a.indices, &c.indices);
+    }
+
+    #[test]
+    fn cosine_gram_is_symmetric_to_the_bit(n in 1usize..300, d in 1usize..40, seed in 0u64..1000,
+                                          kernel in prop::sample::select(vec![Kernel::Clip, Kernel::Shift])) {
+        let x: Vec<f32> = (0..n * d).map(|t| {
+            let z = (t as u64 + 1).wrapping_mul(6364136223846793005).wrapping_add(seed.wrapping_mul(1442695040888963407));
+            ((z >> 33) as f32 / (1u64 << 31) as f32) - 0.5 + if t % d == 0 { 1e-2 } else { 0.0 }
+        }).collect();
+        let (mut s, mut inv) = (Vec::new(), Vec::new());
+        cosine_gram(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, format!("{i}")), &[]).unwrap();
+        for i in 0..n {
+            for j in 0..i {
+                prop_assert_eq!(s[i * n + j].to_bits(), s[j * n + i].to_bits(), "({}, {}) of {}", i, j, n);
+            }
+        }
     }
 
     #[test]
