@@ -701,20 +701,41 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
 /// gain each step costs less there than a heap and its stale re-evaluations.
 pub const SWEEP_MAX_N: usize = 128;
 
-/// The gains of every column of a symmetric dense `s` at once, sweeping rows:
-/// row `i` of `s` is column `i`, so the terms of all columns for one `i` are
-/// contiguous. Each column's terms go into the same 16 partial sums (by
-/// `i mod 16`), reduced in the same tree, as in `column_gain`: the same bits.
-/// `acc` is scratch of at least `16 n`.
+/// The gains of every column of a symmetric dense similarity at once,
+/// sweeping rows: row `i` is column `i`, so the terms of all columns for one
+/// `i` are contiguous. `ws[i n + j] = w_j S_ij` (precomputed once per pool).
+/// Each column's terms go into the same 16 partial sums (by `i mod 16`),
+/// reduced in the same tree, as in `column_gain`: the same bits. With `UNIT`
+/// (every weight is 1.0) the multiplications by 1.0 are left out, which
+/// changes no bit. `acc` is scratch of at least `16 n`.
 #[inline(always)]
-fn sweep_gains(s: &[f32], n: usize, w: &[f64], c: &[f64], acc: &mut [f64], out: &mut [f64]) {
-    let (w, acc) = (&w[..n], &mut acc[..16 * n]);
-    acc.fill(0.0);
-    for ((row, &wi), (i, &ci)) in s[..n * n].chunks_exact(n).zip(w).zip(c[..n].iter().enumerate()) {
+fn sweep_gains<const UNIT: bool>(ws: &[f64], n: usize, w: &[f64], c: &[f64], acc: &mut [f64], out: &mut [f64]) {
+    let acc = &mut acc[..16 * n];
+    // a partial sum starts at +0.0 and every term is >= +0.0, so the first
+    // term of each partial is stored rather than added (same bits); partials
+    // that no row reaches (n < 16) stay +0.0
+    if n < 16 {
+        acc[n * n..].fill(0.0);
+    }
+    for ((row, &wi), (i, &ci)) in ws[..n * n].chunks_exact(n).zip(&w[..n]).zip(c[..n].iter().enumerate()) {
         let a = &mut acc[(i % 16) * n..][..n];
-        for ((aj, &sj), &wj) in a.iter_mut().zip(row).zip(w) {
-            let t = wj * sj as f64 - ci;
-            *aj += wi * if t > 0.0 { t } else { 0.0 };
+        let term = |v: f64| {
+            let t = v - ci;
+            let t = if t > 0.0 { t } else { 0.0 };
+            if UNIT {
+                t
+            } else {
+                wi * t
+            }
+        };
+        if i < 16 {
+            for (aj, &v) in a.iter_mut().zip(row) {
+                *aj = term(v);
+            }
+        } else {
+            for (aj, &v) in a.iter_mut().zip(row) {
+                *aj += term(v);
+            }
         }
     }
     // the tree of `column_gain`, for all columns at once: partial l of the
@@ -731,23 +752,15 @@ fn sweep_gains(s: &[f32], n: usize, w: &[f64], c: &[f64], acc: &mut [f64], out: 
     }
 }
 
-/// The same loops compiled for AVX2 (lane-wise: the same bits).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn sweep_gains_avx2(s: &[f32], n: usize, w: &[f64], c: &[f64], acc: &mut [f64], out: &mut [f64]) {
-    sweep_gains(s, n, w, c, acc, out)
-}
-
-fn sweep_gains_dispatch(s: &[f32], n: usize, w: &[f64], c: &[f64], acc: &mut [f64], out: &mut [f64]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is available (checked just above).
-            unsafe { sweep_gains_avx2(s, n, w, c, acc, out) };
-            return;
-        }
-    }
-    sweep_gains(s, n, w, c, acc, out)
+/// Buffers of [`greedy_sweep_with`], reused from pool to pool.
+#[derive(Default)]
+pub struct SweepScratch {
+    ws: Vec<f64>,
+    acc: Vec<f64>,
+    c: Vec<f64>,
+    g: Vec<f64>,
+    chosen: Vec<bool>,
+    top: Vec<f64>,
 }
 
 /// Greedy over a **symmetric** dense `n x n` similarity `s`, evaluating every
@@ -757,7 +770,42 @@ fn sweep_gains_dispatch(s: &[f32], n: usize, w: &[f64], c: &[f64], acc: &mut [f6
 /// pools this is faster than lazy greedy, whose heap work and stale
 /// re-evaluations (often half the pool per step) cost more than the sweep.
 pub fn greedy_sweep(s: &[f32], n: usize, w: &[f64], k: usize) -> FlResult {
+    greedy_sweep_with(s, n, w, k, &mut SweepScratch::default())
+}
+
+/// [`greedy_sweep`] with caller-held buffers.
+pub fn greedy_sweep_with(s: &[f32], n: usize, w: &[f64], k: usize, sc: &mut SweepScratch) -> FlResult {
     assert!(s.len() >= n * n && w.len() >= n, "greedy_sweep: buffers too small");
+    let unit = w[..n].iter().all(|&v| v == 1.0);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked just above).
+            return unsafe {
+                if unit {
+                    greedy_sweep_avx2::<true>(s, n, w, k, sc)
+                } else {
+                    greedy_sweep_avx2::<false>(s, n, w, k, sc)
+                }
+            };
+        }
+    }
+    if unit {
+        greedy_sweep_impl::<true>(s, n, w, k, sc)
+    } else {
+        greedy_sweep_impl::<false>(s, n, w, k, sc)
+    }
+}
+
+/// The same code compiled for AVX2 (lane-wise: the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn greedy_sweep_avx2<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize, sc: &mut SweepScratch) -> FlResult {
+    greedy_sweep_impl::<UNIT>(s, n, w, k, sc)
+}
+
+#[inline(always)]
+fn greedy_sweep_impl<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize, sc: &mut SweepScratch) -> FlResult {
     let k = k.min(n);
     let mut res = FlResult::default();
     if n == 0 {
@@ -765,30 +813,41 @@ pub fn greedy_sweep(s: &[f32], n: usize, w: &[f64], k: usize) -> FlResult {
     }
     res.indices.reserve(k);
     res.gains.reserve(k);
-    let mut c = vec![0f64; n];
-    let mut chosen = vec![false; n];
-    let mut g = vec![0f64; n];
-    let mut acc = vec![0f64; 16 * n];
-    let mut scratch: Vec<f64> = Vec::with_capacity(n);
+    let w = &w[..n];
+    // w_j S_ij as column_gain forms it (S_ij = S_ji)
+    sc.ws.clear();
+    for row in s[..n * n].chunks_exact(n) {
+        sc.ws.extend(row.iter().zip(w).map(|(&v, &wj)| wj * v as f64));
+    }
+    sc.acc.resize(16 * n, 0.0);
+    sc.c.clear();
+    sc.c.resize(n, 0.0);
+    sc.g.resize(n, 0.0);
+    sc.chosen.clear();
+    sc.chosen.resize(n, false);
+    let (c, g, chosen, top) = (&mut sc.c, &mut sc.g, &mut sc.chosen, &mut sc.top);
     let (mut f, mut ub) = (0.0f64, f64::INFINITY);
     for t in 0..=k {
-        sweep_gains_dispatch(s, n, w, &c, &mut acc, &mut g);
-        scratch.clear();
-        scratch.extend(g.iter().zip(&chosen).filter(|(_, &ch)| !ch).map(|(&v, _)| v));
-        ub = ub.min(f + top_k_sum(&mut scratch, k));
+        sweep_gains::<UNIT>(&sc.ws, n, w, c, &mut sc.acc, g);
+        // a chosen column's gain is exactly +0.0 (its own cover dominates
+        // every term), and adding zeros after the k largest changes no bit:
+        // the sum over all columns is naive greedy's sum over the unchosen
+        top.clear();
+        top.extend_from_slice(g);
+        ub = ub.min(f + top_k_sum(top, k));
         if t == k {
             break;
         }
         // argmax over the unchosen, ties to the lower index
         let mut best = usize::MAX;
-        for (j, (&v, &ch)) in g.iter().zip(&chosen).enumerate() {
+        for (j, (&v, &ch)) in g.iter().zip(chosen.iter()).enumerate() {
             if !ch && (best == usize::MAX || v > g[best]) {
                 best = j;
             }
         }
         chosen[best] = true;
         f += g[best];
-        column_cover(&s[best * n..(best + 1) * n], w[best], &mut c);
+        column_cover(&s[best * n..(best + 1) * n], w[best], c);
         res.indices.push(best);
         res.gains.push(g[best]);
     }
@@ -841,6 +900,7 @@ struct Scratch {
     s: Vec<f32>,
     r: Vec<f64>,
     inv: Vec<f32>,
+    sweep: SweepScratch,
 }
 
 fn run_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>, params: &Params, kernel: Kernel, sc: &mut Scratch) -> Result<FlResult> {
@@ -886,7 +946,7 @@ fn run_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>, params: &Param
     // the Gram block is exactly symmetric: small pools take the sweep, which
     // gives what naive (and so lazy) greedy gives
     let mut res = if m <= SWEEP_MAX_N {
-        greedy_sweep(&sc.s, m, &w, params.k)
+        greedy_sweep_with(&sc.s, m, &w, params.k, &mut sc.sweep)
     } else {
         let mut src = DenseSource { s: &sc.s, n: m };
         greedy(&mut src, &w, params.k, params.optimizer)

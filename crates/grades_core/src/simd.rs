@@ -33,16 +33,33 @@ fn mirror_upper(out: &mut [f32], n: usize) {
     }
 }
 
+/// Lane `k` of the result is the sum of `v[k]`'s eight lanes, added as
+/// `((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: std::arch::x86_64::__m256) -> f32 {
+unsafe fn hsum8(v: [std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
-    let lo = _mm256_castps256_ps128(v);
-    let hi = _mm256_extractf128_ps(v, 1);
-    let s = _mm_add_ps(lo, hi);
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
+    let t0 = _mm256_hadd_ps(v[0], v[1]);
+    let t1 = _mm256_hadd_ps(v[2], v[3]);
+    let t2 = _mm256_hadd_ps(v[4], v[5]);
+    let t3 = _mm256_hadd_ps(v[6], v[7]);
+    // lanes 0-3: low-half sums of v[0..4], lanes 4-7: their high-half sums
+    let u0 = _mm256_hadd_ps(t0, t1);
+    let u1 = _mm256_hadd_ps(t2, t3);
+    let lo = _mm256_permute2f128_ps(u0, u1, 0x20);
+    let hi = _mm256_permute2f128_ps(u0, u1, 0x31);
+    _mm256_add_ps(lo, hi)
+}
+
+/// [`hsum8`] for four vectors (the same addition tree).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum4(v: [std::arch::x86_64::__m256; 4]) -> std::arch::x86_64::__m128 {
+    use std::arch::x86_64::*;
+    let t0 = _mm256_hadd_ps(v[0], v[1]);
+    let t1 = _mm256_hadd_ps(v[2], v[3]);
+    let u = _mm256_hadd_ps(t0, t1);
+    _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1))
 }
 
 /// Tiles of 3 rows x 4 rows over the upper triangle; dot products along d
@@ -88,9 +105,15 @@ unsafe fn syrk_avx2(x: &[f32], n: usize, d: usize, out: &mut [f32], next: &[f32]
                 }
                 k += 8;
             }
+            // horizontal sums of all 12 accumulators at once (lane b of
+            // row t in `sums[t * 4 + b]`): the same tree for every one
+            let mut sums = [0f32; TI * TJ];
+            let h01 = hsum8([acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1], acc[1][2], acc[1][3]]);
+            _mm256_storeu_ps(sums.as_mut_ptr(), h01);
+            _mm_storeu_ps(sums.as_mut_ptr().add(8), hsum4([acc[2][0], acc[2][1], acc[2][2], acc[2][3]]));
             for t in 0..ni {
                 for b in 0..nj {
-                    let mut s = hsum(acc[t][b]);
+                    let mut s = sums[t * TJ + b];
                     for kk in d8..d {
                         s += *p.add(ri[t] * d + kk) * *p.add(rj[b] * d + kk);
                     }
