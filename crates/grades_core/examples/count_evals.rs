@@ -29,6 +29,9 @@ impl Source for Counting<'_> {
     fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
         self.inner.cover(j, w, c)
     }
+    fn prepare(&mut self, w: &[f64]) {
+        self.inner.prepare(w)
+    }
 }
 
 fn main() {
@@ -55,7 +58,7 @@ fn main() {
     for kernel in [Kernel::Clip, Kernel::Shift] {
         cosine_gram(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, format!("{i}")), &[]).unwrap();
         let w = vec![1.0; n];
-        let mut src = Counting { inner: DenseSource { s: &s, n }, evals: 0 };
+        let mut src = Counting { inner: DenseSource::new(&s, n), evals: 0 };
         let r = greedy(&mut src, &w, k, Optimizer::Lazy);
         let first: Vec<f64> = r.gains.iter().take(5).copied().collect();
         println!("first gains {first:?}");

@@ -147,10 +147,13 @@ pub trait Source {
         let c = vec![0.0; n];
         self.gains(&all, w, &c, out);
     }
-    /// How many stale heap tops lazy greedy re-evaluates at once.
+    /// How many stale heap tops lazy greedy re-evaluates at once, at most.
     fn batch(&self) -> usize {
         1
     }
+    /// Called once with the weights before greedy starts (a source may
+    /// specialise on them).
+    fn prepare(&mut self, _w: &[f64]) {}
 }
 
 /// `sum_i w_i max(0, w_j s_i - c_i)`: branch-free, 16 partial sums (four
@@ -158,11 +161,23 @@ pub trait Source {
 /// tree: the same inputs always give the same bits, vectorised or not.
 #[inline(always)]
 fn column_gain(col: &[f32], wj: f64, w: &[f64], c: &[f64]) -> f64 {
+    column_gain_w::<false>(col, wj, w, c)
+}
+
+/// [`column_gain`]; with `UNIT` (every weight is 1.0) the multiplications by
+/// 1.0 and the loads of `w` are left out, which changes no bit.
+#[inline(always)]
+fn column_gain_w<const UNIT: bool>(col: &[f32], wj: f64, w: &[f64], c: &[f64]) -> f64 {
     #[inline(always)]
-    fn term(s: f32, wj: f64, wi: f64, ci: f64) -> f64 {
-        let t = wj * s as f64 - ci;
+    fn term<const UNIT: bool>(s: f32, wj: f64, wi: f64, ci: f64) -> f64 {
+        let t = if UNIT { s as f64 } else { wj * s as f64 } - ci;
         // `t > 0 ? t : 0` (maxpd semantics; inputs are never NaN)
-        wi * if t > 0.0 { t } else { 0.0 }
+        let t = if t > 0.0 { t } else { 0.0 };
+        if UNIT {
+            t
+        } else {
+            wi * t
+        }
     }
     const L: usize = 16;
     let n = col.len().min(w.len()).min(c.len());
@@ -170,13 +185,21 @@ fn column_gain(col: &[f32], wj: f64, w: &[f64], c: &[f64]) -> f64 {
     let mut acc = [0.0f64; L];
     let (cs, ws, xs) = (col.chunks_exact(L), w.chunks_exact(L), c.chunks_exact(L));
     let tail = (cs.remainder(), ws.remainder(), xs.remainder());
-    for ((s16, w16), c16) in cs.zip(ws).zip(xs) {
-        for l in 0..L {
-            acc[l] += term(s16[l], wj, w16[l], c16[l]);
+    if UNIT {
+        for (s16, c16) in cs.zip(xs) {
+            for l in 0..L {
+                acc[l] += term::<true>(s16[l], 1.0, 1.0, c16[l]);
+            }
+        }
+    } else {
+        for ((s16, w16), c16) in cs.zip(ws).zip(xs) {
+            for l in 0..L {
+                acc[l] += term::<false>(s16[l], wj, w16[l], c16[l]);
+            }
         }
     }
     for (l, ((&s, &wi), &ci)) in tail.0.iter().zip(tail.1).zip(tail.2).enumerate() {
-        acc[l] += term(s, wj, wi, ci);
+        acc[l] += term::<UNIT>(s, wj, wi, ci);
     }
     let mut a = [0.0f64; 4];
     for l in 0..4 {
@@ -198,14 +221,23 @@ fn column_cover(col: &[f32], wj: f64, c: &mut [f64]) {
 /// A dense similarity held column by column: column `j` (the `S_ij` for all
 /// i) is `s[j*n .. (j+1)*n]`. A symmetric row-major matrix qualifies as is.
 pub struct DenseSource<'a> {
-    pub s: &'a [f32],
-    pub n: usize,
+    s: &'a [f32],
+    n: usize,
+    /// every weight is 1.0 (set by `prepare`)
+    unit: bool,
+}
+
+impl<'a> DenseSource<'a> {
+    pub fn new(s: &'a [f32], n: usize) -> Self {
+        assert!(s.len() >= n * n, "DenseSource: {} entries for n = {n}", s.len());
+        DenseSource { s, n, unit: false }
+    }
 }
 
 #[inline(always)]
-fn dense_gains(s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
+fn dense_gains<const UNIT: bool>(s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
     for (o, &j) in out.iter_mut().zip(js) {
-        *o = column_gain(&s[j * n..(j + 1) * n], w[j], w, c);
+        *o = column_gain_w::<UNIT>(&s[j * n..(j + 1) * n], w[j], w, c);
     }
 }
 
@@ -213,23 +245,34 @@ fn dense_gains(s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f64], out: &mu
 /// registers lane by lane, so the bits equal the portable version's.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn dense_gains_avx2(s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
-    dense_gains(s, n, js, w, c, out)
+unsafe fn dense_gains_avx2<const UNIT: bool>(s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
+    dense_gains::<UNIT>(s, n, js, w, c, out)
 }
 
 /// Dense pools from this size evaluate columns in parallel, in batches.
 const DENSE_PAR_N: usize = 4096;
 
-fn dense_gains_dispatch(s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
+#[allow(clippy::too_many_arguments)] // the hot loop's inputs, positional
+fn dense_gains_dispatch(unit: bool, s: &[f32], n: usize, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: AVX2 is available (checked just above).
-            unsafe { dense_gains_avx2(s, n, js, w, c, out) };
+            unsafe {
+                if unit {
+                    dense_gains_avx2::<true>(s, n, js, w, c, out)
+                } else {
+                    dense_gains_avx2::<false>(s, n, js, w, c, out)
+                }
+            };
             return;
         }
     }
-    dense_gains(s, n, js, w, c, out)
+    if unit {
+        dense_gains::<true>(s, n, js, w, c, out)
+    } else {
+        dense_gains::<false>(s, n, js, w, c, out)
+    }
 }
 
 impl Source for DenseSource<'_> {
@@ -237,18 +280,21 @@ impl Source for DenseSource<'_> {
         self.n
     }
     fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
-        let (s, n) = (self.s, self.n);
+        let (s, n, unit) = (self.s, self.n, self.unit);
         if n >= DENSE_PAR_N && js.len() > 1 {
             // each column is a long independent sum: one task per few columns
             // (the same function per column, so the same bits)
-            out[..js.len()].par_chunks_mut(4).zip(js.par_chunks(4)).for_each(|(o, j)| dense_gains_dispatch(s, n, j, w, c, o));
+            out[..js.len()]
+                .par_chunks_mut(4)
+                .zip(js.par_chunks(4))
+                .for_each(|(o, j)| dense_gains_dispatch(unit, s, n, j, w, c, o));
         } else {
-            dense_gains_dispatch(s, n, js, w, c, out)
+            dense_gains_dispatch(unit, s, n, js, w, c, out)
         }
     }
     fn batch(&self) -> usize {
         if self.n >= DENSE_PAR_N {
-            2 * rayon::current_num_threads()
+            32 * rayon::current_num_threads()
         } else {
             1
         }
@@ -256,6 +302,9 @@ impl Source for DenseSource<'_> {
     fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
         let n = self.n;
         column_cover(&self.s[j * n..(j + 1) * n], w[j], c);
+    }
+    fn prepare(&mut self, w: &[f64]) {
+        self.unit = w[..self.n].iter().all(|&v| v == 1.0);
     }
 }
 
@@ -591,6 +640,7 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
     if n == 0 {
         return res;
     }
+    src.prepare(w);
     let mut c = vec![0f64; n];
     let mut chosen = vec![false; n];
     let mut f = 0.0f64;
@@ -638,10 +688,14 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
             // step at which each entry's value was computed exactly; initial
             // bounds count as stale so every pick is evaluated by `gains`.
             let mut fresh = vec![usize::MAX; n];
-            // re-evaluate the source's batch of stale tops at a time (1 for
-            // sources where a column is cheap; on-demand columns cost about
-            // the same one at a time as in a batch)
+            // re-evaluate up to the source's batch of stale tops at a time (1
+            // for sources where a column is cheap, more where columns are
+            // evaluated in parallel), adapted to how many the last step
+            // needed: a step that re-evaluated few does not pay for a full
+            // batch next time
             let b_max = src.batch().max(1);
+            let b_min = (b_max / 16).max(1);
+            let mut b = b_max;
             let mut stale: Vec<usize> = Vec::with_capacity(b_max);
             let mut keep: Vec<Entry> = Vec::with_capacity(b_max);
             let mut vals = vec![0f64; b_max];
@@ -651,7 +705,7 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
                     scratch.extend(heap.iter().map(|e| e.g()));
                     ub = ub.min(f + top_k_sum(&mut scratch, k));
                 }
-                let b = b_max;
+                let mut evals = 0usize;
                 loop {
                     let top = *heap.peek().expect("heap holds every unchosen element");
                     if fresh[top.j()] == t {
@@ -661,6 +715,7 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
                         src.cover(top.j(), w, &mut c);
                         res.indices.push(top.j());
                         res.gains.push(top.g());
+                        b = (evals / 2).clamp(b_min, b_max);
                         break;
                     }
                     stale.clear();
@@ -679,6 +734,7 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
                         }
                     }
                     src.gains(&stale, w, &c, &mut vals[..stale.len()]);
+                    evals += stale.len();
                     for (&j, &g) in stale.iter().zip(&vals) {
                         fresh[j] = t;
                         heap.push(Entry::new(g, j));
@@ -765,7 +821,7 @@ pub struct SweepScratch {
 
 /// Greedy over a **symmetric** dense `n x n` similarity `s`, evaluating every
 /// gain at every step with one sweep over the rows. It returns exactly what
-/// [`greedy`] returns with [`Optimizer::Naive`] on `DenseSource { s, n }`:
+/// [`greedy`] returns with [`Optimizer::Naive`] on `DenseSource::new(s, n)`:
 /// the same picks, gains, objective and certificate, to the bit. On small
 /// pools this is faster than lazy greedy, whose heap work and stale
 /// re-evaluations (often half the pool per step) cost more than the sweep.
@@ -948,7 +1004,7 @@ fn run_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>, params: &Param
     let mut res = if m <= SWEEP_MAX_N {
         greedy_sweep_with(&sc.s, m, &w, params.k, &mut sc.sweep)
     } else {
-        let mut src = DenseSource { s: &sc.s, n: m };
+        let mut src = DenseSource::new(&sc.s, m);
         greedy(&mut src, &w, params.k, params.optimizer)
     };
     for i in res.indices.iter_mut() {
@@ -1040,7 +1096,7 @@ pub fn facility_location_dense(sim: &[f32], n: usize, rewards: Option<&[f64]>, p
             }
         }
     });
-    let mut src = DenseSource { s: &cols, n: m };
+    let mut src = DenseSource::new(&cols, m);
     Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u))
 }
 

@@ -139,35 +139,48 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
-/// `out = x x^T` for a large `x`: stripes of rows in parallel, each a
-/// cache-blocked GEMM against the rows at or after its own (the upper block
-/// triangle), then the lower triangle mirrored from the upper (symmetric to
-/// the bit).
-pub fn syrk_large(x: &[f32], n: usize, d: usize, out: &mut [f32]) {
+/// Columns per GEMM block of a stripe in [`syrk_large`] (256 x 1024 floats,
+/// 1 MiB: still in cache when `map` runs over it).
+const COL_BLOCK: usize = 1024;
+
+/// `out = map(x x^T)` for a large `x`, entrywise: stripes of rows in
+/// parallel, each a series of cache-blocked GEMMs against the rows at or
+/// after its own (the upper block triangle), `map` applied to each block
+/// while it is in cache, then the lower triangle mirrored from the upper
+/// (symmetric to the bit).
+pub fn syrk_large<F: Fn(f32) -> f32 + Sync>(x: &[f32], n: usize, d: usize, out: &mut [f32], map: F) {
     use rayon::prelude::*;
     assert!(x.len() >= n * d && out.len() >= n * n, "syrk_large: buffers too small");
     out[..n * n].par_chunks_mut(STRIPE * n).enumerate().for_each(|(s, rows)| {
         let r0 = s * STRIPE;
         let m = rows.len() / n;
-        // SAFETY: a (m x d) = x[r0..], b^T with b = x[r0..] (n - r0 rows),
-        // c = rows[.., r0..] with row stride n; all in bounds.
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                d,
-                n - r0,
-                1.0,
-                x.as_ptr().add(r0 * d),
-                d as isize,
-                1,
-                x.as_ptr().add(r0 * d),
-                1,
-                d as isize,
-                0.0,
-                rows.as_mut_ptr().add(r0),
-                n as isize,
-                1,
-            );
+        for c0 in (r0..n).step_by(COL_BLOCK) {
+            let nc = COL_BLOCK.min(n - c0);
+            // SAFETY: a (m x d) = x[r0..], b^T with b = x[c0..c0 + nc],
+            // c = rows[.., c0..c0 + nc] with row stride n; all in bounds.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    d,
+                    nc,
+                    1.0,
+                    x.as_ptr().add(r0 * d),
+                    d as isize,
+                    1,
+                    x.as_ptr().add(c0 * d),
+                    1,
+                    d as isize,
+                    0.0,
+                    rows.as_mut_ptr().add(c0),
+                    n as isize,
+                    1,
+                );
+            }
+            for row in rows.chunks_exact_mut(n) {
+                for v in &mut row[c0..c0 + nc] {
+                    *v = map(*v);
+                }
+            }
         }
     });
     let p = SendPtr(out.as_mut_ptr());

@@ -52,7 +52,7 @@ proptest! {
         let s = sym(n, &vals);
         let q = quality(&rw[..n], 1e-6);
         let w: Vec<f64> = q.iter().map(|v| v.powf(alpha)).collect();
-        let mut src = DenseSource { s: &s, n };
+        let mut src = DenseSource::new(&s, n);
         let a = greedy(&mut src, &w, k, Optimizer::Naive);
         let b = greedy(&mut src, &w, k, Optimizer::Lazy);
         prop_assert_eq!(&a.indices, &b.indices);
@@ -80,7 +80,7 @@ proptest! {
         let s = sym(n, &vals);
         let q = quality(&rw[..n], 1e-6);
         let w: Vec<f64> = q.iter().map(|v| v.powf(alpha)).collect();
-        let a = greedy(&mut DenseSource { s: &s, n }, &w, k, Optimizer::Naive);
+        let a = greedy(&mut DenseSource::new(&s, n), &w, k, Optimizer::Naive);
         let b = greedy_sweep(&s, n, &w, k);
         prop_assert_eq!(&a.indices, &b.indices);
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -88,7 +88,7 @@ proptest! {
         prop_assert_eq!(a.objective.to_bits(), b.objective.to_bits());
         prop_assert_eq!(a.upper_bound.to_bits(), b.upper_bound.to_bits());
         // and lazy picks the same
-        let c = greedy(&mut DenseSource { s: &s, n }, &w, k, Optimizer::Lazy);
+        let c = greedy(&mut DenseSource::new(&s, n), &w, k, Optimizer::Lazy);
         prop_assert_eq!(&a.indices, &c.indices);
     }
 
@@ -223,4 +223,36 @@ fn samplers_basic() {
     let mut bad = rewards.clone();
     bad[6] = f64::INFINITY;
     assert!(top_k(&layout, &bad, 2).unwrap_err().to_string().contains("pool 1"));
+}
+
+#[test]
+fn large_gram_blocks_match_cosines_and_name_bad_rows() {
+    // above the stripe size, so the blocked large path runs
+    let (n, d) = (300usize, 8usize);
+    let mut x: Vec<f32> = (0..n * d).map(|t| ((t * 7919 % 1013) as f32 / 1013.0) - 0.45).collect();
+    let (mut s, mut inv) = (Vec::new(), Vec::new());
+    for kernel in [Kernel::Clip, Kernel::Shift] {
+        cosine_gram(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[]).unwrap();
+        for i in (0..n).step_by(7) {
+            for j in (0..n).step_by(5) {
+                let (a, b) = (&x[i * d..(i + 1) * d], &x[j * d..(j + 1) * d]);
+                let dot: f64 = a.iter().zip(b).map(|(&p, &q)| p as f64 * q as f64).sum();
+                let na: f64 = a.iter().map(|&p| p as f64 * p as f64).sum::<f64>().sqrt();
+                let nb: f64 = b.iter().map(|&p| p as f64 * p as f64).sum::<f64>().sqrt();
+                let c = if i == j { 1.0 } else { (dot / (na * nb)).clamp(-1.0, 1.0) };
+                let want = match kernel {
+                    Kernel::Clip => c.max(0.0),
+                    Kernel::Shift => 0.5 * (1.0 + c),
+                };
+                assert!((s[i * n + j] as f64 - want).abs() < 1e-5, "({i}, {j}): {} vs {want}", s[i * n + j]);
+            }
+        }
+    }
+    x[123 * d..124 * d].fill(0.0);
+    x[200 * d + 3] = f32::NAN;
+    let e = cosine_gram(&x, n, d, Kernel::Clip, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[]).unwrap_err();
+    assert!(e.to_string().contains("row 123") && e.to_string().contains("zero norm"), "{e}");
+    x[123 * d] = 1.0;
+    let e = cosine_gram(&x, n, d, Kernel::Clip, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[]).unwrap_err();
+    assert!(e.to_string().contains("row 200") && e.to_string().contains("non-finite"), "{e}");
 }
