@@ -156,25 +156,11 @@ pub fn syrk_large<F: Fn(f32) -> f32 + Sync>(x: &[f32], n: usize, d: usize, out: 
         let m = rows.len() / n;
         for c0 in (r0..n).step_by(COL_BLOCK) {
             let nc = COL_BLOCK.min(n - c0);
-            // SAFETY: a (m x d) = x[r0..], b^T with b = x[c0..c0 + nc],
-            // c = rows[.., c0..c0 + nc] with row stride n; all in bounds.
+            // SAFETY: a = x[r0..r0 + m] (m x d), b = x[c0..c0 + nc] (nc x
+            // d), c = rows[.., c0..c0 + nc] at row stride n: in bounds, and
+            // `rows` belongs to this task alone.
             unsafe {
-                matrixmultiply::sgemm(
-                    m,
-                    d,
-                    nc,
-                    1.0,
-                    x.as_ptr().add(r0 * d),
-                    d as isize,
-                    1,
-                    x.as_ptr().add(c0 * d),
-                    1,
-                    d as isize,
-                    0.0,
-                    rows.as_mut_ptr().add(c0),
-                    n as isize,
-                    1,
-                );
+                crate::kernel::gemm_abt_raw(&x[r0 * d..], m, &x[c0 * d..], nc, d, rows.as_mut_ptr().add(c0), n);
             }
             for row in rows.chunks_exact_mut(n) {
                 for v in &mut row[c0..c0 + nc] {
