@@ -36,4 +36,5 @@ bench-rust:
 	cargo bench -p grades_core
 
 lint:
+	cargo fmt --check
 	cargo clippy --workspace --all-targets --all-features -- -D warnings

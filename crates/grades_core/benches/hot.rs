@@ -41,7 +41,9 @@ fn bench_sparse(c: &mut Criterion) {
     }
     let g = Csr::new(n, &indptr, &indices, &vals).unwrap();
     let params = Params { k: 200, alpha: 0.0, eps: 1e-6, k_max: None, optimizer: Optimizer::Lazy };
-    c.bench_function("sparse_20000_deg16_k200", |b| b.iter(|| facility_location_sparse(&g.as_ref(), false, None, &params).unwrap()));
+    c.bench_function("sparse_20000_deg16_k200", |b| {
+        b.iter(|| facility_location_sparse(&g.as_ref(), false, None, &params).unwrap())
+    });
 }
 
 criterion_group! {

@@ -62,7 +62,11 @@ fn main() {
         let r = greedy(&mut src, &w, k, Optimizer::Lazy);
         let first: Vec<f64> = r.gains.iter().take(5).copied().collect();
         println!("first gains {first:?}");
-        println!("{kernel:?}: n = {n}, k = {k}: {} evaluations after the initial pass ({:.1} per step), ratio {:.4}",
-            src.evals - n, (src.evals - n) as f64 / k as f64, r.ratio());
+        println!(
+            "{kernel:?}: n = {n}, k = {k}: {} evaluations after the initial pass ({:.1} per step), ratio {:.4}",
+            src.evals - n,
+            (src.evals - n) as f64 / k as f64,
+            r.ratio()
+        );
     }
 }

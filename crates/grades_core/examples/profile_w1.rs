@@ -42,5 +42,10 @@ fn main() {
         dt = dt.min(t.elapsed().as_secs_f64());
     }
     let mean_ratio: f64 = res.iter().map(|r| r.ratio()).sum::<f64>() / np as f64;
-    println!("{:.4} ms/pool (best of {reps}) over {} threads, mean certified ratio {:.4}", dt * 1e3 / np as f64, rayon::current_num_threads(), mean_ratio);
+    println!(
+        "{:.4} ms/pool (best of {reps}) over {} threads, mean certified ratio {:.4}",
+        dt * 1e3 / np as f64,
+        rayon::current_num_threads(),
+        mean_ratio
+    );
 }

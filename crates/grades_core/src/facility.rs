@@ -113,9 +113,7 @@ pub fn quality(rewards: &[f64], eps: f64) -> Vec<f64> {
     if rewards.is_empty() {
         return Vec::new();
     }
-    let (lo, hi) = rewards
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    let (lo, hi) = rewards.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| (lo.min(r), hi.max(r)));
     let den = hi - lo + eps;
     rewards.iter().map(|&r| eps + (r - lo) / den).collect()
 }
@@ -422,7 +420,14 @@ struct ColumnCache {
 
 impl ColumnCache {
     fn new(n: usize, cap: usize) -> Self {
-        Self { n, slots: Vec::new(), slot_of: vec![u32::MAX; n], owner: Vec::with_capacity(cap), last: Vec::with_capacity(cap), clock: 0 }
+        Self {
+            n,
+            slots: Vec::new(),
+            slot_of: vec![u32::MAX; n],
+            owner: Vec::with_capacity(cap),
+            last: Vec::with_capacity(cap),
+            clock: 0,
+        }
     }
     fn cap(&self) -> usize {
         self.owner.capacity()
@@ -656,7 +661,6 @@ fn top_k_sum(vals: &mut [f64], k: usize) -> f64 {
     top.sort_unstable_by(|a, b| b.total_cmp(a));
     top.iter().sum()
 }
-
 
 /// Whether the certificate is evaluated after `t` picks.
 fn certify_at(t: usize, k: usize, n: usize) -> bool {
@@ -917,7 +921,13 @@ pub fn greedy_sweep_with(s: &[f32], n: usize, w: &[f64], k: usize, sc: &mut Swee
 /// The same code compiled for AVX2 (lane-wise: the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn greedy_sweep_avx2<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize, sc: &mut SweepScratch) -> FlResult {
+unsafe fn greedy_sweep_avx2<const UNIT: bool>(
+    s: &[f32],
+    n: usize,
+    w: &[f64],
+    k: usize,
+    sc: &mut SweepScratch,
+) -> FlResult {
     greedy_sweep_impl::<UNIT>(s, n, w, k, sc)
 }
 
@@ -991,7 +1001,12 @@ fn check_rewards(pool: usize, r: &[f64]) -> Result<()> {
 }
 
 /// Quality and ground set of one pool (all candidates unless k_max prefilters).
-fn ground_set(pool: usize, n: usize, rewards: Option<&[f64]>, params: &Params) -> Result<(Option<Vec<f64>>, Vec<usize>)> {
+fn ground_set(
+    pool: usize,
+    n: usize,
+    rewards: Option<&[f64]>,
+    params: &Params,
+) -> Result<(Option<Vec<f64>>, Vec<usize>)> {
     let q = match rewards {
         Some(r) => {
             check_rewards(pool, r)?;
@@ -1020,7 +1035,14 @@ struct Scratch {
     sweep: SweepScratch,
 }
 
-fn run_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>, params: &Params, kernel: Kernel, sc: &mut Scratch) -> Result<FlResult> {
+fn run_pool(
+    pools: &Pools<'_>,
+    p: usize,
+    rewards: Option<&[f64]>,
+    params: &Params,
+    kernel: Kernel,
+    sc: &mut Scratch,
+) -> Result<FlResult> {
     let n = pools.layout.len(p);
     if n == 0 {
         return Ok(FlResult::default());
@@ -1076,14 +1098,23 @@ fn run_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>, params: &Param
 
 /// Facility location on every pool of a ragged batch, in parallel over pools.
 /// `rewards`, when given, is indexed by matrix row (like the embeddings).
-pub fn facility_location_batch(pools: &Pools<'_>, rewards: Option<&[f64]>, params: &Params, kernel: Kernel) -> Result<Vec<FlResult>> {
+pub fn facility_location_batch(
+    pools: &Pools<'_>,
+    rewards: Option<&[f64]>,
+    params: &Params,
+    kernel: Kernel,
+) -> Result<Vec<FlResult>> {
     params.validate()?;
     if params.needs_rewards() && rewards.is_none() {
         return Err(need_rewards_error());
     }
     if let Some(r) = rewards {
         if r.len() != pools.layout.n_rows() {
-            return invalid(format!("rewards has {} entries but embeddings have {} rows", r.len(), pools.layout.n_rows()));
+            return invalid(format!(
+                "rewards has {} entries but embeddings have {} rows",
+                r.len(),
+                pools.layout.n_rows()
+            ));
         }
     }
     let out: Vec<Result<FlResult>> = (0..pools.layout.n_pools())
@@ -1208,7 +1239,14 @@ pub fn facility_location_sparse<P: Idx, I: Idx>(
 
 /// Facility location on one large pool of embeddings without ever holding the
 /// n x n similarity: columns are recomputed on demand (memory O(n d)).
-pub fn facility_location_on_demand(x: &[f32], n: usize, d: usize, rewards: Option<&[f64]>, params: &Params, kernel: Kernel) -> Result<FlResult> {
+pub fn facility_location_on_demand(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    rewards: Option<&[f64]>,
+    params: &Params,
+    kernel: Kernel,
+) -> Result<FlResult> {
     if d == 0 || x.len() != n * d {
         return invalid(format!("embeddings have {} floats, expected n * d = {} * {}", x.len(), n, d));
     }

@@ -225,7 +225,10 @@ fn cosine_gram_large(
         if let Some(v) = row.iter().find(|v| !v.is_finite()) {
             return Err(Error::Pool { pool, msg: format!("embedding of {what} holds a non-finite value {v}") });
         }
-        return Err(Error::Pool { pool, msg: format!("embedding of {what} has zero norm; cosine similarity is undefined") });
+        return Err(Error::Pool {
+            pool,
+            msg: format!("embedding of {what} has zero norm; cosine similarity is undefined"),
+        });
     }
     let mut xn = vec![0f32; n * d];
     xn.par_chunks_mut(d).zip(x.par_chunks(d)).zip(&ss).for_each(|((o, row), &s)| {
@@ -313,11 +316,7 @@ impl<'a, P: Idx, I: Idx> CsrRef<'a, P, I> {
             return invalid(format!("indptr must start at 0, got {}", indptr[0].show()));
         }
         if indices.len() != data.len() {
-            return invalid(format!(
-                "indices ({}) and data ({}) must have the same length",
-                indices.len(),
-                data.len()
-            ));
+            return invalid(format!("indices ({}) and data ({}) must have the same length", indices.len(), data.len()));
         }
         for (i, w) in indptr.windows(2).enumerate() {
             if w[1].show() < w[0].show() {

@@ -217,10 +217,8 @@ pub fn silhouette(dist: &[f64], n: usize, labels: &[u32]) -> f64 {
             continue;
         }
         let a = sum[li] / (size[li] - 1) as f64;
-        let b = (0..m)
-            .filter(|&c| c != li && size[c] > 0)
-            .map(|c| sum[c] / size[c] as f64)
-            .fold(f64::INFINITY, f64::min);
+        let b =
+            (0..m).filter(|&c| c != li && size[c] > 0).map(|c| sum[c] / size[c] as f64).fold(f64::INFINITY, f64::min);
         let den = a.max(b);
         if den > 0.0 && b.is_finite() {
             total += (b - a) / den;

@@ -41,11 +41,7 @@ impl<'a> Layout<'a> {
         match rows {
             Some(r) => {
                 if total != r.len() {
-                    return invalid(format!(
-                        "offsets end at {} but the row list has {} entries",
-                        total,
-                        r.len()
-                    ));
+                    return invalid(format!("offsets end at {} but the row list has {} entries", total, r.len()));
                 }
                 if let Some((i, &bad)) = r.iter().enumerate().find(|(_, &x)| x as usize >= n_rows) {
                     return invalid(format!("rows[{}] = {} is out of range for {} rows", i, bad, n_rows));
@@ -115,11 +111,7 @@ impl<'a> Pools<'a> {
             return invalid("embedding dimension must be >= 1");
         }
         if !data.len().is_multiple_of(dim) {
-            return invalid(format!(
-                "embedding buffer of {} floats is not a multiple of dim = {}",
-                data.len(),
-                dim
-            ));
+            return invalid(format!("embedding buffer of {} floats is not a multiple of dim = {}", data.len(), dim));
         }
         let layout = Layout::new(offsets, rows, data.len() / dim)?;
         Ok(Self { data, dim, layout })

@@ -209,10 +209,18 @@ fn fl_sparse<'py>(
     };
     let p = params(k, alpha, eps, k_max, optimizer)?;
     let res = match (&ipa, &ixa) {
-        (IdxArr::I32(a), IdxArr::I32(b)) => sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p),
-        (IdxArr::I32(a), IdxArr::I64(b)) => sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p),
-        (IdxArr::I64(a), IdxArr::I32(b)) => sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p),
-        (IdxArr::I64(a), IdxArr::I64(b)) => sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p),
+        (IdxArr::I32(a), IdxArr::I32(b)) => {
+            sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p)
+        }
+        (IdxArr::I32(a), IdxArr::I64(b)) => {
+            sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p)
+        }
+        (IdxArr::I64(a), IdxArr::I32(b)) => {
+            sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p)
+        }
+        (IdxArr::I64(a), IdxArr::I64(b)) => {
+            sparse_run(py, n, slice1(a, "indptr")?, slice1(b, "indices")?, dv, symmetric, rew, &p)
+        }
     }?;
     single_result(py, res)
 }
@@ -248,7 +256,11 @@ fn fl_on_demand<'py>(
 /// same Gram path (`cosine_gram`) that selection runs on each pool.
 #[pyfunction]
 #[pyo3(signature = (x, kernel="shift"))]
-fn similarity<'py>(py: Python<'py>, x: PyReadonlyArray2<'py, f32>, kernel: &str) -> PyResult<Bound<'py, PyArray1<f32>>> {
+fn similarity<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray2<'py, f32>,
+    kernel: &str,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let (xs, n, d) = slice2(&x, "embeddings")?;
     let kern = Kernel::parse(kernel).map_err(to_py)?;
     let out = run(py, || {
@@ -470,7 +482,12 @@ impl PyVarianceAccumulator {
     }
 
     /// Add rows (keys[i], losses[i]); all-or-nothing on a non-finite loss.
-    fn update(&mut self, py: Python<'_>, keys: PyReadonlyArray1<'_, u64>, losses: PyReadonlyArray1<'_, f64>) -> PyResult<()> {
+    fn update(
+        &mut self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, u64>,
+        losses: PyReadonlyArray1<'_, f64>,
+    ) -> PyResult<()> {
         let k = slice1(&keys, "keys")?;
         let x = slice1(&losses, "losses")?;
         let acc = &mut self.inner;
@@ -543,12 +560,8 @@ fn variance_summary<'py>(
         return Err(PyValueError::new_err("count, mean and m2 must have the same length"));
     }
     let s = run(py, || {
-        let stats: Vec<crate::variance::Stats> = c
-            .iter()
-            .zip(mu)
-            .zip(q)
-            .map(|((&count, &mean), &m2)| crate::variance::Stats { count, mean, m2 })
-            .collect();
+        let stats: Vec<crate::variance::Stats> =
+            c.iter().zip(mu).zip(q).map(|((&count, &mean), &m2)| crate::variance::Stats { count, mean, m2 }).collect();
         let rows = c.iter().sum();
         crate::variance::summarize(&stats, rows)
     })?;

@@ -116,7 +116,10 @@ pub fn top_k(layout: &Layout<'_>, rewards: &[f64], k: usize) -> Result<Picks> {
             let n = layout.len(p);
             let r: Vec<f64> = (0..n).map(|i| rewards[layout.row(p, i)]).collect();
             if let Some((i, v)) = r.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-                return Err(Error::Pool { pool: p, msg: format!("reward of candidate {i} is {v}; rewards must be finite") });
+                return Err(Error::Pool {
+                    pool: p,
+                    msg: format!("reward of candidate {i} is {v}; rewards must be finite"),
+                });
             }
             let mut idx: Vec<usize> = (0..n).collect();
             // finite values (checked above); -0.0 and 0.0 tie, as they compare equal

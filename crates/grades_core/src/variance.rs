@@ -801,7 +801,9 @@ impl Accumulator {
         }
         let ver = u32::from_le_bytes(b[8..12].try_into().unwrap());
         if ver != VERSION {
-            return invalid(format!("unsupported variance accumulator format version {ver} (this build reads {VERSION})"));
+            return invalid(format!(
+                "unsupported variance accumulator format version {ver} (this build reads {VERSION})"
+            ));
         }
         let rows = u64_at(16);
         let n = u64_at(24);
@@ -1074,7 +1076,10 @@ mod tests {
         for (ba, bb) in a.iter().zip(&b) {
             assert_eq!(ba.len(), bb.len());
             for (p, q) in ba.iter().zip(bb) {
-                assert_eq!((p.key, p.st.count, p.st.mean.to_bits(), p.st.m2.to_bits()), (q.key, q.st.count, q.st.mean.to_bits(), q.st.m2.to_bits()));
+                assert_eq!(
+                    (p.key, p.st.count, p.st.mean.to_bits(), p.st.m2.to_bits()),
+                    (q.key, q.st.count, q.st.mean.to_bits(), q.st.m2.to_bits())
+                );
             }
             assert!(ba.iter().all(|r| shard_of(hash(r.key)) == shard_of(hash(ba[0].key))));
         }
@@ -1141,7 +1146,9 @@ mod tests {
     fn bad_values_anywhere_are_named_and_nothing_is_added() {
         let (keys, x) = adversarial(11, 0.0, 1.0);
         let n = keys.len();
-        for (pos, bad) in [(0, f64::NAN), (BLOCK + 3, f64::INFINITY), (n - 1, f64::NEG_INFINITY), (2 * BLOCK - 1, f64::NAN)] {
+        for (pos, bad) in
+            [(0, f64::NAN), (BLOCK + 3, f64::INFINITY), (n - 1, f64::NEG_INFINITY), (2 * BLOCK - 1, f64::NAN)]
+        {
             let mut y = x.clone();
             y[pos] = bad;
             let mut acc = Accumulator::new();
@@ -1179,9 +1186,7 @@ mod tests {
     }
 
     fn rows() -> impl Strategy<Value = (Vec<u64>, Vec<f64>)> {
-        (1usize..300).prop_flat_map(|n| {
-            (prop::collection::vec(0u64..12, n), prop::collection::vec(-50.0f64..50.0, n))
-        })
+        (1usize..300).prop_flat_map(|n| (prop::collection::vec(0u64..12, n), prop::collection::vec(-50.0f64..50.0, n)))
     }
 
     proptest! {

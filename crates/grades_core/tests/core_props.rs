@@ -1,8 +1,7 @@
 //! Property tests of the selection core (no Python).
 use grades_core::facility::{
     facility_location_batch, facility_location_dense, facility_location_on_demand, facility_location_sparse, greedy,
-    greedy_sweep,
-    objective_dense, quality, DenseSource, Optimizer, Params,
+    greedy_sweep, objective_dense, quality, DenseSource, Optimizer, Params,
 };
 use grades_core::kernel::{cosine_gram, Csr, Kernel};
 use grades_core::pools::Pools;
