@@ -217,22 +217,35 @@ fn cosine_gram_large(
     name: &dyn Fn(usize) -> (usize, String),
 ) -> Result<()> {
     use rayon::prelude::*;
-    let ss: Vec<f64> = x[..n * d].par_chunks(d).map(|row| row.iter().map(|&v| v as f64 * v as f64).sum()).collect();
+    // squared norms in f64 (no d = 0 chunks: every row then has norm 0)
+    let ss: Vec<f64> = if d == 0 {
+        vec![0.0; n]
+    } else {
+        x[..n * d].par_chunks(d).map(|row| row.iter().map(|&v| v as f64 * v as f64).sum()).collect()
+    };
+    // 1 / norm as a normal float32 (a norm so small or large that it is not
+    // would turn the cosines into inf / NaN)
+    let inv: Vec<f32> = ss.iter().map(|&v| (1.0 / v.sqrt()) as f32).collect();
     // the first bad row, in order
-    if let Some(i) = ss.iter().position(|&v| !(v.is_finite() && v > 0.0)) {
+    if let Some(i) = (0..n).position(|i| !(ss[i].is_finite() && ss[i] > 0.0 && inv[i].is_normal())) {
         let row = &x[i * d..(i + 1) * d];
         let (pool, what) = name(i);
         if let Some(v) = row.iter().find(|v| !v.is_finite()) {
             return Err(Error::Pool { pool, msg: format!("embedding of {what} holds a non-finite value {v}") });
         }
+        if ss[i] == 0.0 {
+            return Err(Error::Pool {
+                pool,
+                msg: format!("embedding of {what} has zero norm; cosine similarity is undefined"),
+            });
+        }
         return Err(Error::Pool {
             pool,
-            msg: format!("embedding of {what} has zero norm; cosine similarity is undefined"),
+            msg: format!("embedding of {what} has a norm ({:e}) outside float32 arithmetic", ss[i].sqrt()),
         });
     }
     let mut xn = vec![0f32; n * d];
-    xn.par_chunks_mut(d).zip(x.par_chunks(d)).zip(&ss).for_each(|((o, row), &s)| {
-        let inv = (1.0 / s.sqrt()) as f32;
+    xn.par_chunks_mut(d.max(1)).zip(x.par_chunks(d.max(1))).zip(&inv).for_each(|((o, row), &inv)| {
         for (a, &v) in o.iter_mut().zip(row) {
             *a = v * inv;
         }

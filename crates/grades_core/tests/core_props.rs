@@ -254,4 +254,9 @@ fn large_gram_blocks_match_cosines_and_name_bad_rows() {
     x[123 * d] = 1.0;
     let e = cosine_gram(&x, n, d, Kernel::Clip, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[]).unwrap_err();
     assert!(e.to_string().contains("row 200") && e.to_string().contains("non-finite"), "{e}");
+    // a norm whose inverse is not a normal float32 is an error, not NaN cosines
+    x[200 * d + 3] = 0.0;
+    x[50 * d..51 * d].fill(1e-44);
+    let e = cosine_gram(&x, n, d, Kernel::Shift, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[]).unwrap_err();
+    assert!(e.to_string().contains("row 50") && e.to_string().contains("outside float32"), "{e}");
 }
