@@ -1,6 +1,6 @@
 //! Many small pools (clustered like the benchmark's) through the batched entry point (for profiling with
 //! callgrind/perf): NP pools x 64 candidates x 384 dims, K = 4
-//! (env: NP, K, ALPHA, REPS).
+//! (env: NP, N, K, ALPHA, REPS).
 use grades_core::facility::{facility_location_batch, Optimizer, Params};
 use grades_core::kernel::Kernel;
 use grades_core::pools::Pools;
@@ -11,7 +11,8 @@ use std::time::Instant;
 fn main() {
     let np: usize = std::env::var("NP").map(|v| v.parse().unwrap()).unwrap_or(2000);
     let alpha: f64 = std::env::var("ALPHA").map(|v| v.parse().unwrap()).unwrap_or(0.0);
-    let (n, d) = (64usize, 384usize);
+    let n: usize = std::env::var("N").map(|v| v.parse().unwrap()).unwrap_or(64);
+    let d = 384usize;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     // like the benchmark's pools: prompt centre + one of 4 mode offsets +
     // noise (approximate normals from sums of uniforms)
