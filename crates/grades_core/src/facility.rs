@@ -149,6 +149,11 @@ pub trait Source {
     fn batch(&self) -> usize {
         1
     }
+    /// The fewest stale tops re-evaluated at once once a step needed few
+    /// (default: 1/16 of `batch`).
+    fn batch_min(&self) -> usize {
+        (self.batch() / 16).max(1)
+    }
     /// Called once with the weights before greedy starts (a source may
     /// specialise on them).
     fn prepare(&mut self, _w: &[f64]) {}
@@ -543,6 +548,11 @@ impl Source for OnDemandSource {
     fn batch(&self) -> usize {
         self.batch
     }
+    fn batch_min(&self) -> usize {
+        // a batch of columns is one GEMM streaming all the embeddings: more
+        // columns per batch cost little more than fewer
+        self.batch
+    }
     fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
         let step = self.batch.max(1);
         for (jb, ob) in js.chunks(step).zip(out.chunks_mut(step)) {
@@ -759,7 +769,7 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
             // needed: a step that re-evaluated few does not pay for a full
             // batch next time
             let b_max = src.batch().max(1);
-            let b_min = (b_max / 16).max(1);
+            let b_min = src.batch_min().clamp(1, b_max);
             let mut b = b_max;
             let mut stale: Vec<usize> = Vec::with_capacity(b_max);
             let mut keep: Vec<Entry> = Vec::with_capacity(b_max);
