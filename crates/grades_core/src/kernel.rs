@@ -40,33 +40,55 @@ impl Kernel {
 }
 
 /// Copy the rows of the candidates `which` of pool `p` into `out`
-/// (row-major, `which.len() x dim`), each scaled to unit norm. Fails on a
-/// non-finite value or a zero-norm row, naming the pool and candidate.
+/// (row-major, `which.len() x dim`), each scaled to unit norm. Fails as
+/// [`normalize_rows`] does, naming the pool and candidate.
 pub fn gather_normalized(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f32>) -> Result<()> {
-    let d = pools.dim;
-    out.clear();
-    out.reserve(which.len() * d);
-    for &i in which {
-        let row = pools.layout.row(p, i);
-        let x = pools.row_slice(row);
-        let mut ss = 0.0f64;
-        for &v in x {
-            if !v.is_finite() {
-                return Err(Error::Pool {
-                    pool: p,
-                    msg: format!("embedding of candidate {i} (row {row}) holds a non-finite value {v}"),
-                });
-            }
-            ss += (v as f64) * (v as f64);
+    gather_rows(pools, p, which, out);
+    let name = |k: usize| (p, format!("candidate {} (row {})", which[k], pools.layout.row(p, which[k])));
+    normalize_rows(out, which.len(), pools.dim, &name)
+}
+
+/// Scale the `n` rows of `x` (`n x d`, row-major) to unit norm in place:
+/// each norm in f64, then the row times `1 / norm` as a float32. Fails,
+/// before changing anything, on the first row (in order) that holds a
+/// non-finite value, has zero norm, or has a norm whose inverse is not a
+/// normal float32 (which would turn cosines into inf or NaN), naming it by
+/// `name(i)` (pool, description). Rows are done in parallel when there are
+/// many; the result does not depend on it.
+pub fn normalize_rows(x: &mut [f32], n: usize, d: usize, name: &dyn Fn(usize) -> (usize, String)) -> Result<()> {
+    use rayon::prelude::*;
+    let x = &mut x[..n * d];
+    let ss_of = |row: &[f32]| row.iter().map(|&v| v as f64 * v as f64).sum::<f64>();
+    // (no d = 0 chunks: every row then has norm 0)
+    let par = n * d >= 1 << 16;
+    let ss: Vec<f64> = match d {
+        0 => vec![0.0; n],
+        _ if par => x.par_chunks(d).map(ss_of).collect(),
+        _ => x.chunks(d).map(ss_of).collect(),
+    };
+    let inv: Vec<f32> = ss.iter().map(|&v| (1.0 / v.sqrt()) as f32).collect();
+    if let Some(i) = (0..n).position(|i| !(ss[i].is_finite() && ss[i] > 0.0 && inv[i].is_normal())) {
+        let row = &x[i * d..(i + 1) * d];
+        let (pool, what) = name(i);
+        if let Some(v) = row.iter().find(|v| !v.is_finite()) {
+            return Err(Error::Pool { pool, msg: format!("embedding of {what} holds a non-finite value {v}") });
         }
-        if ss == 0.0 || !ss.is_finite() {
+        if ss[i] == 0.0 {
             return Err(Error::Pool {
-                pool: p,
-                msg: format!("embedding of candidate {i} (row {row}) has zero norm; cosine similarity is undefined"),
+                pool,
+                msg: format!("embedding of {what} has zero norm; cosine similarity is undefined"),
             });
         }
-        let inv = (1.0 / ss.sqrt()) as f32;
-        out.extend(x.iter().map(|&v| v * inv));
+        return Err(Error::Pool {
+            pool,
+            msg: format!("embedding of {what} has a norm ({:e}) outside float32 arithmetic", ss[i].sqrt()),
+        });
+    }
+    let scale = |(row, &inv): (&mut [f32], &f32)| row.iter_mut().for_each(|v| *v *= inv);
+    match d {
+        0 => {}
+        _ if par => x.par_chunks_mut(d).zip(&inv).for_each(scale),
+        _ => x.chunks_mut(d).zip(&inv).for_each(scale),
     }
     Ok(())
 }
@@ -216,40 +238,8 @@ fn cosine_gram_large(
     out: &mut [f32],
     name: &dyn Fn(usize) -> (usize, String),
 ) -> Result<()> {
-    use rayon::prelude::*;
-    // squared norms in f64 (no d = 0 chunks: every row then has norm 0)
-    let ss: Vec<f64> = if d == 0 {
-        vec![0.0; n]
-    } else {
-        x[..n * d].par_chunks(d).map(|row| row.iter().map(|&v| v as f64 * v as f64).sum()).collect()
-    };
-    // 1 / norm as a normal float32 (a norm so small or large that it is not
-    // would turn the cosines into inf / NaN)
-    let inv: Vec<f32> = ss.iter().map(|&v| (1.0 / v.sqrt()) as f32).collect();
-    // the first bad row, in order
-    if let Some(i) = (0..n).position(|i| !(ss[i].is_finite() && ss[i] > 0.0 && inv[i].is_normal())) {
-        let row = &x[i * d..(i + 1) * d];
-        let (pool, what) = name(i);
-        if let Some(v) = row.iter().find(|v| !v.is_finite()) {
-            return Err(Error::Pool { pool, msg: format!("embedding of {what} holds a non-finite value {v}") });
-        }
-        if ss[i] == 0.0 {
-            return Err(Error::Pool {
-                pool,
-                msg: format!("embedding of {what} has zero norm; cosine similarity is undefined"),
-            });
-        }
-        return Err(Error::Pool {
-            pool,
-            msg: format!("embedding of {what} has a norm ({:e}) outside float32 arithmetic", ss[i].sqrt()),
-        });
-    }
-    let mut xn = vec![0f32; n * d];
-    xn.par_chunks_mut(d.max(1)).zip(x.par_chunks(d.max(1))).zip(&inv).for_each(|((o, row), &inv)| {
-        for (a, &v) in o.iter_mut().zip(row) {
-            *a = v * inv;
-        }
-    });
+    let mut xn = x[..n * d].to_vec();
+    normalize_rows(&mut xn, n, d, name)?;
     crate::simd::syrk_large(&xn, n, d, out, |c| kernel.apply(c));
     let one = kernel.apply(1.0);
     for i in 0..n {

@@ -1,7 +1,7 @@
 //! Property tests of the selection core (no Python).
 use grades_core::facility::{
     facility_location_batch, facility_location_dense, facility_location_on_demand, facility_location_sparse, greedy,
-    greedy_sweep, objective_dense, quality, DenseSource, Optimizer, Params,
+    greedy_sweep, objective_dense, quality, use_sweep, DenseSource, Optimizer, Params,
 };
 use grades_core::kernel::{cosine_gram, Csr, Kernel};
 use grades_core::pools::Pools;
@@ -40,6 +40,11 @@ fn brute_opt(s: &[f32], n: usize, w: &[f64], k: usize) -> f64 {
     best
 }
 
+/// GRADES weights `q^alpha` from rewards.
+fn weights(rewards: &[f64], alpha: f64) -> Vec<f64> {
+    quality(rewards, 1e-6).iter().map(|v| v.powf(alpha)).collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
@@ -49,8 +54,7 @@ proptest! {
                                          rw in prop::collection::vec(-3f64..3.0, 10),
                                          alpha in prop::sample::select(vec![0.0, 0.5, 0.75, 2.0])) {
         let s = sym(n, &vals);
-        let q = quality(&rw[..n], 1e-6);
-        let w: Vec<f64> = q.iter().map(|v| v.powf(alpha)).collect();
+        let w = weights(&rw[..n], alpha);
         let mut src = DenseSource::new(&s, n);
         let a = greedy(&mut src, &w, k, Optimizer::Naive);
         let b = greedy(&mut src, &w, k, Optimizer::Lazy);
@@ -77,8 +81,7 @@ proptest! {
                                      rw in prop::collection::vec(-3f64..3.0, 70),
                                      alpha in prop::sample::select(vec![0.0, 0.5, 0.75, 2.0])) {
         let s = sym(n, &vals);
-        let q = quality(&rw[..n], 1e-6);
-        let w: Vec<f64> = q.iter().map(|v| v.powf(alpha)).collect();
+        let w = weights(&rw[..n], alpha);
         let a = greedy(&mut DenseSource::new(&s, n), &w, k, Optimizer::Naive);
         let b = greedy_sweep(&s, n, &w, k);
         prop_assert_eq!(&a.indices, &b.indices);
@@ -259,4 +262,20 @@ fn large_gram_blocks_match_cosines_and_name_bad_rows() {
     x[50 * d..51 * d].fill(1e-44);
     let e = cosine_gram(&x, n, d, Kernel::Shift, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[]).unwrap_err();
     assert!(e.to_string().contains("row 50") && e.to_string().contains("outside float32"), "{e}");
+}
+
+#[test]
+fn sweep_only_for_small_pools_with_a_small_k() {
+    assert!(use_sweep(64, 4) && use_sweep(64, 10) && use_sweep(128, 21) && use_sweep(3, 4));
+    assert!(!use_sweep(64, 11) && !use_sweep(128, 22) && !use_sweep(129, 1));
+}
+
+#[test]
+fn on_demand_rows_with_tiny_norms_are_named_errors() {
+    // the same normalisation as the large Gram path: no NaN similarities
+    let (n, d) = (5usize, 4usize);
+    let mut x: Vec<f32> = (0..n * d).map(|t| 0.1 + (t % 7) as f32 * 0.2).collect();
+    x[2 * d..3 * d].fill(1e-44);
+    let e = facility_location_on_demand(&x, n, d, None, &params(2, 0.0, Optimizer::Lazy), Kernel::Clip).unwrap_err();
+    assert!(e.to_string().contains("candidate 2") && e.to_string().contains("outside float32"), "{e}");
 }
