@@ -215,9 +215,8 @@ fn column_gain_w<const UNIT: bool>(col: &[f32], wj: f64, w: &[f64], c: &[f64]) -
 fn column_cover(col: &[f32], wj: f64, c: &mut [f64]) {
     for (&s, ci) in col.iter().zip(c.iter_mut()) {
         let v = wj * s as f64;
-        if v > *ci {
-            *ci = v;
-        }
+        // a select and a plain store (vectorises without masked stores)
+        *ci = if v > *ci { v } else { *ci };
     }
 }
 
@@ -840,62 +839,118 @@ pub fn use_sweep(n: usize, k: usize) -> bool {
     n <= SWEEP_MAX_N && (k <= 4 || 6 * k <= n)
 }
 
-/// The gains of every column of a symmetric dense similarity at once,
-/// sweeping rows: row `i` is column `i`, so the terms of all columns for one
-/// `i` are contiguous. `ws[i n + j] = w_j S_ij` (precomputed once per pool).
-/// Each column's terms go into the same 16 partial sums (by `i mod 16`),
-/// reduced in the same tree, as in `column_gain`: the same bits. With `UNIT`
-/// (every weight is 1.0) the multiplications by 1.0 are left out, which
-/// changes no bit. `acc` is scratch of at least `16 n`.
+/// The largest of non-negative values, 0.0 for none (eight running maxima,
+/// so the loop vectorises; the maximum does not depend on the order).
 #[inline(always)]
-fn sweep_gains<const UNIT: bool>(ws: &[f64], n: usize, w: &[f64], c: &[f64], acc: &mut [f64], out: &mut [f64]) {
-    let acc = &mut acc[..16 * n];
-    // a partial sum starts at +0.0 and every term is >= +0.0, so the first
-    // term of each partial is stored rather than added (same bits); partials
-    // that no row reaches (n < 16) stay +0.0
-    if n < 16 {
-        acc[n * n..].fill(0.0);
+fn max_nonneg(v: &[f64]) -> f64 {
+    let mut m = [0.0f64; 8];
+    let ch = v.chunks_exact(8);
+    for &x in ch.remainder() {
+        m[0] = if x > m[0] { x } else { m[0] };
     }
-    for ((row, &wi), (i, &ci)) in ws[..n * n].chunks_exact(n).zip(&w[..n]).zip(c[..n].iter().enumerate()) {
-        let a = &mut acc[(i % 16) * n..][..n];
-        let term = |v: f64| {
-            let t = v - ci;
-            let t = if t > 0.0 { t } else { 0.0 };
-            if UNIT {
-                t
-            } else {
-                wi * t
-            }
-        };
-        if i < 16 {
-            for (aj, &v) in a.iter_mut().zip(row) {
-                *aj = term(v);
-            }
-        } else {
-            for (aj, &v) in a.iter_mut().zip(row) {
-                *aj += term(v);
-            }
+    for c in ch {
+        for l in 0..8 {
+            m[l] = if c[l] > m[l] { c[l] } else { m[l] };
         }
     }
-    // the tree of `column_gain`, for all columns at once: partial l of the
-    // four-lane level into acc[l], then the final pairs into out
-    let (lo, hi) = acc.split_at_mut(4 * n);
-    let (h4, rest) = hi.split_at(4 * n);
-    let (h8, h12) = rest.split_at(4 * n);
-    for (((a, &b), &c8), &c12) in lo.iter_mut().zip(h4).zip(h8).zip(h12) {
-        *a = (*a + b) + (c8 + c12);
+    m.iter().fold(0.0, |a, &b| if b > a { b } else { a })
+}
+
+/// Columns per block of [`sweep_gains`] (two AVX2 vectors of f64).
+const SWEEP_COLS: usize = 8;
+
+/// The gains of every column of a symmetric dense similarity at once,
+/// sweeping rows: row `i` is column `i`, so the terms of all columns for one
+/// `i` are contiguous in `s`. The term of row `i` for column `j` is
+/// `w_i max(0, w_j S_ij - c_i)`, with `w_j S_ij` formed in f64 as
+/// `column_gain` forms it. Each column's terms go into the same 16 partial
+/// sums (by `i mod 16`), added in the same order and reduced in the same
+/// tree, as in `column_gain`: the same bits. With `UNIT` (every weight is
+/// 1.0) the multiplications by 1.0 are left out, which changes no bit.
+#[inline(always)]
+fn sweep_gains<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], c: &[f64], out: &mut [f64]) {
+    let mut j0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked just above).
+            j0 = unsafe { sweep_gains_avx2::<UNIT>(s, n, w, c, out) };
+        }
     }
-    let (a0, a1, a2, a3) = (&lo[..n], &lo[n..2 * n], &lo[2 * n..3 * n], &lo[3 * n..4 * n]);
-    for ((((o, &x0), &x1), &x2), &x3) in out[..n].iter_mut().zip(a0).zip(a1).zip(a2).zip(a3) {
-        *o = (x0 + x1) + (x2 + x3);
+    for j in j0..n {
+        // the tree of `column_gain`: partial q of the four-lane level is
+        // (a_q + a_{q+4}) + (a_{q+8} + a_{q+12}), then (l0 + l1) + (l2 + l3)
+        let mut a = [0.0f64; 16];
+        for i in 0..n {
+            let t = w[j] * s[i * n + j] as f64 - c[i];
+            let t = if t > 0.0 { t } else { 0.0 };
+            a[i % 16] += if UNIT { t } else { w[i] * t };
+        }
+        let lvl: [f64; 4] = std::array::from_fn(|q| (a[q] + a[q + 4]) + (a[q + 8] + a[q + 12]));
+        out[j] = (lvl[0] + lvl[1]) + (lvl[2] + lvl[3]);
     }
+}
+
+/// [`sweep_gains`] in AVX2 intrinsics for the blocks of [`SWEEP_COLS`]
+/// whole columns; returns the first column it left to the caller. The four
+/// partials of one level of the tree (`q, q + 4, q + 8, q + 12`) are formed
+/// together, two vectors of columns each, so eight independent sums hide the
+/// add latency; each lane does the portable version's operations in the
+/// same order (no fused multiply-add): the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sweep_gains_avx2<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], c: &[f64], out: &mut [f64]) -> usize {
+    use std::arch::x86_64::*;
+    assert!(s.len() >= n * n && out.len() >= n && w.len() >= n && c.len() >= n);
+    let zero = _mm256_setzero_pd();
+    let (sp, wp, cp, op) = (s.as_ptr(), w.as_ptr(), c.as_ptr(), out.as_mut_ptr());
+    let add = |x: [__m256d; 2], y: [__m256d; 2]| [_mm256_add_pd(x[0], y[0]), _mm256_add_pd(x[1], y[1])];
+    let full = n - n % SWEEP_COLS;
+    for j0 in (0..full).step_by(SWEEP_COLS) {
+        // SAFETY (all pointer reads below): i < n and j0 + 8 <= n, inside
+        // the n x n block and the weights (asserted above)
+        let (wj0, wj1) = (_mm256_loadu_pd(wp.add(j0)), _mm256_loadu_pd(wp.add(j0 + 4)));
+        let mut lvl = [[zero; 2]; 4];
+        for (q, lq) in lvl.iter_mut().enumerate() {
+            let mut a = [[zero; 2]; 4];
+            let mut m = 0;
+            while m < n {
+                for (r, ar) in a.iter_mut().enumerate() {
+                    let i = m + q + 4 * r;
+                    if i < n {
+                        let row = sp.add(i * n + j0);
+                        let mut v0 = _mm256_cvtps_pd(_mm_loadu_ps(row));
+                        let mut v1 = _mm256_cvtps_pd(_mm_loadu_ps(row.add(4)));
+                        if !UNIT {
+                            v0 = _mm256_mul_pd(wj0, v0);
+                            v1 = _mm256_mul_pd(wj1, v1);
+                        }
+                        let ci = _mm256_set1_pd(*cp.add(i));
+                        let mut t0 = _mm256_max_pd(_mm256_sub_pd(v0, ci), zero);
+                        let mut t1 = _mm256_max_pd(_mm256_sub_pd(v1, ci), zero);
+                        if !UNIT {
+                            let wi = _mm256_set1_pd(*wp.add(i));
+                            t0 = _mm256_mul_pd(wi, t0);
+                            t1 = _mm256_mul_pd(wi, t1);
+                        }
+                        ar[0] = _mm256_add_pd(ar[0], t0);
+                        ar[1] = _mm256_add_pd(ar[1], t1);
+                    }
+                }
+                m += 16;
+            }
+            *lq = add(add(a[0], a[1]), add(a[2], a[3]));
+        }
+        let g = add(add(lvl[0], lvl[1]), add(lvl[2], lvl[3]));
+        _mm256_storeu_pd(op.add(j0), g[0]);
+        _mm256_storeu_pd(op.add(j0 + 4), g[1]);
+    }
+    full
 }
 
 /// Buffers of [`greedy_sweep_with`], reused from pool to pool.
 #[derive(Default)]
 pub struct SweepScratch {
-    ws: Vec<f64>,
-    acc: Vec<f64>,
     c: Vec<f64>,
     g: Vec<f64>,
     chosen: Vec<bool>,
@@ -959,12 +1014,6 @@ fn greedy_sweep_impl<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize,
     res.indices.reserve(k);
     res.gains.reserve(k);
     let w = &w[..n];
-    // w_j S_ij as column_gain forms it (S_ij = S_ji)
-    sc.ws.clear();
-    for row in s[..n * n].chunks_exact(n) {
-        sc.ws.extend(row.iter().zip(w).map(|(&v, &wj)| wj * v as f64));
-    }
-    sc.acc.resize(16 * n, 0.0);
     sc.c.clear();
     sc.c.resize(n, 0.0);
     sc.g.resize(n, 0.0);
@@ -973,7 +1022,7 @@ fn greedy_sweep_impl<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize,
     let (c, g, chosen, top) = (&mut sc.c, &mut sc.g, &mut sc.chosen, &mut sc.top);
     let (mut f, mut ub) = (0.0f64, f64::INFINITY);
     for t in 0..=k {
-        sweep_gains::<UNIT>(&sc.ws, n, w, c, &mut sc.acc, g);
+        sweep_gains::<UNIT>(s, n, w, c, g);
         // a chosen column's gain is exactly +0.0 (its own cover dominates
         // every term), and adding zeros after the k largest changes no bit:
         // the sum over all columns is naive greedy's sum over the unchosen
@@ -983,13 +1032,13 @@ fn greedy_sweep_impl<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize,
         if t == k {
             break;
         }
-        // argmax over the unchosen, ties to the lower index
-        let mut best = usize::MAX;
-        for (j, (&v, &ch)) in g.iter().zip(chosen.iter()).enumerate() {
-            if !ch && (best == usize::MAX || v > g[best]) {
-                best = j;
-            }
-        }
+        // argmax over the unchosen, ties to the lower index: chosen gains
+        // are +0.0 and no gain is below it, so a positive maximum over all
+        // columns is first reached by an unchosen one; a zero maximum
+        // leaves every unchosen gain at zero, and the first unchosen wins
+        let gmax = max_nonneg(g);
+        let best = if gmax > 0.0 { g.iter().position(|&v| v == gmax) } else { chosen.iter().position(|&ch| !ch) }
+            .expect("an unchosen column remains while t < k <= n");
         chosen[best] = true;
         f += g[best];
         column_cover(&s[best * n..(best + 1) * n], w[best], c);

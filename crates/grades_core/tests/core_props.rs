@@ -77,7 +77,9 @@ proptest! {
 
     #[test]
     fn sweep_equals_naive_to_the_bit(n in 1usize..70, k in 1usize..12,
-                                     vals in prop::collection::vec(0f32..=1.0, 1..200),
+                                     // repeated values: tied and all-zero gains
+                                     vals in prop::collection::vec(
+                                         prop_oneof![0f32..=1.0, Just(0.0), Just(0.5), Just(1.0)], 1..200),
                                      rw in prop::collection::vec(-3f64..3.0, 70),
                                      alpha in prop::sample::select(vec![0.0, 0.5, 0.75, 2.0])) {
         let s = sym(n, &vals);
