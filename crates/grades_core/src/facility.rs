@@ -640,6 +640,48 @@ impl Source for OnDemandSource {
     }
 }
 
+/// [`top_k_sum`] for `1 <= k <= 8` and `k <= vals.len()`, without reordering
+/// `vals`. For `k <= 4` each of four lanes keeps its four largest values by
+/// compare-exchange (no branches, so it vectorises); the 16 survivors and the
+/// tail then go through the small insertion below. The k largest values are
+/// one multiset however they are found, and they are added in descending
+/// order: the same bits.
+fn top_k_sum_small(vals: &[f64], k: usize) -> f64 {
+    debug_assert!((1..=8).contains(&k) && k <= vals.len());
+    let mut top = [f64::NEG_INFINITY; 8];
+    let mut insert = |v: f64| {
+        if v > top[k - 1] {
+            let mut i = k - 1;
+            while i > 0 && top[i - 1] < v {
+                top[i] = top[i - 1];
+                i -= 1;
+            }
+            top[i] = v;
+        }
+    };
+    let rest = if k <= 4 && vals.len() >= 16 {
+        let mut lanes = [[f64::NEG_INFINITY; 4]; 4];
+        let ch = vals.chunks_exact(4);
+        let rest = ch.remainder();
+        for c in ch {
+            let mut v = [c[0], c[1], c[2], c[3]];
+            for rank in lanes.iter_mut() {
+                for l in 0..4 {
+                    let (a, b) = (rank[l], v[l]);
+                    rank[l] = if b > a { b } else { a };
+                    v[l] = if b > a { a } else { b };
+                }
+            }
+        }
+        lanes.iter().flatten().for_each(|&v| insert(v));
+        rest
+    } else {
+        vals
+    };
+    rest.iter().for_each(|&v| insert(v));
+    top[..k].iter().sum()
+}
+
 /// Sum of the `k` largest values (all of them if fewer), added in
 /// descending order so that the result depends only on the values, not on
 /// the order they come in.
@@ -649,19 +691,7 @@ fn top_k_sum(vals: &mut [f64], k: usize) -> f64 {
         return 0.0;
     }
     if k <= 8 {
-        // one pass keeping the k largest in a small descending array
-        let mut top = [f64::NEG_INFINITY; 8];
-        for &v in vals.iter() {
-            if v > top[k - 1] {
-                let mut i = k - 1;
-                while i > 0 && top[i - 1] < v {
-                    top[i] = top[i - 1];
-                    i -= 1;
-                }
-                top[i] = v;
-            }
-        }
-        return top[..k].iter().sum();
+        return top_k_sum_small(vals, k);
     }
     if vals.len() > k {
         vals.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
@@ -1026,9 +1056,14 @@ fn greedy_sweep_impl<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize,
         // a chosen column's gain is exactly +0.0 (its own cover dominates
         // every term), and adding zeros after the k largest changes no bit:
         // the sum over all columns is naive greedy's sum over the unchosen
-        top.clear();
-        top.extend_from_slice(g);
-        ub = ub.min(f + top_k_sum(top, k));
+        let best_k = if k <= 8 {
+            top_k_sum_small(g, k)
+        } else {
+            top.clear();
+            top.extend_from_slice(g);
+            top_k_sum(top, k)
+        };
+        ub = ub.min(f + best_k);
         if t == k {
             break;
         }

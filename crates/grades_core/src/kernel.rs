@@ -211,19 +211,49 @@ pub fn cosine_gram(
         }
         inv.push(1.0 / g.sqrt());
     }
+    scale_block_dispatch(out, n, inv, kernel);
+    Ok(())
+}
+
+/// `out[i][j] = kernel(out[i][j] inv_i inv_j)`, diagonal `kernel(1)`: the
+/// dot products of a Gram block turned into similarities. `inv_i * inv_j`
+/// is formed first, so a symmetric block stays symmetric to the bit.
+#[inline(always)]
+fn scale_block(out: &mut [f32], n: usize, inv: &[f32], kernel: Kernel) {
     let one = kernel.apply(1.0);
-    let scale = |i: usize, row: &mut [f32]| {
+    let scale = |i: usize, row: &mut [f32], f: &dyn Fn(f32) -> f32| {
         let a = inv[i];
         for (v, &b) in row.iter_mut().zip(inv.iter()) {
-            // `a * b` first: the block stays exactly symmetric
-            *v = kernel.apply(*v * (a * b));
+            *v = f(*v * (a * b));
         }
         row[i] = one;
     };
-    for (i, row) in out.chunks_exact_mut(n).enumerate() {
-        scale(i, row);
+    for (i, row) in out[..n * n].chunks_exact_mut(n).enumerate() {
+        // one loop per kernel, so each vectorises without a branch inside
+        match kernel {
+            Kernel::Clip => scale(i, row, &|c| Kernel::Clip.apply(c)),
+            Kernel::Shift => scale(i, row, &|c| Kernel::Shift.apply(c)),
+        }
     }
-    Ok(())
+}
+
+/// [`scale_block`] compiled for AVX2 (the same lane-wise operations: the
+/// same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_block_avx2(out: &mut [f32], n: usize, inv: &[f32], kernel: Kernel) {
+    scale_block(out, n, inv, kernel)
+}
+
+fn scale_block_dispatch(out: &mut [f32], n: usize, inv: &[f32], kernel: Kernel) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked just above).
+            return unsafe { scale_block_avx2(out, n, inv, kernel) };
+        }
+    }
+    scale_block(out, n, inv, kernel)
 }
 
 /// [`cosine_gram`] for a large block: rows scaled to unit norm first (the
