@@ -1,0 +1,63 @@
+//! Streams ROWS (prompt key, loss) rows, K per prompt, into a variance
+//! accumulator in updates of CHUNK rows (for A/B timing and perf), next to a
+//! read-only pass over the same arrays. LAYOUT=grouped|shuffled, RESERVE=1
+//! sizes the tables up front, REPS repeats (best kept).
+use grades_core::variance::Accumulator;
+use std::time::Instant;
+
+fn main() {
+    let env = |k: &str, d: f64| std::env::var(k).map(|v| v.parse::<f64>().unwrap()).unwrap_or(d) as usize;
+    let (rows, k, chunk, reps, reserve) =
+        (env("ROWS", 1e8), env("K", 16.0), env("CHUNK", 1048576.0), env("REPS", 3.0), env("RESERVE", 0.0));
+    let shuffled = std::env::var("LAYOUT").is_ok_and(|v| v == "shuffled");
+    let prompts = rows / k;
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    };
+    let mut s = 88172645463325252u64;
+    let keys: Vec<u64> = (0..rows)
+        .map(|i| {
+            if shuffled {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                mix(s % prompts as u64)
+            } else {
+                mix((i / k) as u64)
+            }
+        })
+        .collect();
+    let x: Vec<f64> = (0..rows).map(|i| ((mix(i as u64 ^ 77) >> 11) as f64) / 9e15).collect();
+    let (mut t_acc, mut t_read) = (f64::INFINITY, f64::INFINITY);
+    let mut len = 0;
+    for _ in 0..reps {
+        let t = Instant::now();
+        // eight running sums per array, so the read is not latency-bound
+        let (mut sum, mut fs) = ([0u64; 8], [0f64; 8]);
+        for (kc, xc) in keys.chunks(chunk).zip(x.chunks(chunk)) {
+            for (a, b) in kc.chunks(8).zip(xc.chunks(8)) {
+                for l in 0..a.len() {
+                    sum[l] = sum[l].wrapping_add(a[l]);
+                    fs[l] += b[l];
+                }
+            }
+        }
+        t_read = t_read.min(t.elapsed().as_secs_f64());
+        std::hint::black_box((sum, fs));
+        let t = Instant::now();
+        let mut acc = if reserve > 0 { Accumulator::with_capacity(prompts).unwrap() } else { Accumulator::new() };
+        for (kc, xc) in keys.chunks(chunk).zip(x.chunks(chunk)) {
+            acc.update(kc, xc).unwrap();
+        }
+        t_acc = t_acc.min(t.elapsed().as_secs_f64());
+        len = acc.len();
+    }
+    println!(
+        "{rows} rows, {len} prompts, chunk {chunk}, reserve {reserve}: accumulate {:.4} s, read {:.4} s, ratio {:.2}",
+        t_acc,
+        t_read,
+        t_acc / t_read
+    );
+}
