@@ -376,6 +376,9 @@ const PREFETCH: usize = 32;
 /// there in row order, so the statistics do not depend on the thread count.
 const SHARD_BITS: u32 = 6;
 const SHARDS: usize = 1 << SHARD_BITS;
+/// Rows per stretch of a large first update (a multiple of [`BLOCK`], so
+/// the runs are cut where a single pass cuts them).
+pub const STRETCH: usize = 1 << 20;
 /// Updates with fewer rows are scanned and merged on the calling thread.
 const PAR_ROWS: usize = 1 << 16;
 
@@ -544,6 +547,14 @@ impl Shards {
         self.0.iter().map(|t| t.len).sum()
     }
 
+    /// Forget every prompt, keeping the tables' capacity.
+    fn clear(&mut self) {
+        for t in &mut self.0 {
+            t.slots.fill(Slot::default());
+            t.len = 0;
+        }
+    }
+
     fn get(&self, key: u64) -> Option<&Stats> {
         self.0[shard_of(hash(key))].get(key)
     }
@@ -687,6 +698,11 @@ impl Accumulator {
     /// Add rows `(keys[i], losses[i])`. All-or-nothing: a NaN or infinite loss
     /// is reported with its row index (counted from the first row this
     /// accumulator has seen, and within this call) and nothing is added.
+    ///
+    /// A large update into an accumulator that has seen no row yet is merged
+    /// in stretches of [`STRETCH`] rows, so that the lists of runs stay in
+    /// cache (same runs, same merge order: the same bits); on an error the
+    /// accumulator is emptied again.
     pub fn update(&mut self, keys: &[u64], losses: &[f64]) -> Result<()> {
         if keys.len() != losses.len() {
             return invalid(format!(
@@ -695,6 +711,23 @@ impl Accumulator {
                 losses.len()
             ));
         }
+        if keys.len() <= STRETCH || self.rows != 0 {
+            return self.update_part(keys, losses, 0);
+        }
+        for s in (0..keys.len()).step_by(STRETCH) {
+            let e = (s + STRETCH).min(keys.len());
+            if let Err(err) = self.update_part(&keys[s..e], &losses[s..e], s) {
+                self.shards.clear();
+                self.rows = 0;
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Accumulator::update`] of one stretch starting at row `base` of the
+    /// caller's update (for error messages).
+    fn update_part(&mut self, keys: &[u64], losses: &[f64], base: usize) -> Result<()> {
         let n = keys.len();
         let parallel = n >= PAR_ROWS && rayon::current_num_threads() > 1;
         // stretches start at multiples of BLOCK, where the scan cuts runs
@@ -723,13 +756,14 @@ impl Accumulator {
                 return Err(Error::Invalid(format!(
                     "loss at row {} (row {} of this update) is {}: losses must be finite",
                     self.rows + i as u64,
-                    i,
+                    base + i,
                     losses[i]
                 )));
             }
             return Err(Error::Invalid(format!(
-                "losses from row {} (row {s} of this update) are too large: their sum or squared deviations overflow f64",
-                self.rows + s as u64
+                "losses from row {} (row {} of this update) are too large: their sum or squared deviations overflow f64",
+                self.rows + s as u64,
+                base + s
             )));
         }
         self.shards.merge_buckets(&parts, parallel);
@@ -961,6 +995,36 @@ mod tests {
         assert!(acc.update(&[1, 2], &[1.0]).is_err());
         let e = acc.summary().unwrap_err().to_string();
         assert!(e.contains("at least 2 prompts"), "{e}");
+    }
+
+    #[test]
+    fn a_large_first_update_in_stretches_has_the_bits_of_one_pass() {
+        let n = 3 * STRETCH + 1234;
+        // runs of 3 rows (so some run crosses a stretch boundary), each key
+        // revisited in later stretches
+        let keys: Vec<u64> = (0..n as u64).map(|i| (i / 3).wrapping_mul(2_654_435_761) % 100_003).collect();
+        let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 / 37.0).collect();
+        let mut a = Accumulator::new();
+        a.update(&keys, &x).unwrap();
+        // an accumulator that has seen a row takes the single pass
+        let mut b = Accumulator::new();
+        b.update(&[u64::MAX], &[0.0]).unwrap();
+        b.update(&keys, &x).unwrap();
+        assert_eq!(a.len() + 1, b.len());
+        assert_eq!(a.n_rows() + 1, b.n_rows());
+        for (k, s) in a.shards.iter() {
+            let t = b.get(k).unwrap();
+            assert_eq!((s.count, s.mean.to_bits(), s.m2.to_bits()), (t.count, t.mean.to_bits(), t.m2.to_bits()));
+        }
+        // a bad loss in a later stretch: named by its row, nothing kept
+        let mut bad = x.clone();
+        bad[2 * STRETCH + 5] = f64::NAN;
+        let mut c = Accumulator::with_capacity(1000).unwrap();
+        let e = c.update(&keys, &bad).unwrap_err().to_string();
+        assert!(e.contains(&format!("row {} of this update", 2 * STRETCH + 5)), "{e}");
+        assert!(c.is_empty() && c.n_rows() == 0, "a failed update must add nothing");
+        c.update(&keys[..10], &x[..10]).unwrap();
+        assert_eq!(c.n_rows(), 10);
     }
 
     #[test]
