@@ -907,17 +907,10 @@ fn sweep_gains<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], c: &[f64], out:
             j0 = unsafe { sweep_gains_avx2::<UNIT>(s, n, w, c, out) };
         }
     }
+    // the remaining columns one by one: column j is row j (symmetric), so
+    // this is naive greedy's own column gain
     for j in j0..n {
-        // the tree of `column_gain`: partial q of the four-lane level is
-        // (a_q + a_{q+4}) + (a_{q+8} + a_{q+12}), then (l0 + l1) + (l2 + l3)
-        let mut a = [0.0f64; 16];
-        for i in 0..n {
-            let t = w[j] * s[i * n + j] as f64 - c[i];
-            let t = if t > 0.0 { t } else { 0.0 };
-            a[i % 16] += if UNIT { t } else { w[i] * t };
-        }
-        let lvl: [f64; 4] = std::array::from_fn(|q| (a[q] + a[q + 4]) + (a[q + 8] + a[q + 12]));
-        out[j] = (lvl[0] + lvl[1]) + (lvl[2] + lvl[3]);
+        out[j] = column_gain_w::<UNIT>(&s[j * n..(j + 1) * n], w[j], &w[..n], &c[..n]);
     }
 }
 

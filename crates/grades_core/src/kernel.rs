@@ -220,20 +220,22 @@ pub fn cosine_gram(
 /// is formed first, so a symmetric block stays symmetric to the bit.
 #[inline(always)]
 fn scale_block(out: &mut [f32], n: usize, inv: &[f32], kernel: Kernel) {
-    let one = kernel.apply(1.0);
-    let scale = |i: usize, row: &mut [f32], f: &dyn Fn(f32) -> f32| {
+    // one loop per kernel, so each vectorises without a branch inside
+    match kernel {
+        Kernel::Clip => scale_rows(out, n, inv, |c| Kernel::Clip.apply(c)),
+        Kernel::Shift => scale_rows(out, n, inv, |c| Kernel::Shift.apply(c)),
+    }
+}
+
+#[inline(always)]
+fn scale_rows<F: Fn(f32) -> f32>(out: &mut [f32], n: usize, inv: &[f32], f: F) {
+    let one = f(1.0);
+    for (i, row) in out[..n * n].chunks_exact_mut(n).enumerate() {
         let a = inv[i];
         for (v, &b) in row.iter_mut().zip(inv.iter()) {
             *v = f(*v * (a * b));
         }
         row[i] = one;
-    };
-    for (i, row) in out[..n * n].chunks_exact_mut(n).enumerate() {
-        // one loop per kernel, so each vectorises without a branch inside
-        match kernel {
-            Kernel::Clip => scale(i, row, &|c| Kernel::Clip.apply(c)),
-            Kernel::Shift => scale(i, row, &|c| Kernel::Shift.apply(c)),
-        }
     }
 }
 
