@@ -326,7 +326,6 @@ impl Table {
             // SAFETY: prefetch is a hint; it never faults, even on a bad address.
             unsafe {
                 std::arch::x86_64::_mm_prefetch(p, std::arch::x86_64::_MM_HINT_T0);
-                std::arch::x86_64::_mm_prefetch(p.wrapping_add(64), std::arch::x86_64::_MM_HINT_T0);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -355,10 +354,11 @@ impl Table {
     /// Merge a list of runs in order, prefetching the home slot (and the
     /// next cache line, where linear probing continues) of the run
     /// `PREFETCH` places ahead so that cache misses overlap.
-    fn merge_runs(&mut self, runs: &[Slot]) {
-        for (r, run) in runs.iter().enumerate() {
-            if let Some(ahead) = runs.get(r + PREFETCH) {
-                self.prefetch(hash(ahead.key));
+    fn merge_runs<'a>(&mut self, runs: impl Iterator<Item = &'a Slot> + Clone) {
+        let mut ahead = runs.clone().skip(PREFETCH);
+        for run in runs {
+            if let Some(a) = ahead.next() {
+                self.prefetch(hash(a.key));
             }
             self.upsert(run.key, hash(run.key), &run.st);
         }
@@ -621,11 +621,8 @@ impl Shards {
 
     /// Merge the buckets of consecutive stretches of rows, in order.
     fn merge_buckets(&mut self, parts: &[Buckets], parallel: bool) {
-        let one = |(s, t): (usize, &mut Table)| {
-            for p in parts {
-                t.merge_runs(&p[s]);
-            }
-        };
+        // one prefetch pipeline over the shard's lists of all stretches
+        let one = |(s, t): (usize, &mut Table)| t.merge_runs(parts.iter().flat_map(|p| p[s].iter()));
         if parallel {
             use rayon::prelude::*;
             self.0.par_iter_mut().enumerate().for_each(one);
