@@ -11,8 +11,9 @@
 //! responses of a prompt stored together) are folded as a run: the run's own
 //! mean and `M2` are computed (a vectorised corrected two-pass over the run,
 //! which is in cache) and merged into the table once, so
-//! the table is touched once per run rather than once per row; the table
-//! slots of upcoming runs are prefetched so that cache misses overlap.
+//! the table is touched once per run rather than once per row; the index
+//! lines and records of upcoming runs are prefetched so that cache misses
+//! overlap.
 //!
 //! From the per-prompt statistics, [`Accumulator::summary`] gives the
 //! estimators of the paper's decomposition `Var = V_x / Np + V_y|x / (Np K)`:
@@ -94,8 +95,8 @@ impl Stats {
     }
 }
 
-/// One table slot (or one run of an update): a key and its statistics.
-/// 32 bytes, aligned so that a slot never straddles two cache lines.
+/// One prompt's record (or one run of an update): a key and its statistics.
+/// 32 bytes, aligned so that a record never straddles two cache lines.
 #[repr(C, align(32))]
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
@@ -103,50 +104,60 @@ struct Slot {
     st: Stats,
 }
 
-/// A zero-filled, 32-byte aligned array of slots. Large arrays (2 MiB and
-/// up) are anonymous memory mappings that ask for transparent huge pages on
-/// Linux: the table is accessed at random, and with 4 KiB pages nearly every
-/// access would also miss the TLB; fresh mappings are zero already and fault
-/// in a few large pages instead of many small ones.
-struct SlotBuf {
-    ptr: std::ptr::NonNull<Slot>,
+/// Plain data for which all-zero bytes are a valid value.
+///
+/// # Safety
+/// Implementors must be `Copy`, hold no pointers and accept all-zero bytes.
+unsafe trait Zeroable: Copy {}
+// SAFETY: all-zero bytes are key 0 with empty statistics.
+unsafe impl Zeroable for Slot {}
+// SAFETY: an integer.
+unsafe impl Zeroable for u64 {}
+
+/// A zero-filled array of `T` that can grow, keeping its contents. Large
+/// arrays (2 MiB and up) are anonymous memory mappings that ask for
+/// transparent huge pages on Linux: the tables are accessed at random, and
+/// with 4 KiB pages nearly every access would also miss the TLB; fresh
+/// mappings are zero already and fault in a few large pages instead of many
+/// small ones, and a mapping grows in place or is moved by the kernel
+/// (`mremap`) without copying or touching its pages again.
+struct Buf<T: Zeroable> {
+    ptr: std::ptr::NonNull<T>,
     n: usize,
     mapped: bool,
 }
 
-// SAFETY: SlotBuf owns its memory exclusively, like a Vec<Slot>.
-unsafe impl Send for SlotBuf {}
-// SAFETY: shared access is read-only, like &[Slot].
-unsafe impl Sync for SlotBuf {}
+// SAFETY: Buf owns its memory exclusively, like a Vec<T>.
+unsafe impl<T: Zeroable + Send> Send for Buf<T> {}
+// SAFETY: shared access is read-only, like &[T].
+unsafe impl<T: Zeroable + Sync> Sync for Buf<T> {}
 
 const HUGE: usize = 2 << 20;
 
-impl SlotBuf {
-    fn layout(n: usize) -> std::alloc::Layout {
-        std::alloc::Layout::array::<Slot>(n).expect("variance table size overflows")
+impl<T: Zeroable> Buf<T> {
+    fn layout(n: usize) -> Option<std::alloc::Layout> {
+        std::alloc::Layout::array::<T>(n).ok()
     }
 
-    fn zeroed(n: usize) -> SlotBuf {
-        match Self::try_zeroed(n) {
-            Some(b) => b,
-            None => std::alloc::handle_alloc_error(Self::layout(n)),
+    fn empty() -> Self {
+        Buf { ptr: std::ptr::NonNull::dangling(), n: 0, mapped: false }
+    }
+
+    /// A zeroed array of `n` values, or None when the memory is not there.
+    fn try_zeroed(n: usize) -> Option<Self> {
+        if n == 0 {
+            return Some(Self::empty());
         }
-    }
-
-    /// A zeroed buffer of `n` slots, or None when the memory is not there.
-    fn try_zeroed(n: usize) -> Option<SlotBuf> {
-        assert!(n > 0);
-        let bytes = n.checked_mul(std::mem::size_of::<Slot>())?;
-        std::alloc::Layout::array::<Slot>(n).ok()?;
+        let layout = Self::layout(n)?;
         #[cfg(target_os = "linux")]
-        if bytes >= HUGE {
+        if layout.size() >= HUGE {
             // SAFETY: a fresh private anonymous mapping (zero-filled by the
-            // kernel, page aligned, so aligned for Slot); all-zero bytes are a
-            // valid Slot (an empty one).
+            // kernel, page aligned, so aligned for T); all-zero bytes are a
+            // valid T.
             unsafe {
                 let p = libc::mmap(
                     std::ptr::null_mut(),
-                    bytes,
+                    layout.size(),
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                     -1,
@@ -154,74 +165,109 @@ impl SlotBuf {
                 );
                 if p != libc::MAP_FAILED {
                     // a hint: failure only means small pages
-                    libc::madvise(p, bytes, libc::MADV_HUGEPAGE);
-                    return Some(SlotBuf { ptr: std::ptr::NonNull::new_unchecked(p as *mut Slot), n, mapped: true });
+                    libc::madvise(p, layout.size(), libc::MADV_HUGEPAGE);
+                    return Some(Buf { ptr: std::ptr::NonNull::new_unchecked(p as *mut T), n, mapped: true });
                 }
             }
         }
-        let layout = Self::layout(n);
-        // SAFETY: the layout has a non-zero size; all-zero bytes are a valid Slot.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
-        let _ = bytes;
-        Some(SlotBuf { ptr: std::ptr::NonNull::new(p)?, n, mapped: false })
+        // SAFETY: the layout has a non-zero size; all-zero bytes are a valid T.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+        Some(Buf { ptr: std::ptr::NonNull::new(p)?, n, mapped: false })
+    }
+
+    /// Grow to `n` values (the first `self.n` kept, the rest zero); None,
+    /// with the array unchanged, when the memory is not there.
+    fn try_grow(&mut self, n: usize) -> Option<()> {
+        if n <= self.n {
+            return Some(());
+        }
+        #[cfg(target_os = "linux")]
+        if self.mapped {
+            let (old, new) = (Self::layout(self.n)?.size(), Self::layout(n)?.size());
+            // SAFETY: ptr/old describe a mapping of ours; on success the
+            // kernel keeps its pages (moved, not copied) and the new part is
+            // zero-filled; on failure the old mapping is untouched.
+            unsafe {
+                let p = libc::mremap(self.ptr.as_ptr() as *mut libc::c_void, old, new, libc::MREMAP_MAYMOVE);
+                if p == libc::MAP_FAILED {
+                    return None;
+                }
+                libc::madvise(p, new, libc::MADV_HUGEPAGE);
+                self.ptr = std::ptr::NonNull::new_unchecked(p as *mut T);
+            }
+            self.n = n;
+            return Some(());
+        }
+        let mut b = Self::try_zeroed(n)?;
+        b[..self.n].copy_from_slice(self);
+        *self = b;
+        Some(())
     }
 }
 
-impl Drop for SlotBuf {
+impl<T: Zeroable> Drop for Buf<T> {
     fn drop(&mut self) {
-        // SAFETY: ptr/n/mapped describe the allocation made in `zeroed`.
+        if self.n == 0 {
+            return;
+        }
+        let layout = Self::layout(self.n).expect("the layout was valid at allocation");
+        // SAFETY: ptr/n/mapped describe the allocation made in `try_zeroed`/`try_grow`.
         unsafe {
             #[cfg(target_os = "linux")]
             if self.mapped {
-                libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.n * std::mem::size_of::<Slot>());
+                libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, layout.size());
                 return;
             }
-            std::alloc::dealloc(self.ptr.as_ptr() as *mut u8, Self::layout(self.n));
+            std::alloc::dealloc(self.ptr.as_ptr() as *mut u8, layout);
         }
     }
 }
 
-impl std::ops::Deref for SlotBuf {
-    type Target = [Slot];
-    fn deref(&self) -> &[Slot] {
-        // SAFETY: ptr points to n initialised slots owned by self.
+impl<T: Zeroable> std::ops::Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: ptr points to n initialised values owned by self (or is
+        // dangling with n = 0).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.n) }
     }
 }
 
-impl std::ops::DerefMut for SlotBuf {
-    fn deref_mut(&mut self) -> &mut [Slot] {
+impl<T: Zeroable> std::ops::DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as in deref, and &mut self gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.n) }
     }
 }
 
-impl Clone for SlotBuf {
-    fn clone(&self) -> Self {
-        let mut c = SlotBuf::zeroed(self.n);
-        c.copy_from_slice(self);
-        c
-    }
-}
-
-impl std::fmt::Debug for SlotBuf {
+impl<T: Zeroable> std::fmt::Debug for Buf<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SlotBuf({} slots)", self.n)
+        write!(f, "Buf({} x {} bytes)", self.n, std::mem::size_of::<T>())
     }
 }
 
-/// Open-addressing (linear probing) table from prompt key to [`Stats`].
-/// A slot is empty when its count is 0; the home slot is the top bits of a
-/// multiplicative hash, so growing the table re-inserts in address order.
-/// [`Accumulator::update`] prefetches the slots of the runs a few steps
-/// ahead so that cache misses overlap.
-#[derive(Debug, Clone)]
+/// The prompts of one shard: their records, dense in insertion order, and
+/// an open-addressing (linear probing) index over them.
+///
+/// An index entry is `tag << 32 | (record + 1)`, 0 when empty, where the
+/// tag is the 32 hash bits after the shard bits and the home entry is the
+/// top `bits` bits of the tag. A probe compares tags and reads a record
+/// only when they match, so inserting a new prompt touches one index line
+/// and appends its record; growing rebuilds the index from the tags alone
+/// (in address order, which is home order) and extends the records without
+/// copying them. Eight entries share a cache line, so probes stay short,
+/// and the index and the records together take about half the memory of
+/// records kept in the table itself at the same load.
+/// [`Accumulator::update`] prefetches the index line of a run, and then its
+/// record, a few runs ahead, so that cache misses overlap.
+#[derive(Debug)]
 struct Table {
-    slots: SlotBuf,
-    len: usize,
+    index: Buf<u64>,
     bits: u32,
-    /// Largest `len` before the table grows (load factor 0.7).
+    /// Records the table holds before it grows (load factor 0.7); the
+    /// records array has this capacity.
     limit: usize,
+    recs: Buf<Slot>,
+    len: usize,
 }
 
 /// Key hash: an xorshift and a multiplication by an odd constant, each
@@ -232,23 +278,45 @@ fn hash(k: u64) -> u64 {
     (k ^ (k >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// Most keys a table of `n` slots holds before it grows (load factor 0.7).
+/// The 32 hash bits after the shard bits (the shard bits are the same for
+/// every key of a table).
+#[inline(always)]
+fn tag_of(h: u64) -> u64 {
+    (h << SHARD_BITS) >> 32
+}
+
+/// Most keys an index of `n` entries holds before it grows (load factor 0.7).
 fn load_limit(n: usize) -> usize {
     n / 10 * 7 + (n % 10) * 7 / 10
 }
 
+/// Largest index of one table: home entries come from the 32 tag bits.
+const MAX_BITS: u32 = 32;
+
 impl Default for Table {
     fn default() -> Self {
-        Table::with_bits(4)
+        let mut t = Table { index: Buf::empty(), bits: 0, limit: 0, recs: Buf::empty(), len: 0 };
+        if t.try_reserve(load_limit(16)).is_none() {
+            std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u64; 16]>());
+        }
+        t
+    }
+}
+
+impl Clone for Table {
+    fn clone(&self) -> Self {
+        fn oom<T>() -> T {
+            std::alloc::handle_alloc_error(std::alloc::Layout::new::<Slot>())
+        }
+        let mut index = Buf::<u64>::try_zeroed(self.index.len()).unwrap_or_else(oom);
+        index.copy_from_slice(&self.index);
+        let mut recs = Buf::<Slot>::try_zeroed(self.limit).unwrap_or_else(oom);
+        recs[..self.len].copy_from_slice(&self.recs[..self.len]);
+        Table { index, bits: self.bits, limit: self.limit, recs, len: self.len }
     }
 }
 
 impl Table {
-    fn with_bits(bits: u32) -> Self {
-        let n = 1usize << bits;
-        Table { slots: SlotBuf::zeroed(n), len: 0, bits, limit: load_limit(n) }
-    }
-
     /// Make room for `additional` more keys; None (and the table
     /// unchanged) when the memory for the larger table is not there.
     fn try_reserve(&mut self, additional: usize) -> Option<()> {
@@ -256,30 +324,33 @@ impl Table {
         if need <= self.limit {
             return Some(());
         }
-        let mut bits = self.bits;
+        let mut bits = self.bits.max(4);
         while need.checked_mul(10)? > (1usize << bits) * 7 {
             bits += 1;
-            if bits >= usize::BITS - 6 {
+            if bits > MAX_BITS || bits >= usize::BITS - 4 {
                 return None;
             }
         }
         let n = 1usize << bits;
-        let slots = SlotBuf::try_zeroed(n)?;
-        let mut t = Table { slots, len: 0, bits, limit: load_limit(n) };
-        for s in self.slots.iter() {
-            if s.st.count != 0 {
-                t.merge_in(s.key, hash(s.key), &s.st);
+        let limit = load_limit(n);
+        let mut index = Buf::<u64>::try_zeroed(n)?;
+        // the records grow first: if the index could not be had after all,
+        // a larger records array is harmless
+        self.recs.try_grow(limit)?;
+        let mask = n - 1;
+        for &e in self.index.iter() {
+            if e != 0 {
+                let mut i = ((e >> 32) >> (32 - bits)) as usize;
+                while index[i] != 0 {
+                    i = (i + 1) & mask;
+                }
+                index[i] = e;
             }
         }
-        *self = t;
+        self.index = index;
+        self.bits = bits;
+        self.limit = limit;
         Some(())
-    }
-
-    /// Home slot: the `bits` hash bits after the shard bits (the shard
-    /// bits are the same for every key of a table).
-    #[inline(always)]
-    fn home(&self, h: u64) -> usize {
-        ((h << SHARD_BITS) >> (64 - self.bits)) as usize
     }
 
     fn reserve(&mut self, additional: usize) {
@@ -288,24 +359,48 @@ impl Table {
         }
     }
 
-    /// Merge `st` into key's slot (inserting it); true when the key was
+    /// Home entry of a tag.
+    #[inline(always)]
+    fn home(&self, tag: u64) -> usize {
+        (tag >> (32 - self.bits)) as usize
+    }
+
+    /// The record of `key`, or the empty index entry where it would go.
+    #[inline(always)]
+    fn find(&self, key: u64, h: u64) -> std::result::Result<usize, usize> {
+        let mask = self.index.len() - 1;
+        let tag = tag_of(h);
+        let mut i = self.home(tag);
+        loop {
+            let e = self.index[i];
+            if e == 0 {
+                return Err(i);
+            }
+            if e >> 32 == tag {
+                let r = (e as u32 - 1) as usize;
+                if self.recs[r].key == key {
+                    return Ok(r);
+                }
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Merge `st` into key's record (inserting it); true when the key was
     /// already present. Capacity must be reserved.
     #[inline(always)]
     fn merge_in(&mut self, key: u64, h: u64, st: &Stats) -> bool {
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(h);
-        loop {
-            let slot = &mut self.slots[i];
-            if slot.st.count == 0 {
-                *slot = Slot { key, st: *st };
+        match self.find(key, h) {
+            Ok(r) => {
+                self.recs[r].st.merge(st);
+                true
+            }
+            Err(i) => {
+                self.recs[self.len] = Slot { key, st: *st };
                 self.len += 1;
-                return false;
+                self.index[i] = tag_of(h) << 32 | self.len as u64;
+                false
             }
-            if slot.key == key {
-                slot.st.merge(st);
-                return true;
-            }
-            i = (i + 1) & mask;
         }
     }
 
@@ -317,58 +412,84 @@ impl Table {
         self.merge_in(key, h, st)
     }
 
-    /// Hint the CPU to fetch the home slot of hash `h` (no effect on results).
+    /// Hint the CPU to fetch the home index line of hash `h`.
     #[inline(always)]
-    fn prefetch(&self, h: u64) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let p = self.slots.as_ptr().wrapping_add(self.home(h)) as *const i8;
-            // SAFETY: prefetch is a hint; it never faults, even on a bad address.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch(p, std::arch::x86_64::_MM_HINT_T0);
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = h;
+    fn prefetch_home(&self, h: u64) {
+        let p = self.index.as_ptr().wrapping_add(self.home(tag_of(h)));
+        prefetch(p);
+        // at loads up to 0.7 a probe often runs into the next line
+        prefetch(p.wrapping_add(8));
     }
 
-    fn get(&self, key: u64) -> Option<&Stats> {
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(hash(key));
+    /// Hint the CPU to fetch the record the index (in cache by now) gives
+    /// for hash `h`, if any: the first entry with its tag.
+    #[inline(always)]
+    fn prefetch_record(&self, h: u64) {
+        let mask = self.index.len() - 1;
+        let tag = tag_of(h);
+        let mut i = self.home(tag);
         loop {
-            let slot = &self.slots[i];
-            if slot.st.count == 0 {
-                return None;
+            let e = self.index[i];
+            if e == 0 {
+                return;
             }
-            if slot.key == key {
-                return Some(&slot.st);
+            if e >> 32 == tag {
+                prefetch(self.recs.as_ptr().wrapping_add((e as u32 - 1) as usize));
+                return;
             }
             i = (i + 1) & mask;
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = (u64, &Stats)> {
-        self.slots.iter().filter(|s| s.st.count != 0).map(|s| (s.key, &s.st))
+    fn get(&self, key: u64) -> Option<&Stats> {
+        self.find(key, hash(key)).ok().map(|r| &self.recs[r].st)
     }
 
-    /// Merge a list of runs in order, prefetching the home slot (and the
-    /// next cache line, where linear probing continues) of the run
-    /// `PREFETCH` places ahead so that cache misses overlap.
+    fn records(&self) -> &[Slot] {
+        &self.recs[..self.len]
+    }
+
+    /// Forget every prompt, keeping the capacity.
+    fn clear(&mut self) {
+        self.index.fill(0);
+        self.len = 0;
+    }
+
+    /// Merge runs in order. The index line of the run `2 * PREFETCH`
+    /// places ahead is prefetched, and the record of the run `PREFETCH`
+    /// places ahead once its index line is in, so that cache misses overlap.
     fn merge_runs<'a>(&mut self, runs: impl Iterator<Item = &'a Slot> + Clone) {
-        let mut ahead = runs.clone().skip(PREFETCH);
+        let mut far = runs.clone().skip(2 * PREFETCH);
+        let mut near = runs.clone().skip(PREFETCH);
         for run in runs {
-            if let Some(a) = ahead.next() {
-                self.prefetch(hash(a.key));
+            if let Some(a) = far.next() {
+                self.prefetch_home(hash(a.key));
+            }
+            if let Some(b) = near.next() {
+                self.prefetch_record(hash(b.key));
             }
             self.upsert(run.key, hash(run.key), &run.st);
         }
     }
 }
 
+/// Hint the CPU to fetch the cache line at `p` (no effect on results).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint; it never faults, even on a bad address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Rows per block of the run scan: run starts of a block are found first
 /// (vector compares of neighbouring keys), then each run is folded.
 const BLOCK: usize = 1 << 12;
-/// How many runs ahead the table slot is prefetched.
+/// How many runs ahead a run's record is prefetched (its index line twice
+/// as far ahead).
 const PREFETCH: usize = 32;
 /// The table is split into `SHARDS` independent tables by the top
 /// `SHARD_BITS` bits of the key hash, so that one update merges into all
@@ -453,11 +574,7 @@ fn prefetch_ahead<T>(v: &[T], from: usize, to: usize) -> usize {
     let step = 64 / std::mem::size_of::<T>();
     let mut r = from;
     while r < to {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: prefetch is a hint and never faults; r < v.len().
-        unsafe {
-            std::arch::x86_64::_mm_prefetch(v.as_ptr().add(r) as *const i8, std::arch::x86_64::_MM_HINT_T0);
-        }
+        prefetch(v.as_ptr().wrapping_add(r));
         r += step;
     }
     r.max(from)
@@ -577,8 +694,7 @@ impl Shards {
     /// Forget every prompt, keeping the tables' capacity.
     fn clear(&mut self) {
         for t in &mut self.0 {
-            t.slots.fill(Slot::default());
-            t.len = 0;
+            t.clear();
         }
     }
 
@@ -586,13 +702,8 @@ impl Shards {
         self.0[shard_of(hash(key))].get(key)
     }
 
-    fn upsert(&mut self, key: u64, st: &Stats) -> bool {
-        let h = hash(key);
-        self.0[shard_of(h)].upsert(key, h, st)
-    }
-
     fn iter(&self) -> impl Iterator<Item = (u64, &Stats)> {
-        self.0.iter().flat_map(|t| t.iter())
+        self.0.iter().flat_map(|t| t.records().iter().map(|s| (s.key, &s.st)))
     }
 
     /// Every prompt's statistics in the order of its key hash. The shards
@@ -609,7 +720,7 @@ impl Shards {
             rest = b;
         }
         parts.into_par_iter().for_each(|(t, dst)| {
-            let mut v: Vec<(u64, Stats)> = t.iter().map(|(k, s)| (hash(k), *s)).collect();
+            let mut v: Vec<(u64, Stats)> = t.records().iter().map(|s| (hash(s.key), s.st)).collect();
             // hash is a bijection of the key: no ties, so unstable is deterministic
             v.sort_unstable_by_key(|e| e.0);
             for (d, e) in dst.iter_mut().zip(v) {
@@ -794,8 +905,8 @@ impl Accumulator {
         self.rows += n as u64;
         // keep the scratch lists for the next update, unless they are much
         // larger than both the tables and this update (at most 2^21 runs)
-        let slots: usize = self.shards.0.iter().map(|t| t.slots.len()).sum();
-        let keep = (1 << 16).max(slots).max((2 * n).min(1 << 21));
+        let entries: usize = self.shards.0.iter().map(|t| t.index.len()).sum();
+        let keep = (1 << 16).max(entries).max((2 * n).min(1 << 21));
         if parts.iter().flatten().map(|b| b.capacity()).sum::<usize>() <= keep {
             self.runs.0 = parts;
         }
@@ -804,12 +915,15 @@ impl Accumulator {
 
     /// Fold another accumulator into this one (exact, order-free up to rounding).
     pub fn merge(&mut self, other: &Accumulator) {
-        // other's slots are in hash order already: a forward sweep here too
-        for (a, b) in self.shards.0.iter_mut().zip(&other.shards.0) {
+        let one = |(a, b): (&mut Table, &Table)| {
             a.reserve(b.len);
-            for (k, s) in b.iter() {
-                a.merge_in(k, hash(k), s);
-            }
+            a.merge_runs(b.records().iter());
+        };
+        if other.len() >= PAR_ROWS && rayon::current_num_threads() > 1 {
+            use rayon::prelude::*;
+            self.shards.0.par_iter_mut().zip(&other.shards.0).for_each(one);
+        } else {
+            self.shards.0.iter_mut().zip(&other.shards.0).for_each(one);
         }
         self.rows += other.rows;
     }
@@ -872,8 +986,9 @@ impl Accumulator {
                 b.len()
             ));
         }
-        let mut map = Shards::default();
+        let mut runs = buckets();
         let mut total = 0u64;
+        let mut last = None;
         for i in 0..n as usize {
             let o = HEADER + i * ENTRY;
             let key = u64_at(o);
@@ -885,15 +1000,28 @@ impl Accumulator {
                     "corrupt variance accumulator: prompt entry {i} has count {count}, mean {mean}, m2 {m2}"
                 ));
             }
-            total = total.saturating_add(count);
-            if map.upsert(key, &Stats { count, mean, m2 }) {
-                return invalid(format!("corrupt variance accumulator: key {key} appears twice"));
+            if last.is_some_and(|l| l >= key) {
+                return invalid(format!(
+                    "corrupt variance accumulator: prompt entry {i} has key {key}, not above the previous key {} \
+                     (entries are in increasing key order, each key once)",
+                    last.unwrap_or_default()
+                ));
             }
+            last = Some(key);
+            total = total.saturating_add(count);
+            runs[shard_of(hash(key))].push(Slot { key, st: Stats { count, mean, m2 } });
         }
         if total != rows {
             return invalid(format!("corrupt variance accumulator: counts sum to {total}, header says {rows} rows"));
         }
-        Ok(Accumulator { shards: map, rows, ..Default::default() })
+        let mut shards = Shards::default();
+        for (t, r) in shards.0.iter_mut().zip(&runs) {
+            if t.try_reserve(r.len()).is_none() {
+                return invalid(format!("cannot load {n} prompts: not enough memory"));
+            }
+        }
+        shards.merge_buckets(std::slice::from_ref(&runs), n as usize >= PAR_ROWS);
+        Ok(Accumulator { shards, rows, ..Default::default() })
     }
 }
 
@@ -1064,9 +1192,74 @@ mod tests {
         let mut bad = b.clone();
         bad[16] = 99; // rows
         assert!(Accumulator::from_bytes(&bad).is_err());
+        // entries out of key order, or a key twice (the second entry's key
+        // set to the first's, the counts still summing to the rows)
+        let mut bad = b.clone();
+        let (e0, e1) = (HEADER, HEADER + ENTRY);
+        let (k0, k1) = (b[e0..e0 + 8].to_vec(), b[e1..e1 + 8].to_vec());
+        bad[e0..e0 + 8].copy_from_slice(&k1);
+        bad[e1..e1 + 8].copy_from_slice(&k0);
+        assert!(Accumulator::from_bytes(&bad).unwrap_err().to_string().contains("increasing key order"));
+        let mut bad = b.clone();
+        bad[e1..e1 + 8].copy_from_slice(&k0);
+        assert!(Accumulator::from_bytes(&bad).unwrap_err().to_string().contains("each key once"));
         let r = Accumulator::from_bytes(&b).unwrap();
         assert!(same(&acc, &r));
         assert_eq!(r.to_bytes(), b);
+        // a large state round-trips (parallel load)
+        let keys: Vec<u64> = (0..300_000u64).flat_map(|k| [k * 7919, k * 7919]).collect();
+        let x: Vec<f64> = (0..keys.len()).map(|i| (i % 13) as f64).collect();
+        let mut big = Accumulator::new();
+        big.update(&keys, &x).unwrap();
+        let bb = big.to_bytes();
+        let r = Accumulator::from_bytes(&bb).unwrap();
+        assert!(same(&big, &r));
+        assert_eq!(r.to_bytes(), bb);
+    }
+
+    #[test]
+    fn buffers_grow_keeping_their_contents() {
+        // from empty, through the heap, across the mapping threshold, and a
+        // mapping grown again (moved by the kernel or in place)
+        let mut b = Buf::<u64>::empty();
+        let mut filled = 0;
+        for n in [5usize, 1000, HUGE / 8 + 3, HUGE / 2, 3 * HUGE] {
+            b.try_grow(n).unwrap();
+            assert_eq!(b.len(), n);
+            assert!(b[..filled].iter().enumerate().all(|(i, &v)| v == i as u64 * 3 + 1));
+            assert!(b[filled..].iter().all(|&v| v == 0));
+            for (i, v) in b.iter_mut().enumerate() {
+                *v = i as u64 * 3 + 1;
+            }
+            filled = n;
+            #[cfg(target_os = "linux")]
+            assert_eq!(b.mapped, n * 8 >= HUGE);
+        }
+        b.try_grow(10).unwrap(); // never shrinks
+        assert_eq!(b.len(), 3 * HUGE);
+        // an impossible size is refused, with the contents kept
+        assert!(b.try_grow(usize::MAX / 4).is_none());
+        assert_eq!((b.len(), b[7]), (3 * HUGE, 22));
+    }
+
+    #[test]
+    fn tables_grow_and_find_every_key() {
+        // many keys in one table, grown from the smallest size on the way
+        let mut t = Table::default();
+        let keys: Vec<u64> = (0..200_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 3).collect();
+        for (i, &k) in keys.iter().enumerate() {
+            assert!(!t.upsert(k, hash(k), &Stats { count: 1, mean: i as f64, m2: 0.0 }));
+            assert!(t.len <= t.limit && t.limit <= t.recs.len());
+        }
+        for (i, &k) in keys.iter().enumerate() {
+            assert_eq!(t.get(k).map(|s| s.mean), Some(i as f64));
+            assert!(t.upsert(k, hash(k), &Stats { count: 1, mean: i as f64, m2: 0.0 }));
+        }
+        assert_eq!(t.get(u64::MAX - 1), None);
+        let c = t.clone();
+        assert!(keys.iter().all(|&k| c.get(k).map(|s| s.count) == Some(2)));
+        t.clear();
+        assert!(t.len == 0 && keys.iter().all(|&k| t.get(k).is_none()));
     }
 
     /// Neumaier-compensated sum: an accurate reference.
@@ -1259,13 +1452,13 @@ mod tests {
         let n = 400_000u64;
         let keys: Vec<u64> = (0..2 * n).map(|i| i / 2).collect();
         let x: Vec<f64> = (0..2 * n).map(|i| (i % 7) as f64).collect();
-        let mut acc = Accumulator::with_capacity(1_600_000).unwrap();
+        let mut acc = Accumulator::with_capacity(4_000_000).unwrap();
         acc.update(&keys, &x).unwrap();
         let mut grown = Accumulator::new();
         grown.update(&keys, &x).unwrap();
         assert!(same(&acc, &grown));
         assert_eq!(acc.to_bytes(), grown.to_bytes());
-        assert!(acc.shards.0.iter().all(|t| t.slots.len() * std::mem::size_of::<Slot>() >= HUGE));
+        assert!(acc.shards.0.iter().all(|t| t.recs.mapped && t.recs.len() * std::mem::size_of::<Slot>() >= HUGE));
         let c = acc.clone();
         assert!(same(&acc, &c));
         let s = acc.get(12345).unwrap();
