@@ -196,6 +196,11 @@ def test_nan_inf_named_and_atomic():
         acc.update([1, 2], [1.0])
     with pytest.raises(MrtInputError, match="magic"):
         VarianceAccumulator.from_bytes(b"garbage")
+    # a serialised state whose second entry repeats the first key: refused by name
+    blob = bytearray(acc.to_bytes())
+    blob[32 + 32 : 32 + 40] = blob[32:40]
+    with pytest.raises(MrtInputError, match="entry 1 .*each key once"):
+        VarianceAccumulator.from_bytes(bytes(blob))
 
 
 def test_no_prompt_with_two_responses():
