@@ -334,8 +334,8 @@ impl Table {
         let n = 1usize << bits;
         let limit = load_limit(n);
         let mut index = Buf::<u64>::try_zeroed(n)?;
-        // the records grow first: if the index could not be had after all,
-        // a larger records array is harmless
+        // if the records cannot grow, the new index is dropped and the table
+        // is unchanged
         self.recs.try_grow(limit)?;
         let mask = n - 1;
         for &e in self.index.iter() {
@@ -1458,7 +1458,8 @@ mod tests {
         grown.update(&keys, &x).unwrap();
         assert!(same(&acc, &grown));
         assert_eq!(acc.to_bytes(), grown.to_bytes());
-        assert!(acc.shards.0.iter().all(|t| t.recs.mapped && t.recs.len() * std::mem::size_of::<Slot>() >= HUGE));
+        let mapped = |t: &Table| t.recs.mapped || !cfg!(target_os = "linux");
+        assert!(acc.shards.0.iter().all(|t| mapped(t) && t.recs.len() * std::mem::size_of::<Slot>() >= HUGE));
         let c = acc.clone();
         assert!(same(&acc, &c));
         let s = acc.get(12345).unwrap();
