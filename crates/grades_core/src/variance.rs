@@ -1462,6 +1462,15 @@ mod tests {
         assert!(acc.shards.0.iter().all(|t| mapped(t) && t.recs.len() * std::mem::size_of::<Slot>() >= HUGE));
         let c = acc.clone();
         assert!(same(&acc, &c));
+        // two large shards, each with prompts of the other, merged in
+        // parallel: the same as one pass
+        let (mut a, mut b) = (Accumulator::new(), Accumulator::new());
+        let h = keys.len() / 2 + 1; // odd split: prompt h/2 has a row in each
+        a.update(&keys[..h], &x[..h]).unwrap();
+        b.update(&keys[h..], &x[h..]).unwrap();
+        assert!(a.len() >= PAR_ROWS && b.len() >= PAR_ROWS);
+        a.merge(&b);
+        assert!(same(&a, &grown));
         let s = acc.get(12345).unwrap();
         assert_eq!(s.count, 2);
         assert!(close(s.mean, (x[24690] + x[24691]) / 2.0, 1e-15));
