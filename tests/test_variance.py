@@ -346,6 +346,47 @@ def test_report_fields_and_bootstrap_seeded():
     assert r3.ci != r1.ci
 
 
+def test_normal_bootstrap_agrees_with_exact_resampling():
+    """The large-sample law of the resample means gives the exact bootstrap's
+    intervals: endpoints within a fifth of the interval's width, at a prompt
+    count where the exact resampling is still cheap (and a covariance left
+    unscaled by the prompt count, or a wrong variance of the means, fails)."""
+    rng = np.random.default_rng(11)
+    p, k = 3000, 5
+    # skewed within-prompt noise and unequal K: not the normal textbook case
+    mu = rng.normal(0.0, 1.0, size=p)
+    ks = rng.integers(2, 2 * k, size=p)
+    ids = np.repeat(np.arange(p), ks)
+    x = mu[ids] + rng.exponential(2.0, size=len(ids))
+    df = pl.DataFrame({"prompt_id": ids, "loss": x})
+    ex = variance_budget(df, cost_prompt=4, cost_response=1, n_boot=2000, seed=1, bootstrap="exact")
+    no = variance_budget(df, cost_prompt=4, cost_response=1, n_boot=2000, seed=1, bootstrap="normal")
+    assert (ex.bootstrap, no.bootstrap) == ("exact", "normal")
+    assert any("normal approximation" in n for n in no.notes) and not any("normal approx" in n for n in ex.notes)
+    for name in ("v_x", "v_y_given_x", "ratio", "k_star"):
+        (a, b), (c, d) = ex.ci[name], no.ci[name]
+        width = b - a
+        assert abs(a - c) <= 0.2 * width and abs(b - d) <= 0.2 * width, (name, ex.ci[name], no.ci[name])
+    # seeded, and auto picks by the number of draws
+    assert variance_budget(df, cost_prompt=4, cost_response=1, n_boot=2000, seed=1, bootstrap="normal").ci == no.ci
+    assert variance_budget(df, n_boot=100, seed=1).bootstrap == "exact"  # 3e5 draws
+    big = mrt_fast.variance.EXACT_BOOTSTRAP_DRAWS // p + 1
+    assert variance_budget(df, n_boot=big, seed=1).bootstrap == "normal"
+    assert variance_budget(df, n_boot=0).bootstrap == "none"
+    with pytest.raises(MrtInputError, match="bootstrap must be one of"):
+        variance_budget(df, bootstrap="fast")
+
+
+def test_normal_bootstrap_with_a_degenerate_covariance():
+    # every prompt has responses {m, m + 1}: s^2 = 0.5 and s^2/K = 0.25 exactly
+    m = np.arange(40, dtype=float) * 0.1
+    df = pl.DataFrame({"prompt_id": np.repeat(np.arange(40), 2), "loss": np.stack([m, m + 1], axis=1).ravel()})
+    r = variance_budget(df, n_boot=500, bootstrap="normal")
+    assert r.ci["v_y_given_x"] == pytest.approx((0.5, 0.5))
+    lo, hi = r.ci["v_x"]
+    assert np.isfinite(lo) and lo <= r.v_x <= hi
+
+
 def test_pandas_input():
     pd = pytest.importorskip("pandas")
     df = pd.DataFrame({"prompt_id": ["a", "a", "b", "b", "c", "c"], "loss": [1.0, 2.0, 4.0, 4.5, 0.0, 0.2]})

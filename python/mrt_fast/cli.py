@@ -248,6 +248,9 @@ def diagnose_cmd(
     delta: float = typer.Option(0.05, help="Failure probability of the Bernstein bound."),
     n_boot: int = typer.Option(1000, help="Bootstrap resamples for the intervals (0: none)."),
     seed: int = typer.Option(0, help="Bootstrap seed."),
+    bootstrap: str = typer.Option(
+        "auto", help="exact (resample prompts), normal (large-sample law of the resample means) or auto."
+    ),
     json_out: Path = typer.Option(None, "--json", help="Write the report as JSON here (inf as the string \"inf\")."),
     plot: Path = typer.Option(None, "--plot", help="Write the variance-vs-K plot here (.png)."),
 ) -> None:
@@ -261,7 +264,7 @@ def diagnose_cmd(
     try:
         rep = variance_budget(
             df, by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
-            k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed,
+            k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap,
         )
     except MrtInputError as e:
         console.print(f"[red]error:[/red] {e}")

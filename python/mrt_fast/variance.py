@@ -328,21 +328,61 @@ def _saturation(v_x: float, v_y: float) -> float:
 # --------------------------------------------------------------------------- bootstrap
 
 
-def _bootstrap(count, mean, m2, *, n_boot, seed, cp, cr, k_max, level):
-    """Percentile intervals over prompts, resampled with replacement (vectorised)."""
+BOOTSTRAP_METHODS = ("auto", "exact", "normal")
+# `auto` resamples exactly up to this many draws (prompts x resamples; about
+# a second of NumPy on 2 cores), and above it uses the normal approximation
+EXACT_BOOTSTRAP_DRAWS = 50_000_000
+
+
+def _bootstrap_method(method: str, p: int, n_boot: int) -> str:
+    if method not in BOOTSTRAP_METHODS:
+        raise MrtInputError(f"bootstrap must be one of {BOOTSTRAP_METHODS}, got {method!r}")
+    if method == "auto":
+        return "exact" if p * n_boot <= EXACT_BOOTSTRAP_DRAWS else "normal"
+    return method
+
+
+def _bootstrap_sums(s2, s2k, g, n_boot, rng, method):
+    """Per resample: mean s^2, mean s^2/K and the ddof=1 variance of the prompt
+    means over P prompts drawn with replacement, in batches of resamples.
+
+    `exact` draws the prompts. `normal` draws the resample's mean of the
+    per-prompt vector (s^2, s^2/K, g - gbar, (g - gbar)^2) from the normal
+    law with the vector's mean and covariance / P, which is what the exact
+    resample mean tends to as P grows (central limit theorem); the
+    statistics are then the same functions of it, so their intervals keep
+    the skew that the ratio and K* add."""
+    p = len(g)
+    if method == "exact":
+        step = max(1, min(n_boot, 4_000_000 // max(p, 1)))
+        for b0 in range(0, n_boot, step):
+            idx = rng.integers(0, p, size=(min(n_boot, b0 + step) - b0, p))
+            yield s2[idx].mean(axis=1), s2k[idx].mean(axis=1), g[idx].var(axis=1, ddof=1)
+        return
+    gc = g - g.mean()
+    v = np.column_stack([s2, s2k, gc, gc * gc])
+    mu = v.mean(axis=0)
+    cov = np.cov(v, rowvar=False, ddof=1) / p
+    w, q = np.linalg.eigh(cov)
+    root = q * np.sqrt(np.clip(w, 0.0, None))  # cov = root @ root.T, also when singular
+    m = mu + rng.standard_normal((n_boot, 4)) @ root.T
+    yield m[:, 0], m[:, 1], (m[:, 3] - m[:, 2] ** 2) * (p / (p - 1.0))
+
+
+def _bootstrap(count, mean, m2, *, n_boot, seed, cp, cr, k_max, level, method="auto"):
+    """Percentile intervals over prompts resampled with replacement (see
+    `_bootstrap_sums`); returns the intervals, the share of resamples with
+    V_x = 0 and the method used."""
     p = len(count)
+    method = _bootstrap_method(method, p, n_boot)
     rng = np.random.default_rng(seed)
     n = count.astype(np.float64)
     s2 = m2 / (n - 1.0)
     s2k = s2 / n
     out = {name: np.empty(n_boot) for name in ("v_x", "v_y_given_x", "ratio", "k_star", "k_best")}
-    step = max(1, min(n_boot, 4_000_000 // max(p, 1)))
-    for b0 in range(0, n_boot, step):
-        b1 = min(n_boot, b0 + step)
-        idx = rng.integers(0, p, size=(b1 - b0, p))
-        vy = s2[idx].mean(axis=1)
-        leak = s2k[idx].mean(axis=1)
-        vm = mean[idx].var(axis=1, ddof=1)
+    b0 = 0
+    for vy, leak, vm in _bootstrap_sums(s2, s2k, mean, n_boot, rng, method):
+        b1 = b0 + len(vy)
         vx = np.maximum(0.0, vm - leak)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(vx > 0, vy / vx, np.where(vy > 0, np.inf, np.nan))
@@ -352,6 +392,7 @@ def _bootstrap(count, mean, m2, *, n_boot, seed, cp, cr, k_max, level):
         out["ratio"][b0:b1] = ratio
         out["k_star"][b0:b1] = ks
         out["k_best"][b0:b1] = _k_best_vec(vx, vy, ks, cp, cr, k_max)
+        b0 = b1
     a = (1.0 - level) / 2.0
     ci = {}
     for name, v in out.items():
@@ -359,7 +400,7 @@ def _bootstrap(count, mean, m2, *, n_boot, seed, cp, cr, k_max, level):
         lo, hi = np.quantile(v, [a, 1.0 - a], method="inverted_cdf")
         ci[name] = (float(lo), float(hi))
     frac_zero = float(np.mean(out["v_x"] == 0.0))
-    return ci, frac_zero
+    return ci, frac_zero, method
 
 
 def _k_best_vec(vx, vy, ks, cp, cr, k_max):
@@ -425,6 +466,7 @@ class VarianceReport:
     ci_level: float
     n_boot: int
     seed: int
+    bootstrap: str = "none"
     ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     predicted: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)
@@ -450,7 +492,7 @@ class VarianceReport:
             if name not in self.ci:
                 return ""
             lo, hi = self.ci[name]
-            return f"  [{f(lo)}, {f(hi)}] ({self.ci_level:.0%} bootstrap)"
+            return f"  [{f(lo)}, {f(hi)}] ({self.ci_level:.0%} bootstrap, {self.bootstrap})"
 
         lines = [
             "VarianceReport(",
@@ -544,6 +586,7 @@ def report_from_accumulator(
     n_boot: int = 1000,
     seed: int = 0,
     ci_level: float = 0.95,
+    bootstrap: str = "auto",
 ) -> VarianceReport:
     """The diagnosis from per-prompt statistics (see `variance_budget`)."""
     cp, cr = _check_costs(cost_prompt, cost_response)
@@ -559,6 +602,7 @@ def report_from_accumulator(
         raise MrtInputError(f"ci_level must be in (0, 1), got {ci_level}")
     if int(n_boot) < 0:
         raise MrtInputError(f"n_boot must be >= 0, got {n_boot}")
+    _bootstrap_method(bootstrap, 0, 0)
     if budget is not None and (not math.isfinite(budget) or budget <= 0):
         raise MrtInputError(f"budget must be a positive finite number, got {budget!r}")
     if loss_bound is not None and (not math.isfinite(loss_bound) or loss_bound < 0):
@@ -611,9 +655,10 @@ def report_from_accumulator(
         notes.append("no loss_bound given: Bernstein bounds omitted")
 
     ci: dict[str, tuple[float, float]] = {}
+    method = "none"
     if n_boot > 0:
         pp = acc.per_prompt().filter(pl.col("count") >= 2)
-        ci, frac0 = _bootstrap(
+        ci, frac0, method = _bootstrap(
             pp["count"].to_numpy(),
             pp["mean"].to_numpy(),
             pp["m2"].to_numpy(),
@@ -623,7 +668,13 @@ def report_from_accumulator(
             cr=cr,
             k_max=k_max,
             level=ci_level,
+            method=bootstrap,
         )
+        if method == "normal":
+            notes.append(
+                f"intervals from the normal approximation of the bootstrap ({len(pp)} prompts x {n_boot} resamples "
+                f"is above {EXACT_BOOTSTRAP_DRAWS:.0e} draws; bootstrap='exact' resamples the prompts)"
+            )
         if frac0 > 0:
             notes.append(f"V_x was 0 in {frac0:.1%} of bootstrap resamples (K* infinite there)")
 
@@ -652,6 +703,7 @@ def report_from_accumulator(
         ci_level=float(ci_level),
         n_boot=int(n_boot),
         seed=int(seed),
+        bootstrap=method,
         ci=ci,
         predicted=pl.DataFrame(cols),
         notes=notes,
@@ -674,6 +726,7 @@ def variance_budget(
     n_boot: int = 1000,
     seed: int = 0,
     ci_level: float = 0.95,
+    bootstrap: str = "auto",
 ) -> VarianceReport:
     """Estimate V_x and V_y|x from a table of per-response losses and say how
     many responses per prompt the budget law recommends.
@@ -686,6 +739,10 @@ def variance_budget(
     buys. `loss_bound`: B_loss of the Bernstein bound (losses in [0, B_loss]);
     None uses the observed range max - min of the loss column (noted).
     `n_boot`, `seed`, `ci_level`: seeded percentile bootstrap over prompts.
+    `bootstrap`: "exact" resamples the prompts (time grows as prompts x
+    n_boot); "normal" draws each resample's means of the per-prompt
+    statistics from their large-sample normal law (time independent of the
+    prompt count); "auto" (default) is exact up to 5e7 draws.
     """
     df = _frame(table, by, loss)
     x = _loss_column(df, loss)
@@ -707,6 +764,7 @@ def variance_budget(
         n_boot=n_boot,
         seed=seed,
         ci_level=ci_level,
+        bootstrap=bootstrap,
     )
     rep.notes.extend(notes_extra)
     return rep
