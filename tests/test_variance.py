@@ -377,6 +377,22 @@ def test_normal_bootstrap_agrees_with_exact_resampling():
         variance_budget(df, bootstrap="fast")
 
 
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(2, 60), block=st.integers(1, 70), seed=st.integers(0, 2**32 - 1))
+def test_blocked_mean_and_covariance_equal_numpy(p, block, seed):
+    from mrt_fast.variance import _mean_and_cov
+
+    rng = np.random.default_rng(seed)
+    s2 = rng.gamma(2.0, size=p)
+    s2k = s2 / rng.integers(2, 9, size=p)
+    g = rng.normal(1e3, 2.0, size=p)  # an offset: the centring matters
+    mu, cov = _mean_and_cov(s2, s2k, g, block=block)
+    gc = g - g.mean()
+    v = np.column_stack([s2, s2k, gc, gc * gc])
+    np.testing.assert_allclose(mu, v.mean(axis=0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(cov, np.cov(v, rowvar=False, ddof=1), rtol=1e-9, atol=1e-12)
+
+
 def test_normal_bootstrap_with_a_degenerate_covariance():
     # every prompt has responses {m, m + 1}: s^2 = 0.5 and s^2/K = 0.25 exactly
     m = np.arange(40, dtype=float) * 0.1

@@ -359,14 +359,38 @@ def _bootstrap_sums(s2, s2k, g, n_boot, rng, method):
             idx = rng.integers(0, p, size=(min(n_boot, b0 + step) - b0, p))
             yield s2[idx].mean(axis=1), s2k[idx].mean(axis=1), g[idx].var(axis=1, ddof=1)
         return
-    gc = g - g.mean()
-    v = np.column_stack([s2, s2k, gc, gc * gc])
-    mu = v.mean(axis=0)
-    cov = np.cov(v, rowvar=False, ddof=1) / p
+    mu, cov = _mean_and_cov(s2, s2k, g)
+    cov = cov / p  # of the resample means
     w, q = np.linalg.eigh(cov)
     root = q * np.sqrt(np.clip(w, 0.0, None))  # cov = root @ root.T, also when singular
     m = mu + rng.standard_normal((n_boot, 4)) @ root.T
     yield m[:, 0], m[:, 1], (m[:, 3] - m[:, 2] ** 2) * (p / (p - 1.0))
+
+
+def _mean_and_cov(s2, s2k, g, block=1 << 18):
+    """Mean and ddof=1 covariance of the per-prompt vectors (s2, s2k, g - gbar,
+    (g - gbar)^2), in blocks through one small buffer (no P x 4 copy)."""
+    p = len(g)
+    gbar = g.mean()
+    buf = np.empty((4, min(p, block)))
+
+    def fill(a, b):
+        d = buf[:, : b - a]
+        d[0], d[1] = s2[a:b], s2k[a:b]
+        np.subtract(g[a:b], gbar, out=d[2])
+        np.multiply(d[2], d[2], out=d[3])
+        return d
+
+    total = np.zeros(4)
+    for a in range(0, p, block):
+        total += fill(a, min(p, a + block)).sum(axis=1)
+    mu = total / p
+    cov = np.zeros((4, 4))
+    for a in range(0, p, block):
+        d = fill(a, min(p, a + block))
+        d -= mu[:, None]
+        cov += d @ d.T
+    return mu, cov / (p - 1.0)
 
 
 def _bootstrap(count, mean, m2, *, n_boot, seed, cp, cr, k_max, level, method="auto"):

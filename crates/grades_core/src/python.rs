@@ -366,17 +366,7 @@ fn keys_from_strings<'py>(
 ) -> PyResult<Bound<'py, PyArray1<u64>>> {
     let off = slice1(&offsets, "offsets")?;
     let b = slice1(&data, "data")?;
-    let keys = run(py, || {
-        let mut out = Vec::with_capacity(off.len().saturating_sub(1));
-        for w in off.windows(2) {
-            let (s, e) = (w[0], w[1]);
-            if s < 0 || e < s || e as usize > b.len() {
-                return Err(Error::Invalid(format!("bad string offsets {s}..{e}")));
-            }
-            out.push(sampling::key_of_bytes(&b[s as usize..e as usize]));
-        }
-        Ok(out)
-    })?;
+    let keys = run(py, || sampling::keys_of_strings(off, b))?;
     Ok(PyArray1::from_vec(py, keys))
 }
 
@@ -384,7 +374,7 @@ fn keys_from_strings<'py>(
 #[pyfunction]
 fn keys_from_ints<'py>(py: Python<'py>, ids: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray1<u64>>> {
     let v = slice1(&ids, "ids")?;
-    let keys: Vec<u64> = v.iter().map(|&x| sampling::key_of_int(x)).collect();
+    let keys = py.detach(|| sampling::keys_of_ints(v));
     Ok(PyArray1::from_vec(py, keys))
 }
 
