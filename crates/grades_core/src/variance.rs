@@ -651,6 +651,24 @@ fn scan_runs_dispatch(keys: &[u64], x: &[f64], out: &mut Buckets) -> Option<usiz
     scan_runs(keys, x, out)
 }
 
+/// Number of runs of equal neighbouring keys, counted in parallel.
+fn count_runs(keys: &[u64]) -> usize {
+    use rayon::prelude::*;
+    if keys.is_empty() {
+        return 0;
+    }
+    // pieces overlap by one key, so every neighbouring pair is compared once
+    let starts: usize = (0..keys.len().div_ceil(PAR_ROWS))
+        .into_par_iter()
+        .map(|c| {
+            let s = (c * PAR_ROWS).max(1);
+            let e = ((c + 1) * PAR_ROWS).min(keys.len());
+            keys[s - 1..e - 1].iter().zip(&keys[s..e]).map(|(a, b)| (a != b) as usize).sum::<usize>()
+        })
+        .sum();
+    1 + starts
+}
+
 /// Scratch lists of runs kept between updates (not part of the state): one
 /// [`Buckets`] per stretch of rows scanned in parallel.
 #[derive(Default)]
@@ -848,6 +866,13 @@ impl Accumulator {
         }
         if keys.len() <= STRETCH || self.rows != 0 {
             return self.update_part(keys, losses, 0);
+        }
+        // grouped rows (two or more a run on average): the runs bound the
+        // prompts, so the tables are sized for them once instead of growing
+        // on the way (a hint only: the statistics do not depend on it)
+        let runs = count_runs(keys);
+        if runs.saturating_mul(2) <= keys.len() {
+            let _ = self.reserve(runs);
         }
         for s in (0..keys.len()).step_by(STRETCH) {
             let e = (s + STRETCH).min(keys.len());
@@ -1168,6 +1193,21 @@ mod tests {
             let t = b.get(k).unwrap();
             assert_eq!((s.count, s.mean.to_bits(), s.m2.to_bits()), (t.count, t.mean.to_bits(), t.m2.to_bits()));
         }
+        // the grouped first update sized its tables for its runs up front
+        assert_eq!(count_runs(&keys), n.div_ceil(3));
+        let sized = Accumulator::with_capacity(n.div_ceil(3)).unwrap();
+        let lens = |acc: &Accumulator| acc.shards.0.iter().map(|t| t.index.len()).collect::<Vec<_>>();
+        assert_eq!(lens(&a), lens(&sized));
+        // rows mostly in runs of one are not: their tables grow as they fill
+        let single: Vec<u64> = (0..n as u64).map(|i| (i / 3 + (i % 3) * 7_777_777) % 100_003).collect();
+        let mut d = Accumulator::new();
+        d.update(&single, &x).unwrap();
+        let mut e = Accumulator::new();
+        e.update(&single[..1], &x[..1]).unwrap();
+        e.update(&single[1..], &x[1..]).unwrap();
+        assert!(count_runs(&single) * 2 > n);
+        assert_eq!(lens(&d), lens(&e));
+        assert!(lens(&d) < lens(&sized));
         // a bad loss in a later stretch: named by its row, nothing kept
         let mut bad = x.clone();
         bad[2 * STRETCH + 5] = f64::NAN;
