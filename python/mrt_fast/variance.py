@@ -364,7 +364,9 @@ def _bootstrap_sums(s2, s2k, g, n_boot, rng, method):
     w, q = np.linalg.eigh(cov)
     root = q * np.sqrt(np.clip(w, 0.0, None))  # cov = root @ root.T, also when singular
     m = mu + rng.standard_normal((n_boot, 4)) @ root.T
-    yield m[:, 0], m[:, 1], (m[:, 3] - m[:, 2] ** 2) * (p / (p - 1.0))
+    # means of non-negative values stay non-negative (a far tail draw at few prompts)
+    m[:, [0, 1, 3]] = np.maximum(m[:, [0, 1, 3]], 0.0)
+    yield m[:, 0], m[:, 1], np.maximum(m[:, 3] - m[:, 2] ** 2, 0.0) * (p / (p - 1.0))
 
 
 def _mean_and_cov(s2, s2k, g, block=1 << 18):
@@ -695,9 +697,13 @@ def report_from_accumulator(
             method=bootstrap,
         )
         if method == "normal":
+            why = (
+                f"{len(pp)} prompts x {n_boot} resamples is above {EXACT_BOOTSTRAP_DRAWS:.0e} draws"
+                if bootstrap == "auto"
+                else "as asked"
+            )
             notes.append(
-                f"intervals from the normal approximation of the bootstrap ({len(pp)} prompts x {n_boot} resamples "
-                f"is above {EXACT_BOOTSTRAP_DRAWS:.0e} draws; bootstrap='exact' resamples the prompts)"
+                f"intervals from the normal approximation of the bootstrap ({why}; bootstrap='exact' resamples the prompts)"
             )
         if frac0 > 0:
             notes.append(f"V_x was 0 in {frac0:.1%} of bootstrap resamples (K* infinite there)")
