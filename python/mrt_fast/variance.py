@@ -683,11 +683,12 @@ def report_from_accumulator(
     ci: dict[str, tuple[float, float]] = {}
     method = "none"
     if n_boot > 0:
-        pp = acc.per_prompt().filter(pl.col("count") >= 2)
+        # prompts with >= 2 responses in key-hash order: the same for any row order
+        pp = acc._core.used_stats()
         ci, frac0, method = _bootstrap(
-            pp["count"].to_numpy(),
-            pp["mean"].to_numpy(),
-            pp["m2"].to_numpy(),
+            pp["count"],
+            pp["mean"],
+            pp["m2"],
             n_boot=int(n_boot),
             seed=int(seed),
             cp=cp,
@@ -698,7 +699,7 @@ def report_from_accumulator(
         )
         if method == "normal":
             why = (
-                f"{len(pp)} prompts x {n_boot} resamples is above {EXACT_BOOTSTRAP_DRAWS:.0e} draws"
+                f"{len(pp['count'])} prompts x {n_boot} resamples is above {EXACT_BOOTSTRAP_DRAWS:.0e} draws"
                 if bootstrap == "auto"
                 else "as asked"
             )

@@ -529,6 +529,18 @@ impl PyVarianceAccumulator {
         Ok(d)
     }
 
+    /// Statistics of the prompts with two or more responses, in key-hash
+    /// order: dict(count, mean, m2).
+    fn used_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let acc = &self.inner;
+        let stats = py.detach(|| acc.used_stats());
+        let d = PyDict::new(py);
+        d.set_item("count", PyArray1::from_iter(py, stats.iter().map(|s| s.count)))?;
+        d.set_item("mean", PyArray1::from_iter(py, stats.iter().map(|s| s.mean)))?;
+        d.set_item("m2", PyArray1::from_iter(py, stats.iter().map(|s| s.m2)))?;
+        Ok(d)
+    }
+
     /// The decomposition's estimators as a dict (see the Rust docs).
     fn summary<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let acc = &self.inner;

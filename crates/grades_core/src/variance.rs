@@ -970,6 +970,16 @@ impl Accumulator {
         summarize(&self.shards.stats_in_hash_order(), self.rows)
     }
 
+    /// The statistics of the prompts the estimators use (two or more
+    /// responses), in the order [`Accumulator::summary`] visits them: the
+    /// order of their key hash, whatever order they were inserted in (what a
+    /// seeded bootstrap over prompts resamples).
+    pub fn used_stats(&self) -> Vec<Stats> {
+        let mut v = self.shards.stats_in_hash_order();
+        v.retain(|s| s.count >= 2);
+        v
+    }
+
     /// Serialise: magic `MRTVACC\0`, u32 version, u32 reserved, u64 rows,
     /// u64 entries, then per prompt in key order u64 key, u64 count, f64 mean,
     /// f64 m2; all little-endian. Equal states give equal bytes.
@@ -1428,6 +1438,14 @@ mod tests {
         let (a, b) = (fwd.summary().unwrap(), rev.summary().unwrap());
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         assert_eq!(a.v_x_raw.to_bits(), b.v_x_raw.to_bits());
+        // the bootstrap's prompts: the same list in either order, only those
+        // with two or more responses
+        let mut one = fwd.clone();
+        one.update(&[u64::MAX - 3], &[1.0]).unwrap();
+        let (u, w) = (fwd.used_stats(), one.used_stats());
+        assert_eq!(format!("{u:?}"), format!("{:?}", rev.used_stats()));
+        assert_eq!(format!("{u:?}"), format!("{w:?}"));
+        assert_eq!(u.len() as u64, a.n_used_prompts);
         // distinct keys never share a hash (spot check of the bijection)
         let mut h: Vec<u64> = prompts.iter().map(|&k| hash(k)).collect();
         h.sort_unstable();
