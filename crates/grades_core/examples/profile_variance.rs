@@ -1,8 +1,9 @@
 //! Streams ROWS (prompt key, loss) rows, K per prompt, into a variance
 //! accumulator in updates of CHUNK rows (for A/B timing and perf), next to a
 //! read-only pass over the same arrays. LAYOUT=grouped|shuffled, RESERVE=1
-//! sizes the tables up front, REPS repeats (best kept). The read pass runs
-//! at memory speed: it is the floor of any pass over the rows.
+//! sizes the tables up front, REPS repeats (best kept). The read pass is a
+//! vectorised sum of both arrays over the same chunks: the floor of any pass
+//! over the rows.
 use grades_core::variance::Accumulator;
 use std::time::Instant;
 
@@ -38,8 +39,8 @@ fn main() {
         // eight running sums per array, so the read is not latency-bound
         let (mut sum, mut fs) = ([0u64; 8], [0f64; 8]);
         for (kc, xc) in keys.chunks(chunk).zip(x.chunks(chunk)) {
-            // exact chunks so that the loop vectorises and the read runs at
-            // memory speed (the tail is at most 7 rows)
+            // exact chunks so that the loop vectorises (the tail is at most
+            // 7 rows)
             for (a, b) in kc.chunks_exact(8).zip(xc.chunks_exact(8)) {
                 for l in 0..8 {
                     sum[l] = sum[l].wrapping_add(a[l]);
