@@ -449,6 +449,15 @@ fn var_summary_dict<'py>(py: Python<'py>, s: &VarSummary) -> PyResult<Bound<'py,
     Ok(d)
 }
 
+/// Per-prompt statistics as dict(count, mean, m2) of NumPy arrays.
+fn stats_dict<'py>(py: Python<'py>, stats: &[crate::variance::Stats]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("count", PyArray1::from_iter(py, stats.iter().map(|s| s.count)))?;
+    d.set_item("mean", PyArray1::from_iter(py, stats.iter().map(|s| s.mean)))?;
+    d.set_item("m2", PyArray1::from_iter(py, stats.iter().map(|s| s.m2)))?;
+    Ok(d)
+}
+
 /// Streaming, mergeable per-prompt loss statistics (count, mean, M2).
 #[pyclass(name = "VarianceAccumulator", module = "mrt_fast._grades_core")]
 #[derive(Default)]
@@ -521,10 +530,7 @@ impl PyVarianceAccumulator {
     fn per_prompt<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let acc = &self.inner;
         let (keys, stats) = py.detach(|| acc.per_prompt());
-        let d = PyDict::new(py);
-        d.set_item("count", PyArray1::from_iter(py, stats.iter().map(|s| s.count)))?;
-        d.set_item("mean", PyArray1::from_iter(py, stats.iter().map(|s| s.mean)))?;
-        d.set_item("m2", PyArray1::from_iter(py, stats.iter().map(|s| s.m2)))?;
+        let d = stats_dict(py, &stats)?;
         d.set_item("key", PyArray1::from_vec(py, keys))?;
         Ok(d)
     }
@@ -534,11 +540,7 @@ impl PyVarianceAccumulator {
     fn used_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let acc = &self.inner;
         let stats = py.detach(|| acc.used_stats());
-        let d = PyDict::new(py);
-        d.set_item("count", PyArray1::from_iter(py, stats.iter().map(|s| s.count)))?;
-        d.set_item("mean", PyArray1::from_iter(py, stats.iter().map(|s| s.mean)))?;
-        d.set_item("m2", PyArray1::from_iter(py, stats.iter().map(|s| s.m2)))?;
-        Ok(d)
+        stats_dict(py, &stats)
     }
 
     /// The decomposition's estimators as a dict (see the Rust docs).

@@ -285,6 +285,12 @@ fn tag_of(h: u64) -> u64 {
     (h << SHARD_BITS) >> 32
 }
 
+/// Home entry of a tag in an index of `2^bits` entries: its top bits.
+#[inline(always)]
+fn home_of(tag: u64, bits: u32) -> usize {
+    (tag >> (32 - bits)) as usize
+}
+
 /// Most keys an index of `n` entries holds before it grows (load factor 0.7).
 fn load_limit(n: usize) -> usize {
     n / 10 * 7 + (n % 10) * 7 / 10
@@ -340,7 +346,7 @@ impl Table {
         let mask = n - 1;
         for &e in self.index.iter() {
             if e != 0 {
-                let mut i = ((e >> 32) >> (32 - bits)) as usize;
+                let mut i = home_of(e >> 32, bits);
                 while index[i] != 0 {
                     i = (i + 1) & mask;
                 }
@@ -362,7 +368,7 @@ impl Table {
     /// Home entry of a tag.
     #[inline(always)]
     fn home(&self, tag: u64) -> usize {
-        (tag >> (32 - self.bits)) as usize
+        home_of(tag, self.bits)
     }
 
     /// The record of `key`, or the empty index entry where it would go.
