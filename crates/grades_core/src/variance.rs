@@ -114,13 +114,16 @@ unsafe impl Zeroable for Slot {}
 // SAFETY: an integer.
 unsafe impl Zeroable for u64 {}
 
-/// A zero-filled array of `T` that can grow, keeping its contents. Large
-/// arrays (2 MiB and up) are anonymous memory mappings that ask for
+/// A zero-filled array of `T` that can grow, keeping its contents. Arrays
+/// of 2 MiB and up are anonymous memory mappings that ask for
 /// transparent huge pages on Linux: the tables are accessed at random, and
 /// with 4 KiB pages nearly every access would also miss the TLB; fresh
 /// mappings are zero already and fault in a few large pages instead of many
 /// small ones, and a mapping grows in place or is moved by the kernel
-/// (`mremap`) without copying or touching its pages again.
+/// (`mremap`) without copying or touching its pages again. Fresh pages are
+/// the dear part of a growing table (the kernel zeroes each one, and a
+/// virtual machine may have to fetch it from its host first), so a table
+/// that grows keeps the pages it has and only faults in the new part.
 struct Buf<T: Zeroable> {
     ptr: std::ptr::NonNull<T>,
     n: usize,
@@ -151,28 +154,31 @@ impl<T: Zeroable> Buf<T> {
         let layout = Self::layout(n)?;
         #[cfg(target_os = "linux")]
         if layout.size() >= HUGE {
-            // SAFETY: a fresh private anonymous mapping (zero-filled by the
-            // kernel, page aligned, so aligned for T); all-zero bytes are a
-            // valid T.
-            unsafe {
-                let p = libc::mmap(
-                    std::ptr::null_mut(),
-                    layout.size(),
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                );
-                if p != libc::MAP_FAILED {
-                    // a hint: failure only means small pages
-                    libc::madvise(p, layout.size(), libc::MADV_HUGEPAGE);
-                    return Some(Buf { ptr: std::ptr::NonNull::new_unchecked(p as *mut T), n, mapped: true });
-                }
-            }
+            // a fresh private anonymous mapping: zero-filled by the kernel,
+            // page aligned, so aligned for T; all-zero bytes are a valid T
+            let p = map_aligned(layout.size())?;
+            // the mapping is whole huge pages: use all of it
+            let n = map_len(layout.size())? / std::mem::size_of::<T>();
+            return Some(Buf { ptr: p.cast(), n, mapped: true });
         }
         // SAFETY: the layout has a non-zero size; all-zero bytes are a valid T.
         let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
         Some(Buf { ptr: std::ptr::NonNull::new(p)?, n, mapped: false })
+    }
+
+    /// Write to every page from value `from` on once, so that fresh pages
+    /// are faulted in by a write: a read first (a probe) would map the
+    /// shared zero page, and the first write would then copy it and flush
+    /// the other threads' TLBs.
+    fn touch(&mut self, from: usize) {
+        let step = (4096 / std::mem::size_of::<T>()).max(1);
+        let p = self.ptr.as_ptr() as *mut u8;
+        let mut i = from;
+        while i < self.n {
+            // SAFETY: i < n, in bounds; writing a zero byte over a zero byte
+            unsafe { std::ptr::write_volatile(p.add(i * std::mem::size_of::<T>()), 0u8) };
+            i += step;
+        }
     }
 
     /// Grow to `n` values (the first `self.n` kept, the rest zero); None,
@@ -184,17 +190,8 @@ impl<T: Zeroable> Buf<T> {
         #[cfg(target_os = "linux")]
         if self.mapped {
             let (old, new) = (Self::layout(self.n)?.size(), Self::layout(n)?.size());
-            // SAFETY: ptr/old describe a mapping of ours; on success the
-            // kernel keeps its pages (moved, not copied) and the new part is
-            // zero-filled; on failure the old mapping is untouched.
-            unsafe {
-                let p = libc::mremap(self.ptr.as_ptr() as *mut libc::c_void, old, new, libc::MREMAP_MAYMOVE);
-                if p == libc::MAP_FAILED {
-                    return None;
-                }
-                libc::madvise(p, new, libc::MADV_HUGEPAGE);
-                self.ptr = std::ptr::NonNull::new_unchecked(p as *mut T);
-            }
+            self.ptr = remap_aligned(self.ptr.cast(), old, new)?.cast();
+            let n = map_len(new)? / std::mem::size_of::<T>();
             self.n = n;
             return Some(());
         }
@@ -202,6 +199,87 @@ impl<T: Zeroable> Buf<T> {
         b[..self.n].copy_from_slice(self);
         *self = b;
         Some(())
+    }
+}
+
+/// Bytes mapped for an array of `size` bytes (at least 2 MiB): whole huge
+/// pages.
+#[cfg(target_os = "linux")]
+fn map_len(size: usize) -> Option<usize> {
+    size.checked_next_multiple_of(HUGE)
+}
+
+/// `size` bytes of fresh zeroed memory at a 2 MiB-aligned address, asking
+/// for transparent huge pages: a huge page needs an aligned 2 MiB range of
+/// the mapping, and the kernel aligns only some mappings itself.
+#[cfg(target_os = "linux")]
+fn map_aligned(size: usize) -> Option<std::ptr::NonNull<u8>> {
+    let size = map_len(size)?;
+    let span = size.checked_add(HUGE)?;
+    // SAFETY: a fresh private anonymous mapping of `span` bytes; the parts
+    // before and after the aligned `size` bytes are unmapped again (page
+    // aligned, inside the mapping).
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let start = p as usize;
+        let a = start.next_multiple_of(HUGE);
+        if a > start {
+            libc::munmap(p, a - start);
+        }
+        let tail = start + span - (a + size);
+        if tail > 0 {
+            libc::munmap((a + size) as *mut libc::c_void, tail);
+        }
+        // a hint: failure only means small pages
+        libc::madvise(a as *mut libc::c_void, size, libc::MADV_HUGEPAGE);
+        std::ptr::NonNull::new(a as *mut u8)
+    }
+}
+
+/// Grow the mapping at `p` (from [`map_aligned`]) from `old` to `new`
+/// bytes, keeping its pages (moved, not copied) and its 2 MiB alignment:
+/// in place where the addresses after it are free, otherwise moved to a
+/// fresh aligned range. None, with the old mapping untouched, when the
+/// memory is not there.
+#[cfg(target_os = "linux")]
+fn remap_aligned(p: std::ptr::NonNull<u8>, old: usize, new: usize) -> Option<std::ptr::NonNull<u8>> {
+    let (old, new) = (map_len(old)?, map_len(new)?);
+    if new == old {
+        return Some(p);
+    }
+    // SAFETY: p/old describe a mapping of ours; mremap either grows it in
+    // place, or moves its pages over the fresh range `dst` (which it
+    // replaces), or fails and leaves both as they were.
+    unsafe {
+        let q = libc::mremap(p.as_ptr().cast(), old, new, 0);
+        if q != libc::MAP_FAILED {
+            libc::madvise(q, new, libc::MADV_HUGEPAGE);
+            return std::ptr::NonNull::new(q.cast());
+        }
+        let dst = map_aligned(new)?;
+        let q = libc::mremap(
+            p.as_ptr().cast(),
+            old,
+            new,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            dst.as_ptr() as *mut libc::c_void,
+        );
+        if q == libc::MAP_FAILED {
+            libc::munmap(dst.as_ptr().cast(), new);
+            return None;
+        }
+        libc::madvise(q, new, libc::MADV_HUGEPAGE);
+        std::ptr::NonNull::new(q.cast())
     }
 }
 
@@ -215,7 +293,7 @@ impl<T: Zeroable> Drop for Buf<T> {
         unsafe {
             #[cfg(target_os = "linux")]
             if self.mapped {
-                libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, layout.size());
+                libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, map_len(layout.size()).expect("mapped"));
                 return;
             }
             std::alloc::dealloc(self.ptr.as_ptr() as *mut u8, layout);
@@ -252,9 +330,10 @@ impl<T: Zeroable> std::fmt::Debug for Buf<T> {
 /// tag is the 32 hash bits after the shard bits and the home entry is the
 /// top `bits` bits of the tag. A probe compares tags and reads a record
 /// only when they match, so inserting a new prompt touches one index line
-/// and appends its record; growing rebuilds the index from the tags alone
-/// (in address order, which is home order) and extends the records without
-/// copying them. Eight entries share a cache line, so probes stay short,
+/// and appends its record; growing puts the index entries back at their
+/// homes in a larger index (from the tags alone: no record is read), in the
+/// same memory extended in place once the index is a mapping, and extends
+/// the records without copying them. Eight entries share a cache line, so probes stay short,
 /// and the index and the records together take about half the memory of
 /// records kept in the table itself at the same load.
 /// [`Accumulator::update`] prefetches the index line of a run, and then its
@@ -294,6 +373,11 @@ fn home_of(tag: u64, bits: u32) -> usize {
 /// Most keys an index of `n` entries holds before it grows (load factor 0.7).
 fn load_limit(n: usize) -> usize {
     n / 10 * 7 + (n % 10) * 7 / 10
+}
+
+thread_local! {
+    /// The entries of an index that grows in place, while they are put back.
+    static TAKEN: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Largest index of one table: home entries come from the 32 tag bits.
@@ -339,24 +423,49 @@ impl Table {
         }
         let n = 1usize << bits;
         let limit = load_limit(n);
-        let mut index = Buf::<u64>::try_zeroed(n)?;
-        // if the records cannot grow, the new index is dropped and the table
-        // is unchanged
+        // records first: if the index then cannot grow, the table only has
+        // more room for records than it uses
         self.recs.try_grow(limit)?;
-        let mask = n - 1;
-        for &e in self.index.iter() {
-            if e != 0 {
-                let mut i = home_of(e >> 32, bits);
-                while index[i] != 0 {
-                    i = (i + 1) & mask;
+        if self.index.mapped {
+            // in place: the index keeps its pages and only the new part is
+            // fresh; its entries are taken out and put back at their homes
+            // in the larger index
+            let old = self.index.len();
+            self.index.try_grow(n)?;
+            TAKEN.with(|t| {
+                let mut taken = t.take();
+                taken.clear();
+                taken.extend(self.index[..old].iter().copied().filter(|&e| e != 0));
+                self.index[..old].fill(0);
+                self.index.touch(old);
+                self.bits = bits;
+                self.put_back(taken.iter().copied());
+                // kept for this thread's next growth unless it is large
+                if taken.capacity() * 8 <= HUGE {
+                    t.replace(taken);
                 }
-                index[i] = e;
-            }
+            });
+        } else {
+            let mut index = Buf::<u64>::try_zeroed(n)?;
+            index.touch(0);
+            std::mem::swap(&mut self.index, &mut index);
+            self.bits = bits;
+            self.put_back(index.iter().copied().filter(|&e| e != 0));
         }
-        self.index = index;
-        self.bits = bits;
         self.limit = limit;
         Some(())
+    }
+
+    /// Put index entries into this index, which has none of their tags.
+    fn put_back(&mut self, entries: impl Iterator<Item = u64>) {
+        let mask = self.index.len() - 1;
+        for e in entries {
+            let mut i = home_of(e >> 32, self.bits);
+            while self.index[i] != 0 {
+                i = (i + 1) & mask;
+            }
+            self.index[i] = e;
+        }
     }
 
     fn reserve(&mut self, additional: usize) {
@@ -1276,20 +1385,28 @@ mod tests {
     #[test]
     fn buffers_grow_keeping_their_contents() {
         // from empty, through the heap, across the mapping threshold, and a
-        // mapping grown again (moved by the kernel or in place)
+        // mapping grown again (in place or moved by the kernel)
         let mut b = Buf::<u64>::empty();
         let mut filled = 0;
         for n in [5usize, 1000, HUGE / 8 + 3, HUGE / 2, 3 * HUGE] {
             b.try_grow(n).unwrap();
-            assert_eq!(b.len(), n);
+            assert!(b.len() >= n);
             assert!(b[..filled].iter().enumerate().all(|(i, &v)| v == i as u64 * 3 + 1));
             assert!(b[filled..].iter().all(|&v| v == 0));
             for (i, v) in b.iter_mut().enumerate() {
                 *v = i as u64 * 3 + 1;
             }
-            filled = n;
+            filled = b.len();
             #[cfg(target_os = "linux")]
-            assert_eq!(b.mapped, n * 8 >= HUGE);
+            {
+                // mappings are whole huge pages at huge-page boundaries
+                assert_eq!(b.mapped, n * 8 >= HUGE);
+                if b.mapped {
+                    assert_eq!((b.as_ptr() as usize % HUGE, b.len() * 8 % HUGE), (0, 0));
+                } else {
+                    assert_eq!(b.len(), n);
+                }
+            }
         }
         b.try_grow(10).unwrap(); // never shrinks
         assert_eq!(b.len(), 3 * HUGE);
@@ -1302,7 +1419,10 @@ mod tests {
     fn tables_grow_and_find_every_key() {
         // many keys in one table, grown from the smallest size on the way
         let mut t = Table::default();
-        let keys: Vec<u64> = (0..200_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 3).collect();
+        let mut keys: Vec<u64> = (0..600_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 3).collect();
+        // and keys whose homes are the last entries of an index of any size,
+        // so that their runs of full entries wrap round to the start
+        keys.extend((1u64 << 40..).filter(|&k| tag_of(hash(k)) >> 12 == 0xF_FFFF).take(12));
         for (i, &k) in keys.iter().enumerate() {
             assert!(!t.upsert(k, hash(k), &Stats { count: 1, mean: i as f64, m2: 0.0 }));
             assert!(t.len <= t.limit && t.limit <= t.recs.len());
@@ -1312,6 +1432,12 @@ mod tests {
             assert!(t.upsert(k, hash(k), &Stats { count: 1, mean: i as f64, m2: 0.0 }));
         }
         assert_eq!(t.get(u64::MAX - 1), None);
+        // the last keys wrapped round: some sit at the start of the index
+        let wrapped = |e: u64| e != 0 && (e as u32 as usize) > keys.len() - 12;
+        assert!(t.index[..16].iter().any(|&e| wrapped(e)));
+        // the index grew in place (a mapping) at least twice on the way
+        assert!(t.index.mapped || !cfg!(target_os = "linux"));
+        assert!(t.index.len() * 8 >= 4 * HUGE);
         let c = t.clone();
         assert!(keys.iter().all(|&k| c.get(k).map(|s| s.count) == Some(2)));
         t.clear();
