@@ -156,6 +156,38 @@ def test_id_types_and_inputs():
     assert acc.summary()["v_x_raw"] == pytest.approx(base["v_x_raw"])
 
 
+def test_integer_ids_are_keyed_as_keys_from_ints():
+    """Integer ids are keyed inside the accumulator's scan: the same state,
+    bit for bit, as passing their keys, for every integer type, and the same
+    error for a bad loss; ids too large for int64 go by their text."""
+    from mrt_fast import _grades_core as core
+    from mrt_fast._tables import pool_keys
+
+    rng = np.random.default_rng(5)
+    ids = np.concatenate([np.repeat(rng.integers(-(2**62), 2**62, size=3000), 3), [np.iinfo(np.int64).min, -1, 0]])
+    rng.shuffle(ids[:4000])
+    x = rng.normal(size=len(ids))
+    ref = VarianceAccumulator().update(core.keys_from_ints(ids.astype(np.int64)), x, hashed=True)
+    assert VarianceAccumulator().update(ids, x).to_bytes() == ref.to_bytes()
+    small = np.array([7, 300, 7], dtype=np.int64)
+    for typed in (pl.Series(small.astype(np.int32)), pa.array(small.astype(np.int16)), pl.Series(small).cast(pl.UInt64)):
+        a = VarianceAccumulator().update(typed, x[-3:])
+        b = VarianceAccumulator().update(core.keys_from_ints(small), x[-3:], hashed=True)
+        assert a.to_bytes() == b.to_bytes()
+    big = pl.Series([2**64 - 1, 2**63, 2**64 - 1], dtype=pl.UInt64)
+    a = VarianceAccumulator().update(big, [1.0, 2.0, 4.0])
+    b = VarianceAccumulator().update(pool_keys(big.cast(pl.Utf8)), [1.0, 2.0, 4.0], hashed=True)
+    assert a.to_bytes() == b.to_bytes() and len(a) == 2
+    bad = x.copy()
+    bad[1234] = np.inf
+    with pytest.raises(MrtInputError, match="row 1234 "):
+        ref.copy().update(ids, bad)
+    acc = ref.copy()
+    with pytest.raises(MrtInputError, match="row 1234 "):
+        acc.update(ids, bad)
+    assert acc.to_bytes() == ref.to_bytes()
+
+
 def test_expected_prompts_is_only_a_hint():
     rng = np.random.default_rng(3)
     # large enough for the parallel path (>= 2^16 rows per update)

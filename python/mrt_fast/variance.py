@@ -80,6 +80,12 @@ def _losses(x: Any, name: str = "losses") -> np.ndarray:
 
 def _keys(ids: Any, name: str = "prompt ids") -> np.ndarray:
     """Stable u64 keys of prompt ids of any type (ints by value, others by text)."""
+    return np.ascontiguousarray(pool_keys(_id_series(ids, name)), dtype=np.uint64)
+
+
+def _id_series(ids: Any, name: str = "prompt ids") -> pl.Series:
+    """Prompt ids of any type as a polars Series without nulls (integers too
+    large for int64 as text, which is how `pool_keys` keys them)."""
     if isinstance(ids, pl.Series):
         s = ids
     else:
@@ -96,7 +102,7 @@ def _keys(ids: Any, name: str = "prompt ids") -> np.ndarray:
         raise MrtInputError(f"{name} have {s.null_count()} null value(s), the first at row {first}")
     if s.dtype == pl.UInt64 and len(s) and s.max() > np.iinfo(np.int64).max:
         s = s.cast(pl.Utf8)
-    return np.ascontiguousarray(pool_keys(s), dtype=np.uint64)
+    return s
 
 
 def _prompt_count(value: Any, name: str) -> int:
@@ -162,11 +168,19 @@ class VarianceAccumulator:
                 raise MrtInputError(f"hashed keys must be uint64, got {k.dtype}")
             k = np.ascontiguousarray(k)
         else:
-            k = _keys(prompt_ids)
+            ids = _id_series(prompt_ids)
+            if ids.dtype.is_integer():
+                # keyed inside the accumulator's scan, once per run of equal ids
+                k = np.ascontiguousarray(ids.cast(pl.Int64).to_numpy())
+            else:
+                k = np.ascontiguousarray(pool_keys(ids), dtype=np.uint64)
         if len(k) != len(x):
             raise MrtInputError(f"prompt ids and losses differ in length: {len(k)} vs {len(x)}")
         try:
-            self._core.update(k, x)
+            if k.dtype == np.int64:
+                self._core.update_int_ids(k, x)
+            else:
+                self._core.update(k, x)
         except ValueError as e:
             raise MrtInputError(str(e)) from None
         return self

@@ -60,6 +60,12 @@ fn main() {
             acc.update(kc, xc).unwrap();
         }
         t_acc = t_acc.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        std::hint::black_box(acc.summary().unwrap());
+        let t_sum = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let used = acc.used_stats().count.len();
+        eprintln!("  summary {t_sum:.4} s, used_stats {:.4} s ({used} prompts)", t.elapsed().as_secs_f64());
         len = acc.len();
     }
     println!(

@@ -450,11 +450,23 @@ fn var_summary_dict<'py>(py: Python<'py>, s: &VarSummary) -> PyResult<Bound<'py,
 }
 
 /// Per-prompt statistics as dict(count, mean, m2) of NumPy arrays.
-fn stats_dict<'py>(py: Python<'py>, stats: &[crate::variance::Stats]) -> PyResult<Bound<'py, PyDict>> {
+/// Per-prompt statistics as three columns (count, mean, m2).
+type StatsColumns = (Vec<u64>, Vec<f64>, Vec<f64>);
+
+fn columns(stats: &[crate::variance::Stats]) -> StatsColumns {
+    (
+        stats.iter().map(|s| s.count).collect(),
+        stats.iter().map(|s| s.mean).collect(),
+        stats.iter().map(|s| s.m2).collect(),
+    )
+}
+
+/// The columns as a dict of NumPy arrays (moved, not copied).
+fn stats_dict<'py>(py: Python<'py>, (count, mean, m2): StatsColumns) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("count", PyArray1::from_iter(py, stats.iter().map(|s| s.count)))?;
-    d.set_item("mean", PyArray1::from_iter(py, stats.iter().map(|s| s.mean)))?;
-    d.set_item("m2", PyArray1::from_iter(py, stats.iter().map(|s| s.m2)))?;
+    d.set_item("count", PyArray1::from_vec(py, count))?;
+    d.set_item("mean", PyArray1::from_vec(py, mean))?;
+    d.set_item("m2", PyArray1::from_vec(py, m2))?;
     Ok(d)
 }
 
@@ -493,6 +505,20 @@ impl PyVarianceAccumulator {
         run(py, || acc.update(k, x))
     }
 
+    /// Add rows with integer prompt ids (keyed as `keys_from_ints` keys
+    /// them, once per run of equal ids, inside the scan).
+    fn update_int_ids(
+        &mut self,
+        py: Python<'_>,
+        ids: PyReadonlyArray1<'_, i64>,
+        losses: PyReadonlyArray1<'_, f64>,
+    ) -> PyResult<()> {
+        let k = slice1(&ids, "ids")?;
+        let x = slice1(&losses, "losses")?;
+        let acc = &mut self.inner;
+        run(py, || acc.update_int_ids(k, x))
+    }
+
     /// Fold `other` into this accumulator.
     fn merge(&mut self, py: Python<'_>, other: PyRef<'_, PyVarianceAccumulator>) -> PyResult<()> {
         let o = &other.inner;
@@ -529,8 +555,11 @@ impl PyVarianceAccumulator {
     /// Per-prompt arrays sorted by key: dict(key, count, mean, m2).
     fn per_prompt<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let acc = &self.inner;
-        let (keys, stats) = py.detach(|| acc.per_prompt());
-        let d = stats_dict(py, &stats)?;
+        let (keys, cols) = py.detach(|| {
+            let (keys, stats) = acc.per_prompt();
+            (keys, columns(&stats))
+        });
+        let d = stats_dict(py, cols)?;
         d.set_item("key", PyArray1::from_vec(py, keys))?;
         Ok(d)
     }
@@ -539,8 +568,8 @@ impl PyVarianceAccumulator {
     /// order: dict(count, mean, m2).
     fn used_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let acc = &self.inner;
-        let stats = py.detach(|| acc.used_stats());
-        stats_dict(py, &stats)
+        let c = py.detach(|| acc.used_stats());
+        stats_dict(py, (c.count, c.mean, c.m2))
     }
 
     /// The decomposition's estimators as a dict (see the Rust docs).

@@ -380,6 +380,12 @@ thread_local! {
     static TAKEN: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The record an index entry points to.
+#[inline(always)]
+fn record_of(e: u64) -> usize {
+    (e as u32 - 1) as usize
+}
+
 /// Largest index of one table: home entries come from the 32 tag bits.
 const MAX_BITS: u32 = 32;
 
@@ -456,6 +462,51 @@ impl Table {
         Some(())
     }
 
+    /// The index entries in the order of their records' key hashes. The
+    /// index is nearly in that order already: an entry sits at its home
+    /// (the top bits of its tag) or a little after it, in the run of full
+    /// entries that holds its home, so the entries are taken in address
+    /// order (those at the start whose run wrapped round from the end go
+    /// last) and an insertion sort puts the few that are out of place right
+    /// in time linear in the entries and their displacements. Ties of the
+    /// 32-bit tag (rare) are broken by the full hash.
+    fn entries_in_hash_order(&self) -> Vec<u64> {
+        let n = self.index.len();
+        let mut v = Vec::with_capacity(self.len);
+        // an index always has an empty entry (load <= 0.7)
+        let gap = self.index.iter().position(|&e| e == 0).unwrap_or(n);
+        let wrapped = |i: usize, e: u64| self.home(e >> 32) > i;
+        v.extend(self.index[..gap].iter().enumerate().filter(|&(i, &e)| e != 0 && !wrapped(i, e)).map(|(_, &e)| e));
+        v.extend(self.index[gap..].iter().copied().filter(|&e| e != 0));
+        v.extend(self.index[..gap].iter().enumerate().filter(|&(i, &e)| e != 0 && wrapped(i, e)).map(|(_, &e)| e));
+        let before = |a: u64, b: u64| {
+            let (ta, tb) = (a >> 32, b >> 32);
+            ta < tb || (ta == tb && hash(self.recs[record_of(a)].key) < hash(self.recs[record_of(b)].key))
+        };
+        for j in 1..v.len() {
+            let e = v[j];
+            let mut i = j;
+            while i > 0 && before(e, v[i - 1]) {
+                v[i] = v[i - 1];
+                i -= 1;
+            }
+            v[i] = e;
+        }
+        v
+    }
+
+    /// Call `f` with every record's statistics in the order of its key hash
+    /// (the records are read at random: they are prefetched a little ahead).
+    fn for_each_in_hash_order(&self, mut f: impl FnMut(&Stats)) {
+        let order = self.entries_in_hash_order();
+        for (i, &e) in order.iter().enumerate() {
+            if let Some(&a) = order.get(i + PREFETCH) {
+                prefetch(self.recs.as_ptr().wrapping_add(record_of(a)));
+            }
+            f(&self.recs[record_of(e)].st);
+        }
+    }
+
     /// Put index entries into this index, which has none of their tags.
     fn put_back(&mut self, entries: impl Iterator<Item = u64>) {
         let mask = self.index.len() - 1;
@@ -492,7 +543,7 @@ impl Table {
                 return Err(i);
             }
             if e >> 32 == tag {
-                let r = (e as u32 - 1) as usize;
+                let r = record_of(e);
                 if self.recs[r].key == key {
                     return Ok(r);
                 }
@@ -549,7 +600,7 @@ impl Table {
                 return;
             }
             if e >> 32 == tag {
-                prefetch(self.recs.as_ptr().wrapping_add((e as u32 - 1) as usize));
+                prefetch(self.recs.as_ptr().wrapping_add(record_of(e)));
                 return;
             }
             i = (i + 1) & mask;
@@ -676,6 +727,28 @@ fn run_stats(x: &[f64]) -> (f64, Stats) {
     (if m2.is_finite() { sum } else { f64::INFINITY }, Stats { count: n as u64, mean, m2 })
 }
 
+/// Prompt ids as the scan reads them: 64-bit keys as they are, or integer
+/// ids, keyed once per run by [`crate::sampling::key_of_int`] (the keys the
+/// rest of the library gives integer ids), so that a caller with integer
+/// ids needs no pass of its own to key them.
+pub trait PromptIds: Copy + PartialEq + Send + Sync {
+    fn key(self) -> u64;
+}
+
+impl PromptIds for u64 {
+    #[inline(always)]
+    fn key(self) -> u64 {
+        self
+    }
+}
+
+impl PromptIds for i64 {
+    #[inline(always)]
+    fn key(self) -> u64 {
+        crate::sampling::key_of_int(self)
+    }
+}
+
 /// Rows ahead of the scan that its two input streams are prefetched (the
 /// run loop's data-dependent branches otherwise stall the hardware
 /// prefetcher's stream at every page).
@@ -700,7 +773,7 @@ fn prefetch_ahead<T>(v: &[T], from: usize, to: usize) -> usize {
 /// finite (or whose statistics overflow) and returns the index of its first
 /// row. Runs are cut at block boundaries (which only changes rounding).
 #[inline(always)]
-fn scan_runs(keys: &[u64], x: &[f64], out: &mut Buckets) -> Option<usize> {
+fn scan_runs<K: PromptIds>(keys: &[K], x: &[f64], out: &mut Buckets) -> Option<usize> {
     let mut starts = [0u32; BLOCK + 1];
     let mut base = 0;
     // rows up to which the keys and the losses have been prefetched
@@ -740,7 +813,7 @@ fn scan_runs(keys: &[u64], x: &[f64], out: &mut Buckets) -> Option<usize> {
             if !sum.is_finite() {
                 return Some(base + s);
             }
-            let key = kb[s];
+            let key = kb[s].key();
             out[shard_of(hash(key))].push(Slot { key, st });
         }
         base += n;
@@ -751,11 +824,11 @@ fn scan_runs(keys: &[u64], x: &[f64], out: &mut Buckets) -> Option<usize> {
 /// [`scan_runs`] compiled for AVX2 (same operations, so the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn scan_runs_avx2(keys: &[u64], x: &[f64], out: &mut Buckets) -> Option<usize> {
+unsafe fn scan_runs_avx2<K: PromptIds>(keys: &[K], x: &[f64], out: &mut Buckets) -> Option<usize> {
     scan_runs(keys, x, out)
 }
 
-fn scan_runs_dispatch(keys: &[u64], x: &[f64], out: &mut Buckets) -> Option<usize> {
+fn scan_runs_dispatch<K: PromptIds>(keys: &[K], x: &[f64], out: &mut Buckets) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") {
@@ -767,7 +840,7 @@ fn scan_runs_dispatch(keys: &[u64], x: &[f64], out: &mut Buckets) -> Option<usiz
 }
 
 /// Number of runs of equal neighbouring keys, counted in parallel.
-fn count_runs(keys: &[u64]) -> usize {
+fn count_runs<K: PromptIds>(keys: &[K]) -> usize {
     use rayon::prelude::*;
     if keys.is_empty() {
         return 0;
@@ -839,28 +912,66 @@ impl Shards {
         self.0.iter().flat_map(|t| t.records().iter().map(|s| (s.key, &s.st)))
     }
 
-    /// Every prompt's statistics in the order of its key hash. The shards
-    /// hold consecutive ranges of hashes, so each is sorted on its own, in
-    /// parallel, into its part of the output.
-    fn stats_in_hash_order(&self) -> Vec<Stats> {
+    /// The statistics of the prompts that `keep`, as columns in the order of
+    /// their key hash. The shards hold consecutive ranges of hashes, so each
+    /// is put in order on its own, in parallel, into its part of the columns.
+    fn columns_in_hash_order(&self, keep: impl Fn(&Stats) -> bool + Sync) -> StatsColumns {
         use rayon::prelude::*;
-        let mut out = vec![Stats::default(); self.len()];
+        let kept: Vec<usize> = self.0.par_iter().map(|t| t.records().iter().filter(|r| keep(&r.st)).count()).collect();
+        let n: usize = kept.iter().sum();
+        let (mut count, mut mean, mut m2) = (vec_to_fill::<u64>(n), vec_to_fill::<f64>(n), vec_to_fill::<f64>(n));
         let mut parts = Vec::with_capacity(SHARDS);
-        let mut rest = out.as_mut_slice();
-        for t in &self.0 {
-            let (a, b) = rest.split_at_mut(t.len);
-            parts.push((t, a));
-            rest = b;
+        let (mut c, mut u, mut q) = (
+            &mut count.spare_capacity_mut()[..n],
+            &mut mean.spare_capacity_mut()[..n],
+            &mut m2.spare_capacity_mut()[..n],
+        );
+        for (t, &k) in self.0.iter().zip(&kept) {
+            let (c0, c1) = std::mem::take(&mut c).split_at_mut(k);
+            let (u0, u1) = std::mem::take(&mut u).split_at_mut(k);
+            let (q0, q1) = std::mem::take(&mut q).split_at_mut(k);
+            parts.push((t, c0, u0, q0));
+            (c, u, q) = (c1, u1, q1);
         }
-        parts.into_par_iter().for_each(|(t, dst)| {
-            let mut v: Vec<(u64, Stats)> = t.records().iter().map(|s| (hash(s.key), s.st)).collect();
-            // hash is a bijection of the key: no ties, so unstable is deterministic
-            v.sort_unstable_by_key(|e| e.0);
-            for (d, e) in dst.iter_mut().zip(v) {
-                *d = e.1;
-            }
+        parts.into_par_iter().for_each(|(t, c, u, q)| {
+            let mut i = 0;
+            t.for_each_in_hash_order(|st| {
+                if keep(st) {
+                    c[i].write(st.count);
+                    u[i].write(st.mean);
+                    q[i].write(st.m2);
+                    i += 1;
+                }
+            });
+            assert_eq!(i, c.len(), "the records changed while read");
         });
-        out
+        // SAFETY: every shard wrote all `kept` values of its part (asserted
+        // above), and the parts cover the first `n` values of each column.
+        unsafe {
+            count.set_len(n);
+            mean.set_len(n);
+            m2.set_len(n);
+        }
+        StatsColumns { count, mean, m2 }
+    }
+
+    /// The estimators' sums, shard by shard in parallel (each in hash
+    /// order), combined in shard order: so in hash order.
+    fn partial(&self) -> Partial {
+        use rayon::prelude::*;
+        let parts: Vec<Partial> = self
+            .0
+            .par_iter()
+            .map(|t| {
+                let mut p = Partial::default();
+                t.for_each_in_hash_order(|st| p.add(st));
+                p
+            })
+            .collect();
+        parts.iter().fold(Partial::default(), |mut a, p| {
+            a.combine(p);
+            a
+        })
     }
 
     /// Merge the buckets of consecutive stretches of rows, in order.
@@ -874,6 +985,32 @@ impl Shards {
             self.0.iter_mut().enumerate().for_each(one);
         }
     }
+}
+
+/// Per-prompt statistics as three columns of the same length.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatsColumns {
+    pub count: Vec<u64>,
+    pub mean: Vec<f64>,
+    pub m2: Vec<f64>,
+}
+
+/// An empty vector with room for `n` values that are about to be written:
+/// a large one asks for transparent huge pages first (its pages are fresh,
+/// and faulting them in 2 MiB at a time is several times cheaper).
+fn vec_to_fill<T>(n: usize) -> Vec<T> {
+    let v = Vec::with_capacity(n);
+    #[cfg(target_os = "linux")]
+    {
+        let (p, bytes) = (v.as_ptr() as usize, n * std::mem::size_of::<T>());
+        let (a, e) = (p.next_multiple_of(HUGE), (p + bytes) & !(HUGE - 1));
+        if e > a {
+            // SAFETY: [a, e) lies inside the vector's allocation; the advice
+            // changes how its pages are backed, not their contents.
+            unsafe { libc::madvise(a as *mut libc::c_void, e - a, libc::MADV_HUGEPAGE) };
+        }
+    }
+    v
 }
 
 /// The decomposition estimated from an accumulator.
@@ -972,6 +1109,18 @@ impl Accumulator {
     /// cache (same runs, same merge order: the same bits); on an error the
     /// accumulator is emptied again.
     pub fn update(&mut self, keys: &[u64], losses: &[f64]) -> Result<()> {
+        self.update_any(keys, losses)
+    }
+
+    /// [`Accumulator::update`] with integer prompt ids: the same as
+    /// updating with their keys ([`crate::sampling::keys_of_ints`]), without
+    /// a separate pass to compute them (each run of equal ids is keyed once,
+    /// in the scan).
+    pub fn update_int_ids(&mut self, ids: &[i64], losses: &[f64]) -> Result<()> {
+        self.update_any(ids, losses)
+    }
+
+    fn update_any<K: PromptIds>(&mut self, keys: &[K], losses: &[f64]) -> Result<()> {
         if keys.len() != losses.len() {
             return invalid(format!(
                 "keys and losses must have the same length, got {} and {}",
@@ -1002,7 +1151,7 @@ impl Accumulator {
 
     /// [`Accumulator::update`] of one stretch starting at row `base` of the
     /// caller's update (for error messages).
-    fn update_part(&mut self, keys: &[u64], losses: &[f64], base: usize) -> Result<()> {
+    fn update_part<K: PromptIds>(&mut self, keys: &[K], losses: &[f64], base: usize) -> Result<()> {
         let n = keys.len();
         let parallel = n >= PAR_ROWS && rayon::current_num_threads() > 1;
         // stretches start at multiples of BLOCK, where the scan cuts runs
@@ -1082,17 +1231,15 @@ impl Accumulator {
     /// key), whatever order they were inserted in. Errors when fewer than two
     /// prompts have at least two responses.
     pub fn summary(&self) -> Result<Summary> {
-        summarize(&self.shards.stats_in_hash_order(), self.rows)
+        self.shards.partial().finish(self.rows)
     }
 
     /// The statistics of the prompts the estimators use (two or more
     /// responses), in the order [`Accumulator::summary`] visits them: the
     /// order of their key hash, whatever order they were inserted in (what a
     /// seeded bootstrap over prompts resamples).
-    pub fn used_stats(&self) -> Vec<Stats> {
-        let mut v = self.shards.stats_in_hash_order();
-        v.retain(|s| s.count >= 2);
-        v
+    pub fn used_stats(&self) -> StatsColumns {
+        self.shards.columns_in_hash_order(|s| s.count >= 2)
     }
 
     /// Serialise: magic `MRTVACC\0`, u32 version, u32 reserved, u64 rows,
@@ -1177,46 +1324,87 @@ impl Accumulator {
 
 /// Estimators from per-prompt statistics (in a fixed order).
 pub fn summarize(stats: &[Stats], n_rows: u64) -> Result<Summary> {
-    let n_prompts = stats.len() as u64;
-    let single = stats.iter().filter(|s| s.count == 1).count() as u64;
-    let used: Vec<&Stats> = stats.iter().filter(|s| s.count >= 2).collect();
-    let p = used.len();
-    if p < 2 {
-        return invalid(format!(
-            "need at least 2 prompts with >= 2 responses to separate V_x from V_y|x; got {p} \
-             ({n_prompts} prompt(s), {single} with a single response)"
-        ));
+    // in pieces, combined in order (the same grouping for any thread count)
+    let mut all = Partial::default();
+    for piece in stats.chunks(1 << 12) {
+        let mut p = Partial::default();
+        piece.iter().for_each(|s| p.add(s));
+        all.combine(&p);
     }
-    let pf = p as f64;
-    let (mut s2_sum, mut leak_sum, mut g_sum, mut k_sum, mut rows_used) = (0.0, 0.0, 0.0, 0.0, 0u64);
-    for s in &used {
-        let s2 = s.m2 / (s.count - 1) as f64;
-        s2_sum += s2;
-        leak_sum += s2 / s.count as f64;
-        g_sum += s.mean;
-        k_sum += s.count as f64;
-        rows_used += s.count;
+    all.finish(n_rows)
+}
+
+/// The sums behind the estimators over a set of prompts; two sets combine
+/// exactly (counts and sums add, the prompt means' statistics merge by
+/// Chan et al.), so the prompts can be summed in pieces.
+#[derive(Debug, Clone, Copy, Default)]
+struct Partial {
+    prompts: u64,
+    single: u64,
+    rows_used: u64,
+    /// Sums over the prompts used (two or more responses) of `s^2`, `s^2 / K`
+    /// and `K`.
+    s2: f64,
+    leak: f64,
+    k: f64,
+    /// Count, mean and M2 of the prompt means (prompts used only).
+    g: Stats,
+}
+
+impl Partial {
+    #[inline]
+    fn add(&mut self, s: &Stats) {
+        self.prompts += 1;
+        if s.count == 1 {
+            self.single += 1;
+        } else if s.count >= 2 {
+            let s2 = s.m2 / (s.count - 1) as f64;
+            self.s2 += s2;
+            self.leak += s2 / s.count as f64;
+            self.k += s.count as f64;
+            self.rows_used += s.count;
+            self.g.push(s.mean);
+        }
     }
-    let grand = g_sum / pf;
-    let ss: f64 = used.iter().map(|s| (s.mean - grand) * (s.mean - grand)).sum();
-    let var_of_means = ss / (pf - 1.0);
-    let v_y = s2_sum / pf;
-    let leak = leak_sum / pf;
-    let raw = var_of_means - leak;
-    Ok(Summary {
-        n_rows,
-        n_prompts,
-        n_single_response_prompts: single,
-        n_used_prompts: p as u64,
-        n_used_rows: rows_used,
-        v_y_given_x: v_y,
-        var_of_means,
-        within_leak: leak,
-        v_x_raw: raw,
-        v_x: raw.max(0.0),
-        grand_mean: grand,
-        mean_k: k_sum / pf,
-    })
+
+    fn combine(&mut self, o: &Partial) {
+        self.prompts += o.prompts;
+        self.single += o.single;
+        self.rows_used += o.rows_used;
+        self.s2 += o.s2;
+        self.leak += o.leak;
+        self.k += o.k;
+        self.g.merge(&o.g);
+    }
+
+    fn finish(&self, n_rows: u64) -> Result<Summary> {
+        let p = self.g.count;
+        if p < 2 {
+            return invalid(format!(
+                "need at least 2 prompts with >= 2 responses to separate V_x from V_y|x; got {p} \
+                 ({} prompt(s), {} with a single response)",
+                self.prompts, self.single
+            ));
+        }
+        let pf = p as f64;
+        let var_of_means = self.g.m2 / (pf - 1.0);
+        let leak = self.leak / pf;
+        let raw = var_of_means - leak;
+        Ok(Summary {
+            n_rows,
+            n_prompts: self.prompts,
+            n_single_response_prompts: self.single,
+            n_used_prompts: p,
+            n_used_rows: self.rows_used,
+            v_y_given_x: self.s2 / pf,
+            var_of_means,
+            within_leak: leak,
+            v_x_raw: raw,
+            v_x: raw.max(0.0),
+            grand_mean: self.g.mean,
+            mean_k: self.k / pf,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -1444,6 +1632,76 @@ mod tests {
         assert!(t.len == 0 && keys.iter().all(|&k| t.get(k).is_none()));
     }
 
+    #[test]
+    fn integer_ids_are_their_keys() {
+        // grouped ids in a large first update (stretches, sizing), then
+        // shuffled ones, then an update with a bad loss: the same bits and
+        // the same errors as keying the ids first
+        let n = STRETCH * 2 + 777;
+        let mut ids: Vec<i64> = (0..n as i64).map(|i| i / 5 - 1000).collect();
+        let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 101) as f64 * 0.25 - 3.0).collect();
+        let (mut a, mut b) = (Accumulator::new(), Accumulator::new());
+        a.update_int_ids(&ids, &x).unwrap();
+        b.update(&crate::sampling::keys_of_ints(&ids), &x).unwrap();
+        ids.reverse();
+        ids[7] = i64::MIN;
+        ids[8] = i64::MAX;
+        a.update_int_ids(&ids[..5000], &x[..5000]).unwrap();
+        b.update(&crate::sampling::keys_of_ints(&ids[..5000]), &x[..5000]).unwrap();
+        assert_eq!(a.to_bytes(), b.to_bytes());
+        assert_eq!(a.get(crate::sampling::key_of_int(i64::MIN)).map(|s| s.count), Some(1));
+        let mut bad = x[..100].to_vec();
+        bad[42] = f64::NAN;
+        let ea = a.update_int_ids(&ids[..100], &bad).unwrap_err().to_string();
+        let eb = b.update(&crate::sampling::keys_of_ints(&ids[..100]), &bad).unwrap_err().to_string();
+        assert_eq!(ea, eb);
+        assert!(ea.contains("row 42 of this update"), "{ea}");
+        assert_eq!(a.to_bytes(), b.to_bytes());
+        assert!(a.update_int_ids(&ids[..3], &x[..2]).is_err());
+    }
+
+    /// The key with hash `h` (the hash is a bijection).
+    fn unhash(h: u64) -> u64 {
+        const C: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut inv = C; // Newton: inv = inv * (2 - C * inv) doubles the good bits
+        for _ in 0..6 {
+            inv = inv.wrapping_mul(2u64.wrapping_sub(C.wrapping_mul(inv)));
+        }
+        let y = h.wrapping_mul(inv);
+        y ^ (y >> 29) ^ (y >> 58)
+    }
+
+    #[test]
+    fn index_order_is_hash_order() {
+        assert!((0..1000u64).all(|k| unhash(hash(k * 977 + 5)) == k * 977 + 5));
+        // one shard's worth: random keys through several growths, groups of
+        // keys with the same 32-bit tag (so the full hash breaks the tie), and
+        // keys homed at the last entries (their runs wrap round to the start)
+        let shard = 5u64 << (64 - SHARD_BITS);
+        let low = |r: u64| (r >> SHARD_BITS) & ((1u64 << (64 - SHARD_BITS)) - 1);
+        let mut hs: Vec<u64> = (0..150_000u64).map(|i| shard | low(i.wrapping_mul(0xD134_2543_DE82_EF95))).collect();
+        for g in 0..200u64 {
+            let base = shard | low(g.wrapping_mul(0xA076_1D64_78BD_642F)) & !((1u64 << 26) - 1);
+            hs.extend((0..3u64).map(|j| base | (j * 0x3_7777 + g) & ((1 << 26) - 1)));
+        }
+        hs.extend((0..30u64).map(|j| shard | (((1u64 << 32) - 1) << 26) | j));
+        hs.sort_unstable();
+        hs.dedup();
+        let mut order = hs.clone();
+        // inserted in a scrambled order
+        order.sort_unstable_by_key(|h| h.wrapping_mul(0x2545_F491_4F6C_DD1D));
+        let mut t = Table::default();
+        for (i, &h) in order.iter().enumerate() {
+            let k = unhash(h);
+            assert_eq!(shard_of(hash(k)), 5);
+            t.upsert(k, hash(k), &Stats { count: 1, mean: i as f64, m2: 0.0 });
+        }
+        let got: Vec<u64> = t.entries_in_hash_order().iter().map(|&e| hash(t.recs[record_of(e)].key)).collect();
+        assert_eq!(got, hs);
+        // the wrapped runs were really there
+        assert!(t.index[..64].iter().enumerate().any(|(i, &e)| e != 0 && t.home(e >> 32) > i));
+    }
+
     /// Neumaier-compensated sum: an accurate reference.
     fn acc_sum(x: impl Iterator<Item = f64>) -> f64 {
         let (mut s, mut c) = (0.0f64, 0.0f64);
@@ -1577,7 +1835,15 @@ mod tests {
         let (u, w) = (fwd.used_stats(), one.used_stats());
         assert_eq!(format!("{u:?}"), format!("{:?}", rev.used_stats()));
         assert_eq!(format!("{u:?}"), format!("{w:?}"));
-        assert_eq!(u.len() as u64, a.n_used_prompts);
+        assert_eq!(u.count.len() as u64, a.n_used_prompts);
+        // in key-hash order: the same as sorting the per-prompt list by hash
+        let (keys, stats) = fwd.per_prompt();
+        let mut by_hash: Vec<(u64, Stats)> =
+            keys.iter().zip(&stats).filter(|(_, s)| s.count >= 2).map(|(&k, &s)| (hash(k), s)).collect();
+        by_hash.sort_unstable_by_key(|e| e.0);
+        assert_eq!(u.count, by_hash.iter().map(|e| e.1.count).collect::<Vec<_>>());
+        assert_eq!(u.mean, by_hash.iter().map(|e| e.1.mean).collect::<Vec<_>>());
+        assert_eq!(u.m2, by_hash.iter().map(|e| e.1.m2).collect::<Vec<_>>());
         // distinct keys never share a hash (spot check of the bijection)
         let mut h: Vec<u64> = prompts.iter().map(|&k| hash(k)).collect();
         h.sort_unstable();
