@@ -347,6 +347,8 @@ struct Table {
     limit: usize,
     recs: Buf<Slot>,
     len: usize,
+    /// Bumped whenever the index is rebuilt (entries move).
+    gen: u32,
 }
 
 /// Key hash: an xorshift and a multiplication by an odd constant, each
@@ -380,6 +382,27 @@ thread_local! {
     static TAKEN: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// What a probe of the index found for a run.
+#[derive(Debug, Clone, Copy, Default)]
+enum Probe {
+    #[default]
+    None,
+    /// The first record whose tag matches (its key may still differ).
+    Record(usize),
+    /// The empty entry that ended the probe.
+    Empty(usize),
+}
+
+/// A run in [`Table::merge_runs`]'s pipeline.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pending {
+    run: Slot,
+    h: u64,
+    at: Probe,
+    /// The index generation the probe saw ([`Table::gen`]).
+    gen: u32,
+}
+
 /// The record an index entry points to.
 #[inline(always)]
 fn record_of(e: u64) -> usize {
@@ -391,7 +414,7 @@ const MAX_BITS: u32 = 32;
 
 impl Default for Table {
     fn default() -> Self {
-        let mut t = Table { index: Buf::empty(), bits: 0, limit: 0, recs: Buf::empty(), len: 0 };
+        let mut t = Table { index: Buf::empty(), bits: 0, limit: 0, recs: Buf::empty(), len: 0, gen: 0 };
         if t.try_reserve(load_limit(16)).is_none() {
             std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u64; 16]>());
         }
@@ -408,7 +431,7 @@ impl Clone for Table {
         index.copy_from_slice(&self.index);
         let mut recs = Buf::<Slot>::try_zeroed(self.limit).unwrap_or_else(oom);
         recs[..self.len].copy_from_slice(&self.recs[..self.len]);
-        Table { index, bits: self.bits, limit: self.limit, recs, len: self.len }
+        Table { index, bits: self.bits, limit: self.limit, recs, len: self.len, gen: self.gen }
     }
 }
 
@@ -459,6 +482,7 @@ impl Table {
             self.put_back(index.iter().copied().filter(|&e| e != 0));
         }
         self.limit = limit;
+        self.gen = self.gen.wrapping_add(1);
         Some(())
     }
 
@@ -562,15 +586,23 @@ impl Table {
                 true
             }
             Err(i) => {
-                self.recs[self.len] = Slot { key, st: *st };
-                self.len += 1;
-                self.index[i] = tag_of(h) << 32 | self.len as u64;
+                self.insert_at(i, key, h, st);
                 false
             }
         }
     }
 
-    #[inline]
+    /// Append a new record and point the empty index entry `i` at it.
+    #[inline(always)]
+    fn insert_at(&mut self, i: usize, key: u64, h: u64, st: &Stats) {
+        self.recs[self.len] = Slot { key, st: *st };
+        self.len += 1;
+        self.index[i] = tag_of(h) << 32 | self.len as u64;
+    }
+
+    /// Merge one key's statistics (growing as needed); true when the key
+    /// was present. (Updates merge runs through [`Table::merge_runs`].)
+    #[cfg(test)]
     fn upsert(&mut self, key: u64, h: u64, st: &Stats) -> bool {
         if self.len >= self.limit {
             self.reserve(1);
@@ -587,26 +619,6 @@ impl Table {
         prefetch(p.wrapping_add(8));
     }
 
-    /// Hint the CPU to fetch the record the index (in cache by now) gives
-    /// for hash `h`, if any: the first entry with its tag.
-    #[inline(always)]
-    fn prefetch_record(&self, h: u64) {
-        let mask = self.index.len() - 1;
-        let tag = tag_of(h);
-        let mut i = self.home(tag);
-        loop {
-            let e = self.index[i];
-            if e == 0 {
-                return;
-            }
-            if e >> 32 == tag {
-                prefetch(self.recs.as_ptr().wrapping_add(record_of(e)));
-                return;
-            }
-            i = (i + 1) & mask;
-        }
-    }
-
     fn get(&self, key: u64) -> Option<&Stats> {
         self.find(key, hash(key)).ok().map(|r| &self.recs[r].st)
     }
@@ -621,20 +633,77 @@ impl Table {
         self.len = 0;
     }
 
-    /// Merge runs in order. The index line of the run `2 * PREFETCH`
-    /// places ahead is prefetched, and the record of the run `PREFETCH`
-    /// places ahead once its index line is in, so that cache misses overlap.
-    fn merge_runs<'a>(&mut self, runs: impl Iterator<Item = &'a Slot> + Clone) {
-        let mut far = runs.clone().skip(2 * PREFETCH);
-        let mut near = runs.clone().skip(PREFETCH);
+    /// Merge runs in order, in a pipeline over a small ring of runs: the
+    /// index line of a run is prefetched when it enters, its index is probed
+    /// `PREFETCH` runs later (the line is in cache by then; a record found
+    /// is prefetched), and it is merged `PREFETCH` runs after that, from
+    /// what the probe found, so that each run is probed once and cache
+    /// misses overlap. A probe's answer is checked when it is used: a record
+    /// found must have the run's key (records never move), and an empty
+    /// entry must still be empty in the same index (entries only fill up, so
+    /// the key cannot have gone anywhere else); otherwise the run is merged
+    /// by a full probe.
+    fn merge_runs<'a>(&mut self, runs: impl Iterator<Item = &'a Slot>) {
+        const N: usize = 2 * PREFETCH;
+        let mut ring = [Pending::default(); N];
+        let mut f = 0usize;
         for run in runs {
-            if let Some(a) = far.next() {
-                self.prefetch_home(hash(a.key));
+            // run f - N leaves the ring, run f takes its place
+            if f >= N {
+                self.commit(&ring[f % N]);
             }
-            if let Some(b) = near.next() {
-                self.prefetch_record(hash(b.key));
+            let h = hash(run.key);
+            self.prefetch_home(h);
+            ring[f % N] = Pending { run: *run, h, at: Probe::None, gen: 0 };
+            if f >= PREFETCH {
+                self.probe(&mut ring[(f - PREFETCH) % N]);
             }
-            self.upsert(run.key, hash(run.key), &run.st);
+            f += 1;
+        }
+        for k in f.saturating_sub(PREFETCH)..f {
+            self.probe(&mut ring[k % N]);
+        }
+        for k in f.saturating_sub(N)..f {
+            self.commit(&ring[k % N]);
+        }
+    }
+
+    /// Look up a pending run (its index line should be in cache).
+    #[inline(always)]
+    fn probe(&self, p: &mut Pending) {
+        let mask = self.index.len() - 1;
+        let tag = tag_of(p.h);
+        let mut i = self.home(tag);
+        p.gen = self.gen;
+        loop {
+            let e = self.index[i];
+            if e == 0 {
+                p.at = Probe::Empty(i);
+                return;
+            }
+            if e >> 32 == tag {
+                let r = record_of(e);
+                prefetch(self.recs.as_ptr().wrapping_add(r));
+                p.at = Probe::Record(r);
+                return;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Merge a pending run, from its probe's answer where that still holds.
+    #[inline(always)]
+    fn commit(&mut self, p: &Pending) {
+        if self.len >= self.limit {
+            self.reserve(1);
+        }
+        let (key, st) = (p.run.key, &p.run.st);
+        match p.at {
+            Probe::Record(r) if self.recs[r].key == key => self.recs[r].st.merge(st),
+            Probe::Empty(i) if p.gen == self.gen && self.index[i] == 0 => self.insert_at(i, key, p.h, st),
+            _ => {
+                self.merge_in(key, p.h, st);
+            }
         }
     }
 }
@@ -1669,6 +1738,36 @@ mod tests {
         }
         let y = h.wrapping_mul(inv);
         y ^ (y >> 29) ^ (y >> 58)
+    }
+
+    #[test]
+    fn merge_pipeline_with_tag_ties_repeats_and_growth() {
+        // keys in trios that share their 32-bit tag (a probe stops at the
+        // first tag match, which may be another key's record), each in many
+        // short runs close together (a probe's empty entry gets taken before
+        // its run is merged), into tables that grow from the smallest size
+        let mut keys = Vec::new();
+        for g in 0..3000u64 {
+            let base = (g.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 26) << 26;
+            let trio = [0u64, 1, 2].map(|j| unhash(base | (j * 0x1_2345 + 1)));
+            for r in 0..4 {
+                keys.push(trio[(r + g as usize) % 3]);
+                keys.push(trio[(r + g as usize) % 3]);
+                keys.push(trio[(r * 2 + 1) % 3]);
+            }
+        }
+        let x: Vec<f64> = (0..keys.len()).map(|i| ((i * 37) % 23) as f64 - 11.0).collect();
+        let want = reference(&keys, &x);
+        let mut acc = Accumulator::new();
+        for (k, v) in keys.chunks(5000).zip(x.chunks(5000)) {
+            acc.update(k, v).unwrap();
+        }
+        assert_eq!(acc.len(), want.len());
+        for (k, w) in &want {
+            let got = acc.get(*k).unwrap();
+            assert_eq!(got.count, w.count);
+            assert!(close(got.mean, w.mean, 1e-12) && close(got.m2, w.m2, 1e-9), "{got:?} {w:?}");
+        }
     }
 
     #[test]
