@@ -8,6 +8,7 @@ compared with
     python bench/bench_variance.py --rows 10_000_000 --k 16 --layout grouped
     python bench/bench_variance.py --rows 10_000_000 --layout shuffled
     python bench/bench_variance.py --rows 1e8 --source arrow   # pyarrow chunks, public API
+    python bench/bench_variance.py --rows 1e8 --budget         # variance_budget end to end
 
 `--source numpy` (default) feeds NumPy chunks to the core accumulator;
 `--source arrow` feeds pyarrow arrays to `mrt_fast.VarianceAccumulator.update`
@@ -83,8 +84,15 @@ def main() -> None:
         "--reserve", action="store_true", help="size the accumulator for the number of prompts up front (expected_prompts)"
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--budget",
+        action="store_true",
+        help="time mrt_fast.variance_budget end to end instead (a polars table with integer ids, default bootstrap)",
+    )
     a = ap.parse_args()
     rows = int(a.rows)
+    if a.budget:
+        return budget(a, rows)
     keys, losses, n_prompts = make(rows, a.k, a.layout, a.seed)
     chunks = [(keys[s : s + a.chunk], losses[s : s + a.chunk]) for s in range(0, rows, a.chunk)]
 
@@ -155,6 +163,35 @@ def main() -> None:
         assert abs(st["v_x_raw"][0] - summ["v_x_raw"]) <= 1e-6 * (1 + abs(summ["v_x_raw"]))
     res["machine"] = f"{platform.machine()} {os.cpu_count()} logical cpus, {platform.python_implementation()} {platform.python_version()}"
     res["polars_threads"] = pl.thread_pool_size()
+    print(json.dumps(res))
+
+
+def budget(a, rows: int) -> None:
+    """`variance_budget` on a polars table (integer prompt ids, grouped or
+    shuffled), with n_boot=0 and n_boot=1000, next to the read floor."""
+    rng = np.random.default_rng(a.seed)
+    n_prompts = max(1, rows // a.k)
+    ids = np.arange(rows, dtype=np.int64) // a.k
+    if a.layout == "shuffled":
+        rng.shuffle(ids)
+    losses = rng.normal(size=n_prompts)[ids] + rng.normal(scale=2.0, size=rows)
+    df = pl.DataFrame({"prompt_id": ids, "loss": losses})
+    del ids, losses
+
+    def floor():
+        return float(df["loss"].to_numpy().sum()) + float(df["prompt_id"].to_numpy().sum())
+
+    res = {"mode": "variance_budget", "rows": rows, "k": a.k, "prompts": n_prompts, "layout": a.layout}
+    res["read_floor_s"] = round(best_of(floor, a.repeat)[0], 4)
+    for n_boot in (0, 1000):
+
+        def call(n_boot=n_boot):
+            return mrt_fast.variance_budget(df, cost_prompt=4.0, cost_response=1.0, n_boot=n_boot)
+
+        t, rep = best_of(call, a.repeat)
+        res[f"n_boot_{n_boot}_s"] = round(t, 4)
+        res[f"n_boot_{n_boot}_bootstrap"] = rep.bootstrap
+    res["machine"] = f"{platform.machine()} {os.cpu_count()} logical cpus, {platform.python_implementation()} {platform.python_version()}"
     print(json.dumps(res))
 
 
