@@ -78,11 +78,6 @@ def _losses(x: Any, name: str = "losses") -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.float64)
 
 
-def _keys(ids: Any, name: str = "prompt ids") -> np.ndarray:
-    """Stable u64 keys of prompt ids of any type (ints by value, others by text)."""
-    return np.ascontiguousarray(pool_keys(_id_series(ids, name)), dtype=np.uint64)
-
-
 def _id_series(ids: Any, name: str = "prompt ids") -> pl.Series:
     """Prompt ids of any type as a polars Series without nulls (integers too
     large for int64 as text, which is how `pool_keys` keys them)."""

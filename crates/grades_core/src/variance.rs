@@ -333,10 +333,10 @@ impl<T: Zeroable> std::fmt::Debug for Buf<T> {
 /// and appends its record; growing puts the index entries back at their
 /// homes in a larger index (from the tags alone: no record is read), in the
 /// same memory extended in place once the index is a mapping, and extends
-/// the records without copying them. Eight entries share a cache line, so probes stay short,
-/// and the index and the records together take about half the memory of
-/// records kept in the table itself at the same load.
-/// [`Accumulator::update`] prefetches the index line of a run, and then its
+/// the records without copying them. Eight entries share a cache line, so
+/// probes stay short, and the index and the records together take about
+/// half the memory of records kept in the table itself at the same load.
+/// [`Table::merge_runs`] prefetches the index line of a run, and then its
 /// record, a few runs ahead, so that cache misses overlap.
 #[derive(Debug)]
 struct Table {
