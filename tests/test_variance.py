@@ -410,19 +410,25 @@ def test_normal_bootstrap_agrees_with_exact_resampling():
 
 
 @settings(max_examples=40, deadline=None)
-@given(p=st.integers(2, 60), block=st.integers(1, 70), seed=st.integers(0, 2**32 - 1))
-def test_blocked_mean_and_covariance_equal_numpy(p, block, seed):
-    from mrt_fast.variance import _mean_and_cov
-
+@given(p=st.integers(2, 60), reps=st.integers(2, 6), seed=st.integers(0, 2**32 - 1))
+def test_core_moments_equal_numpy(p, reps, seed):
+    """The normal bootstrap's mean and covariance of (s2, s2/K, g - gbar,
+    (g - gbar)^2), computed by the core in two passes over its prompts and
+    merged shard by shard, equal NumPy's on the list of prompts."""
     rng = np.random.default_rng(seed)
-    s2 = rng.gamma(2.0, size=p)
-    s2k = s2 / rng.integers(2, 9, size=p)
-    g = rng.normal(1e3, 2.0, size=p)  # an offset: the centring matters
-    mu, cov = _mean_and_cov(s2, s2k, g, block=block)
-    gc = g - g.mean()
-    v = np.column_stack([s2, s2k, gc, gc * gc])
-    np.testing.assert_allclose(mu, v.mean(axis=0), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(cov, np.cov(v, rowvar=False, ddof=1), rtol=1e-9, atol=1e-12)
+    ks = rng.integers(1, reps + 1, size=p + 2)
+    ks[:2] = 2  # at least two prompts the estimators use
+    ids = np.repeat(rng.permutation(10 * (p + 2))[: p + 2], ks)
+    x = 1e3 + rng.normal(0.0, 2.0, size=len(ids)) * rng.gamma(2.0, size=len(ids))  # an offset: the centring matters
+    acc = VarianceAccumulator().update(ids, x)
+    n, mu, cov = acc._core.used_moments()
+    pp = acc._core.used_stats()
+    s2 = pp["m2"] / (pp["count"] - 1.0)
+    gc = pp["mean"] - pp["mean"].mean()
+    v = np.column_stack([s2, s2 / pp["count"], gc, gc * gc])
+    assert n == len(v)
+    np.testing.assert_allclose(mu, v.mean(axis=0), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(cov, np.cov(v, rowvar=False, ddof=1), rtol=1e-8, atol=1e-9)
 
 
 def test_normal_bootstrap_with_a_degenerate_covariance():

@@ -351,72 +351,55 @@ def _bootstrap_method(method: str, p: int, n_boot: int) -> str:
     return method
 
 
-def _bootstrap_sums(s2, s2k, g, n_boot, rng, method):
-    """Per resample: mean s^2, mean s^2/K and the ddof=1 variance of the prompt
-    means over P prompts drawn with replacement, in batches of resamples.
+def _exact_sums(count, mean, m2, n_boot, rng):
+    """Per resample: mean s^2, mean s^2/K and the ddof=1 variance of the
+    prompt means over P prompts drawn with replacement, in batches of
+    resamples."""
+    p = len(count)
+    n = count.astype(np.float64)
+    s2 = m2 / (n - 1.0)
+    s2k = s2 / n
+    step = max(1, min(n_boot, 4_000_000 // max(p, 1)))
+    for b0 in range(0, n_boot, step):
+        idx = rng.integers(0, p, size=(min(n_boot, b0 + step) - b0, p))
+        yield s2[idx].mean(axis=1), s2k[idx].mean(axis=1), mean[idx].var(axis=1, ddof=1)
 
-    `exact` draws the prompts. `normal` draws the resample's mean of the
-    per-prompt vector (s^2, s^2/K, g - gbar, (g - gbar)^2) from the normal
-    law with the vector's mean and covariance / P, which is what the exact
-    resample mean tends to as P grows (central limit theorem); the
-    statistics are then the same functions of it, so their intervals keep
-    the skew that the ratio and K* add."""
-    p = len(g)
-    if method == "exact":
-        step = max(1, min(n_boot, 4_000_000 // max(p, 1)))
-        for b0 in range(0, n_boot, step):
-            idx = rng.integers(0, p, size=(min(n_boot, b0 + step) - b0, p))
-            yield s2[idx].mean(axis=1), s2k[idx].mean(axis=1), g[idx].var(axis=1, ddof=1)
-        return
-    mu, cov = _mean_and_cov(s2, s2k, g)
-    cov = cov / p  # of the resample means
+
+def _normal_sums(p, mu, cov, n_boot, rng):
+    """The same three statistics per resample, from the resample's mean of the
+    per-prompt vector (s^2, s^2/K, g - gbar, (g - gbar)^2) drawn from the
+    normal law with the vector's mean `mu` and covariance `cov` / P (the
+    core's `used_moments`), which is what the exact resample mean tends to as
+    P grows (central limit theorem); the statistics are then the same
+    functions of it, so their intervals keep the skew that the ratio and K*
+    add."""
+    cov = np.asarray(cov, dtype=np.float64) / p  # of the resample means
     w, q = np.linalg.eigh(cov)
     root = q * np.sqrt(np.clip(w, 0.0, None))  # cov = root @ root.T, also when singular
-    m = mu + rng.standard_normal((n_boot, 4)) @ root.T
+    m = np.asarray(mu, dtype=np.float64) + rng.standard_normal((n_boot, 4)) @ root.T
     # means of non-negative values stay non-negative (a far tail draw at few prompts)
     m[:, [0, 1, 3]] = np.maximum(m[:, [0, 1, 3]], 0.0)
     yield m[:, 0], m[:, 1], np.maximum(m[:, 3] - m[:, 2] ** 2, 0.0) * (p / (p - 1.0))
 
 
-def _mean_and_cov(s2, s2k, g, block=1 << 18):
-    """Mean and ddof=1 covariance of the per-prompt vectors (s2, s2k, g - gbar,
-    (g - gbar)^2), in blocks through one small buffer (no P x 4 copy)."""
-    p = len(g)
-    gbar = g.mean()
-    buf = np.empty((4, min(p, block)))
-
-    def fill(a, b):
-        d = buf[:, : b - a]
-        d[0], d[1] = s2[a:b], s2k[a:b]
-        np.subtract(g[a:b], gbar, out=d[2])
-        np.multiply(d[2], d[2], out=d[3])
-        return d
-
-    total = np.zeros(4)
-    for a in range(0, p, block):
-        total += fill(a, min(p, a + block)).sum(axis=1)
-    mu = total / p
-    cov = np.zeros((4, 4))
-    for a in range(0, p, block):
-        d = fill(a, min(p, a + block))
-        d -= mu[:, None]
-        cov += d @ d.T
-    return mu, cov / (p - 1.0)
-
-
-def _bootstrap(count, mean, m2, *, n_boot, seed, cp, cr, k_max, level, method="auto"):
-    """Percentile intervals over prompts resampled with replacement (see
-    `_bootstrap_sums`); returns the intervals, the share of resamples with
-    V_x = 0 and the method used."""
-    p = len(count)
+def _bootstrap(core_acc, p, *, n_boot, seed, cp, cr, k_max, level, method="auto"):
+    """Percentile intervals over the P prompts with two or more responses of
+    a core accumulator, resampled with replacement: `exact` draws the
+    prompts (taken in key-hash order, so a seed gives the same intervals for
+    any row order), `normal` draws the resample means from their
+    large-sample law (no list of prompts at all). Returns the intervals, the
+    share of resamples with V_x = 0 and the method used."""
     method = _bootstrap_method(method, p, n_boot)
     rng = np.random.default_rng(seed)
-    n = count.astype(np.float64)
-    s2 = m2 / (n - 1.0)
-    s2k = s2 / n
+    if method == "exact":
+        pp = core_acc.used_stats()
+        sums = _exact_sums(pp["count"], pp["mean"], pp["m2"], n_boot, rng)
+    else:
+        n, mu, cov = core_acc.used_moments()
+        sums = _normal_sums(n, mu, cov, n_boot, rng)
     out = {name: np.empty(n_boot) for name in ("v_x", "v_y_given_x", "ratio", "k_star", "k_best")}
     b0 = 0
-    for vy, leak, vm in _bootstrap_sums(s2, s2k, mean, n_boot, rng, method):
+    for vy, leak, vm in sums:
         b1 = b0 + len(vy)
         vx = np.maximum(0.0, vm - leak)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -692,12 +675,10 @@ def report_from_accumulator(
     ci: dict[str, tuple[float, float]] = {}
     method = "none"
     if n_boot > 0:
-        # prompts with >= 2 responses in key-hash order: the same for any row order
-        pp = acc._core.used_stats()
+        p_used = int(s["n_used_prompts"])
         ci, frac0, method = _bootstrap(
-            pp["count"],
-            pp["mean"],
-            pp["m2"],
+            acc._core,
+            p_used,
             n_boot=int(n_boot),
             seed=int(seed),
             cp=cp,
@@ -708,7 +689,7 @@ def report_from_accumulator(
         )
         if method == "normal":
             why = (
-                f"{len(pp['count'])} prompts x {n_boot} resamples is above {EXACT_BOOTSTRAP_DRAWS:.0e} draws"
+                f"{p_used} prompts x {n_boot} resamples is above {EXACT_BOOTSTRAP_DRAWS:.0e} draws"
                 if bootstrap == "auto"
                 else "as asked"
             )

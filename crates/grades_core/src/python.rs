@@ -572,6 +572,15 @@ impl PyVarianceAccumulator {
         stats_dict(py, (c.count, c.mean, c.m2))
     }
 
+    /// Mean (4) and ddof=1 covariance (4 x 4, as nested lists) over the
+    /// prompts used of (s2, s2/K, g - gbar, (g - gbar)^2), and their count.
+    #[allow(clippy::type_complexity)]
+    fn used_moments(&self, py: Python<'_>) -> PyResult<(u64, Vec<f64>, Vec<Vec<f64>>)> {
+        let acc = &self.inner;
+        let m = run(py, || acc.used_moments())?;
+        Ok((m.n, m.mean.to_vec(), m.cov.iter().map(|r| r.to_vec()).collect()))
+    }
+
     /// The decomposition's estimators as a dict (see the Rust docs).
     fn summary<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let acc = &self.inner;

@@ -1024,23 +1024,33 @@ impl Shards {
         StatsColumns { count, mean, m2 }
     }
 
-    /// The estimators' sums, shard by shard in parallel (each in hash
-    /// order), combined in shard order: so in hash order.
-    fn partial(&self) -> Partial {
+    /// Fold every prompt's statistics shard by shard in parallel (each in
+    /// hash order) and combine the shards' results in shard order: so in
+    /// hash order, whatever the thread count.
+    fn fold_in_hash_order<A: Default + Send>(
+        &self,
+        add: impl Fn(&mut A, &Stats) + Sync,
+        combine: impl Fn(&mut A, &A),
+    ) -> A {
         use rayon::prelude::*;
-        let parts: Vec<Partial> = self
+        let parts: Vec<A> = self
             .0
             .par_iter()
             .map(|t| {
-                let mut p = Partial::default();
-                t.for_each_in_hash_order(|st| p.add(st));
-                p
+                let mut a = A::default();
+                t.for_each_in_hash_order(|st| add(&mut a, st));
+                a
             })
             .collect();
-        parts.iter().fold(Partial::default(), |mut a, p| {
-            a.combine(p);
+        parts.iter().fold(A::default(), |mut a, p| {
+            combine(&mut a, p);
             a
         })
+    }
+
+    /// The estimators' sums.
+    fn partial(&self) -> Partial {
+        self.fold_in_hash_order(Partial::add, Partial::combine)
     }
 
     /// Merge the buckets of consecutive stretches of rows, in order.
@@ -1062,6 +1072,62 @@ pub struct StatsColumns {
     pub count: Vec<u64>,
     pub mean: Vec<f64>,
     pub m2: Vec<f64>,
+}
+
+/// Count, mean and covariance of 4-vectors, built one vector at a time
+/// (Welford) and merged exactly (Chan et al.); `cov` holds the co-moments
+/// (sums of products of deviations) until [`Moments::finish`] divides them
+/// by `n - 1`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Moments {
+    pub n: u64,
+    pub mean: [f64; 4],
+    pub cov: [[f64; 4]; 4],
+}
+
+impl Moments {
+    fn push(&mut self, v: [f64; 4]) {
+        self.n += 1;
+        let inv = 1.0 / self.n as f64;
+        let d: [f64; 4] = std::array::from_fn(|i| v[i] - self.mean[i]);
+        for i in 0..4 {
+            self.mean[i] += d[i] * inv;
+        }
+        for i in 0..4 {
+            for j in 0..4 {
+                self.cov[i][j] += d[i] * (v[j] - self.mean[j]);
+            }
+        }
+    }
+
+    fn merge(&mut self, o: &Moments) {
+        if o.n == 0 {
+            return;
+        }
+        if self.n == 0 {
+            *self = *o;
+            return;
+        }
+        let (na, nb) = (self.n as f64, o.n as f64);
+        let n = na + nb;
+        let d: [f64; 4] = std::array::from_fn(|i| o.mean[i] - self.mean[i]);
+        for i in 0..4 {
+            self.mean[i] += d[i] * (nb / n);
+        }
+        for i in 0..4 {
+            for j in 0..4 {
+                self.cov[i][j] += o.cov[i][j] + d[i] * d[j] * (na * nb / n);
+            }
+        }
+        self.n += o.n;
+    }
+
+    /// Co-moments divided by `n - 1` (the sample covariance).
+    fn finish(mut self) -> Moments {
+        let k = 1.0 / (self.n.max(2) - 1) as f64;
+        self.cov.iter_mut().flatten().for_each(|c| *c *= k);
+        self
+    }
 }
 
 /// An empty vector with room for `n` values that are about to be written:
@@ -1309,6 +1375,26 @@ impl Accumulator {
     /// seeded bootstrap over prompts resamples).
     pub fn used_stats(&self) -> StatsColumns {
         self.shards.columns_in_hash_order(|s| s.count >= 2)
+    }
+
+    /// Mean and covariance (ddof = 1) over the prompts the estimators use
+    /// of the vector `(s^2, s^2 / K, g - gbar, (g - gbar)^2)` (`g` the
+    /// prompt's mean loss, `gbar` the mean of `g`): all the normal
+    /// bootstrap needs, in two passes over the prompts and no list of them.
+    /// Errors like [`Accumulator::summary`].
+    pub fn used_moments(&self) -> Result<Moments> {
+        let gbar = self.summary()?.grand_mean;
+        let m = self.shards.fold_in_hash_order(
+            |m: &mut Moments, st| {
+                if st.count >= 2 {
+                    let s2 = st.m2 / (st.count - 1) as f64;
+                    let d = st.mean - gbar;
+                    m.push([s2, s2 / st.count as f64, d, d * d]);
+                }
+            },
+            Moments::merge,
+        );
+        Ok(m.finish())
     }
 
     /// Serialise: magic `MRTVACC\0`, u32 version, u32 reserved, u64 rows,
@@ -1768,6 +1854,54 @@ mod tests {
             assert_eq!(got.count, w.count);
             assert!(close(got.mean, w.mean, 1e-12) && close(got.m2, w.m2, 1e-9), "{got:?} {w:?}");
         }
+    }
+
+    #[test]
+    fn used_moments_match_two_passes_over_the_list() {
+        // prompts with 1 to 6 responses, means spread wide and noise that
+        // differs per prompt; the moments of (s2, s2/K, g - gbar, (g - gbar)^2)
+        let (mut keys, mut x) = (Vec::new(), Vec::new());
+        for p in 0..20_000u64 {
+            let k = 1 + (p * 7) % 6;
+            for j in 0..k {
+                keys.push(p * 1_000_003);
+                x.push(100.0 + (p % 97) as f64 * 0.5 + ((j * 13 + p) % 11) as f64 * (1.0 + (p % 3) as f64));
+            }
+        }
+        let mut acc = Accumulator::new();
+        acc.update(&keys, &x).unwrap();
+        let m = acc.used_moments().unwrap();
+        let c = acc.used_stats();
+        let p = c.count.len();
+        let gbar = c.mean.iter().sum::<f64>() / p as f64;
+        let v: Vec<[f64; 4]> = (0..p)
+            .map(|i| {
+                let s2 = c.m2[i] / (c.count[i] - 1) as f64;
+                let d = c.mean[i] - gbar;
+                [s2, s2 / c.count[i] as f64, d, d * d]
+            })
+            .collect();
+        let mu: [f64; 4] = std::array::from_fn(|a| v.iter().map(|r| r[a]).sum::<f64>() / p as f64);
+        assert_eq!(m.n, p as u64);
+        for a in 0..4 {
+            assert!(close(m.mean[a], mu[a], 1e-9), "{a}: {} {}", m.mean[a], mu[a]);
+            for b in 0..4 {
+                let cov = v.iter().map(|r| (r[a] - mu[a]) * (r[b] - mu[b])).sum::<f64>() / (p - 1) as f64;
+                assert!(close(m.cov[a][b], cov, 1e-9), "{a}{b}: {} {cov}", m.cov[a][b]);
+            }
+        }
+        // the same bits whatever order the prompts come in
+        let mut rev = Accumulator::new();
+        let starts: Vec<usize> = (0..keys.len()).filter(|&i| i == 0 || keys[i] != keys[i - 1]).collect();
+        for (j, &a) in starts.iter().enumerate().rev() {
+            let b = starts.get(j + 1).copied().unwrap_or(keys.len());
+            rev.update(&keys[a..b], &x[a..b]).unwrap();
+        }
+        assert_eq!(format!("{:?}", rev.used_moments().unwrap()), format!("{m:?}"));
+        // too few prompts: the summary's error
+        let mut few = Accumulator::new();
+        few.update(&[1, 1, 2], &[1.0, 2.0, 3.0]).unwrap();
+        assert!(few.used_moments().is_err());
     }
 
     #[test]
