@@ -1090,12 +1090,13 @@ impl Moments {
         self.n += 1;
         let inv = 1.0 / self.n as f64;
         let d: [f64; 4] = std::array::from_fn(|i| v[i] - self.mean[i]);
-        for i in 0..4 {
-            self.mean[i] += d[i] * inv;
+        for (m, di) in self.mean.iter_mut().zip(&d) {
+            *m += di * inv;
         }
-        for i in 0..4 {
-            for j in 0..4 {
-                self.cov[i][j] += d[i] * (v[j] - self.mean[j]);
+        let e: [f64; 4] = std::array::from_fn(|j| v[j] - self.mean[j]);
+        for (row, di) in self.cov.iter_mut().zip(&d) {
+            for (c, ej) in row.iter_mut().zip(&e) {
+                *c += di * ej;
             }
         }
     }
@@ -1111,12 +1112,12 @@ impl Moments {
         let (na, nb) = (self.n as f64, o.n as f64);
         let n = na + nb;
         let d: [f64; 4] = std::array::from_fn(|i| o.mean[i] - self.mean[i]);
-        for i in 0..4 {
-            self.mean[i] += d[i] * (nb / n);
+        for (m, di) in self.mean.iter_mut().zip(&d) {
+            *m += di * (nb / n);
         }
-        for i in 0..4 {
-            for j in 0..4 {
-                self.cov[i][j] += o.cov[i][j] + d[i] * d[j] * (na * nb / n);
+        for ((row, orow), di) in self.cov.iter_mut().zip(&o.cov).zip(&d) {
+            for ((c, oc), dj) in row.iter_mut().zip(orow).zip(&d) {
+                *c += oc + di * dj * (na * nb / n);
             }
         }
         self.n += o.n;
