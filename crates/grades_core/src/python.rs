@@ -449,24 +449,13 @@ fn var_summary_dict<'py>(py: Python<'py>, s: &VarSummary) -> PyResult<Bound<'py,
     Ok(d)
 }
 
-/// Per-prompt statistics as dict(count, mean, m2) of NumPy arrays.
-/// Per-prompt statistics as three columns (count, mean, m2).
-type StatsColumns = (Vec<u64>, Vec<f64>, Vec<f64>);
-
-fn columns(stats: &[crate::variance::Stats]) -> StatsColumns {
-    (
-        stats.iter().map(|s| s.count).collect(),
-        stats.iter().map(|s| s.mean).collect(),
-        stats.iter().map(|s| s.m2).collect(),
-    )
-}
-
-/// The columns as a dict of NumPy arrays (moved, not copied).
-fn stats_dict<'py>(py: Python<'py>, (count, mean, m2): StatsColumns) -> PyResult<Bound<'py, PyDict>> {
+/// Per-prompt statistics as dict(count, mean, m2) of NumPy arrays (the
+/// columns moved, not copied).
+fn stats_dict<'py>(py: Python<'py>, c: crate::variance::StatsColumns) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("count", PyArray1::from_vec(py, count))?;
-    d.set_item("mean", PyArray1::from_vec(py, mean))?;
-    d.set_item("m2", PyArray1::from_vec(py, m2))?;
+    d.set_item("count", PyArray1::from_vec(py, c.count))?;
+    d.set_item("mean", PyArray1::from_vec(py, c.mean))?;
+    d.set_item("m2", PyArray1::from_vec(py, c.m2))?;
     Ok(d)
 }
 
@@ -557,7 +546,7 @@ impl PyVarianceAccumulator {
         let acc = &self.inner;
         let (keys, cols) = py.detach(|| {
             let (keys, stats) = acc.per_prompt();
-            (keys, columns(&stats))
+            (keys, crate::variance::StatsColumns::of(&stats))
         });
         let d = stats_dict(py, cols)?;
         d.set_item("key", PyArray1::from_vec(py, keys))?;
@@ -569,7 +558,7 @@ impl PyVarianceAccumulator {
     fn used_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let acc = &self.inner;
         let c = py.detach(|| acc.used_stats());
-        stats_dict(py, (c.count, c.mean, c.m2))
+        stats_dict(py, c)
     }
 
     /// Mean (4) and ddof=1 covariance (4 x 4, as nested lists) over the

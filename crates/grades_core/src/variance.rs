@@ -801,6 +801,7 @@ fn run_stats(x: &[f64]) -> (f64, Stats) {
 /// rest of the library gives integer ids), so that a caller with integer
 /// ids needs no pass of its own to key them.
 pub trait PromptIds: Copy + PartialEq + Send + Sync {
+    /// The 64-bit key the accumulator files the id under.
     fn key(self) -> u64;
 }
 
@@ -1074,14 +1075,28 @@ pub struct StatsColumns {
     pub m2: Vec<f64>,
 }
 
+impl StatsColumns {
+    /// The columns of a list of statistics.
+    pub fn of(stats: &[Stats]) -> StatsColumns {
+        StatsColumns {
+            count: stats.iter().map(|s| s.count).collect(),
+            mean: stats.iter().map(|s| s.mean).collect(),
+            m2: stats.iter().map(|s| s.m2).collect(),
+        }
+    }
+}
+
 /// Count, mean and covariance of 4-vectors, built one vector at a time
 /// (Welford) and merged exactly (Chan et al.); `cov` holds the co-moments
 /// (sums of products of deviations) until [`Moments::finish`] divides them
 /// by `n - 1`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Moments {
+    /// Number of vectors.
     pub n: u64,
+    /// Their mean.
     pub mean: [f64; 4],
+    /// Their covariance (co-moments before [`Moments::finish`]).
     pub cov: [[f64; 4]; 4],
 }
 
