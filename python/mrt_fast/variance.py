@@ -382,9 +382,10 @@ def _normal_sums(p, mu, cov, n_boot, rng):
     yield m[:, 0], m[:, 1], np.maximum(m[:, 3] - m[:, 2] ** 2, 0.0) * (p / (p - 1.0))
 
 
-def _bootstrap(core_acc, p, *, n_boot, seed, cp, cr, k_max, level, method="auto"):
+def _bootstrap(core_acc, p, gbar, *, n_boot, seed, cp, cr, k_max, level, method="auto"):
     """Percentile intervals over the P prompts with two or more responses of
-    a core accumulator, resampled with replacement: `exact` draws the
+    a core accumulator (`gbar`: its summary's grand mean), resampled with
+    replacement: `exact` draws the
     prompts (taken in key-hash order, so a seed gives the same intervals for
     any row order), `normal` draws the resample means from their
     large-sample law (no list of prompts at all). Returns the intervals, the
@@ -395,7 +396,7 @@ def _bootstrap(core_acc, p, *, n_boot, seed, cp, cr, k_max, level, method="auto"
         pp = core_acc.used_stats()
         sums = _exact_sums(pp["count"], pp["mean"], pp["m2"], n_boot, rng)
     else:
-        n, mu, cov = core_acc.used_moments()
+        n, mu, cov = core_acc.used_moments(gbar)
         sums = _normal_sums(n, mu, cov, n_boot, rng)
     out = {name: np.empty(n_boot) for name in ("v_x", "v_y_given_x", "ratio", "k_star", "k_best")}
     b0 = 0
@@ -679,6 +680,7 @@ def report_from_accumulator(
         ci, frac0, method = _bootstrap(
             acc._core,
             p_used,
+            float(s["grand_mean"]),
             n_boot=int(n_boot),
             seed=int(seed),
             cp=cp,

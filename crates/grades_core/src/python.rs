@@ -562,11 +562,16 @@ impl PyVarianceAccumulator {
     }
 
     /// Mean (4) and ddof=1 covariance (4 x 4, as nested lists) over the
-    /// prompts used of (s2, s2/K, g - gbar, (g - gbar)^2), and their count.
+    /// prompts used of (s2, s2/K, g - gbar, (g - gbar)^2), and their count;
+    /// `gbar` is the summary's grand mean unless given.
     #[allow(clippy::type_complexity)]
-    fn used_moments(&self, py: Python<'_>) -> PyResult<(u64, Vec<f64>, Vec<Vec<f64>>)> {
+    #[pyo3(signature = (gbar=None))]
+    fn used_moments(&self, py: Python<'_>, gbar: Option<f64>) -> PyResult<(u64, Vec<f64>, Vec<Vec<f64>>)> {
         let acc = &self.inner;
-        let m = run(py, || acc.used_moments())?;
+        let m = run(py, || match gbar {
+            Some(g) => acc.used_moments_about(g),
+            None => acc.used_moments(),
+        })?;
         Ok((m.n, m.mean.to_vec(), m.cov.iter().map(|r| r.to_vec()).collect()))
     }
 

@@ -1399,7 +1399,16 @@ impl Accumulator {
     /// bootstrap needs, in two passes over the prompts and no list of them.
     /// Errors like [`Accumulator::summary`].
     pub fn used_moments(&self) -> Result<Moments> {
-        let gbar = self.summary()?.grand_mean;
+        self.used_moments_about(self.summary()?.grand_mean)
+    }
+
+    /// [`Accumulator::used_moments`] with `gbar` given (the summary's
+    /// `grand_mean`, for a caller that has it: one pass over the prompts).
+    /// Errors when `gbar` is not finite.
+    pub fn used_moments_about(&self, gbar: f64) -> Result<Moments> {
+        if !gbar.is_finite() {
+            return invalid(format!("the centre of the prompt means must be finite, got {gbar}"));
+        }
         let m = self.shards.fold_in_hash_order(
             |m: &mut Moments, st| {
                 if st.count >= 2 {
@@ -1887,6 +1896,9 @@ mod tests {
         let mut acc = Accumulator::new();
         acc.update(&keys, &x).unwrap();
         let m = acc.used_moments().unwrap();
+        let about = acc.used_moments_about(acc.summary().unwrap().grand_mean).unwrap();
+        assert_eq!(format!("{about:?}"), format!("{m:?}"));
+        assert!(acc.used_moments_about(f64::NAN).is_err());
         let c = acc.used_stats();
         let p = c.count.len();
         let gbar = c.mean.iter().sum::<f64>() / p as f64;
