@@ -3,7 +3,8 @@
 //! read-only pass over the same arrays. LAYOUT=grouped|shuffled, RESERVE=1
 //! sizes the tables up front, REPS repeats (best kept). The read pass is a
 //! vectorised sum of both arrays over the same chunks: the floor of any pass
-//! over the rows.
+//! over the rows. LAYOUT=sorted gives the prompts increasing keys (the
+//! accumulator then keeps them as a log, with no index).
 use grades_core::variance::Accumulator;
 use std::time::Instant;
 
@@ -12,6 +13,7 @@ fn main() {
     let (rows, k, chunk, reps, reserve) =
         (env("ROWS", 1e8), env("K", 16.0), env("CHUNK", 1048576.0), env("REPS", 3.0), env("RESERVE", 0.0));
     let shuffled = std::env::var("LAYOUT").is_ok_and(|v| v == "shuffled");
+    let sorted = std::env::var("LAYOUT").is_ok_and(|v| v == "sorted");
     let prompts = rows / k;
     let mix = |mut z: u64| {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
@@ -26,6 +28,8 @@ fn main() {
                 s ^= s >> 7;
                 s ^= s << 17;
                 mix(s % prompts as u64)
+            } else if sorted {
+                (i / k) as u64
             } else {
                 mix((i / k) as u64)
             }
@@ -67,6 +71,7 @@ fn main() {
         let used = acc.used_stats().count.len();
         eprintln!("  summary {t_sum:.4} s, used_stats {:.4} s ({used} prompts)", t.elapsed().as_secs_f64());
         len = acc.len();
+        eprintln!("  indexed {}", acc.is_indexed());
     }
     println!(
         "{rows} rows, {len} prompts, chunk {chunk}, reserve {reserve}: accumulate {:.4} s, read {:.4} s, ratio {:.2}",

@@ -283,6 +283,12 @@ fn remap_aligned(p: std::ptr::NonNull<u8>, old: usize, new: usize) -> Option<std
     }
 }
 
+impl<T: Zeroable> Default for Buf<T> {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
 impl<T: Zeroable> Drop for Buf<T> {
     fn drop(&mut self) {
         if self.n == 0 {
@@ -750,6 +756,64 @@ fn buckets() -> Buckets {
     vec![Vec::new(); SHARDS]
 }
 
+/// Where the scan puts the runs it finds, each with its id and statistics.
+trait RunSink<K> {
+    fn put(&mut self, id: K, st: Stats);
+}
+
+impl<K: PromptIds> RunSink<K> for Buckets {
+    #[inline(always)]
+    fn put(&mut self, id: K, st: Stats) {
+        let key = id.key();
+        self[shard_of(hash(key))].push(Slot { key, st });
+    }
+}
+
+/// The runs of a stretch of rows in row order, and whether their ids never
+/// decrease (then no prompt can come back in the stretch: the only runs
+/// of one id are its pieces that the scan cut at block boundaries, next to
+/// each other).
+#[derive(Debug, Clone, Default)]
+struct Ordered {
+    runs: Vec<Slot>,
+    /// Order ([`PromptIds::order`]) of the first and of the last run's id.
+    first: u64,
+    last: u64,
+    sorted: bool,
+    /// Number of distinct ids (groups of neighbouring runs of one id).
+    groups: usize,
+    /// Number of runs of the first id.
+    lead: usize,
+}
+
+impl Ordered {
+    fn clear(&mut self) {
+        self.runs.clear();
+        self.sorted = true;
+        self.groups = 0;
+        self.lead = 0;
+    }
+}
+
+impl<K: PromptIds> RunSink<K> for Ordered {
+    #[inline(always)]
+    fn put(&mut self, id: K, st: Stats) {
+        let o = id.order();
+        if self.runs.is_empty() {
+            self.first = o;
+            self.groups = 1;
+            self.lead = 1;
+        } else if o == self.last {
+            self.lead += (self.groups == 1) as usize;
+        } else {
+            self.sorted &= o > self.last;
+            self.groups += 1;
+        }
+        self.last = o;
+        self.runs.push(Slot { key: id.key(), st });
+    }
+}
+
 /// Statistics of a run of finite values by the corrected two-pass
 /// algorithm: `mean = sum / n`, then `M2 = sum d^2 - (sum d)^2 / n` with
 /// `d = x - mean` (the second term removes the rounding error of the
@@ -801,21 +865,47 @@ fn run_stats(x: &[f64]) -> (f64, Stats) {
 /// rest of the library gives integer ids), so that a caller with integer
 /// ids needs no pass of its own to key them.
 pub trait PromptIds: Copy + PartialEq + Send + Sync {
+    /// Which kind of id this is (ids of different kinds are not compared).
+    const KIND: IdKind;
     /// The 64-bit key the accumulator files the id under.
     fn key(self) -> u64;
+    /// The id's place in the ids' natural order, as an unsigned integer
+    /// (distinct ids, distinct places): what a stream of ids that never
+    /// decrease is checked by.
+    fn order(self) -> u64;
+}
+
+/// The kinds of [`PromptIds`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdKind {
+    /// 64-bit keys, taken as they are.
+    #[default]
+    Key,
+    /// Signed integer ids.
+    Int,
 }
 
 impl PromptIds for u64 {
+    const KIND: IdKind = IdKind::Key;
     #[inline(always)]
     fn key(self) -> u64 {
+        self
+    }
+    #[inline(always)]
+    fn order(self) -> u64 {
         self
     }
 }
 
 impl PromptIds for i64 {
+    const KIND: IdKind = IdKind::Int;
     #[inline(always)]
     fn key(self) -> u64 {
         crate::sampling::key_of_int(self)
+    }
+    #[inline(always)]
+    fn order(self) -> u64 {
+        (self as u64) ^ (1 << 63)
     }
 }
 
@@ -843,7 +933,7 @@ fn prefetch_ahead<T>(v: &[T], from: usize, to: usize) -> usize {
 /// finite (or whose statistics overflow) and returns the index of its first
 /// row. Runs are cut at block boundaries (which only changes rounding).
 #[inline(always)]
-fn scan_runs<K: PromptIds>(keys: &[K], x: &[f64], out: &mut Buckets) -> Option<usize> {
+fn scan_runs<K: PromptIds, S: RunSink<K>>(keys: &[K], x: &[f64], out: &mut S) -> Option<usize> {
     let mut starts = [0u32; BLOCK + 1];
     let mut base = 0;
     // rows up to which the keys and the losses have been prefetched
@@ -883,8 +973,7 @@ fn scan_runs<K: PromptIds>(keys: &[K], x: &[f64], out: &mut Buckets) -> Option<u
             if !sum.is_finite() {
                 return Some(base + s);
             }
-            let key = kb[s].key();
-            out[shard_of(hash(key))].push(Slot { key, st });
+            out.put(kb[s], st);
         }
         base += n;
     }
@@ -894,11 +983,11 @@ fn scan_runs<K: PromptIds>(keys: &[K], x: &[f64], out: &mut Buckets) -> Option<u
 /// [`scan_runs`] compiled for AVX2 (same operations, so the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn scan_runs_avx2<K: PromptIds>(keys: &[K], x: &[f64], out: &mut Buckets) -> Option<usize> {
+unsafe fn scan_runs_avx2<K: PromptIds, S: RunSink<K>>(keys: &[K], x: &[f64], out: &mut S) -> Option<usize> {
     scan_runs(keys, x, out)
 }
 
-fn scan_runs_dispatch<K: PromptIds>(keys: &[K], x: &[f64], out: &mut Buckets) -> Option<usize> {
+fn scan_runs_dispatch<K: PromptIds, S: RunSink<K>>(keys: &[K], x: &[f64], out: &mut S) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") {
@@ -928,9 +1017,13 @@ fn count_runs<K: PromptIds>(keys: &[K]) -> usize {
 }
 
 /// Scratch lists of runs kept between updates (not part of the state): one
-/// [`Buckets`] per stretch of rows scanned in parallel.
+/// [`Buckets`] (or one [`Ordered`] list) per stretch of rows scanned in
+/// parallel.
 #[derive(Default)]
-struct Scratch(Vec<Buckets>);
+struct Scratch {
+    buckets: Vec<Buckets>,
+    ordered: Vec<Ordered>,
+}
 
 impl Clone for Scratch {
     fn clone(&self) -> Self {
@@ -944,10 +1037,231 @@ impl std::fmt::Debug for Scratch {
     }
 }
 
+/// The prompts of a stream whose ids have never decreased: one record per
+/// prompt in row order and no index. Such a stream cannot bring a prompt
+/// back (its id would have to decrease), so each new run is a new prompt
+/// or the rest of the last one, and the records are only appended.
+#[derive(Debug, Default)]
+struct Log {
+    recs: Buf<Slot>,
+    len: usize,
+    kind: IdKind,
+    /// Order ([`PromptIds::order`]) of the first and of the last record's id.
+    first: u64,
+    last: u64,
+    /// The records in hash order, once asked for (cleared when the log grows).
+    order: std::sync::OnceLock<HashOrder>,
+}
+
+/// The records of a log in the order the tables visit their prompts (key
+/// hash): per shard, the records' positions sorted by hash.
+#[derive(Debug)]
+struct HashOrder {
+    /// Shard `s` has `idx[at[s]..at[s + 1]]`.
+    at: Vec<usize>,
+    idx: Vec<u32>,
+}
+
+impl Clone for Log {
+    fn clone(&self) -> Self {
+        let mut recs = Buf::<Slot>::try_zeroed(self.len)
+            .unwrap_or_else(|| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Slot>()));
+        recs.copy_from_slice(self.records());
+        Log { recs, len: self.len, kind: self.kind, first: self.first, last: self.last, order: Default::default() }
+    }
+}
+
+impl Log {
+    fn records(&self) -> &[Slot] {
+        &self.recs[..self.len]
+    }
+
+    /// The records' positions in hash order, shard by shard (sorted once,
+    /// in parallel, and kept until the log grows).
+    fn hash_order(&self) -> &HashOrder {
+        use rayon::prelude::*;
+        self.order.get_or_init(|| {
+            let recs = self.records();
+            assert!(recs.len() <= u32::MAX as usize + 1, "too many prompts for a log");
+            let mut at = vec![0usize; SHARDS + 1];
+            for r in recs {
+                at[shard_of(hash(r.key)) + 1] += 1;
+            }
+            for s in 0..SHARDS {
+                at[s + 1] += at[s];
+            }
+            let mut pos = at.clone();
+            let mut pairs = vec![(0u64, 0u32); recs.len()];
+            for (i, r) in recs.iter().enumerate() {
+                let h = hash(r.key);
+                let s = shard_of(h);
+                pairs[pos[s]] = (h, i as u32);
+                pos[s] += 1;
+            }
+            let mut parts = Vec::with_capacity(SHARDS);
+            let mut rest = &mut pairs[..];
+            for s in 0..SHARDS {
+                let (a, b) = std::mem::take(&mut rest).split_at_mut(at[s + 1] - at[s]);
+                parts.push(a);
+                rest = b;
+            }
+            parts.into_par_iter().for_each(|p| p.sort_unstable_by_key(|e| e.0));
+            HashOrder { at, idx: pairs.iter().map(|e| e.1).collect() }
+        })
+    }
+
+    /// Fold the records shard by shard in hash order, as
+    /// [`Shards::fold_in_hash_order`] folds the tables: the same bits.
+    fn fold_in_hash_order<A: Default + Send>(
+        &self,
+        add: impl Fn(&mut A, &Stats) + Sync,
+        combine: impl Fn(&mut A, &A),
+    ) -> A {
+        use rayon::prelude::*;
+        let o = self.hash_order();
+        let recs = self.records();
+        let parts: Vec<A> = (0..SHARDS)
+            .into_par_iter()
+            .map(|s| {
+                let mut a = A::default();
+                let idx = &o.idx[o.at[s]..o.at[s + 1]];
+                for (j, &i) in idx.iter().enumerate() {
+                    if let Some(&n) = idx.get(j + PREFETCH) {
+                        prefetch(recs.as_ptr().wrapping_add(n as usize));
+                    }
+                    add(&mut a, &recs[i as usize].st);
+                }
+                a
+            })
+            .collect();
+        parts.iter().fold(A::default(), |mut a, p| {
+            combine(&mut a, p);
+            a
+        })
+    }
+
+    /// Room for `additional` more records (growing by at least half);
+    /// None, with the log unchanged, when the memory is not there.
+    fn try_reserve(&mut self, additional: usize) -> Option<()> {
+        let need = self.len.checked_add(additional)?;
+        if need <= self.recs.len() {
+            return Some(());
+        }
+        let more = need.max(self.recs.len() + self.recs.len() / 2).max(1024);
+        self.recs.try_grow(more).or_else(|| self.recs.try_grow(need))
+    }
+
+    /// Whether runs of ids of kind `kind` from order `first` on can follow.
+    fn takes(&self, kind: IdKind, first: u64) -> bool {
+        self.len == 0 || (self.kind == kind && first >= self.last)
+    }
+
+    /// Append the runs of consecutive stretches of rows, each sorted and
+    /// following the log ([`Log::takes`]). Runs of one id become one
+    /// record, merged in row order as the table merges them: each part
+    /// writes its records in parallel, into its own range, and then the
+    /// runs that continue the record before a part (a prompt cut between
+    /// two stretches, or between two updates) are merged into it in order.
+    /// None, with nothing appended, when the memory is not there.
+    fn append(&mut self, parts: &[Ordered], kind: IdKind, parallel: bool) -> Option<()> {
+        // per part: runs that continue the record before it, and records
+        let mut tail = (self.len > 0).then_some(self.last);
+        let mut plan = Vec::with_capacity(parts.len());
+        for p in parts {
+            if p.runs.is_empty() {
+                plan.push((0, 0));
+                continue;
+            }
+            let cont = tail == Some(p.first);
+            plan.push(if cont { (p.lead, p.groups - 1) } else { (0, p.groups) });
+            tail = Some(p.last);
+        }
+        let total: usize = plan.iter().map(|&(_, r)| r).sum();
+        self.try_reserve(total)?;
+        let mut jobs = Vec::with_capacity(parts.len());
+        let mut rest = &mut self.recs[self.len..];
+        for (p, &(skip, n)) in parts.iter().zip(&plan) {
+            let (dst, r) = std::mem::take(&mut rest).split_at_mut(n);
+            jobs.push((dst, &p.runs[skip..]));
+            rest = r;
+        }
+        let compact = |(d, s): (&mut [Slot], &[Slot])| {
+            let mut w = 0;
+            for r in s {
+                if w > 0 && d[w - 1].key == r.key {
+                    d[w - 1].st.merge(&r.st);
+                } else {
+                    d[w] = *r;
+                    w += 1;
+                }
+            }
+            debug_assert_eq!(w, d.len());
+        };
+        if parallel {
+            use rayon::prelude::*;
+            jobs.into_par_iter().for_each(compact);
+        } else {
+            jobs.into_iter().for_each(compact);
+        }
+        // the continuing runs, in row order, into the record before them
+        let mut end = self.len;
+        for (p, &(skip, n)) in parts.iter().zip(&plan) {
+            for r in &p.runs[..skip] {
+                self.recs[end - 1].st.merge(&r.st);
+            }
+            end += n;
+        }
+        if let Some(p) = parts.iter().find(|p| !p.runs.is_empty()) {
+            if self.len == 0 {
+                self.first = p.first;
+                self.kind = kind;
+            }
+        }
+        if let Some(p) = parts.iter().rev().find(|p| !p.runs.is_empty()) {
+            self.last = p.last;
+        }
+        self.len = end;
+        self.order.take();
+        Some(())
+    }
+
+    /// Append another log that follows this one ([`Log::takes`]).
+    fn extend(&mut self, o: &Log) -> Option<()> {
+        if o.len == 0 {
+            return Some(());
+        }
+        self.try_reserve(o.len)?;
+        let mut src = o.records();
+        if self.len > 0 && self.last == o.first {
+            self.recs[self.len - 1].st.merge(&src[0].st);
+            src = &src[1..];
+        } else if self.len == 0 {
+            (self.first, self.kind) = (o.first, o.kind);
+        }
+        self.recs[self.len..self.len + src.len()].copy_from_slice(src);
+        self.len += src.len();
+        self.last = o.last;
+        self.order.take();
+        Some(())
+    }
+}
+
 /// Streaming accumulator of per-prompt loss statistics.
+///
+/// While the prompt ids of every update never decrease (ids sorted, the
+/// usual layout of a generated data set), the prompts are kept as a
+/// [`Log`] in row order, with no hash index at all; the first update that
+/// brings a smaller id (or a merge that needs it) builds the index from
+/// the log, once, and the accumulator goes on with its hash tables. The
+/// per-prompt statistics are the same bits either way.
 #[derive(Debug, Clone, Default)]
 pub struct Accumulator {
     shards: Shards,
+    log: Log,
+    /// The prompts are in `shards` (and the log is empty) for good.
+    indexed: bool,
+    /// Prompts the tables are sized for when they are built from the log.
+    hint: usize,
     rows: u64,
     runs: Scratch,
 }
@@ -1049,9 +1363,16 @@ impl Shards {
         })
     }
 
-    /// The estimators' sums.
-    fn partial(&self) -> Partial {
-        self.fold_in_hash_order(Partial::add, Partial::combine)
+    /// Merge the records of a log (in pieces, so the lists stay in cache).
+    fn merge_log(&mut self, log: &Log) {
+        let mut b = buckets();
+        for piece in log.records().chunks(STRETCH) {
+            b.iter_mut().for_each(Vec::clear);
+            for r in piece {
+                b[shard_of(hash(r.key))].push(*r);
+            }
+            self.merge_buckets(std::slice::from_ref(&b), piece.len() >= PAR_ROWS && rayon::current_num_threads() > 1);
+        }
     }
 
     /// Merge the buckets of consecutive stretches of rows, in order.
@@ -1217,6 +1538,22 @@ impl Accumulator {
     /// Errors (with the statistics unchanged) when the memory for that many
     /// prompts cannot be had.
     pub fn reserve(&mut self, prompts: usize) -> Result<()> {
+        if !self.indexed {
+            // a log needs room for records only; the tables, if they are
+            // ever built, are sized then
+            if self.log.try_reserve(prompts).is_none() {
+                return invalid(format!(
+                    "cannot reserve room for {prompts} prompts ({} bytes): not enough memory",
+                    (prompts as u128) * std::mem::size_of::<Slot>() as u128
+                ));
+            }
+            self.hint = self.hint.max(self.log.len.saturating_add(prompts));
+            return Ok(());
+        }
+        self.reserve_tables(prompts)
+    }
+
+    fn reserve_tables(&mut self, prompts: usize) -> Result<()> {
         // keys spread over the shards binomially: add 4 standard deviations
         let per = prompts / SHARDS;
         let per = per + 4 * ((per as f64).sqrt() as usize) + 16;
@@ -1233,7 +1570,48 @@ impl Accumulator {
 
     /// Number of distinct prompts seen.
     pub fn len(&self) -> usize {
-        self.shards.len()
+        if self.indexed {
+            self.shards.len()
+        } else {
+            self.log.len
+        }
+    }
+
+    /// Whether the prompts are held in hash tables (false while the ids of
+    /// every update have never decreased: see [`Accumulator`]).
+    pub fn is_indexed(&self) -> bool {
+        self.indexed
+    }
+
+    /// Build the hash index from the log (once; a no-op when indexed),
+    /// sizing the tables for the prompts reserved. Lookups by key
+    /// ([`Accumulator::get`]) are linear searches until then.
+    pub fn build_index(&mut self) {
+        if self.indexed {
+            return;
+        }
+        self.indexed = true;
+        let log = std::mem::take(&mut self.log);
+        let _ = self.reserve_tables(self.hint.max(log.len));
+        self.shards.merge_log(&log);
+    }
+
+    /// Empty again, as new (keeping the tables' capacity).
+    fn reset(&mut self) {
+        self.shards.clear();
+        self.log.len = 0;
+        self.log.order.take();
+        self.indexed = false;
+        self.rows = 0;
+    }
+
+    /// Every prompt's key and statistics (in no particular order).
+    fn records(&self) -> Box<dyn Iterator<Item = (u64, &Stats)> + '_> {
+        if self.indexed {
+            Box::new(self.shards.iter())
+        } else {
+            Box::new(self.log.records().iter().map(|s| (s.key, &s.st)))
+        }
     }
 
     /// True when no row has been seen.
@@ -1248,7 +1626,11 @@ impl Accumulator {
 
     /// Statistics of one prompt.
     pub fn get(&self, key: u64) -> Option<&Stats> {
-        self.shards.get(key)
+        if self.indexed {
+            self.shards.get(key)
+        } else {
+            self.log.records().iter().find(|s| s.key == key).map(|s| &s.st)
+        }
     }
 
     /// Add rows `(keys[i], losses[i])`. All-or-nothing: a NaN or infinite loss
@@ -1280,20 +1662,16 @@ impl Accumulator {
             ));
         }
         if keys.len() <= STRETCH || self.rows != 0 {
-            return self.update_part(keys, losses, 0);
+            return self.update_part(keys, losses, 0, None);
         }
         // grouped rows (two or more a run on average): the runs bound the
         // prompts, so the tables are sized for them once instead of growing
         // on the way (a hint only: the statistics do not depend on it)
-        let runs = count_runs(keys);
-        if runs.saturating_mul(2) <= keys.len() {
-            let _ = self.reserve(runs);
-        }
+        // (when ids that are not sorted make the accumulator build them)
         for s in (0..keys.len()).step_by(STRETCH) {
             let e = (s + STRETCH).min(keys.len());
-            if let Err(err) = self.update_part(&keys[s..e], &losses[s..e], s) {
-                self.shards.clear();
-                self.rows = 0;
+            if let Err(err) = self.update_part(&keys[s..e], &losses[s..e], s, Some(keys)) {
+                self.reset();
                 return Err(err);
             }
         }
@@ -1301,15 +1679,25 @@ impl Accumulator {
     }
 
     /// [`Accumulator::update`] of one stretch starting at row `base` of the
-    /// caller's update (for error messages).
-    fn update_part<K: PromptIds>(&mut self, keys: &[K], losses: &[f64], base: usize) -> Result<()> {
+    /// caller's update (for error messages); `whole`: all the ids of a large
+    /// first update, whose runs size the tables if they are built.
+    fn update_part<K: PromptIds>(
+        &mut self,
+        keys: &[K],
+        losses: &[f64],
+        base: usize,
+        whole: Option<&[K]>,
+    ) -> Result<()> {
         let n = keys.len();
         let parallel = n >= PAR_ROWS && rayon::current_num_threads() > 1;
         // stretches start at multiples of BLOCK, where the scan cuts runs
         // anyway: the runs do not depend on how many stretches there are
         let n_parts = if parallel { (2 * rayon::current_num_threads()).min(n.div_ceil(BLOCK)) } else { 1 };
         let per = n.div_ceil(BLOCK).div_ceil(n_parts) * BLOCK;
-        let mut parts = std::mem::take(&mut self.runs.0);
+        if !self.indexed {
+            return self.update_log(keys, losses, base, (n_parts, per, parallel), whole);
+        }
+        let mut parts = std::mem::take(&mut self.runs.buckets);
         parts.resize_with(n_parts, buckets);
         for b in parts.iter_mut().flatten() {
             b.clear();
@@ -1325,21 +1713,8 @@ impl Accumulator {
             parts.iter_mut().enumerate().filter_map(scan).min()
         };
         if let Some(s) = bad {
-            self.runs.0 = parts;
-            let i = s + losses[s..].iter().position(|v| !v.is_finite()).unwrap_or(0);
-            if !losses[i].is_finite() {
-                return Err(Error::Invalid(format!(
-                    "loss at row {} (row {} of this update) is {}: losses must be finite",
-                    self.rows + i as u64,
-                    base + i,
-                    losses[i]
-                )));
-            }
-            return Err(Error::Invalid(format!(
-                "losses from row {} (row {} of this update) are too large: their sum or squared deviations overflow f64",
-                self.rows + s as u64,
-                base + s
-            )));
+            self.runs.buckets = parts;
+            return Err(self.bad_rows(losses, s, base));
         }
         self.shards.merge_buckets(&parts, parallel);
         self.rows += n as u64;
@@ -1348,13 +1723,122 @@ impl Accumulator {
         let entries: usize = self.shards.0.iter().map(|t| t.index.len()).sum();
         let keep = (1 << 16).max(entries).max((2 * n).min(1 << 21));
         if parts.iter().flatten().map(|b| b.capacity()).sum::<usize>() <= keep {
-            self.runs.0 = parts;
+            self.runs.buckets = parts;
         }
         Ok(())
     }
 
-    /// Fold another accumulator into this one (exact, order-free up to rounding).
+    /// The error for a scan that stopped at row `s` of this update's rows
+    /// (a stretch starting at row `base` of the caller's update).
+    fn bad_rows(&self, losses: &[f64], s: usize, base: usize) -> Error {
+        let i = s + losses[s..].iter().position(|v| !v.is_finite()).unwrap_or(0);
+        if !losses[i].is_finite() {
+            return Error::Invalid(format!(
+                "loss at row {} (row {} of this update) is {}: losses must be finite",
+                self.rows + i as u64,
+                base + i,
+                losses[i]
+            ));
+        }
+        Error::Invalid(format!(
+            "losses from row {} (row {} of this update) are too large: their sum or squared deviations overflow f64",
+            self.rows + s as u64,
+            base + s
+        ))
+    }
+
+    /// [`Accumulator::update_part`] of an accumulator that is still a log:
+    /// the stretch is scanned into lists of runs in row order, which are
+    /// appended to the log when their ids never decrease and follow it;
+    /// otherwise the index is built and the runs are merged into it.
+    fn update_log<K: PromptIds>(
+        &mut self,
+        keys: &[K],
+        losses: &[f64],
+        base: usize,
+        (n_parts, per, parallel): (usize, usize, bool),
+        whole: Option<&[K]>,
+    ) -> Result<()> {
+        let n = keys.len();
+        let mut parts = std::mem::take(&mut self.runs.ordered);
+        parts.resize_with(n_parts, Ordered::default);
+        parts.iter_mut().for_each(Ordered::clear);
+        let scan = |(i, out): (usize, &mut Ordered)| {
+            let (s, e) = ((i * per).min(n), ((i + 1) * per).min(n));
+            scan_runs_dispatch(&keys[s..e], &losses[s..e], out).map(|r| s + r)
+        };
+        let bad = if parallel {
+            use rayon::prelude::*;
+            parts.par_iter_mut().enumerate().map(scan).collect::<Vec<_>>().into_iter().flatten().min()
+        } else {
+            parts.iter_mut().enumerate().filter_map(scan).min()
+        };
+        if let Some(s) = bad {
+            self.runs.ordered = parts;
+            return Err(self.bad_rows(losses, s, base));
+        }
+        // sorted: each part on its own, and each part after the one before
+        let mut follows = true;
+        let mut last = (self.log.len > 0).then_some(self.log.last);
+        for p in parts.iter().filter(|p| !p.runs.is_empty()) {
+            follows &= p.sorted && last.is_none_or(|l| p.first >= l);
+            last = Some(p.last);
+        }
+        let first = parts.iter().find(|p| !p.runs.is_empty()).map(|p| p.first);
+        if follows && first.is_none_or(|f| self.log.takes(K::KIND, f)) {
+            if self.log.append(&parts, K::KIND, parallel).is_none() {
+                let more: usize = parts.iter().map(|p| p.runs.len()).sum();
+                self.runs.ordered = parts;
+                return invalid(format!(
+                    "not enough memory to keep {more} more prompts (after {})",
+                    self.log.len
+                ));
+            }
+        } else {
+            if let Some(all) = whole {
+                // grouped rows (two or more a run on average): the runs
+                // bound the prompts, so the tables are sized for them once
+                // instead of growing on the way
+                let runs = count_runs(all);
+                if runs.saturating_mul(2) <= all.len() {
+                    self.hint = self.hint.max(runs);
+                }
+            }
+            self.build_index();
+            let mut b = buckets();
+            for p in &parts {
+                for r in &p.runs {
+                    b[shard_of(hash(r.key))].push(*r);
+                }
+            }
+            self.shards.merge_buckets(std::slice::from_ref(&b), parallel);
+        }
+        self.rows += n as u64;
+        // the lists stay for the next update unless they are large
+        if parts.iter().map(|p| p.runs.capacity()).sum::<usize>() <= (1 << 16).max((2 * n).min(1 << 21)) {
+            self.runs.ordered = parts;
+        }
+        Ok(())
+    }
+
+    /// Fold another accumulator into this one (exact, order-free up to
+    /// rounding). Two logs stay a log when the other's ids follow this
+    /// one's (shards of a sorted stream merged in order); otherwise this
+    /// one's index is built first.
     pub fn merge(&mut self, other: &Accumulator) {
+        if !self.indexed && !other.indexed && self.log.takes(other.log.kind, other.log.first) {
+            if self.log.extend(&other.log).is_none() {
+                panic!("out of memory merging {} prompts into {}", other.log.len, self.log.len);
+            }
+            self.rows += other.rows;
+            return;
+        }
+        self.build_index();
+        if !other.indexed {
+            self.shards.merge_log(&other.log);
+            self.rows += other.rows;
+            return;
+        }
         let one = |(a, b): (&mut Table, &Table)| {
             a.reserve(b.len);
             a.merge_runs(b.records().iter());
@@ -1372,7 +1856,7 @@ impl Accumulator {
     pub fn per_prompt(&self) -> (Vec<u64>, Vec<Stats>) {
         use rayon::slice::ParallelSliceMut;
         let mut v: Vec<(u64, Stats)> = Vec::with_capacity(self.len());
-        v.extend(self.shards.iter().map(|(k, s)| (k, *s)));
+        v.extend(self.records().map(|(k, s)| (k, *s)));
         v.par_sort_unstable_by_key(|e| e.0);
         v.into_iter().unzip()
     }
@@ -1382,7 +1866,17 @@ impl Accumulator {
     /// key), whatever order they were inserted in. Errors when fewer than two
     /// prompts have at least two responses.
     pub fn summary(&self) -> Result<Summary> {
-        self.shards.partial().finish(self.rows)
+        self.fold(Partial::add, Partial::combine).finish(self.rows)
+    }
+
+    /// Fold every prompt's statistics in hash order, shard by shard
+    /// (from the tables or from a log: the same bits).
+    fn fold<A: Default + Send>(&self, add: impl Fn(&mut A, &Stats) + Sync, combine: impl Fn(&mut A, &A)) -> A {
+        if self.indexed {
+            self.shards.fold_in_hash_order(add, combine)
+        } else {
+            self.log.fold_in_hash_order(add, combine)
+        }
     }
 
     /// The statistics of the prompts the estimators use (two or more
@@ -1390,7 +1884,13 @@ impl Accumulator {
     /// order of their key hash, whatever order they were inserted in (what a
     /// seeded bootstrap over prompts resamples).
     pub fn used_stats(&self) -> StatsColumns {
-        self.shards.columns_in_hash_order(|s| s.count >= 2)
+        if self.indexed {
+            return self.shards.columns_in_hash_order(|s| s.count >= 2);
+        }
+        let recs = self.log.records();
+        let stats: Vec<Stats> =
+            self.log.hash_order().idx.iter().map(|&i| recs[i as usize].st).filter(|s| s.count >= 2).collect();
+        StatsColumns::of(&stats)
     }
 
     /// Mean and covariance (ddof = 1) over the prompts the estimators use
@@ -1409,7 +1909,7 @@ impl Accumulator {
         if !gbar.is_finite() {
             return invalid(format!("the centre of the prompt means must be finite, got {gbar}"));
         }
-        let m = self.shards.fold_in_hash_order(
+        let m = self.fold(
             |m: &mut Moments, st| {
                 if st.count >= 2 {
                     let s2 = st.m2 / (st.count - 1) as f64;
@@ -1498,7 +1998,7 @@ impl Accumulator {
             }
         }
         shards.merge_buckets(std::slice::from_ref(&runs), n as usize >= PAR_ROWS);
-        Ok(Accumulator { shards, rows, ..Default::default() })
+        Ok(Accumulator { shards, rows, indexed: true, ..Default::default() })
     }
 }
 
@@ -1688,7 +2188,8 @@ mod tests {
         }
         // the grouped first update sized its tables for its runs up front
         assert_eq!(count_runs(&keys), n.div_ceil(3));
-        let sized = Accumulator::with_capacity(n.div_ceil(3)).unwrap();
+        let mut sized = Accumulator::with_capacity(n.div_ceil(3)).unwrap();
+        sized.build_index();
         let lens = |acc: &Accumulator| acc.shards.0.iter().map(|t| t.index.len()).collect::<Vec<_>>();
         assert_eq!(lens(&a), lens(&sized));
         // rows mostly in runs of one are not: their tables grow as they fill
@@ -2167,7 +2668,9 @@ mod tests {
     fn large_tables_grow_and_clone() {
         // enough prompts for the table to use the large (mapped) buffer
         let n = 400_000u64;
-        let keys: Vec<u64> = (0..2 * n).map(|i| i / 2).collect();
+        // (not sorted, so that the accumulator indexes them)
+        let odd = 0x9E37_79B9_7F4A_7C15u64;
+        let keys: Vec<u64> = (0..2 * n).map(|i| (i / 2).wrapping_mul(odd)).collect();
         let x: Vec<f64> = (0..2 * n).map(|i| (i % 7) as f64).collect();
         let mut acc = Accumulator::with_capacity(4_000_000).unwrap();
         acc.update(&keys, &x).unwrap();
@@ -2188,7 +2691,8 @@ mod tests {
         assert!(a.len() >= PAR_ROWS && b.len() >= PAR_ROWS);
         a.merge(&b);
         assert!(same(&a, &grown));
-        let s = acc.get(12345).unwrap();
+        assert!(acc.is_indexed() && grown.is_indexed() && a.is_indexed());
+        let s = acc.get(12345u64.wrapping_mul(odd)).unwrap();
         assert_eq!(s.count, 2);
         assert!(close(s.mean, (x[24690] + x[24691]) / 2.0, 1e-15));
     }
