@@ -1066,7 +1066,7 @@ impl Clone for Log {
     fn clone(&self) -> Self {
         let mut recs = Buf::<Slot>::try_zeroed(self.len)
             .unwrap_or_else(|| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Slot>()));
-        recs.copy_from_slice(self.records());
+        recs[..self.len].copy_from_slice(self.records());
         Log { recs, len: self.len, kind: self.kind, first: self.first, last: self.last, order: Default::default() }
     }
 }
@@ -2695,6 +2695,181 @@ mod tests {
         let s = acc.get(12345u64.wrapping_mul(odd)).unwrap();
         assert_eq!(s.count, 2);
         assert!(close(s.mean, (x[24690] + x[24691]) / 2.0, 1e-15));
+    }
+
+    /// An empty accumulator that files prompts in its hash tables from the
+    /// first row (the reference for the log).
+    fn indexed() -> Accumulator {
+        let mut a = Accumulator::new();
+        a.build_index();
+        a
+    }
+
+    /// Everything a caller can read of two accumulators, bit for bit.
+    #[track_caller]
+    fn same_bits(a: &Accumulator, b: &Accumulator) {
+        assert!(a.n_rows() == b.n_rows() && a.len() == b.len(), "{} {} {} {}", a.n_rows(), b.n_rows(), a.len(), b.len());
+        assert!(a.to_bytes() == b.to_bytes(), "the states differ");
+        assert_eq!(format!("{:?}", a.summary()), format!("{:?}", b.summary()));
+        assert_eq!(format!("{:?}", a.used_moments()), format!("{:?}", b.used_moments()));
+        assert_eq!(format!("{:?}", a.used_stats()), format!("{:?}", b.used_stats()));
+    }
+
+    /// Sorted ids in runs of 1 to `max_run` rows (some runs far longer than a
+    /// block), with values around a mean of their own.
+    fn sorted_rows(seed: u64, n: usize, max_run: u64) -> (Vec<i64>, Vec<f64>) {
+        let mut s = seed | 1;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let (mut ids, mut x) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut id = -(n as i64) / 3;
+        while ids.len() < n {
+            let len = if rnd() % 50 == 0 { 1 + rnd() % (3 * BLOCK as u64) } else { 1 + rnd() % max_run };
+            for _ in 0..len.min((n - ids.len()) as u64) {
+                ids.push(id);
+                x.push((id % 17) as f64 + (rnd() >> 11) as f64 / (1u64 << 53) as f64);
+            }
+            id += 1 + (rnd() % 3) as i64;
+        }
+        (ids, x)
+    }
+
+    #[test]
+    fn sorted_ids_keep_a_log_with_the_bits_of_the_tables() {
+        let (ids, x) = sorted_rows(3, 5 * PAR_ROWS + 1234, 40);
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                // updates of many sizes: runs cut by blocks, by the parallel
+                // parts of an update and by updates
+                for chunk in [ids.len(), PAR_ROWS + 777, 5000, 17] {
+                    let (mut log, mut tab) = (Accumulator::new(), indexed());
+                    for (ic, xc) in ids.chunks(chunk).zip(x.chunks(chunk)) {
+                        log.update_int_ids(ic, xc).unwrap();
+                        tab.update_int_ids(ic, xc).unwrap();
+                    }
+                    assert!(!log.is_indexed() && tab.is_indexed());
+                    assert_eq!(log.len(), tab.len());
+                    same_bits(&log, &tab);
+                    let k = crate::sampling::key_of_int(ids[777]);
+                    assert_eq!(log.get(k), tab.get(k));
+                    // an update whose ids come back: the index is built, same bits
+                    let (mut log2, mut tab2) = (log.clone(), tab.clone());
+                    log2.update_int_ids(&ids[..3000], &x[..3000]).unwrap();
+                    tab2.update_int_ids(&ids[..3000], &x[..3000]).unwrap();
+                    assert!(log2.is_indexed());
+                    same_bits(&log2, &tab2);
+                    // the index built on request, same bits
+                    log.build_index();
+                    same_bits(&log, &tab);
+                }
+            });
+        }
+        // and the same as the reference per prompt
+        let keys: Vec<u64> = ids.iter().map(|&i| crate::sampling::key_of_int(i)).collect();
+        let mut log = Accumulator::new();
+        log.update_int_ids(&ids, &x).unwrap();
+        let r = reference(&keys, &x);
+        assert_eq!(r.len(), log.len());
+        for (k, s) in &r {
+            let t = log.get(*k).unwrap();
+            assert!(s.count == t.count && close(s.mean, t.mean, 1e-12) && close(s.m2, t.m2, 1e-9));
+        }
+    }
+
+    #[test]
+    fn a_log_leaves_for_the_tables_when_it_must() {
+        let (ids, x) = sorted_rows(9, 3 * PAR_ROWS, 9);
+        let keys: Vec<u64> = ids.iter().map(|&i| i as u64 ^ (1 << 63)).collect();
+        let h = ids.len() / 2 + 1;
+        let part = |ids: &[i64], x: &[f64], tables: bool| {
+            let mut a = if tables { indexed() } else { Accumulator::new() };
+            a.update_int_ids(ids, x).unwrap();
+            a
+        };
+        // shards of a sorted stream merged in order stay a log (a prompt
+        // cut between them merged), in another order they build the index:
+        // the bits of the same merges of tables
+        let (a, b) = (part(&ids[..h], &x[..h], false), part(&ids[h..], &x[h..], false));
+        let (ta, tb) = (part(&ids[..h], &x[..h], true), part(&ids[h..], &x[h..], true));
+        assert_eq!(ids[h - 1], ids[h]);
+        let mut tab = ta.clone();
+        tab.merge(&tb);
+        let mut m = a.clone();
+        m.merge(&b);
+        assert!(!m.is_indexed());
+        same_bits(&m, &tab);
+        let (mut m, mut t) = (b.clone(), tb.clone());
+        m.merge(&a);
+        t.merge(&ta);
+        assert!(m.is_indexed());
+        same_bits(&m, &t);
+        // a log into tables, tables into a log
+        let mut m = indexed();
+        m.merge(&a);
+        m.merge(&b);
+        same_bits(&m, &tab);
+        let mut m = a.clone();
+        m.merge(&tb);
+        assert!(m.is_indexed());
+        same_bits(&m, &tab);
+        // the same numbers as 64-bit keys: a log of its own kind, which
+        // does not take integer ids
+        let mut k = Accumulator::new();
+        k.update(&keys[..h], &x[..h]).unwrap();
+        assert!(!k.is_indexed());
+        k.update_int_ids(&ids[h..], &x[h..]).unwrap();
+        assert!(k.is_indexed() && k.len() == tab.len() + 1);
+        let mut k2 = Accumulator::new();
+        k2.update(&keys[..h], &x[..h]).unwrap();
+        k2.merge(&b);
+        assert!(k2.is_indexed() && k2.len() == tab.len() + 1);
+        // a bad loss in a later stretch of a large first update: nothing
+        // kept, and a log again
+        let n = 2 * STRETCH + 99;
+        let (big, mut y) = sorted_rows(4, n, 30);
+        y[STRETCH + 5] = f64::INFINITY;
+        let mut e = Accumulator::with_capacity(10).unwrap();
+        let err = e.update_int_ids(&big, &y).unwrap_err().to_string();
+        assert!(err.contains(&format!("row {} ", STRETCH + 5)), "{err}");
+        assert!(e.is_empty() && e.n_rows() == 0 && !e.is_indexed());
+        e.update_int_ids(&ids, &x).unwrap();
+        same_bits(&e, &part(&ids, &x, true));
+        // unsorted in its second stretch: the tables are sized for the
+        // update's runs when they are built, and the bits are the same
+        let (mut big, y) = sorted_rows(5, n, 30);
+        big[STRETCH + 7..].iter_mut().for_each(|v| *v = -*v);
+        let mut a = Accumulator::new();
+        a.update_int_ids(&big, &y).unwrap();
+        let mut b = indexed();
+        b.update_int_ids(&big, &y).unwrap();
+        assert!(a.is_indexed());
+        same_bits(&a, &b);
+    }
+
+    #[test]
+    fn a_large_log_is_mapped_and_reserved_without_the_tables() {
+        let n = 200_000usize;
+        let mut a = Accumulator::with_capacity(n).unwrap();
+        let ids: Vec<i64> = (0..2 * n as i64).map(|i| i / 2).collect();
+        let x: Vec<f64> = (0..2 * n).map(|i| (i % 7) as f64).collect();
+        a.update_int_ids(&ids, &x).unwrap();
+        assert!(!a.is_indexed() && a.len() == n);
+        assert!(a.log.recs.mapped || !cfg!(target_os = "linux"));
+        // the tables were left at their first size, and are sized for the
+        // prompts reserved when they are built
+        assert!(a.shards.0.iter().all(|t| t.index.len() == 16));
+        let mut b = a.clone();
+        b.build_index();
+        let mut sized = Accumulator::with_capacity(n).unwrap();
+        sized.build_index();
+        let lens = |acc: &Accumulator| acc.shards.0.iter().map(|t| t.index.len()).collect::<Vec<_>>();
+        assert_eq!(lens(&b), lens(&sized));
+        same_bits(&a, &b);
     }
 
     fn rows() -> impl Strategy<Value = (Vec<u64>, Vec<f64>)> {
