@@ -9,11 +9,18 @@ compared with
     python bench/bench_variance.py --rows 10_000_000 --layout shuffled
     python bench/bench_variance.py --rows 1e8 --source arrow   # pyarrow chunks, public API
     python bench/bench_variance.py --rows 1e8 --budget         # variance_budget end to end
+    python bench/bench_variance.py --rows 1e8 --layout sorted  # integer ids in increasing order
+
+Layouts: `grouped` (a prompt's rows together, prompts in no order: well-mixed
+64-bit keys), `shuffled` (rows in random order), `sorted` (int64 prompt ids
+0, 0, ..., 1, 1, ...: the rows of a generated data set in prompt order; the
+accumulator keeps such a stream as a log, without a hash index).
 
 `--source numpy` (default) feeds NumPy chunks to the core accumulator;
 `--source arrow` feeds pyarrow arrays to `mrt_fast.VarianceAccumulator.update`
-(`hashed=True`, so the keys go in as they are), which is what a user's
-Arrow/Parquet batches cost, validation and conversion included.
+(`hashed=True` for the 64-bit keys, so they go in as they are; integer ids
+for `sorted`), which is what a user's Arrow/Parquet batches cost, validation
+and conversion included.
 
 Prints one JSON line of results.
 """
@@ -51,7 +58,7 @@ def make(rows: int, k: int, layout: str, seed: int):
     idx = np.arange(rows, dtype=np.int64) // k
     if layout == "shuffled":
         rng.shuffle(idx)
-    keys = mix(idx % n_prompts)
+    keys = idx % n_prompts if layout == "sorted" else mix(idx % n_prompts)
     mu = rng.normal(size=n_prompts)
     losses = mu[idx % n_prompts] + rng.normal(scale=2.0, size=rows)
     return keys, losses, n_prompts
@@ -76,7 +83,7 @@ def main() -> None:
     ap.add_argument("--rows", type=float, default=1e8)
     ap.add_argument("--k", type=int, default=16, help="responses per prompt")
     ap.add_argument("--chunk", type=int, default=1 << 20, help="rows per update call")
-    ap.add_argument("--layout", choices=["grouped", "shuffled"], default="grouped")
+    ap.add_argument("--layout", choices=["grouped", "shuffled", "sorted"], default="grouped")
     ap.add_argument("--source", choices=["numpy", "arrow"], default="numpy")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-polars", action="store_true")
@@ -107,18 +114,21 @@ def main() -> None:
 
         batches = [(pa.array(kc), pa.array(xc)) for kc, xc in chunks]
 
+        hashed = keys.dtype == np.uint64
+
         def stream():
             acc = mrt_fast.VarianceAccumulator(expected_prompts=n_prompts if a.reserve else 0)
             for kc, xc in batches:
-                acc.update(kc, xc, hashed=True)
+                acc.update(kc, xc, hashed=hashed)
             return acc._core
 
     else:
 
         def stream():
             acc = core.VarianceAccumulator(n_prompts if a.reserve else 0)
+            up = acc.update if keys.dtype == np.uint64 else acc.update_int_ids
             for kc, xc in chunks:
-                acc.update(kc, xc)
+                up(kc, xc)
             return acc
 
     t_floor, _ = best_of(floor, a.repeat)
@@ -139,6 +149,8 @@ def main() -> None:
         "read_floor_cpu_s": round(CPU["floor"], 4),
         "accumulate_cpu_s": round(CPU["stream"], 4),
         "summary_s": round(t_sum, 4),
+        "accumulate_and_summary_s": round(t_acc + t_sum, 4),
+        "indexed": bool(acc.is_indexed),
         "v_x": summ["v_x"],
         "v_y_given_x": summ["v_y_given_x"],
     }

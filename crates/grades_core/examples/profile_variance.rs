@@ -67,6 +67,9 @@ fn main() {
         let t = Instant::now();
         std::hint::black_box(acc.summary().unwrap());
         let t_sum = t.elapsed().as_secs_f64();
+        let t2 = Instant::now();
+        std::hint::black_box(acc.summary().unwrap());
+        eprintln!("  summary again {:.4} s", t2.elapsed().as_secs_f64());
         let t = Instant::now();
         let used = acc.used_stats().count.len();
         eprintln!("  summary {t_sum:.4} s, used_stats {:.4} s ({used} prompts)", t.elapsed().as_secs_f64());

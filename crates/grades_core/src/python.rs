@@ -541,6 +541,19 @@ impl PyVarianceAccumulator {
         self.inner.n_rows()
     }
 
+    /// False while the ids of every update have never decreased (the
+    /// prompts are kept as a log in row order, with no hash index).
+    #[getter]
+    fn is_indexed(&self) -> bool {
+        self.inner.is_indexed()
+    }
+
+    /// Build the hash index of a log now (a no-op once indexed).
+    fn build_index(&mut self, py: Python<'_>) {
+        let acc = &mut self.inner;
+        py.detach(|| acc.build_index());
+    }
+
     /// Per-prompt arrays sorted by key: dict(key, count, mean, m2).
     fn per_prompt<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let acc = &self.inner;

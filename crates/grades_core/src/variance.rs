@@ -1077,36 +1077,96 @@ impl Log {
     }
 
     /// The records' positions in hash order, shard by shard (sorted once,
-    /// in parallel, and kept until the log grows).
+    /// in parallel, and kept until the log grows): the positions are
+    /// scattered to their shards in pieces, then each shard is put in order
+    /// in a scratch list of (hash, position) by a counting sort on the 16
+    /// hash bits after the shard bits (the hashes are uniform, so a bucket
+    /// holds one or two records) and an insertion sort by the full hash.
     fn hash_order(&self) -> &HashOrder {
         use rayon::prelude::*;
+        const PIECE: usize = 1 << 16;
+        const SUB: u32 = 16;
         self.order.get_or_init(|| {
             let recs = self.records();
-            assert!(recs.len() <= u32::MAX as usize + 1, "too many prompts for a log");
+            assert!(recs.len() <= u32::MAX as usize, "too many prompts for a log");
+            // records per shard of each piece
+            let hist: Vec<[usize; SHARDS]> = recs
+                .par_chunks(PIECE)
+                .map(|c| {
+                    let mut h = [0usize; SHARDS];
+                    c.iter().for_each(|r| h[shard_of(hash(r.key))] += 1);
+                    h
+                })
+                .collect();
             let mut at = vec![0usize; SHARDS + 1];
-            for r in recs {
-                at[shard_of(hash(r.key)) + 1] += 1;
-            }
             for s in 0..SHARDS {
-                at[s + 1] += at[s];
+                at[s + 1] = at[s] + hist.iter().map(|h| h[s]).sum::<usize>();
             }
-            let mut pos = at.clone();
-            let mut pairs = vec![(0u64, 0u32); recs.len()];
-            for (i, r) in recs.iter().enumerate() {
-                let h = hash(r.key);
-                let s = shard_of(h);
-                pairs[pos[s]] = (h, i as u32);
-                pos[s] += 1;
+            // every piece's part of every shard: disjoint slices, in shard
+            // order then piece order
+            let mut idx = vec![0u32; recs.len()];
+            let mut slots: Vec<Vec<&mut [u32]>> = (0..hist.len()).map(|_| Vec::with_capacity(SHARDS)).collect();
+            let mut rest = &mut idx[..];
+            for s in 0..SHARDS {
+                for (p, h) in hist.iter().enumerate() {
+                    let (a, b) = std::mem::take(&mut rest).split_at_mut(h[s]);
+                    slots[p].push(a);
+                    rest = b;
+                }
             }
+            slots.into_par_iter().enumerate().for_each(|(p, mut out)| {
+                let mut fill = [0usize; SHARDS];
+                for (i, r) in recs[p * PIECE..((p + 1) * PIECE).min(recs.len())].iter().enumerate() {
+                    let s = shard_of(hash(r.key));
+                    out[s][fill[s]] = (p * PIECE + i) as u32;
+                    fill[s] += 1;
+                }
+            });
             let mut parts = Vec::with_capacity(SHARDS);
-            let mut rest = &mut pairs[..];
+            let mut rest = &mut idx[..];
             for s in 0..SHARDS {
                 let (a, b) = std::mem::take(&mut rest).split_at_mut(at[s + 1] - at[s]);
                 parts.push(a);
                 rest = b;
             }
-            parts.into_par_iter().for_each(|p| p.sort_unstable_by_key(|e| e.0));
-            HashOrder { at, idx: pairs.iter().map(|e| e.1).collect() }
+            // (the scratch of a thread is reused from shard to shard)
+            let init = || (Vec::<u32>::new(), Vec::<(u64, u32)>::new(), Vec::<(u64, u32)>::new());
+            parts.into_par_iter().for_each_init(init, |(count, pairs, tmp), idx| {
+                let sub = |h: u64| ((h << SHARD_BITS) >> (64 - SUB)) as usize;
+                // the positions are increasing: the records are read in
+                // address order
+                pairs.clear();
+                for (j, &i) in idx.iter().enumerate() {
+                    if let Some(&n) = idx.get(j + PREFETCH) {
+                        prefetch(recs.as_ptr().wrapping_add(n as usize));
+                    }
+                    pairs.push((hash(recs[i as usize].key), i));
+                }
+                count.clear();
+                count.resize((1 << SUB) + 1, 0);
+                pairs.iter().for_each(|e| count[sub(e.0) + 1] += 1);
+                for i in 0..1 << SUB {
+                    count[i + 1] += count[i];
+                }
+                tmp.clear();
+                tmp.resize(pairs.len(), (0, 0));
+                for e in pairs.iter() {
+                    let b = &mut count[sub(e.0)];
+                    tmp[*b as usize] = *e;
+                    *b += 1;
+                }
+                for j in 1..tmp.len() {
+                    let e = tmp[j];
+                    let mut i = j;
+                    while i > 0 && e.0 < tmp[i - 1].0 {
+                        tmp[i] = tmp[i - 1];
+                        i -= 1;
+                    }
+                    tmp[i] = e;
+                }
+                idx.iter_mut().zip(tmp.iter()).for_each(|(d, e)| *d = e.1);
+            });
+            HashOrder { at, idx }
         })
     }
 
@@ -1297,46 +1357,13 @@ impl Shards {
     }
 
     /// The statistics of the prompts that `keep`, as columns in the order of
-    /// their key hash. The shards hold consecutive ranges of hashes, so each
-    /// is put in order on its own, in parallel, into its part of the columns.
+    /// their key hash.
     fn columns_in_hash_order(&self, keep: impl Fn(&Stats) -> bool + Sync) -> StatsColumns {
-        use rayon::prelude::*;
-        let kept: Vec<usize> = self.0.par_iter().map(|t| t.records().iter().filter(|r| keep(&r.st)).count()).collect();
-        let n: usize = kept.iter().sum();
-        let (mut count, mut mean, mut m2) = (vec_to_fill::<u64>(n), vec_to_fill::<f64>(n), vec_to_fill::<f64>(n));
-        let mut parts = Vec::with_capacity(SHARDS);
-        let (mut c, mut u, mut q) = (
-            &mut count.spare_capacity_mut()[..n],
-            &mut mean.spare_capacity_mut()[..n],
-            &mut m2.spare_capacity_mut()[..n],
-        );
-        for (t, &k) in self.0.iter().zip(&kept) {
-            let (c0, c1) = std::mem::take(&mut c).split_at_mut(k);
-            let (u0, u1) = std::mem::take(&mut u).split_at_mut(k);
-            let (q0, q1) = std::mem::take(&mut q).split_at_mut(k);
-            parts.push((t, c0, u0, q0));
-            (c, u, q) = (c1, u1, q1);
-        }
-        parts.into_par_iter().for_each(|(t, c, u, q)| {
-            let mut i = 0;
-            t.for_each_in_hash_order(|st| {
-                if keep(st) {
-                    c[i].write(st.count);
-                    u[i].write(st.mean);
-                    q[i].write(st.m2);
-                    i += 1;
-                }
-            });
-            assert_eq!(i, c.len(), "the records changed while read");
-        });
-        // SAFETY: every shard wrote all `kept` values of its part (asserted
-        // above), and the parts cover the first `n` values of each column.
-        unsafe {
-            count.set_len(n);
-            mean.set_len(n);
-            m2.set_len(n);
-        }
-        StatsColumns { count, mean, m2 }
+        columns_by_shard(
+            |s| self.0[s].records().iter().filter(|r| keep(&r.st)).count(),
+            |s, f| self.0[s].for_each_in_hash_order(|st| f(st)),
+            &keep,
+        )
     }
 
     /// Fold every prompt's statistics shard by shard in parallel (each in
@@ -1386,6 +1413,51 @@ impl Shards {
             self.0.iter_mut().enumerate().for_each(one);
         }
     }
+}
+
+/// The statistics that `keep` of the prompts of [`SHARDS`] shards, as
+/// columns in shard order: `kept(s)` says how many shard `s` keeps and
+/// `visit(s, f)` calls `f` with its statistics in order. The shards are
+/// written in parallel, each into its own part of the columns.
+fn columns_by_shard(
+    kept: impl Fn(usize) -> usize + Sync,
+    visit: impl Fn(usize, &mut dyn FnMut(&Stats)) + Sync,
+    keep: &(impl Fn(&Stats) -> bool + Sync),
+) -> StatsColumns {
+    use rayon::prelude::*;
+    let kept: Vec<usize> = (0..SHARDS).into_par_iter().map(&kept).collect();
+    let n: usize = kept.iter().sum();
+    let (mut count, mut mean, mut m2) = (vec_to_fill::<u64>(n), vec_to_fill::<f64>(n), vec_to_fill::<f64>(n));
+    let mut parts = Vec::with_capacity(SHARDS);
+    let (mut c, mut u, mut q) =
+        (&mut count.spare_capacity_mut()[..n], &mut mean.spare_capacity_mut()[..n], &mut m2.spare_capacity_mut()[..n]);
+    for (s, &k) in kept.iter().enumerate() {
+        let (c0, c1) = std::mem::take(&mut c).split_at_mut(k);
+        let (u0, u1) = std::mem::take(&mut u).split_at_mut(k);
+        let (q0, q1) = std::mem::take(&mut q).split_at_mut(k);
+        parts.push((s, c0, u0, q0));
+        (c, u, q) = (c1, u1, q1);
+    }
+    parts.into_par_iter().for_each(|(s, c, u, q)| {
+        let mut i = 0;
+        visit(s, &mut |st: &Stats| {
+            if keep(st) {
+                c[i].write(st.count);
+                u[i].write(st.mean);
+                q[i].write(st.m2);
+                i += 1;
+            }
+        });
+        assert_eq!(i, c.len(), "the records changed while read");
+    });
+    // SAFETY: every shard wrote all `kept` values of its part (asserted
+    // above), and the parts cover the first `n` values of each column.
+    unsafe {
+        count.set_len(n);
+        mean.set_len(n);
+        m2.set_len(n);
+    }
+    StatsColumns { count, mean, m2 }
 }
 
 /// Per-prompt statistics as three columns of the same length.
@@ -1789,10 +1861,7 @@ impl Accumulator {
             if self.log.append(&parts, K::KIND, parallel).is_none() {
                 let more: usize = parts.iter().map(|p| p.runs.len()).sum();
                 self.runs.ordered = parts;
-                return invalid(format!(
-                    "not enough memory to keep {more} more prompts (after {})",
-                    self.log.len
-                ));
+                return invalid(format!("not enough memory to keep {more} more prompts (after {})", self.log.len));
             }
         } else {
             if let Some(all) = whole {
@@ -1887,10 +1956,10 @@ impl Accumulator {
         if self.indexed {
             return self.shards.columns_in_hash_order(|s| s.count >= 2);
         }
-        let recs = self.log.records();
-        let stats: Vec<Stats> =
-            self.log.hash_order().idx.iter().map(|&i| recs[i as usize].st).filter(|s| s.count >= 2).collect();
-        StatsColumns::of(&stats)
+        let (recs, o) = (self.log.records(), self.log.hash_order());
+        let shard = |s: usize| o.idx[o.at[s]..o.at[s + 1]].iter().map(|&i| &recs[i as usize].st);
+        let keep = |s: &Stats| s.count >= 2;
+        columns_by_shard(|s| shard(s).filter(|st| keep(st)).count(), |s, f| shard(s).for_each(f), &keep)
     }
 
     /// Mean and covariance (ddof = 1) over the prompts the estimators use
@@ -2708,7 +2777,14 @@ mod tests {
     /// Everything a caller can read of two accumulators, bit for bit.
     #[track_caller]
     fn same_bits(a: &Accumulator, b: &Accumulator) {
-        assert!(a.n_rows() == b.n_rows() && a.len() == b.len(), "{} {} {} {}", a.n_rows(), b.n_rows(), a.len(), b.len());
+        assert!(
+            a.n_rows() == b.n_rows() && a.len() == b.len(),
+            "{} {} {} {}",
+            a.n_rows(),
+            b.n_rows(),
+            a.len(),
+            b.len()
+        );
         assert!(a.to_bytes() == b.to_bytes(), "the states differ");
         assert_eq!(format!("{:?}", a.summary()), format!("{:?}", b.summary()));
         assert_eq!(format!("{:?}", a.used_moments()), format!("{:?}", b.used_moments()));
