@@ -129,6 +129,13 @@ class VarianceAccumulator:
     front, which saves the table's repeated growth on a long stream (about a
     third of the time at millions of prompts); it is only a hint and never
     changes the statistics.
+
+    While the prompt ids of every update never decrease (integer ids in
+    order, the usual layout of a generated data set), no hash table is
+    built at all: the prompts are kept as a log in row order, which streams
+    at about twice the speed. The first update whose ids come back (or a
+    merge that needs it) builds the table from the log, once; `indexed`
+    says which. Every result is the same, bit for bit, either way.
     """
 
     __slots__ = ("_core",)
@@ -216,6 +223,17 @@ class VarianceAccumulator:
     def n_rows(self) -> int:
         return int(self._core.n_rows)
 
+    @property
+    def indexed(self) -> bool:
+        """False while the ids have never decreased (the prompts kept as a
+        log, with no hash table)."""
+        return bool(self._core.is_indexed)
+
+    def build_index(self) -> "VarianceAccumulator":
+        """Build the hash table of a log now (a no-op once built); returns self."""
+        self._core.build_index()
+        return self
+
     def per_prompt(self) -> pl.DataFrame:
         """One row per prompt (sorted by key): key, count, mean, m2."""
         d = self._core.per_prompt()
@@ -234,7 +252,7 @@ class VarianceAccumulator:
         return report_from_accumulator(self, **kwargs)
 
     def __repr__(self) -> str:
-        return f"VarianceAccumulator(prompts={len(self)}, rows={self.n_rows})"
+        return f"VarianceAccumulator(prompts={len(self)}, rows={self.n_rows}, indexed={self.indexed})"
 
 
 # --------------------------------------------------------------------------- the law

@@ -1895,6 +1895,10 @@ impl Accumulator {
     /// one's (shards of a sorted stream merged in order); otherwise this
     /// one's index is built first.
     pub fn merge(&mut self, other: &Accumulator) {
+        if other.is_empty() {
+            self.rows += other.rows;
+            return;
+        }
         if !self.indexed && !other.indexed && self.log.takes(other.log.kind, other.log.first) {
             if self.log.extend(&other.log).is_none() {
                 panic!("out of memory merging {} prompts into {}", other.log.len, self.log.len);
