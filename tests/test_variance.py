@@ -196,10 +196,34 @@ def test_sorted_ids_stream_as_a_log_with_the_same_bits(data, cuts):
     tm = VarianceAccumulator().build_index().update(*parts[0])
     tm.merge(VarianceAccumulator().build_index().update(*parts[1]))
     assert not lm.indexed and _everything(lm) == _everything(tm)
-    # the rows again: the ids come back, the table is built
+    # the rows again: the ids come back; the log keeps the runs, and merges
+    # a prompt's runs in row order when read, as the table does
     log.update(ids, x)
     tab.update(ids, x)
-    assert log.indexed and _everything(log) == _everything(tab)
+    assert not log.indexed and _everything(log) == _everything(tab)
+    assert _everything(log.build_index()) == _everything(tab)
+
+
+def test_grouped_rows_in_any_prompt_order_keep_a_log_and_others_the_table():
+    rng = np.random.default_rng(8)
+    n_prompts, k = 20_000, 5
+    names = np.array([f"q{i}" for i in rng.permutation(n_prompts)])
+    ids = np.repeat(names, k)  # grouped, prompts in no order (string ids)
+    x = rng.normal(size=ids.size) + np.repeat(rng.normal(size=n_prompts), k)
+    log = VarianceAccumulator()
+    tab = VarianceAccumulator().build_index()
+    for s in range(0, ids.size, 7_000):
+        log.update(ids[s : s + 7_000], x[s : s + 7_000])
+        tab.update(ids[s : s + 7_000], x[s : s + 7_000])
+    assert not log.indexed and len(log) == n_prompts
+    assert _everything(log) == _everything(tab)
+    # the same rows shuffled: the runs are about the rows, not the prompts
+    perm = rng.permutation(ids.size)
+    sh = VarianceAccumulator()
+    for s in range(0, ids.size, 7_000):
+        sh.update(ids[perm][s : s + 7_000], x[perm][s : s + 7_000])
+    assert sh.indexed and len(sh) == n_prompts
+    assert sh.summary() == pytest.approx(log.summary(), rel=1e-12)
 
 
 def test_id_types_and_inputs():

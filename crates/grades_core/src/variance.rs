@@ -1037,29 +1037,105 @@ impl std::fmt::Debug for Scratch {
     }
 }
 
-/// The prompts of a stream whose ids have never decreased: one record per
-/// prompt in row order and no index. Such a stream cannot bring a prompt
-/// back (its id would have to decrease), so each new run is a new prompt
-/// or the rest of the last one, and the records are only appended.
-#[derive(Debug, Default)]
+/// The prompts of a stream of grouped rows, with no index: records
+/// appended in row order.
+///
+/// While the ids have never decreased (`sorted`), the stream cannot bring a
+/// prompt back (its id would have to decrease): each new run is a new
+/// prompt or the rest of the last one, and each record is a prompt of its
+/// own. After that, the records are the runs as they come, and a prompt
+/// that comes back has several, which every read merges in row order (the
+/// order the tables merge them in, so the same bits). A sketch of the
+/// number of distinct prompts tells when the runs are too many for the
+/// prompts (rows that are not grouped): the tables are built then.
+#[derive(Debug)]
 struct Log {
     recs: Buf<Slot>,
     len: usize,
+    sorted: bool,
     kind: IdKind,
-    /// Order ([`PromptIds::order`]) of the first and of the last record's id.
+    /// Order ([`PromptIds::order`]) of the first and of the last record's id
+    /// (while sorted).
     first: u64,
     last: u64,
+    /// Runs of one id next to each other, counted since the log was
+    /// unsorted (with the records before it), and a sketch of the distinct
+    /// keys among them.
+    groups: usize,
+    sketch: Option<Box<Sketch>>,
     /// The records in hash order, once asked for (cleared when the log grows).
     order: std::sync::OnceLock<HashOrder>,
 }
 
+impl Default for Log {
+    fn default() -> Self {
+        Log {
+            recs: Buf::empty(),
+            len: 0,
+            sorted: true,
+            kind: IdKind::Key,
+            first: 0,
+            last: 0,
+            groups: 0,
+            sketch: None,
+            order: Default::default(),
+        }
+    }
+}
+
 /// The records of a log in the order the tables visit their prompts (key
-/// hash): per shard, the records' positions sorted by hash.
+/// hash): per shard, the records' positions sorted by hash (the records of
+/// one key next to each other, in row order).
 #[derive(Debug)]
 struct HashOrder {
     /// Shard `s` has `idx[at[s]..at[s + 1]]`.
     at: Vec<usize>,
     idx: Vec<u32>,
+    /// Distinct keys.
+    distinct: usize,
+}
+
+/// HyperLogLog sketch of a set of keys: 2^14 registers, a relative error of
+/// about 0.8%. Only decides when a log gives way to the tables.
+#[derive(Debug, Clone)]
+struct Sketch([u8; 1 << SKETCH_BITS]);
+
+const SKETCH_BITS: u32 = 14;
+
+impl Sketch {
+    fn new() -> Box<Sketch> {
+        Box::new(Sketch([0; 1 << SKETCH_BITS]))
+    }
+
+    #[inline(always)]
+    fn add(&mut self, key: u64) {
+        // splitmix64's finaliser: the table hash is not random enough in
+        // its low bits for the ranks
+        let mut z = key;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let i = (z >> (64 - SKETCH_BITS)) as usize;
+        let rank = ((z << SKETCH_BITS) | (1 << (SKETCH_BITS - 1))).leading_zeros() as u8 + 1;
+        self.0[i] = self.0[i].max(rank);
+    }
+
+    fn merge(&mut self, o: &Sketch) {
+        self.0.iter_mut().zip(&o.0).for_each(|(a, b)| *a = (*a).max(*b));
+    }
+
+    /// Estimated number of distinct keys added.
+    fn estimate(&self) -> f64 {
+        let m = (1u64 << SKETCH_BITS) as f64;
+        let z: f64 = self.0.iter().map(|&r| (-(r as f64)).exp2()).sum();
+        let e = 0.7213 / (1.0 + 1.079 / m) * m * m / z;
+        let zeros = self.0.iter().filter(|&&r| r == 0).count();
+        if e <= 2.5 * m && zeros > 0 {
+            m * (m / zeros as f64).ln()
+        } else {
+            e
+        }
+    }
 }
 
 impl Clone for Log {
@@ -1067,7 +1143,17 @@ impl Clone for Log {
         let mut recs = Buf::<Slot>::try_zeroed(self.len)
             .unwrap_or_else(|| std::alloc::handle_alloc_error(std::alloc::Layout::new::<Slot>()));
         recs[..self.len].copy_from_slice(self.records());
-        Log { recs, len: self.len, kind: self.kind, first: self.first, last: self.last, order: Default::default() }
+        Log {
+            recs,
+            len: self.len,
+            sorted: self.sorted,
+            kind: self.kind,
+            first: self.first,
+            last: self.last,
+            groups: self.groups,
+            sketch: self.sketch.clone(),
+            order: Default::default(),
+        }
     }
 }
 
@@ -1131,46 +1217,76 @@ impl Log {
             }
             // (the scratch of a thread is reused from shard to shard)
             let init = || (Vec::<u32>::new(), Vec::<(u64, u32)>::new(), Vec::<(u64, u32)>::new());
-            parts.into_par_iter().for_each_init(init, |(count, pairs, tmp), idx| {
-                let sub = |h: u64| ((h << SHARD_BITS) >> (64 - SUB)) as usize;
-                // the positions are increasing: the records are read in
-                // address order
-                pairs.clear();
-                for (j, &i) in idx.iter().enumerate() {
-                    if let Some(&n) = idx.get(j + PREFETCH) {
-                        prefetch(recs.as_ptr().wrapping_add(n as usize));
+            let distinct: usize = parts
+                .into_par_iter()
+                .map_init(init, |(count, pairs, tmp), idx| {
+                    let sub = |h: u64| ((h << SHARD_BITS) >> (64 - SUB)) as usize;
+                    // the positions are increasing: the records are read in
+                    // address order
+                    pairs.clear();
+                    for (j, &i) in idx.iter().enumerate() {
+                        if let Some(&n) = idx.get(j + PREFETCH) {
+                            prefetch(recs.as_ptr().wrapping_add(n as usize));
+                        }
+                        pairs.push((hash(recs[i as usize].key), i));
                     }
-                    pairs.push((hash(recs[i as usize].key), i));
-                }
-                count.clear();
-                count.resize((1 << SUB) + 1, 0);
-                pairs.iter().for_each(|e| count[sub(e.0) + 1] += 1);
-                for i in 0..1 << SUB {
-                    count[i + 1] += count[i];
-                }
-                tmp.clear();
-                tmp.resize(pairs.len(), (0, 0));
-                for e in pairs.iter() {
-                    let b = &mut count[sub(e.0)];
-                    tmp[*b as usize] = *e;
-                    *b += 1;
-                }
-                for j in 1..tmp.len() {
-                    let e = tmp[j];
-                    let mut i = j;
-                    while i > 0 && e.0 < tmp[i - 1].0 {
-                        tmp[i] = tmp[i - 1];
-                        i -= 1;
+                    count.clear();
+                    count.resize((1 << SUB) + 1, 0);
+                    pairs.iter().for_each(|e| count[sub(e.0) + 1] += 1);
+                    for i in 0..1 << SUB {
+                        count[i + 1] += count[i];
                     }
-                    tmp[i] = e;
-                }
-                idx.iter_mut().zip(tmp.iter()).for_each(|(d, e)| *d = e.1);
-            });
-            HashOrder { at, idx }
+                    tmp.clear();
+                    tmp.resize(pairs.len(), (0, 0));
+                    for e in pairs.iter() {
+                        let b = &mut count[sub(e.0)];
+                        tmp[*b as usize] = *e;
+                        *b += 1;
+                    }
+                    for j in 1..tmp.len() {
+                        let e = tmp[j];
+                        let mut i = j;
+                        while i > 0 && e.0 < tmp[i - 1].0 {
+                            tmp[i] = tmp[i - 1];
+                            i -= 1;
+                        }
+                        tmp[i] = e;
+                    }
+                    idx.iter_mut().zip(tmp.iter()).for_each(|(d, e)| *d = e.1);
+                    // (the hash is a bijection: equal hashes, equal keys)
+                    tmp.windows(2).filter(|w| w[0].0 != w[1].0).count() + (!tmp.is_empty()) as usize
+                })
+                .sum();
+            HashOrder { at, idx, distinct }
         })
     }
 
-    /// Fold the records shard by shard in hash order, as
+    /// Call `f` with the key and statistics of every prompt of shard `s`
+    /// in hash order (a prompt's records merged in row order).
+    fn for_each_in_shard(&self, s: usize, mut f: impl FnMut(u64, &Stats)) {
+        let (o, recs) = (self.hash_order(), self.records());
+        let idx = &o.idx[o.at[s]..o.at[s + 1]];
+        let mut j = 0;
+        while j < idx.len() {
+            if let Some(&n) = idx.get(j + PREFETCH) {
+                prefetch(recs.as_ptr().wrapping_add(n as usize));
+            }
+            let r = &recs[idx[j] as usize];
+            j += 1;
+            if self.sorted || idx.get(j).is_none_or(|&n| recs[n as usize].key != r.key) {
+                f(r.key, &r.st);
+                continue;
+            }
+            let mut st = r.st;
+            while let Some(&n) = idx.get(j).filter(|&&n| recs[n as usize].key == r.key) {
+                st.merge(&recs[n as usize].st);
+                j += 1;
+            }
+            f(r.key, &st);
+        }
+    }
+
+    /// Fold the prompts shard by shard in hash order, as
     /// [`Shards::fold_in_hash_order`] folds the tables: the same bits.
     fn fold_in_hash_order<A: Default + Send>(
         &self,
@@ -1178,19 +1294,12 @@ impl Log {
         combine: impl Fn(&mut A, &A),
     ) -> A {
         use rayon::prelude::*;
-        let o = self.hash_order();
-        let recs = self.records();
+        self.hash_order();
         let parts: Vec<A> = (0..SHARDS)
             .into_par_iter()
             .map(|s| {
                 let mut a = A::default();
-                let idx = &o.idx[o.at[s]..o.at[s + 1]];
-                for (j, &i) in idx.iter().enumerate() {
-                    if let Some(&n) = idx.get(j + PREFETCH) {
-                        prefetch(recs.as_ptr().wrapping_add(n as usize));
-                    }
-                    add(&mut a, &recs[i as usize].st);
-                }
+                self.for_each_in_shard(s, |_, st| add(&mut a, st));
                 a
             })
             .collect();
@@ -1198,6 +1307,95 @@ impl Log {
             combine(&mut a, p);
             a
         })
+    }
+
+    /// Number of prompts.
+    fn prompts(&self) -> usize {
+        if self.sorted {
+            self.len
+        } else {
+            self.hash_order().distinct
+        }
+    }
+
+    /// The statistics of `key` (its records merged in row order).
+    fn get(&self, key: u64) -> Option<Stats> {
+        let mut it = self.records().iter().filter(|r| r.key == key);
+        let mut st = it.next()?.st;
+        it.for_each(|r| st.merge(&r.st));
+        Some(st)
+    }
+
+    /// The ids are not sorted (any more): from now on the runs are
+    /// appended as they come, and the distinct prompts are sketched.
+    fn unsort(&mut self) {
+        if !self.sorted {
+            return;
+        }
+        self.sorted = false;
+        let mut sk = Sketch::new();
+        self.records().iter().for_each(|r| sk.add(r.key));
+        self.sketch = Some(sk);
+        self.groups = self.len;
+    }
+
+    /// The log's sketch with the runs of `parts` added, and the number of
+    /// groups of runs then (the log made unsorted first).
+    fn sketch_with(&mut self, parts: &[Ordered], parallel: bool) -> (Box<Sketch>, usize) {
+        use rayon::prelude::*;
+        self.unsort();
+        let one = |p: &Ordered| {
+            let mut sk = Sketch::new();
+            p.runs.iter().for_each(|r| sk.add(r.key));
+            sk
+        };
+        let parts_sk: Vec<Box<Sketch>> =
+            if parallel { parts.par_iter().map(one).collect() } else { parts.iter().map(one).collect() };
+        let mut sk = self.sketch.clone().unwrap_or_else(Sketch::new);
+        parts_sk.iter().for_each(|s| sk.merge(s));
+        (sk, self.groups + parts.iter().map(|p| p.groups).sum::<usize>())
+    }
+
+    /// Append the runs of consecutive stretches of rows as they are (a log
+    /// that is not sorted), with the sketch and groups that
+    /// [`Log::sketch_with`] gave; None, with no run added, when the memory
+    /// is not there.
+    fn append_runs(&mut self, parts: &[Ordered], parallel: bool, (sk, groups): (Box<Sketch>, usize)) -> Option<()> {
+        use rayon::prelude::*;
+        let total: usize = parts.iter().map(|p| p.runs.len()).sum();
+        self.try_reserve(total)?;
+        let mut jobs = Vec::with_capacity(parts.len());
+        let mut rest = &mut self.recs[self.len..];
+        for p in parts {
+            let (dst, r) = std::mem::take(&mut rest).split_at_mut(p.runs.len());
+            jobs.push((dst, &p.runs[..]));
+            rest = r;
+        }
+        let copy = |(d, s): (&mut [Slot], &[Slot])| d.copy_from_slice(s);
+        if parallel {
+            jobs.into_par_iter().for_each(copy);
+        } else {
+            jobs.into_iter().for_each(copy);
+        }
+        (self.sketch, self.groups) = (Some(sk), groups);
+        self.len += total;
+        self.order.take();
+        Some(())
+    }
+
+    /// Whether `groups` runs of ids are clearly more than the distinct keys
+    /// the sketch saw (rows not grouped): then the tables hold the prompts
+    /// in less memory than their runs.
+    fn too_many(sk: &Sketch, groups: usize) -> bool {
+        groups as f64 > 1.1 * sk.estimate() + 8192.0
+    }
+
+    /// About how many prompts the log holds (for sizing the tables).
+    fn prompts_estimate(&self) -> usize {
+        match &self.sketch {
+            Some(sk) if !self.sorted => ((sk.estimate() * 1.03) as usize).min(self.len),
+            _ => self.len,
+        }
     }
 
     /// Room for `additional` more records (growing by at least half);
@@ -1211,9 +1409,10 @@ impl Log {
         self.recs.try_grow(more).or_else(|| self.recs.try_grow(need))
     }
 
-    /// Whether runs of ids of kind `kind` from order `first` on can follow.
+    /// Whether sorted runs of ids of kind `kind` from order `first` on can
+    /// follow and keep the log sorted.
     fn takes(&self, kind: IdKind, first: u64) -> bool {
-        self.len == 0 || (self.kind == kind && first >= self.last)
+        self.len == 0 || (self.sorted && self.kind == kind && first >= self.last)
     }
 
     /// Append the runs of consecutive stretches of rows, each sorted and
@@ -1645,44 +1844,49 @@ impl Accumulator {
         if self.indexed {
             self.shards.len()
         } else {
-            self.log.len
+            self.log.prompts()
         }
     }
 
-    /// Whether the prompts are held in hash tables (false while the ids of
-    /// every update have never decreased: see [`Accumulator`]).
+    /// Whether the prompts are held in hash tables (false while they are a
+    /// log: see [`Accumulator`]).
     pub fn is_indexed(&self) -> bool {
         self.indexed
     }
 
     /// Build the hash index from the log (once; a no-op when indexed),
-    /// sizing the tables for the prompts reserved. Lookups by key
-    /// ([`Accumulator::get`]) are linear searches until then.
+    /// sizing the tables for the prompts reserved (the runs of the log are
+    /// merged in row order: the bits of a stream into the tables). Lookups
+    /// by key ([`Accumulator::get`]) are linear searches until then.
     pub fn build_index(&mut self) {
         if self.indexed {
             return;
         }
         self.indexed = true;
         let log = std::mem::take(&mut self.log);
-        let _ = self.reserve_tables(self.hint.max(log.len));
+        let _ = self.reserve_tables(self.hint.max(log.prompts_estimate()));
         self.shards.merge_log(&log);
     }
 
     /// Empty again, as new (keeping the tables' capacity).
     fn reset(&mut self) {
         self.shards.clear();
-        self.log.len = 0;
-        self.log.order.take();
+        let recs = std::mem::take(&mut self.log.recs);
+        self.log = Log { recs, ..Log::default() };
         self.indexed = false;
         self.rows = 0;
     }
 
     /// Every prompt's key and statistics (in no particular order).
-    fn records(&self) -> Box<dyn Iterator<Item = (u64, &Stats)> + '_> {
+    fn records(&self) -> Box<dyn Iterator<Item = (u64, Stats)> + '_> {
         if self.indexed {
-            Box::new(self.shards.iter())
+            Box::new(self.shards.iter().map(|(k, s)| (k, *s)))
+        } else if self.log.sorted {
+            Box::new(self.log.records().iter().map(|s| (s.key, s.st)))
         } else {
-            Box::new(self.log.records().iter().map(|s| (s.key, &s.st)))
+            let mut v = Vec::with_capacity(self.log.prompts());
+            (0..SHARDS).for_each(|s| self.log.for_each_in_shard(s, |k, st| v.push((k, *st))));
+            Box::new(v.into_iter())
         }
     }
 
@@ -1697,11 +1901,11 @@ impl Accumulator {
     }
 
     /// Statistics of one prompt.
-    pub fn get(&self, key: u64) -> Option<&Stats> {
+    pub fn get(&self, key: u64) -> Option<Stats> {
         if self.indexed {
-            self.shards.get(key)
+            self.shards.get(key).copied()
         } else {
-            self.log.records().iter().find(|s| s.key == key).map(|s| &s.st)
+            self.log.get(key)
         }
     }
 
@@ -1857,11 +2061,23 @@ impl Accumulator {
             last = Some(p.last);
         }
         let first = parts.iter().find(|p| !p.runs.is_empty()).map(|p| p.first);
-        if follows && first.is_none_or(|f| self.log.takes(K::KIND, f)) {
-            if self.log.append(&parts, K::KIND, parallel).is_none() {
+        let kept = if follows && first.is_none_or(|f| self.log.takes(K::KIND, f)) {
+            Some(self.log.append(&parts, K::KIND, parallel))
+        } else {
+            // not sorted: the runs go to the log as they are, unless they
+            // are clearly more than the prompts (the rows are not grouped)
+            let (sk, groups) = self.log.sketch_with(&parts, parallel);
+            if Log::too_many(&sk, groups) {
+                None
+            } else {
+                Some(self.log.append_runs(&parts, parallel, (sk, groups)))
+            }
+        };
+        if let Some(appended) = kept {
+            if appended.is_none() {
                 let more: usize = parts.iter().map(|p| p.runs.len()).sum();
                 self.runs.ordered = parts;
-                return invalid(format!("not enough memory to keep {more} more prompts (after {})", self.log.len));
+                return invalid(format!("not enough memory to keep {more} more runs (after {})", self.log.len));
             }
         } else {
             if let Some(all) = whole {
@@ -1899,7 +2115,7 @@ impl Accumulator {
             self.rows += other.rows;
             return;
         }
-        if !self.indexed && !other.indexed && self.log.takes(other.log.kind, other.log.first) {
+        if !self.indexed && !other.indexed && other.log.sorted && self.log.takes(other.log.kind, other.log.first) {
             if self.log.extend(&other.log).is_none() {
                 panic!("out of memory merging {} prompts into {}", other.log.len, self.log.len);
             }
@@ -1908,7 +2124,20 @@ impl Accumulator {
         }
         self.build_index();
         if !other.indexed {
-            self.shards.merge_log(&other.log);
+            if other.log.sorted {
+                self.shards.merge_log(&other.log);
+            } else {
+                // the other's prompts (its runs merged), shard by shard
+                use rayon::prelude::*;
+                let one = |(s, t): (usize, &mut Table)| {
+                    let mut v = Vec::new();
+                    other.log.for_each_in_shard(s, |key, st| v.push(Slot { key, st: *st }));
+                    t.reserve(v.len());
+                    t.merge_runs(v.iter());
+                };
+                other.log.hash_order();
+                self.shards.0.par_iter_mut().enumerate().for_each(one);
+            }
             self.rows += other.rows;
             return;
         }
@@ -1929,7 +2158,7 @@ impl Accumulator {
     pub fn per_prompt(&self) -> (Vec<u64>, Vec<Stats>) {
         use rayon::slice::ParallelSliceMut;
         let mut v: Vec<(u64, Stats)> = Vec::with_capacity(self.len());
-        v.extend(self.records().map(|(k, s)| (k, *s)));
+        v.extend(self.records());
         v.par_sort_unstable_by_key(|e| e.0);
         v.into_iter().unzip()
     }
@@ -1960,10 +2189,14 @@ impl Accumulator {
         if self.indexed {
             return self.shards.columns_in_hash_order(|s| s.count >= 2);
         }
-        let (recs, o) = (self.log.records(), self.log.hash_order());
-        let shard = |s: usize| o.idx[o.at[s]..o.at[s + 1]].iter().map(|&i| &recs[i as usize].st);
         let keep = |s: &Stats| s.count >= 2;
-        columns_by_shard(|s| shard(s).filter(|st| keep(st)).count(), |s, f| shard(s).for_each(f), &keep)
+        let log = &self.log;
+        let kept = |s: usize| {
+            let mut n = 0;
+            log.for_each_in_shard(s, |_, st| n += keep(st) as usize);
+            n
+        };
+        columns_by_shard(kept, |s, f| log.for_each_in_shard(s, |_, st| f(st)), &keep)
     }
 
     /// Mean and covariance (ddof = 1) over the prompts the estimators use
@@ -2174,7 +2407,7 @@ mod tests {
         if a.len() != b.len() || a.n_rows() != b.n_rows() {
             return false;
         }
-        a.shards.iter().all(|(k, s)| match b.get(k) {
+        a.records().all(|(k, s)| match b.get(k) {
             Some(t) => s.count == t.count && close(s.mean, t.mean, 1e-9) && close(s.m2, t.m2, 1e-7),
             None => false,
         })
@@ -2255,7 +2488,8 @@ mod tests {
         b.update(&keys, &x).unwrap();
         assert_eq!(a.len() + 1, b.len());
         assert_eq!(a.n_rows() + 1, b.n_rows());
-        for (k, s) in a.shards.iter() {
+        assert!(a.is_indexed());
+        for (k, s) in a.records() {
             let t = b.get(k).unwrap();
             assert_eq!((s.count, s.mean.to_bits(), s.m2.to_bits()), (t.count, t.mean.to_bits(), t.m2.to_bits()));
         }
@@ -2741,9 +2975,9 @@ mod tests {
     fn large_tables_grow_and_clone() {
         // enough prompts for the table to use the large (mapped) buffer
         let n = 400_000u64;
-        // (not sorted, so that the accumulator indexes them)
+        // (each prompt twice, far apart, so that the accumulator indexes them)
         let odd = 0x9E37_79B9_7F4A_7C15u64;
-        let keys: Vec<u64> = (0..2 * n).map(|i| (i / 2).wrapping_mul(odd)).collect();
+        let keys: Vec<u64> = (0..2 * n).map(|i| (i % n).wrapping_mul(odd)).collect();
         let x: Vec<f64> = (0..2 * n).map(|i| (i % 7) as f64).collect();
         let mut acc = Accumulator::with_capacity(4_000_000).unwrap();
         acc.update(&keys, &x).unwrap();
@@ -2767,7 +3001,7 @@ mod tests {
         assert!(acc.is_indexed() && grown.is_indexed() && a.is_indexed());
         let s = acc.get(12345u64.wrapping_mul(odd)).unwrap();
         assert_eq!(s.count, 2);
-        assert!(close(s.mean, (x[24690] + x[24691]) / 2.0, 1e-15));
+        assert!(close(s.mean, (x[12345] + x[12345 + n as usize]) / 2.0, 1e-15));
     }
 
     /// An empty accumulator that files prompts in its hash tables from the
@@ -2837,12 +3071,43 @@ mod tests {
                     same_bits(&log, &tab);
                     let k = crate::sampling::key_of_int(ids[777]);
                     assert_eq!(log.get(k), tab.get(k));
-                    // an update whose ids come back: the index is built, same bits
+                    // an update whose ids come back: a log of runs, each
+                    // prompt's merged in row order when read, same bits
                     let (mut log2, mut tab2) = (log.clone(), tab.clone());
                     log2.update_int_ids(&ids[..3000], &x[..3000]).unwrap();
                     tab2.update_int_ids(&ids[..3000], &x[..3000]).unwrap();
+                    assert!(!log2.is_indexed() && !log2.log.sorted);
+                    same_bits(&log2, &tab2);
+                    assert_eq!(log2.get(k), tab2.get(k));
+                    // and once its runs are clearly more than its prompts
+                    // (rows not grouped), the tables
+                    for _ in 0..8 {
+                        log2.update_int_ids(&ids, &x).unwrap();
+                        tab2.update_int_ids(&ids, &x).unwrap();
+                        if log2.is_indexed() {
+                            break;
+                        }
+                        // (runs: the prompts' once, and then every repeat's)
+                        assert!(log2.log.groups < 2 * log2.len() + 8192);
+                    }
                     assert!(log2.is_indexed());
                     same_bits(&log2, &tab2);
+                    // merges of such logs and of tables
+                    let (mut m, mut t) = (log.clone(), tab.clone());
+                    let (mut u, mut v) = (Accumulator::new(), indexed());
+                    u.update_int_ids(&ids[1000..][..5000], &x[1000..][..5000]).unwrap();
+                    u.update_int_ids(&ids[..3000], &x[..3000]).unwrap();
+                    v.update_int_ids(&ids[1000..][..5000], &x[1000..][..5000]).unwrap();
+                    v.update_int_ids(&ids[..3000], &x[..3000]).unwrap();
+                    assert!(!u.is_indexed() && !u.log.sorted);
+                    m.merge(&u);
+                    t.merge(&v);
+                    same_bits(&m, &t);
+                    let mut w = u.clone();
+                    w.merge(&log);
+                    let mut y = v.clone();
+                    y.merge(&tab);
+                    same_bits(&w, &y);
                     // the index built on request, same bits
                     log.build_index();
                     same_bits(&log, &tab);
@@ -2903,7 +3168,11 @@ mod tests {
         k.update(&keys[..h], &x[..h]).unwrap();
         assert!(!k.is_indexed());
         k.update_int_ids(&ids[h..], &x[h..]).unwrap();
-        assert!(k.is_indexed() && k.len() == tab.len() + 1);
+        assert!(!k.is_indexed() && !k.log.sorted && k.len() == tab.len() + 1);
+        let mut kt = indexed();
+        kt.update(&keys[..h], &x[..h]).unwrap();
+        kt.update_int_ids(&ids[h..], &x[h..]).unwrap();
+        same_bits(&k, &kt);
         let mut k2 = Accumulator::new();
         k2.update(&keys[..h], &x[..h]).unwrap();
         k2.merge(&b);
@@ -2919,16 +3188,31 @@ mod tests {
         assert!(e.is_empty() && e.n_rows() == 0 && !e.is_indexed());
         e.update_int_ids(&ids, &x).unwrap();
         same_bits(&e, &part(&ids, &x, true));
-        // unsorted in its second stretch: the tables are sized for the
-        // update's runs when they are built, and the bits are the same
+        // unsorted in its second stretch: still grouped, so a log of runs;
+        // not grouped in its second stretch: the tables are sized for the
+        // update's runs when they are built; the bits are the same
         let (mut big, y) = sorted_rows(5, n, 30);
         big[STRETCH + 7..].iter_mut().for_each(|v| *v = -*v);
         let mut a = Accumulator::new();
         a.update_int_ids(&big, &y).unwrap();
         let mut b = indexed();
         b.update_int_ids(&big, &y).unwrap();
+        assert!(!a.is_indexed() && !a.log.sorted);
+        same_bits(&a, &b);
+        for (i, v) in big[STRETCH + 7..].iter_mut().enumerate() {
+            *v = ((i / 5) % 1000) as i64;
+        }
+        let mut a = Accumulator::new();
+        a.update_int_ids(&big, &y).unwrap();
+        let mut b = indexed();
+        b.update_int_ids(&big, &y).unwrap();
         assert!(a.is_indexed());
         same_bits(&a, &b);
+        let runs = count_runs(&big);
+        let mut sized = Accumulator::with_capacity(runs).unwrap();
+        sized.build_index();
+        let lens = |acc: &Accumulator| acc.shards.0.iter().map(|t| t.index.len()).collect::<Vec<_>>();
+        assert!(runs * 2 <= n && lens(&a) == lens(&sized));
     }
 
     #[test]
