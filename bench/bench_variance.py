@@ -150,7 +150,7 @@ def main() -> None:
         "accumulate_cpu_s": round(CPU["stream"], 4),
         "summary_s": round(t_sum, 4),
         "accumulate_and_summary_s": round(t_acc + t_sum, 4),
-        "indexed": bool(acc.is_indexed),
+        "indexed": getattr(acc, "is_indexed", True),
         "v_x": summ["v_x"],
         "v_y_given_x": summ["v_y_given_x"],
     }

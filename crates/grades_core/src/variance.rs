@@ -1127,7 +1127,9 @@ impl Sketch {
     /// Estimated number of distinct keys added.
     fn estimate(&self) -> f64 {
         let m = (1u64 << SKETCH_BITS) as f64;
-        let z: f64 = self.0.iter().map(|&r| (-(r as f64)).exp2()).sum();
+        // 2^-r by table (ranks are at most 64 - SKETCH_BITS + 1)
+        let pow: [f64; 66] = std::array::from_fn(|r| (-(r as f64)).exp2());
+        let z: f64 = self.0.iter().map(|&r| pow[r as usize]).sum();
         let e = 0.7213 / (1.0 + 1.079 / m) * m * m / z;
         let zeros = self.0.iter().filter(|&&r| r == 0).count();
         if e <= 2.5 * m && zeros > 0 {
@@ -1174,7 +1176,7 @@ impl Log {
         const SUB: u32 = 16;
         self.order.get_or_init(|| {
             let recs = self.records();
-            assert!(recs.len() <= u32::MAX as usize, "too many prompts for a log");
+            // (a log holds at most u32::MAX records: see update_log and merge)
             // records per shard of each piece
             let hist: Vec<[usize; SHARDS]> = recs
                 .par_chunks(PIECE)
@@ -2061,7 +2063,11 @@ impl Accumulator {
             last = Some(p.last);
         }
         let first = parts.iter().find(|p| !p.runs.is_empty()).map(|p| p.first);
-        let kept = if follows && first.is_none_or(|f| self.log.takes(K::KIND, f)) {
+        let more: usize = parts.iter().map(|p| p.runs.len()).sum();
+        let kept = if self.log.len.saturating_add(more) > u32::MAX as usize {
+            // (a log's hash order numbers its records with 32 bits)
+            None
+        } else if follows && first.is_none_or(|f| self.log.takes(K::KIND, f)) {
             Some(self.log.append(&parts, K::KIND, parallel))
         } else {
             // not sorted: the runs go to the log as they are, unless they
@@ -2075,7 +2081,6 @@ impl Accumulator {
         };
         if let Some(appended) = kept {
             if appended.is_none() {
-                let more: usize = parts.iter().map(|p| p.runs.len()).sum();
                 self.runs.ordered = parts;
                 return invalid(format!("not enough memory to keep {more} more runs (after {})", self.log.len));
             }
@@ -2115,7 +2120,12 @@ impl Accumulator {
             self.rows += other.rows;
             return;
         }
-        if !self.indexed && !other.indexed && other.log.sorted && self.log.takes(other.log.kind, other.log.first) {
+        if !self.indexed
+            && !other.indexed
+            && other.log.sorted
+            && self.log.takes(other.log.kind, other.log.first)
+            && self.log.len + other.log.len <= u32::MAX as usize
+        {
             if self.log.extend(&other.log).is_none() {
                 panic!("out of memory merging {} prompts into {}", other.log.len, self.log.len);
             }
