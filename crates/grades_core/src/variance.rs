@@ -3226,6 +3226,39 @@ mod tests {
     }
 
     #[test]
+    fn the_sketch_counts_distinct_keys_within_a_few_percent() {
+        let odd = 0x9E37_79B9_7F4A_7C15u64;
+        for n in [0u64, 1, 100, 5_000, 100_000, 2_000_000] {
+            // sequential keys (the hard case for a weak hash) and mixed ones,
+            // added in two orders and with repeats
+            for keys in [(0..n).collect::<Vec<u64>>(), (0..n).map(|i| i.wrapping_mul(odd)).collect()] {
+                let (mut a, mut b) = (Sketch::new(), Sketch::new());
+                for (i, &k) in keys.iter().enumerate() {
+                    a.add(k);
+                    if i % 2 == 0 {
+                        b.add(k);
+                    }
+                }
+                keys.iter().for_each(|&k| b.add(k));
+                keys.iter().for_each(|&k| a.add(k));
+                let (ea, eb) = (a.estimate(), b.estimate());
+                assert!((ea - n as f64).abs() <= 0.03 * n as f64 + 1.0, "{n}: {ea}");
+                // a sketch does not depend on repeats or order; merges are exact
+                assert_eq!(ea, eb);
+                let mut c = Sketch::new();
+                c.merge(&a);
+                c.merge(&b);
+                assert_eq!(c.estimate(), ea);
+            }
+        }
+        // grouped rows stay a log, rows that repeat their prompts do not
+        let (mut sk, groups) = (Sketch::new(), 200_000usize);
+        (0..groups as u64).for_each(|k| sk.add(k));
+        assert!(!Log::too_many(&sk, groups + 1000));
+        assert!(Log::too_many(&sk, 2 * groups));
+    }
+
+    #[test]
     fn a_large_log_is_mapped_and_reserved_without_the_tables() {
         let n = 200_000usize;
         let mut a = Accumulator::with_capacity(n).unwrap();
