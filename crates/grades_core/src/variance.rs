@@ -1414,7 +1414,7 @@ impl Log {
     /// Whether sorted runs of ids of kind `kind` from order `first` on can
     /// follow and keep the log sorted.
     fn takes(&self, kind: IdKind, first: u64) -> bool {
-        self.len == 0 || (self.sorted && self.kind == kind && first >= self.last)
+        self.sorted && (self.len == 0 || (self.kind == kind && first >= self.last))
     }
 
     /// Append the runs of consecutive stretches of rows, each sorted and
@@ -3326,6 +3326,50 @@ mod tests {
             if let (Ok(a), Ok(b)) = (one.summary(), merged.summary()) {
                 prop_assert!(close(a.v_x_raw, b.v_x_raw, 1e-7) && close(a.v_y_given_x, b.v_y_given_x, 1e-7));
             }
+        }
+
+        #[test]
+        fn a_log_has_the_bits_of_the_tables(
+            runs in prop::collection::vec((0i64..40, 1usize..12), 1..80),
+            sorted in any::<bool>(),
+            cuts in prop::collection::vec(0usize..600, 0..6),
+            vals in prop::collection::vec(-1e3f64..1e3, 600),
+        ) {
+            // runs of ids, in increasing order or as drawn (prompts that come
+            // back), streamed in updates cut anywhere, then merged
+            let mut runs = runs;
+            if sorted {
+                runs.sort_by_key(|r| r.0);
+            }
+            let ids: Vec<i64> = runs.iter().flat_map(|&(id, n)| std::iter::repeat_n(id, n)).collect();
+            let x: Vec<f64> = (0..ids.len()).map(|i| vals[i % vals.len()] + i as f64 * 1e-3).collect();
+            let n = ids.len();
+            let mut c: Vec<usize> = cuts.into_iter().map(|v| v % (n + 1)).collect();
+            c.push(0);
+            c.push(n);
+            c.sort_unstable();
+            c.dedup();
+            let (mut log, mut tab) = (Accumulator::new(), indexed());
+            for w in c.windows(2) {
+                log.update_int_ids(&ids[w[0]..w[1]], &x[w[0]..w[1]]).unwrap();
+                tab.update_int_ids(&ids[w[0]..w[1]], &x[w[0]..w[1]]).unwrap();
+            }
+            prop_assert!(!log.is_indexed());
+            prop_assert_eq!(log.log.sorted, sorted || ids.windows(2).all(|w| w[0] <= w[1]));
+            prop_assert_eq!(log.len(), tab.len());
+            prop_assert!(log.to_bytes() == tab.to_bytes());
+            prop_assert_eq!(format!("{:?}", log.summary()), format!("{:?}", tab.summary()));
+            prop_assert_eq!(format!("{:?}", log.used_moments()), format!("{:?}", tab.used_moments()));
+            prop_assert_eq!(format!("{:?}", log.used_stats()), format!("{:?}", tab.used_stats()));
+            for &id in ids.iter().take(5) {
+                let k = crate::sampling::key_of_int(id);
+                prop_assert_eq!(log.get(k), tab.get(k));
+            }
+            // merged into a copy of itself (the tables are built): the same
+            let (mut l2, mut t2) = (log.clone(), tab.clone());
+            l2.merge(&log);
+            t2.merge(&tab);
+            prop_assert!(l2.to_bytes() == t2.to_bytes());
         }
 
         #[test]
