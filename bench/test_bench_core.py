@@ -141,3 +141,61 @@ def test_select_table(benchmark, table, method):
     out = _run(benchmark, mrt_fast.select, table, 4, method=method, kernel="clip")
     assert out.height == 4 * table["prompt_id"].n_unique()
     assert out.group_by("prompt_id").len()["len"].max() == 4
+
+
+# ---- variance accumulator: 1e7 rows streamed in chunks of 2^20 ----------------
+
+VROWS, VK, VCHUNK = 10_000_000, 16, 1 << 20
+
+
+@pytest.fixture(scope="module", params=["sorted", "grouped", "shuffled"])
+def variance_rows(request):
+    """(ids, losses) chunks: integer ids in order, grouped prompts in no
+    order (mixed 64-bit keys), or rows in random order."""
+    rng = np.random.default_rng(3)
+    idx = np.arange(VROWS, dtype=np.int64) // VK
+    if request.param == "shuffled":
+        rng.shuffle(idx)
+    if request.param == "sorted":
+        ids = idx
+    else:
+        ids = (idx.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(12345)
+    x = rng.normal(size=VROWS)
+    chunks = [(ids[s : s + VCHUNK], x[s : s + VCHUNK]) for s in range(0, VROWS, VCHUNK)]
+    return request.param, chunks
+
+
+def test_variance_read_floor(benchmark, variance_rows):
+    """The floor the stream is compared with: one pass that reads the rows."""
+    _, chunks = variance_rows
+    benchmark(lambda: sum(float(np.sum(i)) + float(np.sum(x)) for i, x in chunks))
+
+
+def test_variance_stream(benchmark, variance_rows):
+    layout, chunks = variance_rows
+    core = mrt_fast._grades_core
+
+    def stream():
+        acc = core.VarianceAccumulator(0)
+        up = acc.update_int_ids if chunks[0][0].dtype == np.int64 else acc.update
+        for i, x in chunks:
+            up(i, x)
+        return acc
+
+    acc = benchmark.pedantic(stream, rounds=ROUNDS, iterations=1)
+    assert len(acc) == VROWS // VK and acc.is_indexed == (layout == "shuffled")
+
+
+def test_variance_stream_and_summary(benchmark, variance_rows):
+    layout, chunks = variance_rows
+    core = mrt_fast._grades_core
+
+    def run():
+        acc = core.VarianceAccumulator(0)
+        up = acc.update_int_ids if chunks[0][0].dtype == np.int64 else acc.update
+        for i, x in chunks:
+            up(i, x)
+        return acc.summary()
+
+    s = benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
+    assert s["n_prompts"] == VROWS // VK and s["v_y_given_x"] == pytest.approx(1.0, rel=0.01)
