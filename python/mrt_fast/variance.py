@@ -130,12 +130,12 @@ class VarianceAccumulator:
     third of the time at millions of prompts); it is only a hint and never
     changes the statistics.
 
-    While the prompt ids of every update never decrease (integer ids in
-    order, the usual layout of a generated data set), no hash table is
-    built at all: the prompts are kept as a log in row order, which streams
-    at about twice the speed. The first update whose ids come back (or a
-    merge that needs it) builds the table from the log, once; `indexed`
-    says which. Every result is the same, bit for bit, either way.
+    While the rows are grouped (a prompt's responses next to each other, in
+    any prompt order: the usual layout of a generated data set), no hash
+    table is built at all: the prompts are kept as a log in row order, which
+    streams at about twice the speed. Rows that are not grouped (or a merge
+    that needs it) build the table from the log, once, by themselves;
+    `indexed` says which. Every result is the same, bit for bit, either way.
     """
 
     __slots__ = ("_core",)
@@ -225,8 +225,8 @@ class VarianceAccumulator:
 
     @property
     def indexed(self) -> bool:
-        """False while the ids have never decreased (the prompts kept as a
-        log, with no hash table)."""
+        """False while the prompts are kept as a log (grouped rows, no hash
+        table)."""
         return bool(self._core.is_indexed)
 
     def build_index(self) -> "VarianceAccumulator":

@@ -543,8 +543,8 @@ impl PyVarianceAccumulator {
         self.inner.n_rows()
     }
 
-    /// False while the ids of every update have never decreased (the
-    /// prompts are kept as a log in row order, with no hash index).
+    /// False while the prompts are kept as a log in row order (grouped
+    /// rows), with no hash index.
     #[getter]
     fn is_indexed(&self) -> bool {
         self.inner.is_indexed()

@@ -13,7 +13,9 @@
 //! which is in cache) and merged into the table once, so
 //! the table is touched once per run rather than once per row; the index
 //! lines and records of upcoming runs are prefetched so that cache misses
-//! overlap.
+//! overlap. Grouped rows (a prompt's rows together) need no table at all:
+//! their runs are appended to a log, and the log is read in the table's
+//! order (see [`Accumulator`]).
 //!
 //! From the per-prompt statistics, [`Accumulator::summary`] gives the
 //! estimators of the paper's decomposition `Var = V_x / Np + V_y|x / (Np K)`:
@@ -1509,12 +1511,13 @@ impl Log {
 
 /// Streaming accumulator of per-prompt loss statistics.
 ///
-/// While the prompt ids of every update never decrease (ids sorted, the
-/// usual layout of a generated data set), the prompts are kept as a
-/// [`Log`] in row order, with no hash index at all; the first update that
-/// brings a smaller id (or a merge that needs it) builds the index from
-/// the log, once, and the accumulator goes on with its hash tables. The
-/// per-prompt statistics are the same bits either way.
+/// While the rows are grouped (a prompt's rows next to each other: ids
+/// sorted, or prompts in any order), the prompts are kept as a [`Log`] in
+/// row order, with no hash index at all. Rows that are not grouped (runs
+/// clearly more than the prompts, by a sketch of the distinct keys), a
+/// merge that needs it or [`Accumulator::build_index`] build the index
+/// from the log, once, and the accumulator goes on with its hash tables.
+/// Every result is the same bits either way.
 #[derive(Debug, Clone, Default)]
 pub struct Accumulator {
     shards: Shards,
@@ -2027,8 +2030,10 @@ impl Accumulator {
 
     /// [`Accumulator::update_part`] of an accumulator that is still a log:
     /// the stretch is scanned into lists of runs in row order, which are
-    /// appended to the log when their ids never decrease and follow it;
-    /// otherwise the index is built and the runs are merged into it.
+    /// appended to the log: merged into one record per prompt when their
+    /// ids never decrease and follow the log's, as they come otherwise. When
+    /// they are clearly more than the prompts (rows not grouped), or the log
+    /// is full, the index is built and the runs are merged into it instead.
     fn update_log<K: PromptIds>(
         &mut self,
         keys: &[K],
