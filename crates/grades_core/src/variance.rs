@@ -740,7 +740,7 @@ const PREFETCH: usize = 32;
 /// there in row order, so the statistics do not depend on the thread count.
 const SHARD_BITS: u32 = 6;
 const SHARDS: usize = 1 << SHARD_BITS;
-/// Rows per stretch of a large first update (a multiple of [`BLOCK`], so
+/// Rows per stretch of a large first update (a multiple of `BLOCK`, so
 /// the runs are cut where a single pass cuts them).
 pub const STRETCH: usize = 1 << 20;
 /// Updates with fewer rows are scanned and merged on the calling thread.
@@ -1512,7 +1512,7 @@ impl Log {
 /// Streaming accumulator of per-prompt loss statistics.
 ///
 /// While the rows are grouped (a prompt's rows next to each other: ids
-/// sorted, or prompts in any order), the prompts are kept as a [`Log`] in
+/// sorted, or prompts in any order), the prompts are kept as a log in
 /// row order, with no hash index at all. Rows that are not grouped (runs
 /// clearly more than the prompts, by a sketch of the distinct keys), a
 /// merge that needs it or [`Accumulator::build_index`] build the index
@@ -1685,7 +1685,7 @@ impl StatsColumns {
 
 /// Count, mean and covariance of 4-vectors, built one vector at a time
 /// (Welford) and merged exactly (Chan et al.); `cov` holds the co-moments
-/// (sums of products of deviations) until [`Moments::finish`] divides them
+/// (sums of products of deviations) until `finish` divides them
 /// by `n - 1`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Moments {
@@ -1693,7 +1693,7 @@ pub struct Moments {
     pub n: u64,
     /// Their mean.
     pub mean: [f64; 4],
-    /// Their covariance (co-moments before [`Moments::finish`]).
+    /// Their covariance (co-moments before `finish`).
     pub cov: [[f64; 4]; 4],
 }
 
