@@ -1172,6 +1172,9 @@ impl Log {
     /// in a scratch list of (hash, position) by a counting sort on the 16
     /// hash bits after the shard bits (the hashes are uniform, so a bucket
     /// holds one or two records) and an insertion sort by the full hash.
+    ///
+    /// Callers that read it from parallel jobs ask for it first, outside
+    /// them (see [`Accumulator::used_stats`]).
     fn hash_order(&self) -> &HashOrder {
         use rayon::prelude::*;
         const PIECE: usize = 1 << 16;
@@ -2206,6 +2209,10 @@ impl Accumulator {
         }
         let keep = |s: &Stats| s.count >= 2;
         let log = &self.log;
+        // sorted before the parallel part: a worker waiting inside the
+        // sort's own parallel calls could otherwise pick up a shard's job
+        // and ask for the order again from within its construction
+        log.hash_order();
         let kept = |s: usize| {
             let mut n = 0;
             log.for_each_in_shard(s, |_, st| n += keep(st) as usize);
