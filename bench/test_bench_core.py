@@ -171,31 +171,21 @@ def test_variance_read_floor(benchmark, variance_rows):
     benchmark(lambda: sum(float(np.sum(i)) + float(np.sum(x)) for i, x in chunks))
 
 
+def _stream(chunks):
+    acc = mrt_fast._grades_core.VarianceAccumulator(0)
+    up = acc.update_int_ids if chunks[0][0].dtype == np.int64 else acc.update
+    for i, x in chunks:
+        up(i, x)
+    return acc
+
+
 def test_variance_stream(benchmark, variance_rows):
     layout, chunks = variance_rows
-    core = mrt_fast._grades_core
-
-    def stream():
-        acc = core.VarianceAccumulator(0)
-        up = acc.update_int_ids if chunks[0][0].dtype == np.int64 else acc.update
-        for i, x in chunks:
-            up(i, x)
-        return acc
-
-    acc = benchmark.pedantic(stream, rounds=ROUNDS, iterations=1)
+    acc = benchmark.pedantic(_stream, args=(chunks,), rounds=ROUNDS, iterations=1)
     assert len(acc) == VROWS // VK and acc.is_indexed == (layout == "shuffled")
 
 
 def test_variance_stream_and_summary(benchmark, variance_rows):
-    layout, chunks = variance_rows
-    core = mrt_fast._grades_core
-
-    def run():
-        acc = core.VarianceAccumulator(0)
-        up = acc.update_int_ids if chunks[0][0].dtype == np.int64 else acc.update
-        for i, x in chunks:
-            up(i, x)
-        return acc.summary()
-
-    s = benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
+    _, chunks = variance_rows
+    s = benchmark.pedantic(lambda: _stream(chunks).summary(), rounds=ROUNDS, iterations=1)
     assert s["n_prompts"] == VROWS // VK and s["v_y_given_x"] == pytest.approx(1.0, rel=0.01)

@@ -1000,6 +1000,29 @@ fn scan_runs_dispatch<K: PromptIds, S: RunSink<K>>(keys: &[K], x: &[f64], out: &
     scan_runs(keys, x, out)
 }
 
+/// Scan the rows into `parts`, one sink per stretch of `per` rows (in
+/// parallel when `parallel`); the first row of the first run that is not
+/// finite, if any ([`scan_runs`]).
+fn scan_parts<K: PromptIds, S: RunSink<K> + Send>(
+    keys: &[K],
+    losses: &[f64],
+    parts: &mut [S],
+    per: usize,
+    parallel: bool,
+) -> Option<usize> {
+    let n = keys.len();
+    let scan = |(i, out): (usize, &mut S)| {
+        let (s, e) = ((i * per).min(n), ((i + 1) * per).min(n));
+        scan_runs_dispatch(&keys[s..e], &losses[s..e], out).map(|r| s + r)
+    };
+    if parallel {
+        use rayon::prelude::*;
+        parts.par_iter_mut().enumerate().map(scan).collect::<Vec<_>>().into_iter().flatten().min()
+    } else {
+        parts.iter_mut().enumerate().filter_map(scan).min()
+    }
+}
+
 /// Number of runs of equal neighbouring keys, counted in parallel.
 fn count_runs<K: PromptIds>(keys: &[K]) -> usize {
     use rayon::prelude::*;
@@ -1986,17 +2009,7 @@ impl Accumulator {
         for b in parts.iter_mut().flatten() {
             b.clear();
         }
-        let scan = |(i, out): (usize, &mut Buckets)| {
-            let (s, e) = ((i * per).min(n), ((i + 1) * per).min(n));
-            scan_runs_dispatch(&keys[s..e], &losses[s..e], out).map(|r| s + r)
-        };
-        let bad = if parallel {
-            use rayon::prelude::*;
-            parts.par_iter_mut().enumerate().map(scan).collect::<Vec<_>>().into_iter().flatten().min()
-        } else {
-            parts.iter_mut().enumerate().filter_map(scan).min()
-        };
-        if let Some(s) = bad {
+        if let Some(s) = scan_parts(keys, losses, &mut parts, per, parallel) {
             self.runs.buckets = parts;
             return Err(self.bad_rows(losses, s, base));
         }
@@ -2049,17 +2062,7 @@ impl Accumulator {
         let mut parts = std::mem::take(&mut self.runs.ordered);
         parts.resize_with(n_parts, Ordered::default);
         parts.iter_mut().for_each(Ordered::clear);
-        let scan = |(i, out): (usize, &mut Ordered)| {
-            let (s, e) = ((i * per).min(n), ((i + 1) * per).min(n));
-            scan_runs_dispatch(&keys[s..e], &losses[s..e], out).map(|r| s + r)
-        };
-        let bad = if parallel {
-            use rayon::prelude::*;
-            parts.par_iter_mut().enumerate().map(scan).collect::<Vec<_>>().into_iter().flatten().min()
-        } else {
-            parts.iter_mut().enumerate().filter_map(scan).min()
-        };
-        if let Some(s) = bad {
+        if let Some(s) = scan_parts(keys, losses, &mut parts, per, parallel) {
             self.runs.ordered = parts;
             return Err(self.bad_rows(losses, s, base));
         }
