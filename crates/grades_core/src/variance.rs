@@ -1348,8 +1348,13 @@ impl Log {
         }
     }
 
-    /// The statistics of `key` (its records merged in row order).
+    /// The statistics of `key` (its records merged in row order): a binary
+    /// search in a sorted log of keys, a linear one otherwise.
     fn get(&self, key: u64) -> Option<Stats> {
+        if self.sorted && self.kind == IdKind::Key {
+            let recs = self.records();
+            return recs.binary_search_by_key(&key, |r| r.key).ok().map(|i| recs[i].st);
+        }
         let mut it = self.records().iter().filter(|r| r.key == key);
         let mut st = it.next()?.st;
         it.for_each(|r| st.merge(&r.st));
@@ -1887,8 +1892,10 @@ impl Accumulator {
 
     /// Build the hash index from the log (once; a no-op when indexed),
     /// sizing the tables for the prompts reserved (the runs of the log are
-    /// merged in row order: the bits of a stream into the tables). Lookups
-    /// by key ([`Accumulator::get`]) are linear searches until then.
+    /// merged in row order: the bits of a stream into the tables). Until
+    /// then a lookup by key ([`Accumulator::get`]) is a linear search (a
+    /// binary one in a log of keys in increasing order, as
+    /// [`Accumulator::from_bytes`] gives).
     pub fn build_index(&mut self) {
         if self.indexed {
             return;
@@ -2273,7 +2280,9 @@ impl Accumulator {
         out
     }
 
-    /// Inverse of [`Accumulator::to_bytes`]; every field is checked.
+    /// Inverse of [`Accumulator::to_bytes`]; every field is checked. The
+    /// entries (in increasing key order) come back as a sorted log of keys:
+    /// no table is built until something needs one.
     pub fn from_bytes(b: &[u8]) -> Result<Accumulator> {
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
         if b.len() < HEADER || &b[..8] != MAGIC {
@@ -2294,7 +2303,14 @@ impl Accumulator {
                 b.len()
             ));
         }
+        // entries in increasing key order are a sorted log of keys (no
+        // table to build); past a log's size, the tables
+        let as_log = n <= u32::MAX as u64;
+        let mut log = Log::default();
         let mut runs = buckets();
+        if as_log && log.try_reserve(n as usize).is_none() {
+            return invalid(format!("cannot load {n} prompts: not enough memory"));
+        }
         let mut total = 0u64;
         let mut last = None;
         for i in 0..n as usize {
@@ -2317,10 +2333,22 @@ impl Accumulator {
             }
             last = Some(key);
             total = total.saturating_add(count);
-            runs[shard_of(hash(key))].push(Slot { key, st: Stats { count, mean, m2 } });
+            let slot = Slot { key, st: Stats { count, mean, m2 } };
+            if as_log {
+                log.recs[i] = slot;
+            } else {
+                runs[shard_of(hash(key))].push(slot);
+            }
         }
         if total != rows {
             return invalid(format!("corrupt variance accumulator: counts sum to {total}, header says {rows} rows"));
+        }
+        if as_log {
+            log.len = n as usize;
+            if n > 0 {
+                (log.first, log.last) = (log.recs[0].key, log.recs[n as usize - 1].key);
+            }
+            return Ok(Accumulator { log, rows, ..Default::default() });
         }
         let mut shards = Shards::default();
         for (t, r) in shards.0.iter_mut().zip(&runs) {
@@ -2328,7 +2356,7 @@ impl Accumulator {
                 return invalid(format!("cannot load {n} prompts: not enough memory"));
             }
         }
-        shards.merge_buckets(std::slice::from_ref(&runs), n as usize >= PAR_ROWS);
+        shards.merge_buckets(std::slice::from_ref(&runs), true);
         Ok(Accumulator { shards, rows, indexed: true, ..Default::default() })
     }
 }
@@ -2432,10 +2460,12 @@ mod tests {
         if a.len() != b.len() || a.n_rows() != b.n_rows() {
             return false;
         }
-        a.records().all(|(k, s)| match b.get(k) {
-            Some(t) => s.count == t.count && close(s.mean, t.mean, 1e-9) && close(s.m2, t.m2, 1e-7),
-            None => false,
-        })
+        let ((ka, sa), (kb, sb)) = (a.per_prompt(), b.per_prompt());
+        ka == kb
+            && sa
+                .iter()
+                .zip(&sb)
+                .all(|(s, t)| s.count == t.count && close(s.mean, t.mean, 1e-9) && close(s.m2, t.m2, 1e-7))
     }
 
     /// Two-pass reference per key.
@@ -2581,6 +2611,31 @@ mod tests {
         let r = Accumulator::from_bytes(&bb).unwrap();
         assert!(same(&big, &r));
         assert_eq!(r.to_bytes(), bb);
+        // it comes back as a sorted log of keys, looked up by binary search,
+        // with every result of the state it came from
+        assert!(!r.is_indexed() && r.log.sorted);
+        same_bits(&r, &big);
+        for k in [0, 7919 * 5, 7919 * 299_999, 1, u64::MAX] {
+            assert_eq!(r.get(k), big.get(k));
+        }
+        // loaded from tables: the same
+        let mut t = indexed();
+        t.update(&keys, &x).unwrap();
+        let rt = Accumulator::from_bytes(&t.to_bytes()).unwrap();
+        same_bits(&rt, &t);
+        // and it goes on streaming: keys after its last stay a log
+        let (mut r2, mut t2) = (r.clone(), t.clone());
+        for a in [&mut r2, &mut t2] {
+            a.update(&[u64::MAX, u64::MAX], &[1.0, 2.5]).unwrap();
+        }
+        assert!(!r2.is_indexed());
+        same_bits(&r2, &t2);
+        let (mut r3, mut t3) = (r.clone(), t.clone());
+        for a in [&mut r3, &mut t3] {
+            a.update(&[7919 * 3, 5, 5], &[1.0, 2.5, 0.5]).unwrap();
+        }
+        assert!(!r3.is_indexed() && !r3.log.sorted);
+        same_bits(&r3, &t3);
     }
 
     #[test]
