@@ -7,7 +7,7 @@ How many responses per prompt to keep (`variance_budget`), which ones
 from __future__ import annotations
 
 from ._grades_core import __version__
-from ._tables import MrtInputError
+from .errors import MrtInputError
 from .select import (
     METHODS,
     FacilityLocationResult,

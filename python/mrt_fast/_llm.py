@@ -1,4 +1,4 @@
-"""Shared plumbing of the LLM pipeline: loading models, formatting prompts, reading tables."""
+"""Shared plumbing of the LLM pipeline: loading models and formatting prompts."""
 
 from __future__ import annotations
 
@@ -10,59 +10,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._tables import MrtInputError
+from .errors import MrtInputError
 
 PROMPT_FORMATS = ("auto", "chat", "plain")
-
-_READERS = {".parquet": pl.read_parquet, ".jsonl": pl.read_ndjson, ".ndjson": pl.read_ndjson, ".csv": pl.read_csv}
-
-
-def read_table(path: str | os.PathLike) -> pl.DataFrame:
-    """Read a .parquet / .jsonl / .csv file into polars."""
-    path = Path(path)
-    if path.suffix not in _READERS:
-        raise MrtInputError(f"unsupported table format {path.suffix!r} for {path} (use .parquet, .jsonl or .csv)")
-    if not path.exists():
-        raise MrtInputError(f"table {path} does not exist")
-    return _READERS[path.suffix](path)
-
-
-def write_table(df: pl.DataFrame, path: str | os.PathLike) -> Path:
-    """Write atomically (temp file + rename) as .parquet / .jsonl / .csv."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    if path.suffix == ".parquet":
-        df.write_parquet(tmp)
-    elif path.suffix in (".jsonl", ".ndjson"):
-        df.write_ndjson(tmp)
-    elif path.suffix == ".csv":
-        df.write_csv(tmp)
-    else:
-        raise MrtInputError(f"unsupported table format {path.suffix!r} for {path}")
-    os.replace(tmp, path)
-    return path
-
-
-def as_polars(table: Any) -> pl.DataFrame:
-    """polars, pyarrow, pandas, a list of dicts or a path -> polars DataFrame."""
-    if isinstance(table, pl.DataFrame):
-        return table
-    if isinstance(table, (str, os.PathLike)):
-        return read_table(table)
-    if isinstance(table, list):
-        return pl.DataFrame(table)
-    if type(table).__module__.startswith("pyarrow"):
-        return pl.from_arrow(table)  # type: ignore[return-value]
-    if type(table).__module__.startswith("pandas"):
-        return pl.from_pandas(table)
-    raise TypeError(f"expected a table (polars/pyarrow/pandas, list of dicts or a path), got {type(table).__name__}")
-
-
-def require_columns(df: pl.DataFrame, cols: list[str], what: str) -> None:
-    missing = [c for c in cols if c not in df.columns]
-    if missing:
-        raise MrtInputError(f"{what}: column(s) {missing} not found; the table has columns {df.columns}")
 
 
 def stable_seed(seed: int, key: Any) -> int:

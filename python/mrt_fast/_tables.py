@@ -15,10 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import _grades_core as core
-
-
-class MrtInputError(ValueError):
-    """A table or argument that mrt_fast cannot use; the message names it."""
+from .errors import MrtInputError
 
 
 def table_kind(table: Any) -> str:

@@ -24,7 +24,7 @@ console = Console()
 @contextlib.contextmanager
 def _user_errors():
     """Bad input ends the command with one line on stderr and exit code 2."""
-    from ._tables import MrtInputError
+    from .errors import MrtInputError
 
     try:
         yield
@@ -81,7 +81,7 @@ def embed_cmd(
     """Add unit-norm sentence embeddings of a text column to a table."""
     import polars as pl
 
-    from . import _io
+    from . import io as _io
     from .embed import embed, load_model
 
     t0 = time.perf_counter()
@@ -91,7 +91,7 @@ def embed_cmd(
         lf = _io.scan(inp)
         schema = lf.collect_schema()
         if text not in schema.names():
-            from ._tables import MrtInputError
+            from .errors import MrtInputError
 
             raise MrtInputError(f"column {text!r} (text to embed) not found in {str(inp)!r}; it has {schema.names()}")
         n = int(_io.collect(lf.select(pl.len()), inp).item())
@@ -107,7 +107,7 @@ def embed_cmd(
             for s in range(0, max(n, 1), chunk_rows):
                 df = _io.collect(lf.slice(s, chunk_rows), inp)
                 if df.height == 0:
-                    from ._tables import MrtInputError
+                    from .errors import MrtInputError
 
                     raise MrtInputError(f"{str(inp)!r} has no rows: there is no text to embed")
                 st: dict = {}
@@ -148,8 +148,8 @@ def select_cmd(
     import numpy as np
     import polars as pl
 
-    from . import _io
-    from ._tables import MrtInputError
+    from . import io as _io
+    from .errors import MrtInputError
     from .select import FACILITY_METHODS, METHODS, SmallPoolWarning, select
 
     t0 = time.perf_counter()
@@ -224,17 +224,6 @@ def select_cmd(
 # ---- variance diagnostics commands ----
 
 
-def _read_table(path: Path):
-    import polars as pl
-
-    readers = {".parquet": pl.read_parquet, ".jsonl": pl.read_ndjson, ".ndjson": pl.read_ndjson, ".csv": pl.read_csv}
-    if path.suffix not in readers:
-        raise typer.BadParameter(f"unsupported input format {path.suffix!r} (use .parquet, .jsonl or .csv)")
-    if not path.exists():
-        raise typer.BadParameter(f"no such file: {path}")
-    return readers[path.suffix](path)
-
-
 @app.command("diagnose")
 def diagnose_cmd(
     inp: Path = typer.Argument(..., help="Table of per-response losses (.parquet, .jsonl, .csv)."),
@@ -257,10 +246,12 @@ def diagnose_cmd(
     """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
     import json
 
-    from ._tables import MrtInputError
+    from .errors import MrtInputError
+    from .io import read_table
     from .variance import variance_budget
 
-    df = _read_table(inp)
+    with _user_errors():
+        df = read_table(inp)
     try:
         rep = variance_budget(
             df, by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
@@ -299,9 +290,11 @@ def nll_cmd(
     """Add each response's mean token NLL (prompt masked) under a causal LM."""
     import polars as pl
 
+    from .io import read_table
     from .nll import load_smollm2, response_nll
 
-    df = _read_table(inp)
+    with _user_errors():
+        df = read_table(inp)
     for c in (prompt, response):
         if c not in df.columns:
             raise typer.BadParameter(f"column {c!r} not found; the table has {df.columns}")
@@ -371,7 +364,7 @@ def score_cmd(
     batch_size: int = typer.Option(16),
 ) -> None:
     """Score every (prompt, response) with a reward model."""
-    from ._llm import write_table
+    from .io import write_table
     from .reward import score
 
     df = score(str(inp), model, batch_size=batch_size)

@@ -29,7 +29,7 @@ def load_examples(max_prompts: int | None = None) -> pl.DataFrame:
     df = pl.read_ndjson(example_path())
     if max_prompts is not None:
         if max_prompts < 1:
-            from ._tables import MrtInputError
+            from .errors import MrtInputError
 
             raise MrtInputError(f"max_prompts must be >= 1, got {max_prompts}")
         keep = df["prompt_id"].unique(maintain_order=True).head(max_prompts)

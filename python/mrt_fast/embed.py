@@ -23,7 +23,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import polars as pl
 
-from ._tables import MrtInputError, columns_of, table_kind, to_polars
+from .errors import MrtInputError
+from ._tables import columns_of, table_kind, to_polars
 
 #: the default model's name
 DEFAULT_MODEL = "all-MiniLM-L6-v2"

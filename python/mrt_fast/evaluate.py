@@ -28,8 +28,9 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
-from ._llm import as_polars, load_causal_lm, load_tokenizer, pick_device, require_columns, unit_rows
-from ._tables import MrtInputError
+from ._llm import load_causal_lm, load_tokenizer, pick_device, unit_rows
+from .io import as_polars, require_columns
+from .errors import MrtInputError
 
 Embedder = Callable[[list[str]], np.ndarray]
 
@@ -282,7 +283,7 @@ def evaluate(
             rows["reward"] = np.concatenate(rewards).tolist()
         if passed is not None:
             rows["passed"] = [b for p in passed for b in p]
-        from ._llm import write_table
+        from .io import write_table
 
         write_table(pl.DataFrame(rows), samples_out)
     return res

@@ -32,20 +32,9 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
-from ._llm import (
-    as_polars,
-    format_prompt,
-    load_causal_lm,
-    load_tokenizer,
-    pick_device,
-    prompt_ids,
-    read_table,
-    require_columns,
-    resolve_model_path,
-    stable_seed,
-    write_table,
-)
-from ._tables import MrtInputError
+from ._llm import format_prompt, load_causal_lm, load_tokenizer, pick_device, prompt_ids, resolve_model_path, stable_seed
+from .io import as_polars, read_table, require_columns, write_table
+from .errors import MrtInputError
 
 SCHEMA = {
     "prompt_id": pl.Utf8,

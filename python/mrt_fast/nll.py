@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._tables import MrtInputError
+from .errors import MrtInputError
 
 __all__ = ["response_nll", "load_smollm2", "smollm2_gguf_path"]
 

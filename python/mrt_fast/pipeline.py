@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._llm import read_table, require_columns, set_threads, write_table
-from ._tables import MrtInputError
+from ._llm import set_threads
+from .io import read_table, require_columns, write_table
+from .errors import MrtInputError
 
 STAGES = ("generate", "embed", "score", "select", "train", "evaluate")
 _TOP = {"out_dir", "model", "reward_model", "embedder", "data", "generate", "select", "train", "evaluate",

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._llm import as_polars, load_tokenizer, pick_device, require_columns, resolve_dtype, resolve_model_path
-from ._tables import MrtInputError
+from ._llm import load_tokenizer, pick_device, resolve_dtype, resolve_model_path
+from .io import as_polars, require_columns
+from .errors import MrtInputError
 
 
 class RewardModel:

@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from ._tables import MrtInputError
+from .errors import MrtInputError
 
 _BOOT = r'''
 import sys

@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._llm import as_polars, load_causal_lm, load_tokenizer, pick_device, prompt_ids, require_columns, response_ids
-from ._tables import MrtInputError
+from ._llm import load_causal_lm, load_tokenizer, pick_device, prompt_ids, response_ids
+from .io import as_polars, require_columns
+from .errors import MrtInputError
 
 PAPER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"]
 

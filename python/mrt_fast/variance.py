@@ -28,7 +28,8 @@ import numpy as np
 import polars as pl
 
 from . import _grades_core as core
-from ._tables import MrtInputError, columns_of, pool_keys, require, table_kind, to_polars
+from .errors import MrtInputError
+from ._tables import columns_of, pool_keys, require, table_kind, to_polars
 
 __all__ = [
     "VarianceAccumulator",

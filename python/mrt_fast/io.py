@@ -1,4 +1,4 @@
-"""Reading and writing candidate tables (Parquet, JSONL, CSV) with polars.
+"""Every table read and write of mrt_fast: Parquet, JSONL and CSV with polars.
 
 Reads are lazy scans (only the needed columns, only the needed rows); writes
 go to a temporary file in the destination's directory and are renamed into
@@ -13,10 +13,11 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
-from ._tables import MrtInputError
+from .errors import MrtInputError
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 
@@ -152,3 +153,50 @@ class AtomicWriter:
         if et is not None or self.tmp.exists():
             self.abort()
         return False
+
+
+def read_table(path: str | os.PathLike) -> pl.DataFrame:
+    """Read a .parquet / .jsonl / .csv file into polars (one-line error if unreadable)."""
+    path = Path(path)
+    return decode_embedding_columns(collect(scan(path), path))
+
+
+def decode_embedding_columns(df: pl.DataFrame) -> pl.DataFrame:
+    """Columns named like an embedding that hold JSON text (CSV) become lists of floats."""
+    for c in df.columns:
+        if c == "embedding" or c.endswith("_embedding"):
+            df = decode_embedding(df, c)
+    return df
+
+
+def write_table(df: pl.DataFrame, path: str | os.PathLike) -> Path:
+    """Write atomically (temp file + rename) as .parquet / .jsonl / .csv, creating the directory."""
+    path = Path(path)
+    fmt_of(path, "output")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with AtomicWriter(path) as w:
+        w.write(df)
+        w.commit()
+    return path
+
+
+def as_polars(table: Any) -> pl.DataFrame:
+    """polars, pyarrow, pandas, a list of dicts or a path -> polars DataFrame."""
+    if isinstance(table, pl.DataFrame):
+        return table
+    if isinstance(table, (str, os.PathLike)):
+        return read_table(table)
+    if isinstance(table, list):
+        return pl.DataFrame(table)
+    if type(table).__module__.startswith("pyarrow"):
+        return pl.from_arrow(table)  # type: ignore[return-value]
+    if type(table).__module__.startswith("pandas"):
+        return pl.from_pandas(table)
+    raise TypeError(f"expected a table (polars/pyarrow/pandas, list of dicts or a path), got {type(table).__name__}")
+
+
+def require_columns(df: pl.DataFrame, cols: list[str], what: str) -> None:
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise MrtInputError(f"{what}: column(s) {missing} not found; the table has columns {df.columns}",
+                            column=missing[0])

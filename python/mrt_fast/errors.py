@@ -1,0 +1,35 @@
+"""The errors mrt_fast raises for input it cannot use.
+
+Every user-facing failure caused by the input (a table, an argument, a file)
+is an :class:`MrtInputError`; the Rust core raises the same class. The message
+is one line naming what is wrong; where it is known, the pool (its prompt id),
+the column and the row are also attributes, so code can act on them without
+parsing the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MrtInputError(ValueError):
+    """A table, argument or file that mrt_fast cannot use; the message names it.
+
+    Attributes ``pool`` (the prompt id of the pool, or the pool's index where
+    the id is not known), ``column`` and ``row`` are ``None`` when they do not
+    apply.
+    """
+
+    def __init__(self, message: str = "", *, pool: Any = None, column: str | None = None,
+                 row: int | None = None) -> None:
+        super().__init__(message)
+        self.pool = pool
+        self.column = column
+        self.row = row
+
+    def __reduce__(self):  # keep the attributes through pickle (Ray, multiprocessing)
+        return (_rebuild, (type(self), str(self), self.pool, self.column, self.row))
+
+
+def _rebuild(cls, message, pool, column, row):
+    return cls(message, pool=pool, column=column, row=row)
