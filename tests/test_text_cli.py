@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import mrt_fast._grades_core as core
 from mrt_fast.cli import app
-from mrt_fast.similarity import pool_modes
+from mrt_fast.modes import pool_modes
 
 runner = CliRunner()
 

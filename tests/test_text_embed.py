@@ -37,7 +37,7 @@ def brute_graph(x, k, kernel="shift", symmetrize=True):
 @given(st.integers(2, 40), st.integers(1, 8), st.integers(2, 6), st.sampled_from(["shift", "clip"]),
        st.booleans(), st.integers(0, 10**6))
 def test_knn_graph_equals_brute_force(n, k, d, kernel, sym, seed):
-    from mrt_fast.similarity import knn_graph
+    from mrt_fast.knn import knn_graph
 
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, d)).astype(np.float32)
@@ -52,7 +52,7 @@ def test_knn_graph_equals_brute_force(n, k, d, kernel, sym, seed):
 @pytest.mark.embed
 @pytest.mark.parametrize("index", ["ivf", "hnsw"])
 def test_approximate_index_reports_recall(index):
-    from mrt_fast.similarity import knn_graph
+    from mrt_fast.knn import knn_graph
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(600, 16)).astype(np.float32)
@@ -67,7 +67,7 @@ def test_approximate_index_reports_recall(index):
 @pytest.mark.embed
 def test_corpus_facility_location_matches_dense_on_full_graph():
     from mrt_fast import facility_location
-    from mrt_fast.similarity import facility_location_corpus
+    from mrt_fast.knn import facility_location_corpus
 
     rng = np.random.default_rng(2)
     x = rng.normal(size=(40, 6)).astype(np.float32)

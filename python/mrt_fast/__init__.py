@@ -41,10 +41,14 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(".embed", __name__).embed_texts
-    if name in ("pool_modes", "knn_graph", "facility_location_corpus"):
-        from . import similarity
+    if name == "pool_modes":
+        from . import modes
 
-        return getattr(similarity, name)
+        return modes.pool_modes
+    if name in ("knn_graph", "facility_location_corpus"):
+        from . import knn
+
+        return getattr(knn, name)
     # LLM pipeline (torch/transformers load on first use)
     _llm = {"pass_at_k": "evaluate", "EvalConfig": "evaluate", "GenerationConfig": "generate",
             "TrainConfig": "train", "RewardModel": "reward"}

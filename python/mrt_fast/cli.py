@@ -193,7 +193,7 @@ def select_cmd(
                 df = _io.collect(part, inp)
                 df = _io.decode_embedding(df, embedding)
                 if compute_modes:
-                    from .similarity import pool_modes
+                    from .modes import pool_modes
 
                     df = pool_modes(df, by=by, embedding=embedding, out=mode, n_modes=n_modes, seed=seed)
                 with warnings.catch_warnings():

@@ -60,7 +60,7 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
 
     from .embed import embed
     from .select import SmallPoolWarning, select
-    from .similarity import pool_modes
+    from .modes import pool_modes
 
     con = console or Console()
     t0 = time.perf_counter()

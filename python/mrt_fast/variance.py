@@ -901,7 +901,7 @@ def implicit_mrt(
     `method="threshold"`: prompts i, j are near-equivalent when their cosine
     similarity is >= `threshold`; clusters are the connected components of that
     graph (exact range search with FAISS, scipy connected components).
-    `method="kmeans"`: FAISS k-means with `n_clusters` centroids.
+    `method="kmeans"`: `n_clusters` modes by the k-means policy of `mrt_fast.modes`.
 
     With `losses` (one single-response loss per prompt), the cluster-level
     components V_x*, V_y|x* are estimated by treating each cluster as a prompt
@@ -928,13 +928,9 @@ def implicit_mrt(
     elif method == "kmeans":
         if n_clusters is None or not 1 <= int(n_clusters) <= n:
             raise MrtInputError(f"method='kmeans' needs 1 <= n_clusters <= {n}, got {n_clusters}")
-        import faiss
+        from .modes import kmeans
 
-        km = faiss.Kmeans(x.shape[1], int(n_clusters), niter=25, seed=int(seed), spherical=True, verbose=False)
-        km.train(x)
-        _, lab = km.index.search(x, 1)
-        _, labels = np.unique(lab[:, 0], return_inverse=True)
-        labels = labels.astype(np.int64)
+        labels = kmeans(x, int(n_clusters), seed=seed)
     else:
         raise MrtInputError(f"method must be 'threshold' or 'kmeans', got {method!r}")
     sizes = np.bincount(labels)

@@ -1,4 +1,4 @@
-"""FAISS for the large shapes: kNN similarity graphs and k-means modes.
+"""kNN similarity graphs with FAISS, for pools or corpora too large for n x n.
 
 * :func:`knn_graph` builds a sparse kNN similarity graph (CSR) over one large
   pool or a whole corpus: exact inner product (``IndexFlatIP``) by default, or
@@ -7,10 +7,6 @@
   ``(1 + c)/2``, ``"clip"``: ``max(0, c)``).
 * :func:`facility_location_corpus` feeds that graph to the core's sparse
   facility location.
-* :func:`pool_modes` labels every candidate with a mode by k-means per pool:
-  the Rust core for small pools (batched, parallel over pools), FAISS k-means
-  for large ones. The number of modes is given, or chosen per pool by the
-  silhouette rule (see :func:`pool_modes`).
 
 Per-prompt small pools do not need a graph: :func:`mrt_fast.select` computes
 their dense similarity blocks in the core.
@@ -22,17 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import polars as pl
 
-from . import _grades_core as core
 from .errors import MrtInputError
-from ._tables import columns_of, embeddings as _embeddings, group, pool_keys, require, table_kind, to_polars
 
 INDEXES = ("flat", "ivf", "hnsw")
 KERNELS = ("shift", "clip")
 
 
-def _faiss():
+def faiss_module():
+    """The faiss package, or a one-line error naming the extra that installs it."""
     try:
         import faiss
     except ImportError:
@@ -40,7 +34,8 @@ def _faiss():
     return faiss
 
 
-def _unit_rows(x: Any, name: str = "embeddings") -> np.ndarray:
+def unit_rows(x: Any, name: str = "embeddings") -> np.ndarray:
+    """A contiguous float32 copy of ``x`` with unit rows; finite, non-zero rows required."""
     try:
         a = np.array(x, dtype=np.float32, copy=True)
     except (TypeError, ValueError) as e:
@@ -103,7 +98,7 @@ class KnnGraph:
 
 def _build_index(x: np.ndarray, index: str, *, nlist: int | None, nprobe: int, hnsw_m: int,
                  ef_search: int, ef_construction: int, seed: int):
-    faiss = _faiss()
+    faiss = faiss_module()
     n, d = x.shape
     if index == "flat":
         ix = faiss.IndexFlatIP(d)
@@ -187,7 +182,7 @@ def knn_graph(
         raise MrtInputError(f"k (neighbours) must be an integer >= 1, got {k!r}")
     if kernel not in KERNELS:
         raise MrtInputError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    xs = _unit_rows(x)
+    xs = unit_rows(x)
     n = xs.shape[0]
     k = int(min(k, n - 1)) if n > 1 else 0
     ix, params = _build_index(xs, index, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m, ef_search=ef_search,
@@ -259,161 +254,3 @@ def facility_location_corpus(
     res = facility_location(similarity=g.csr, k=k, rewards=rewards, alpha=alpha, eps=eps, k_max=k_max,
                             optimizer=optimizer, symmetric=g.symmetric)
     return (res, g) if return_graph else res
-
-
-# ---------------------------------------------------------------- modes
-
-
-def _canonical(labels: np.ndarray) -> np.ndarray:
-    """Renumber labels by first appearance (0, 1, ...)."""
-    _, first, inv = np.unique(labels, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-    return rank[inv.ravel()]
-
-
-def silhouette_score(x: np.ndarray, labels: np.ndarray) -> float:
-    """Mean silhouette (Euclidean), singletons scoring 0; 0 for one cluster."""
-    labels = np.asarray(labels)
-    u = np.unique(labels)
-    if len(u) < 2 or len(x) < 2:
-        return 0.0
-    sq = np.sum(x.astype(np.float64) ** 2, axis=1)
-    d = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * (x.astype(np.float64) @ x.astype(np.float64).T), 0.0))
-    np.fill_diagonal(d, 0.0)
-    onehot = (labels[:, None] == u[None, :]).astype(np.float64)
-    size = onehot.sum(axis=0)
-    sums = d @ onehot
-    own = np.searchsorted(u, labels)
-    n_own = size[own]
-    a = np.where(n_own > 1, sums[np.arange(len(x)), own] / np.maximum(n_own - 1, 1), 0.0)
-    other = sums / size[None, :]
-    other[np.arange(len(x)), own] = np.inf
-    b = other.min(axis=1)
-    den = np.maximum(a, b)
-    s = np.where((n_own > 1) & (den > 0), (b - a) / np.where(den > 0, den, 1.0), 0.0)
-    return float(s.mean())
-
-
-def kmeans_faiss(x: np.ndarray, m: int, *, seed: int = 0, niter: int = 25) -> tuple[np.ndarray, float]:
-    """FAISS k-means on unit rows; canonical labels and inertia."""
-    faiss = _faiss()
-    xs = _unit_rows(x)
-    m = int(max(1, min(m, len(xs))))
-    km = faiss.Kmeans(xs.shape[1], m, niter=int(niter), seed=int(seed) & 0x7FFFFFFF, verbose=False,
-                      min_points_per_centroid=1, max_points_per_centroid=max(256, len(xs)))
-    km.train(xs)
-    D, I = km.index.search(xs, 1)
-    return _canonical(I[:, 0]), float(D.sum())
-
-
-def _faiss_modes(x: np.ndarray, n_modes: int | None, m_max: int, min_silhouette: float, seed: int,
-                 sample: int = 2000) -> np.ndarray:
-    xs = _unit_rows(x)
-    n = len(xs)
-    if n_modes is not None:
-        return kmeans_faiss(xs, n_modes, seed=seed)[0]
-    hi = min(m_max, n - 1)
-    if hi < 2:
-        return np.zeros(n, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    sub = np.sort(rng.choice(n, size=min(sample, n), replace=False))
-    best, best_s = None, -np.inf
-    for m in range(2, hi + 1):
-        lab, _ = kmeans_faiss(xs, m, seed=seed + m)
-        s = silhouette_score(xs[sub], lab[sub])
-        if s > best_s:
-            best, best_s = lab, s
-    if best is None or best_s < min_silhouette:
-        return np.zeros(n, dtype=np.int64)
-    return best
-
-
-def pool_modes(
-    table: Any,
-    *,
-    by: str = "prompt_id",
-    embedding: str = "embedding",
-    out: str = "mode",
-    n_modes: int | None = None,
-    m_max: int = 8,
-    min_silhouette: float = 0.25,
-    seed: int = 0,
-    large_pool: int = 2048,
-    max_iter: int = 100,
-    return_info: bool = False,
-):
-    """Label every candidate with a mode of its pool by k-means on its embedding.
-
-    Embeddings are unit-normalised. Pools of at most ``large_pool`` candidates
-    run in the Rust core (seeded k-means++ then Lloyd, batched and parallel
-    over pools, seeded per pool from ``(seed, prompt id)``); larger pools use
-    FAISS k-means.
-
-    Number of modes: ``n_modes`` if given (capped at the pool size), else per
-    pool by the silhouette rule: among m in 2..min(m_max, n - 1) take the m
-    with the largest mean silhouette; if it is below ``min_silhouette`` (0.25,
-    the level Kaufman and Rousseeuw read as "no substantial structure") the
-    pool is a single mode. Labels are numbered by first appearance in the pool.
-
-    Returns the table as polars with an integer ``out`` column (and, with
-    ``return_info``, a per-pool polars frame: pool id, n, modes, silhouette).
-    """
-    if n_modes is not None and (isinstance(n_modes, bool) or not isinstance(n_modes, (int, np.integer)) or n_modes < 1):
-        raise MrtInputError(f"n_modes must be an integer >= 1 or None, got {n_modes!r}")
-    if not isinstance(m_max, (int, np.integer)) or m_max < 1:
-        raise MrtInputError(f"m_max must be an integer >= 1, got {m_max!r}")
-    if not -1.0 <= float(min_silhouette) <= 1.0:
-        raise MrtInputError(f"min_silhouette must be in [-1, 1], got {min_silhouette}")
-    kind = table_kind(table)
-    cols = columns_of(table, kind)
-    require(cols, by, "prompt id")
-    require(cols, embedding, "embedding")
-    full = table if kind == "polars" else to_polars(table, kind, cols)
-    df = full.select([by, embedding])
-    g = group(df, by)
-    x = _embeddings(df, embedding)
-    sizes = g.sizes()
-    labels = np.zeros(df.height, dtype=np.int64)
-    n_m = np.zeros(g.n_pools, dtype=np.int64)
-    sil = np.zeros(g.n_pools, dtype=np.float64)
-    keys = pool_keys(g.keys)
-    small = sizes <= large_pool
-    # small pools: one batched call into the core
-    if small.any():
-        sp = np.flatnonzero(small)
-        pos = np.concatenate([np.arange(g.offsets[p], g.offsets[p + 1], dtype=np.int64) for p in sp])
-        rows = g.rows[pos]
-        off = np.zeros(len(sp) + 1, dtype=np.uint64)
-        np.cumsum(sizes[sp], out=off[1:])
-        try:
-            res = core.kmeans_modes(
-                x, off, np.ascontiguousarray(keys[sp]), int(seed), rows=np.ascontiguousarray(rows, dtype=np.uint64),
-                n_modes=None if n_modes is None else int(n_modes), m_max=int(m_max),
-                min_silhouette=float(min_silhouette), max_iter=int(max_iter),
-            )
-        except ValueError as e:
-            from .select import _name_pool
-
-            err = _name_pool(e, g.keys.gather(sp), by)
-            raise err from None
-        labels[rows.astype(np.int64)] = res["labels"]
-        n_m[sp] = res["n_modes"]
-        sil[sp] = res["silhouette"]
-    for p in np.flatnonzero(~small):
-        rows = g.rows[g.offsets[p] : g.offsets[p + 1]].astype(np.int64)
-        try:
-            lab = _faiss_modes(x[rows], None if n_modes is None else int(n_modes), int(m_max), float(min_silhouette),
-                               int(seed) ^ int(keys[p] & 0x3FFFFFFF))
-        except MrtInputError as e:
-            raise MrtInputError(f"pool {p} ({by}={g.keys[int(p)]!r}): {e}") from None
-        labels[rows] = lab
-        n_m[p] = int(lab.max()) + 1
-        sil[p] = np.nan
-    if out in full.columns:
-        full = full.drop(out)
-    result = full.with_columns(pl.Series(out, labels, dtype=pl.Int64))
-    if return_info:
-        info = pl.DataFrame({by: g.keys, "n": sizes, "n_modes": n_m, "silhouette": sil})
-        return result, info
-    return result
