@@ -48,6 +48,38 @@ def _chunks_of_pools(sizes, chunk_rows: int):
     return out
 
 
+def _input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input"):
+    """Check an input table before any work: readable, the columns present, at least one row."""
+    import polars as pl
+
+    from . import io as _io
+    from .errors import MrtInputError
+
+    lf = _io.scan(path)
+    names = lf.collect_schema().names()
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise MrtInputError(f"{role} {str(path)!r}: column(s) {missing} not found; it has columns {names}",
+                            column=missing[0])
+    if int(_io.collect(lf.select(pl.len()), path).item()) == 0:
+        raise MrtInputError(f"{role} {str(path)!r} has no rows")
+    return lf
+
+
+def _needs(extra: str):
+    """An ImportError of an optional stack becomes one line naming the extra."""
+    from .errors import MrtInputError
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except ImportError as e:
+            raise MrtInputError(f"this command needs the {extra} extra: pip install 'mrt_fast[{extra}]' ({e})") from None
+
+    return guard()
+
+
 @app.command()
 def demo(
     out_dir: Path = typer.Option(Path("mrt_demo_out"), "--out-dir", help="Where the plot and kept rows are written."),
@@ -58,11 +90,20 @@ def demo(
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
 ) -> None:
     """Embed the bundled MOSAIC examples, run every selector, show what each kept and why."""
-    from .demo import run_demo
+    from .errors import MrtInputError
+    from .io import check_output_dir
 
     with _user_errors():
-        run_demo(out_dir, k=k, model=model, max_prompts=max_prompts,
-                 cache_dir=False if no_cache else cache_dir, console=console)
+        if k < 1:
+            raise MrtInputError(f"--k must be >= 1, got {k}")
+        if max_prompts is not None and max_prompts < 1:
+            raise MrtInputError(f"--max-prompts must be >= 1, got {max_prompts}")
+        check_output_dir(out_dir, "--out-dir")
+        with _needs("embed"):
+            from .demo import run_demo
+
+            run_demo(out_dir, k=k, model=model, max_prompts=max_prompts,
+                     cache_dir=False if no_cache else cache_dir, console=console)
 
 
 @app.command("embed")
@@ -290,31 +331,43 @@ def nll_cmd(
     """Add each response's mean token NLL (prompt masked) under a causal LM."""
     import polars as pl
 
-    from .io import read_table
-    from .nll import load_smollm2, response_nll
+    from . import io as _io
+    from .errors import MrtInputError
 
     with _user_errors():
-        df = read_table(inp)
-    for c in (prompt, response):
-        if c not in df.columns:
-            raise typer.BadParameter(f"column {c!r} not found; the table has {df.columns}")
-    if loss in df.columns:
-        raise typer.BadParameter(f"the table already has a {loss!r} column")
-    if model == "smollm2":
-        m, tok = load_smollm2()
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        if batch_size < 1:
+            raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
+        if max_length is not None and max_length < 1:
+            raise MrtInputError(f"--max-length must be >= 1, got {max_length}")
+        lf = _input_table(inp, (prompt, response))
+        if loss in lf.collect_schema().names():
+            raise MrtInputError(f"{str(inp)!r} already has a {loss!r} column", column=loss)
+        _io.check_output(out)
+        df = _io.decode_embedding_columns(_io.collect(lf, inp))
+        for c in (prompt, response):
+            if df[c].dtype != pl.Utf8:
+                raise MrtInputError(f"column {c!r} must hold text, got {df[c].dtype}", column=c)
+            if df[c].null_count():
+                row = int(df[c].is_null().arg_true()[0])
+                raise MrtInputError(f"column {c!r} is null in row {row}", column=c, row=row)
+        with _needs("train"):
+            from .nll import load_smollm2, response_nll
 
-        tok = AutoTokenizer.from_pretrained(model)
-        m = AutoModelForCausalLM.from_pretrained(model)
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
-    vals = response_nll(m, tok, df[prompt].to_list(), df[response].to_list(), batch_size=batch_size, max_length=max_length)
-    res = df.with_columns(pl.Series(loss, vals))
-    writers = {".parquet": res.write_parquet, ".jsonl": res.write_ndjson, ".csv": res.write_csv}
-    if out.suffix not in writers:
-        raise typer.BadParameter(f"unsupported output format {out.suffix!r}")
-    writers[out.suffix](out)
+            if model == "smollm2":
+                m, tok = load_smollm2()
+            else:
+                if not Path(model).is_dir():
+                    raise MrtInputError(f"--model {model!r}: not 'smollm2' and not a local model directory")
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(model)
+                m = AutoModelForCausalLM.from_pretrained(model)
+                if tok.pad_token_id is None:
+                    tok.pad_token = tok.eos_token
+        vals = response_nll(m, tok, df[prompt].to_list(), df[response].to_list(),
+                            batch_size=batch_size, max_length=max_length)
+        res = df.with_columns(pl.Series(loss, vals))
+        _io.write_table(res, out)
     console.print(f"wrote {len(res)} rows with {loss!r} to {out}")
 
 
@@ -348,11 +401,27 @@ def generate_cmd(
     shard_prompts: int = typer.Option(64, help="Prompts per shard (unit of resumption)."),
 ) -> None:
     """Overgenerate N candidate responses per prompt (vLLM on GPU, transformers on CPU); resumable."""
-    from .generate import GenerationConfig, generate
+    from . import io as _io
 
-    cfg = GenerationConfig(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
-                           backend=backend, shard_prompts=shard_prompts)
-    df = generate(str(prompts), out, model, cfg)
+    with _user_errors():
+        with _needs("train"):
+            from .generate import GenerationConfig, generate
+
+            cfg = GenerationConfig(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                   seed=seed, backend=backend, shard_prompts=shard_prompts)
+            cfg.validate()
+            _input_table(prompts, ("prompt_id", "prompt"), "prompt table")
+            _io.check_output(out)
+            parts = out.with_name(out.name + ".parts")
+            fresh = not parts.exists()
+            try:
+                df = generate(str(prompts), out, model, cfg)
+            except BaseException:
+                if fresh and parts.is_dir() and {f.name for f in parts.iterdir()} <= {"meta.json"}:
+                    import shutil
+
+                    shutil.rmtree(parts, ignore_errors=True)  # no shard written: nothing to resume from
+                raise
     console.print(f"{df.height} candidates for {df['prompt_id'].n_unique()} prompts -> {out}")
 
 
@@ -364,11 +433,19 @@ def score_cmd(
     batch_size: int = typer.Option(16),
 ) -> None:
     """Score every (prompt, response) with a reward model."""
-    from .io import write_table
-    from .reward import score
+    from . import io as _io
+    from .errors import MrtInputError
 
-    df = score(str(inp), model, batch_size=batch_size)
-    write_table(df, out)
+    with _user_errors():
+        if batch_size < 1:
+            raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
+        lf = _input_table(inp, ("prompt", "response"))
+        _io.check_output(out)
+        with _needs("train"):
+            from .reward import score
+
+            df = score(_io.decode_embedding_columns(_io.collect(lf, inp)), model, batch_size=batch_size)
+        _io.write_table(df, out)
     console.print(f"scored {df.height} rows -> {out}; reward mean {df['reward'].mean():.4f}")
 
 
@@ -381,10 +458,16 @@ def train_cmd(
     sets: list[str] = typer.Option(None, "--set", help="Any TrainConfig field, key=value (repeatable)."),
 ) -> None:
     """LoRA fine-tuning on the per-prompt-averaged multi-response loss."""
-    from .train import TrainConfig, train
+    from . import io as _io
 
-    cfg = TrainConfig.from_dict({"max_steps": max_steps, **_kv_options(sets)})
-    r = train(str(data), model, out, cfg)
+    with _user_errors():
+        with _needs("train"):
+            from .train import TrainConfig, train
+
+            cfg = TrainConfig.from_dict({"max_steps": max_steps, **_kv_options(sets)})
+            _input_table(data, ("prompt_id", "prompt", "response"), "training data")
+            _io.check_output_dir(out)
+            r = train(str(data), model, out, cfg)
     console.print(f"{r.steps} steps over {r.n_pairs} pairs ({r.n_prompts} prompts, {r.epochs:.2f} epochs); "
                   f"final loss {r.log[-1]['loss']:.4f}; adapter -> {r.adapter_dir}")
 
@@ -402,13 +485,24 @@ def evaluate_cmd(
     """Reference loss, coverage, diversity, best-of-n reward and pass@k on held-out prompts."""
     import json
 
-    from .evaluate import EvalConfig, evaluate
-    from .pipeline import make_embedder
+    from . import io as _io
+    from .errors import MrtInputError
 
-    m = evaluate(str(data), model, adapter=adapter, config=EvalConfig.from_dict(_kv_options(sets)),
-                 embedder=make_embedder(embedder), reward_model=reward_model)
-    if out:
-        out.write_text(json.dumps(m, indent=2))
+    with _user_errors():
+        with _needs("train"):
+            from .evaluate import EvalConfig, evaluate
+            from .pipeline import make_embedder
+
+            cfg = EvalConfig.from_dict(_kv_options(sets))
+            _input_table(data, ("prompt_id", "prompt", "reference"), "evaluation data")
+            if adapter is not None and not adapter.is_dir():
+                raise MrtInputError(f"--adapter {str(adapter)!r} is not a directory")
+            if out:
+                _io.check_output(out, "--out", table=False)
+            m = evaluate(str(data), model, adapter=adapter, config=cfg,
+                         embedder=make_embedder(embedder), reward_model=reward_model)
+        if out:
+            _io.write_text(out, json.dumps(m, indent=2))
     console.print(m)
 
 
@@ -434,14 +528,20 @@ def simulate(
     threads: int = typer.Option(2, help="torch CPU threads."),
 ) -> None:
     """Reproduce the paper's controlled experiments (needs the torch extra)."""
-    try:
-        from .simulate import run
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise typer.BadParameter(f"`mrt simulate` needs the torch extra: pip install 'mrt_fast[torch]' ({e})")
+    from .errors import MrtInputError
+    from .io import check_output_dir
 
-    with console.status("simulating...") as status:
-        res = run(quick=quick, out=out, seed=seed, threads=threads,
-                  progress=lambda name: status.update(f"simulating: {name}"))
+    with _user_errors():
+        if threads < 1:
+            raise MrtInputError(f"--threads must be >= 1, got {threads}")
+        if seed < 0:
+            raise MrtInputError(f"--seed must be >= 0, got {seed}")
+        check_output_dir(out, "--out")
+        with _needs("torch"):
+            from .simulate import run
+        with console.status("simulating...") as status:
+            res = run(quick=quick, out=out, seed=seed, threads=threads,
+                      progress=lambda name: status.update(f"simulating: {name}"))
     tab = Table(title=f"measured vs paper ({'quick' if quick else 'full'} run, {res['total_seconds']:.0f} s)")
     for c in ("quantity", "paper", "measured", "agrees", "note"):
         tab.add_column(c, overflow="fold")

@@ -136,9 +136,9 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    from .io import write_text
+
+    write_text(path, text)
 
 
 def _plot(summary: dict, k: int, path: Path) -> None:
@@ -160,7 +160,10 @@ def _plot(summary: dict, k: int, path: Path) -> None:
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     fig.suptitle(f"MOSAIC examples: what each selector keeps at K = {k}", fontsize=10)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    from .io import atomic_path
+
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
+    finally:
+        plt.close(fig)

@@ -3,15 +3,27 @@
 Reads are lazy scans (only the needed columns, only the needed rows); writes
 go to a temporary file in the destination's directory and are renamed into
 place on success, so a failed run never leaves a half-written file.
+
+Temporary files are named ``.NAME.HOST-PID.RANDOM.tmp`` and created with mode
+``0666`` minus the umask (what the finished file keeps). A process killed
+before its rename (kill -9, SIGTERM, power loss) leaves its temporary file
+behind; the next write into the same directory removes such files of the same
+destination whose writer ran on this host and is no longer alive, and leaves
+every other file alone (a live concurrent writer's, another host's, anything
+not matching the pattern).
 CSV cannot hold lists: embedding columns are written as JSON text and read
 back from it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
+import re
+import secrets
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,21 +99,137 @@ def _csv_safe(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _host_tag() -> str:
+    """This host's name, reduced to the characters a temp-file name keeps."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:32] or "host"
+
+
+_TMP_RE = r"^\.{name}\.(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)\.[0-9a-f]{{8}}\.tmp$"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def clean_stale_temps(path: str | os.PathLike) -> list[Path]:
+    """Remove temp files of ``path`` left by a writer on this host that is no longer alive.
+
+    Only names of the form ``.NAME.HOST-PID.RANDOM.tmp`` with this host's tag
+    and a PID with no live process are removed; returns what was removed.
+    """
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    pat = re.compile(_TMP_RE.format(name=re.escape(path.name)))
+    host = _host_tag()
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for e in entries:
+        m = pat.match(e.name)
+        if m is None or m["host"] != host or int(m["pid"]) == os.getpid() or _pid_alive(int(m["pid"])):
+            continue
+        try:
+            if e.is_file(follow_symlinks=False):
+                os.unlink(e.path)
+                removed.append(Path(e.path))
+        except OSError:
+            pass
+    return removed
+
+
+def _new_temp(path: Path) -> Path:
+    """Create an empty temp file beside ``path`` (mode 0666 minus the umask) and return its path."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+    clean_stale_temps(path)
+    for _ in range(100):
+        tmp = parent / f".{path.name}.{_host_tag()}-{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise MrtInputError(f"cannot write to {str(parent)!r}: {_one_line(e)}") from None
+        os.close(fd)
+        return tmp
+    raise MrtInputError(f"cannot create a temporary file in {str(parent)!r}")
+
+
+def check_output(path: str | os.PathLike, role: str = "output", *, table: bool = True) -> Path:
+    """Fail now, before any work, if ``path`` cannot be written.
+
+    Checks the format (for tables), that the directory exists and that a file
+    can be created there (by creating and removing a temp file), and that
+    ``path`` itself is not a directory.
+    """
+    path = Path(path)
+    if table:
+        fmt_of(path, role)
+    if path.is_dir():
+        raise MrtInputError(f"{role} {str(path)!r} is a directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise MrtInputError(f"{role} directory {str(parent)!r} does not exist")
+    _new_temp(path).unlink()
+    return path
+
+
+def check_output_dir(path: str | os.PathLike, role: str = "output directory") -> Path:
+    """Fail now if ``path`` cannot be used as an output directory (created later if missing)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise MrtInputError(f"{role} {str(path)!r} exists and is not a directory")
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise MrtInputError(f"{role} {str(path)!r}: {str(probe)!r} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise MrtInputError(f"cannot write to {str(probe)!r} (permission denied)")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside ``path`` to write; renamed onto ``path`` when the block succeeds."""
+    path = Path(path)
+    tmp = _new_temp(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write text atomically (temp file + rename)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
 class AtomicWriter:
     """Append polars frames to a temp file; `commit` renames it onto `path`."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.fmt = fmt_of(self.path, "output")
-        parent = self.path.parent if str(self.path.parent) else Path(".")
-        if not parent.is_dir():
-            raise MrtInputError(f"output directory {str(parent)!r} does not exist")
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=parent)
-        except OSError as e:
-            raise MrtInputError(f"cannot write to {str(parent)!r}: {_one_line(e)}") from None
-        os.close(fd)
-        self.tmp = Path(tmp)
+        self.tmp = _new_temp(self.path)
         self._pq = None
         self._fh = None
         self.rows = 0

@@ -1,0 +1,214 @@
+"""Every command on missing, unreadable, corrupt and empty inputs and on bad output locations.
+
+Each fault must end the command with exit code 2 and one line on stderr, before
+any work (no model is loaded: the model given is a path that does not exist, so
+reaching it would be a different error), and must leave no file behind.
+"""
+
+import os
+import stat
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from mrt_fast.cli import app
+
+runner = CliRunner()
+ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def good_table(path):
+    pl.DataFrame({"prompt_id": ["a", "b"], "prompt": ["Say hi.", "Say bye."], "response": ["hi", "bye"],
+                  "reference": ["hi", "bye"]}).write_parquet(path)
+    return path
+
+
+def argv(cmd, inp, out, model):
+    """The command line of `cmd` reading `inp` and writing `out`."""
+    return {
+        "nll": ["nll", inp, out, "--model", model],
+        "score": ["score", inp, out, "--model", model],
+        "generate": ["generate", inp, out, "--model", model, "--n", "2"],
+        "train": ["train", inp, out, "--model", model],
+        "evaluate": ["evaluate", inp, "--model", model, "--out", out],
+    }[cmd]
+
+
+OUT_NAME = {"nll": "out.parquet", "score": "out.parquet", "generate": "out.parquet", "train": "run",
+            "evaluate": "metrics.json"}
+TABLE_COMMANDS = list(OUT_NAME)
+
+
+def one_line_exit_2(r, *needles):
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    err = r.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    for n in needles:
+        assert n in err, (n, err)
+
+
+def listing(d):
+    return sorted(p.name for p in d.iterdir())
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+# ------------------------------------------------------------------ inputs
+
+
+def _missing(p):
+    return p, "does not exist"
+
+
+def _directory(p):
+    p = p.with_suffix(".parquet")
+    p.mkdir()
+    return p, "not a file"
+
+
+def _corrupt(p):
+    p.write_bytes(b"PAR1 this is not parquet at all \x00\x01\x02")
+    return p, "cannot read"
+
+
+def _zero_bytes(p):
+    p.write_bytes(b"")
+    return p, "cannot read"
+
+
+def _no_rows(p):
+    pl.DataFrame({"prompt_id": [], "prompt": [], "response": [], "reference": []},
+                 schema={c: pl.Utf8 for c in ("prompt_id", "prompt", "response", "reference")}).write_parquet(p)
+    return p, "has no rows"
+
+
+def _no_columns(p):
+    pl.DataFrame({"x": [1, 2]}).write_parquet(p)
+    return p, "not found"
+
+
+def _bad_suffix(p):
+    p = p.with_suffix(".xlsx")
+    p.write_bytes(b"x")
+    return p, "unsupported format"
+
+
+def _corrupt_jsonl(p):
+    p = p.with_suffix(".jsonl")
+    p.write_text('{"prompt_id": "a", "prompt": "x", "response": "y", "reference": "y"}\n{"prompt_id": \n')
+    return p, "cannot read"
+
+
+INPUT_FAULTS = [_missing, _directory, _corrupt, _zero_bytes, _no_rows, _no_columns, _bad_suffix, _corrupt_jsonl]
+
+
+@pytest.mark.parametrize("fault", INPUT_FAULTS, ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("cmd", TABLE_COMMANDS)
+def test_bad_input_is_one_line_exit_2(tmp_path, cmd, fault):
+    inp, needle = fault(tmp_path / "in.parquet")
+    outdir = tmp_path / "o"
+    outdir.mkdir()
+    r = invoke(*argv(cmd, inp, outdir / OUT_NAME[cmd], tmp_path / "no-model"))
+    one_line_exit_2(r, needle)
+    assert listing(outdir) == []
+
+
+@pytest.mark.skipif(ROOT, reason="root reads any file")
+@pytest.mark.parametrize("cmd", TABLE_COMMANDS)
+def test_unreadable_input_is_one_line_exit_2(tmp_path, cmd):
+    inp = good_table(tmp_path / "in.parquet")
+    inp.chmod(0)
+    r = invoke(*argv(cmd, inp, tmp_path / OUT_NAME[cmd], tmp_path / "no-model"))
+    one_line_exit_2(r, "not readable")
+
+
+# ------------------------------------------------------------------ outputs
+
+
+@pytest.mark.parametrize("cmd", ["nll", "score", "generate", "evaluate"])
+def test_output_in_missing_directory_fails_before_work(tmp_path, cmd):
+    inp = good_table(tmp_path / "in.parquet")
+    out = tmp_path / "nowhere" / OUT_NAME[cmd]
+    r = invoke(*argv(cmd, inp, out, tmp_path / "no-model"))  # the model would fail if it were reached
+    one_line_exit_2(r, "does not exist", "nowhere")
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("cmd", ["nll", "score", "generate"])
+def test_output_that_is_a_directory_or_bad_format_fails_before_work(tmp_path, cmd):
+    inp = good_table(tmp_path / "in.parquet")
+    d = tmp_path / "out.parquet"
+    d.mkdir()
+    one_line_exit_2(invoke(*argv(cmd, inp, d, tmp_path / "no-model")), "is a directory")
+    one_line_exit_2(invoke(*argv(cmd, inp, tmp_path / "out.xlsx", tmp_path / "no-model")), "unsupported format")
+    assert listing(tmp_path) == ["in.parquet", "out.parquet"]
+
+
+@pytest.mark.parametrize("cmd", ["train"])
+def test_output_directory_under_a_file_fails_before_work(tmp_path, cmd):
+    inp = good_table(tmp_path / "in.parquet")
+    f = tmp_path / "plain.txt"
+    f.write_text("x")
+    one_line_exit_2(invoke(*argv(cmd, inp, f, tmp_path / "no-model")), "not a directory")
+    one_line_exit_2(invoke(*argv(cmd, inp, f / "run", tmp_path / "no-model")), "not a directory")
+
+
+@pytest.mark.skipif(ROOT, reason="root writes anywhere")
+@pytest.mark.parametrize("cmd", TABLE_COMMANDS)
+def test_unwritable_output_location_fails_before_work(tmp_path, cmd):
+    inp = good_table(tmp_path / "in.parquet")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        r = invoke(*argv(cmd, inp, ro / OUT_NAME[cmd], tmp_path / "no-model"))
+        one_line_exit_2(r)
+        assert "no-model" not in r.stderr
+    finally:
+        ro.chmod(0o755)
+
+
+@pytest.mark.parametrize("cmd,opt", [("simulate", "--out"), ("demo", "--out-dir")])
+def test_output_folder_faults_of_simulate_and_demo(tmp_path, cmd, opt):
+    f = tmp_path / "plain.txt"
+    f.write_text("x")
+    one_line_exit_2(invoke(cmd, opt, f), "not a directory")
+    one_line_exit_2(invoke(cmd, opt, f / "sub"), "not a directory")
+    assert listing(tmp_path) == ["plain.txt"]
+
+
+def test_bad_numbers_are_one_line_exit_2(tmp_path):
+    inp = good_table(tmp_path / "in.parquet")
+    one_line_exit_2(invoke("demo", "--k", "0", "--out-dir", tmp_path / "d"), "--k")
+    one_line_exit_2(invoke("simulate", "--threads", "0", "--out", tmp_path / "s"), "--threads")
+    one_line_exit_2(invoke("nll", inp, tmp_path / "o.parquet", "--batch-size", "0"), "--batch-size")
+    one_line_exit_2(invoke("score", inp, tmp_path / "o.parquet", "--model", "m", "--batch-size", "0"), "--batch-size")
+    one_line_exit_2(invoke("generate", inp, tmp_path / "o.parquet", "--model", "m", "--n", "0"), "n must be")
+    assert listing(tmp_path) == ["in.parquet"]
+
+
+def test_nll_refuses_an_existing_loss_column_and_null_text(tmp_path):
+    inp = tmp_path / "in.parquet"
+    pl.DataFrame({"prompt": ["a"], "response": ["b"], "loss": [1.0]}).write_parquet(inp)
+    one_line_exit_2(invoke("nll", inp, tmp_path / "o.parquet", "--model", tmp_path / "no-model"), "'loss'")
+    pl.DataFrame({"prompt": ["a", "b"], "response": ["b", None]}).write_parquet(inp)
+    one_line_exit_2(invoke("nll", inp, tmp_path / "o.parquet", "--model", tmp_path / "no-model"), "row 1")
+    # the input and output are fine: the missing model is the one error
+    pl.DataFrame({"prompt": ["a"], "response": ["b"]}).write_parquet(inp)
+    one_line_exit_2(invoke("nll", inp, tmp_path / "o.parquet", "--model", tmp_path / "no-model"), "no-model")
+    assert listing(tmp_path) == ["in.parquet"]
+
+
+@pytest.mark.train
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", ["score", "generate", "train", "evaluate"])
+def test_missing_model_is_one_line_exit_2(tmp_path, cmd):
+    inp = good_table(tmp_path / "in.parquet")
+    outdir = tmp_path / "o"
+    outdir.mkdir()
+    r = invoke(*argv(cmd, inp, outdir / OUT_NAME[cmd], tmp_path / "no-model"))
+    one_line_exit_2(r)
+    assert listing(outdir) == []
