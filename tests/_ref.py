@@ -41,3 +41,74 @@ def naive_greedy(S, w, k):
 def brute_opt(S, w, k):
     n = len(w)
     return max(F(S, w, c) for c in itertools.combinations(range(n), min(k, n)))
+
+
+# ---------------------------------------------------------------- fuzz references
+
+
+def groups(ids):
+    """Pools by id value, in order of first appearance: [(id, [row, ...]), ...]."""
+    out = {}
+    for i, v in enumerate(ids):
+        out.setdefault((type(v) is str, v), (v, []))[1].append(i)
+    return list(out.values())
+
+
+def unit_rows(x):
+    """Rows scaled to unit norm in float64 (the scale of a row does not change its cosines)."""
+    x = np.asarray(x, dtype=np.float64)
+    m = np.max(np.abs(x), axis=1, keepdims=True)
+    x = x / np.where(m > 0, m, 1.0)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def weights(r, alpha, eps=1e-6):
+    """GRADES weights q**alpha (1 without rewards)."""
+    if r is None:
+        return None
+    return quality(r, eps) ** alpha
+
+
+def marginal(S, w, chosen, j):
+    return F(S, w, list(chosen) + [j]) - F(S, w, chosen)
+
+
+def check_greedy(S, w, picks, gains, rtol=1e-4):
+    """`picks` is a greedy sequence: every pick has the largest marginal gain
+    (ties broken either way) and `gains` are those marginal gains."""
+    n = len(w)
+    scale = max(1.0, float(np.sum(w * w.max())))
+    tol = rtol * scale
+    assert len(set(picks)) == len(picks), picks
+    chosen = []
+    for j, g in zip(picks, gains):
+        best = max(marginal(S, w, chosen, i) for i in range(n) if i not in chosen)
+        mine = marginal(S, w, chosen, j)
+        assert mine >= best - tol, (chosen, j, mine, best)
+        assert abs(mine - g) <= tol, (chosen, j, mine, g)
+        chosen.append(j)
+
+
+def prompt_stats(ids, losses):
+    """{(is_text, id): (count, mean, M2)} by two passes in float64."""
+    acc = {}
+    for v, x in zip(ids, losses):
+        acc.setdefault((type(v) is str, v), []).append(float(x))
+    out = {}
+    with np.errstate(all="ignore"):  # inf/NaN losses: the caller expects a refusal
+        for key, xs in acc.items():
+            a = np.asarray(xs)
+            m = float(a.mean())
+            out[key] = (len(a), m, float(np.sum((a - m) ** 2)))
+    return out
+
+
+def estimators(stats):
+    """v_y_given_x and v_x_raw from per-prompt (count, mean, M2); None with fewer than 2 usable prompts."""
+    u = [(n, m, m2) for n, m, m2 in stats.values() if n >= 2]
+    if len(u) < 2:
+        return None
+    n = np.array([t[0] for t in u], dtype=float)
+    mean = np.array([t[1] for t in u])
+    s2 = np.array([t[2] for t in u]) / (n - 1)
+    return {"v_y_given_x": float(s2.mean()), "v_x_raw": float(mean.var(ddof=1) - (s2 / n).mean())}

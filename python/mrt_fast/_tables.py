@@ -53,8 +53,11 @@ def to_polars(table: Any, kind: str, cols: list[str]) -> pl.DataFrame:
         col = sub[c]
         if col.dtype == object and len(col) and isinstance(col.iloc[0], np.ndarray):
             out[c] = pl.Series(c, [np.asarray(v) for v in col.to_numpy()])
+        elif col.dtype != object:
+            out[c] = pl.from_pandas(col, nan_to_null=True).rename(c)  # pandas' missing values (NaN, NA) are nulls
         else:
-            out[c] = pl.Series(c, col.to_numpy() if col.dtype != object else col.tolist())
+            missing = col.isna().to_numpy()
+            out[c] = pl.Series(c, [None if m else v for v, m in zip(col.tolist(), missing)])
     return pl.DataFrame(out)
 
 

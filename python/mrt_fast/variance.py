@@ -87,7 +87,7 @@ def _id_series(ids: Any, name: str = "prompt ids") -> pl.Series:
     else:
         mod = type(ids).__module__
         if mod.startswith("pyarrow") or mod.startswith("pandas"):
-            s = pl.Series("id", ids if mod.startswith("pyarrow") else ids.to_numpy())
+            s = pl.Series("id", ids) if mod.startswith("pyarrow") else pl.from_pandas(ids, nan_to_null=True)
         else:
             arr = np.asarray(ids)
             if arr.ndim != 1:
