@@ -46,11 +46,16 @@ def brute_opt(S, w, k):
 # ---------------------------------------------------------------- fuzz references
 
 
+def id_key(v):
+    """A hashable key for an id value (text and numbers never equal; lists by their items)."""
+    return (type(v) is str, tuple(v) if isinstance(v, list) else v)
+
+
 def groups(ids):
     """Pools by id value, in order of first appearance: [(id, [row, ...]), ...]."""
     out = {}
     for i, v in enumerate(ids):
-        out.setdefault((type(v) is str, v), (v, []))[1].append(i)
+        out.setdefault(id_key(v), (v, []))[1].append(i)
     return list(out.values())
 
 
@@ -60,6 +65,12 @@ def unit_rows(x):
     m = np.max(np.abs(x), axis=1, keepdims=True)
     x = x / np.where(m > 0, m, 1.0)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def beyond_float32(x):
+    """Rows whose squared norm leaves float32's normal range: the core may refuse them."""
+    sq = np.sum(np.asarray(x, dtype=np.float64) ** 2, axis=1)
+    return bool(((sq > 0) & ((sq < 1e-36) | (sq > 1e36))).any())
 
 
 def weights(r, alpha, eps=1e-6):
@@ -93,7 +104,7 @@ def prompt_stats(ids, losses):
     """{(is_text, id): (count, mean, M2)} by two passes in float64."""
     acc = {}
     for v, x in zip(ids, losses):
-        acc.setdefault((type(v) is str, v), []).append(float(x))
+        acc.setdefault(id_key(v), []).append(float(x))
     out = {}
     with np.errstate(all="ignore"):  # inf/NaN losses: the caller expects a refusal
         for key, xs in acc.items():

@@ -212,3 +212,37 @@ def test_missing_model_is_one_line_exit_2(tmp_path, cmd):
     r = invoke(*argv(cmd, inp, outdir / OUT_NAME[cmd], tmp_path / "no-model"))
     one_line_exit_2(r)
     assert listing(outdir) == []
+
+
+# ------------------------------------------------------------------ and the commands still work
+
+
+@pytest.mark.train
+@pytest.mark.slow
+def test_llm_commands_run_end_to_end(tmp_path):
+    """generate -> score -> nll -> train -> evaluate on tiny offline models, through the CLI."""
+    import json
+
+    from mrt_fast.testing import save_tiny_models, tiny_prompt_table
+
+    paths = save_tiny_models(tmp_path / "models")
+    lm, rm = str(paths["lm"]), str(paths["reward"])
+    tiny_prompt_table(2, with_reference=False).write_parquet(tmp_path / "prompts.parquet")
+    tiny_prompt_table(2, offset=5).write_ndjson(tmp_path / "eval.jsonl")
+    ok = lambda r: r.exit_code == 0 or pytest.fail(f"{r.exit_code}: {r.output} {r.exception!r}")  # noqa: E731
+    ok(invoke("generate", tmp_path / "prompts.parquet", tmp_path / "cands.parquet", "--model", lm, "--n", "2",
+              "--max-new-tokens", "4", "--backend", "transformers"))
+    cands = pl.read_parquet(tmp_path / "cands.parquet")
+    assert cands.height == 4
+    ok(invoke("score", tmp_path / "cands.parquet", tmp_path / "scored.jsonl", "--model", rm))
+    scored = pl.read_ndjson(tmp_path / "scored.jsonl")
+    assert scored.height == 4 and scored["reward"].is_finite().all()
+    ok(invoke("nll", tmp_path / "scored.jsonl", tmp_path / "nll.csv", "--model", lm))
+    assert pl.read_csv(tmp_path / "nll.csv")["loss"].is_finite().all()
+    ok(invoke("train", tmp_path / "cands.parquet", tmp_path / "run", "--model", lm, "--max-steps", "1"))
+    assert (tmp_path / "run" / "adapter").is_dir()
+    ok(invoke("evaluate", tmp_path / "eval.jsonl", "--model", lm, "--adapter", tmp_path / "run" / "adapter",
+              "--embedder", "hashing", "--out", tmp_path / "metrics.json", "--set", "n_samples=2",
+              "--set", "max_new_tokens=4"))
+    assert "ref_loss" in json.loads((tmp_path / "metrics.json").read_text())
+    assert not [p for p in tmp_path.rglob(".*.tmp")]

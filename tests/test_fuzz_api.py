@@ -91,7 +91,7 @@ TINY_OR_HUGE = st.sampled_from([1e30, -1e30, 1e-30, 3e38, 1e-40])
 
 @st.composite
 def ids_strategy(draw, n_pools):
-    kind = draw(st.sampled_from(["int64", "uint64", "uint64_big", "str", "float", "mixed"]))
+    kind = draw(st.sampled_from(["int64", "uint64", "uint64_big", "str", "float", "mixed", "list"]))
     if kind == "int64":
         vals = draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n_pools, max_size=n_pools, unique=True))
     elif kind == "uint64":
@@ -105,6 +105,8 @@ def ids_strategy(draw, n_pools):
     elif kind == "float":
         vals = draw(st.lists(st.floats(-1e6, 1e6, allow_nan=False).map(lambda v: v + 0.5), min_size=n_pools,
                              max_size=n_pools, unique=True))
+    elif kind == "list":
+        vals = [[p, p + 1] for p in range(n_pools)]
     else:
         vals = [p if p % 2 else f"s{p}" for p in range(n_pools)]
     return kind, vals
@@ -192,9 +194,7 @@ def families_of(c, method, layout):
         f.add("mixed_pandas_ids")
     if method == "stratified" and c["mode_dtype"] == "float_frac":
         f.add("float_mode_labels")
-    if method == "stratified" and c["mode_dtype"] not in ("int64", "float_int"):
-        f.add("odd_id_or_mode_dtypes")
-    if c["id_kind"] == "float":
+    if c["id_kind"] == "list":
         f.add("odd_id_or_mode_dtypes")
     if "rew_extreme" in c["bad"] and method in ("grades", "top"):
         f.add("reward_range_overflow")
@@ -219,7 +219,7 @@ def reference_select(c, method, k, alpha, kernel, layout):
     emb = c["emb"].astype(np.float32).astype(np.float64)
     if needs_emb and (np.linalg.norm(emb, axis=1) == 0).any():
         return "invalid", None  # zero-norm embedding: no cosine
-    status = "edge" if (needs_emb and "emb_extreme" in c["bad"]) else "valid"
+    status = "edge" if (needs_emb and ("emb_extreme" in c["bad"] or ref.beyond_float32(emb))) else "valid"
     if needs_rew and "rew_extreme" in c["bad"]:
         status = "edge"
     return status, ref.groups(c["ids"])
@@ -367,7 +367,7 @@ def test_facility_location_is_greedy_or_refuses(case, k, alpha, kernel, memory, 
     valid_x = finite and (norms > 0).all()
     rew_ok = (rewards is None and alpha == 0) or (rewards is not None and np.isfinite(rewards).all())
     if form == "embeddings":
-        status = "invalid" if not (valid_x and rew_ok) else "edge" if "x" in bad else "valid"
+        status = "invalid" if not (valid_x and rew_ok) else "edge" if ("x" in bad or ref.beyond_float32(x)) else "valid"
         call = lambda: facility_location(x, k, rewards=rewards, alpha=alpha, kernel=kernel, memory=memory)  # noqa: E731
         S = ref.cosine_sim(ref.unit_rows(x), kernel) if valid_x else None
     else:
@@ -438,6 +438,8 @@ def id_array(kind, ids):
         import pandas as pd
 
         return pd.Series(ids, dtype=object)
+    if kind == "list":
+        return pl.Series(ids)
     return pl.Series(ids, dtype=pl.Utf8)
 
 
@@ -464,7 +466,7 @@ def test_accumulator_matches_reference_or_refuses(b, merge, serialise):
         fams.add("uint64_ids_beyond_2_63")
     if kind == "mixed":
         fams.add("mixed_pandas_ids")
-    if kind == "float":
+    if kind == "list":
         fams.add("odd_id_or_mode_dtypes")
     if bad == "huge":
         fams.add("moment_overflow")
@@ -548,7 +550,7 @@ def test_variance_budget_matches_reference_or_refuses(b, layout, null_id, loss_d
         fams.add("uint64_ids_beyond_2_63")
     if kind == "mixed" and layout == "pandas":
         fams.add("mixed_pandas_ids")
-    if kind == "float":
+    if kind == "list":
         fams.add("odd_id_or_mode_dtypes")
     if bad == "huge":
         fams.add("moment_overflow")
