@@ -142,8 +142,22 @@ def candidate_tables(draw):
     perm = draw(st.permutations(range(n))) if draw(st.booleans()) else list(range(n))  # interleaved pools
     ids = [ids[i] for i in perm]
     emb, rew, modes = emb[perm], rew[perm], modes[perm]
+    emb_dtype = draw(st.sampled_from(["list_f32", "list_f64", "array_f32", "array_f64", "list_i64"]))
+    if emb_dtype == "list_i64":
+        assume(np.isfinite(emb).all())
+        emb = np.clip(np.round(emb), -1e18, 1e18)
+    rew_dtype = draw(st.sampled_from(["f64", "f32", "i64", "u8"]))
+    if rew_dtype in ("i64", "u8"):
+        assume(np.isfinite(rew).all())
+        rew = np.clip(np.round(rew), 0 if rew_dtype == "u8" else -1e18, 255 if rew_dtype == "u8" else 1e18)
+    elif rew_dtype == "f32":
+        with np.errstate(over="ignore"):
+            rew = rew.astype(np.float32).astype(np.float64)
+        if not np.isfinite(rew).all():
+            bad.discard("rew_extreme")
+            bad.add("rew_nonfinite")
     return {"ids": ids, "id_kind": id_kind, "emb": emb, "rew": rew, "modes": modes, "mode_dtype": mode_dtype,
-            "null_id": null_id, "bad": bad}
+            "null_id": null_id, "bad": bad, "emb_dtype": emb_dtype, "rew_dtype": rew_dtype}
 
 
 def mode_values(c):
@@ -155,6 +169,19 @@ def mode_values(c):
     if t == "str":
         return np.array([f"m{v}" for v in m], dtype=object)
     return m.astype(t)
+
+
+def embedding_series(c):
+    e, t = c["emb"], c["emb_dtype"]
+    d = e.shape[1]
+    if t == "list_f32":
+        return pl.Series("embedding", e.astype(np.float32).tolist(), dtype=pl.List(pl.Float32))
+    if t == "list_f64":
+        return pl.Series("embedding", e.tolist(), dtype=pl.List(pl.Float64))
+    if t == "list_i64":
+        return pl.Series("embedding", e.astype(np.int64).tolist(), dtype=pl.List(pl.Int64))
+    inner = pl.Float32 if t == "array_f32" else pl.Float64
+    return pl.Series("embedding", e.tolist(), dtype=pl.Array(inner, d))
 
 
 def build(c, layout):
@@ -169,8 +196,9 @@ def build(c, layout):
     m = mode_values(c)
     cols = {
         "prompt_id": id_col,
-        "embedding": pl.Series("embedding", c["emb"].astype(np.float32).tolist(), dtype=pl.List(pl.Float32)),
-        "reward": pl.Series("reward", c["rew"]),
+        "embedding": embedding_series(c),
+        "reward": pl.Series("reward", c["rew"].astype({"f64": np.float64, "f32": np.float32, "i64": np.int64,
+                                                          "u8": np.uint8}[c["rew_dtype"]])),
         "mode": pl.Series("mode", m.tolist() if m.dtype == object else m),
     }
     df = pl.DataFrame(cols)
@@ -196,7 +224,7 @@ def families_of(c, method, layout):
         f.add("float_mode_labels")
     if c["id_kind"] == "list":
         f.add("odd_id_or_mode_dtypes")
-    if "rew_extreme" in c["bad"] and method in ("grades", "top"):
+    if "rew_extreme" in c["bad"] and method == "grades":
         f.add("reward_range_overflow")
     return f
 
@@ -220,7 +248,7 @@ def reference_select(c, method, k, alpha, kernel, layout):
     if needs_emb and (np.linalg.norm(emb, axis=1) == 0).any():
         return "invalid", None  # zero-norm embedding: no cosine
     status = "edge" if (needs_emb and ("emb_extreme" in c["bad"] or ref.beyond_float32(emb))) else "valid"
-    if needs_rew and "rew_extreme" in c["bad"]:
+    if method == "grades" and needs_rew and "rew_extreme" in c["bad"]:
         status = "edge"
     return status, ref.groups(c["ids"])
 
@@ -586,6 +614,71 @@ def test_variance_budget_matches_reference_or_refuses(b, layout, null_id, loss_d
         rep = got[1]
         assert rep.v_y_given_x == pytest.approx(est["v_y_given_x"], rel=1e-6, abs=1e-9)
         assert rep.v_x == pytest.approx(max(0.0, est["v_x_raw"]), rel=1e-6, abs=1e-6 * max(1.0, est["v_y_given_x"]))
+
+
+def _is_int(v, lo, hi=None):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+
+
+def _is_real(v):
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+@settings(max_examples=max(60, EXAMPLES), deadline=None)
+@given(
+    k_max=st.sampled_from([1, 8, 1024, 2**64, 0, -1, 1.5, None, "8"]),
+    n_boot=st.sampled_from([0, 5, -1, 1.5, 2**64, None]),
+    seed=st.sampled_from([0, 7, 2**64, -1, 1.5, None]),
+    delta=st.sampled_from([0.05, 0.0, 1.0, np.nan, None, "x"]),
+    budget=st.sampled_from([None, 100.0, 0.0, -1.0, np.inf, np.nan, "x"]),
+    loss_bound=st.sampled_from([None, 1.0, 0.0, -1.0, np.nan, "x"]),
+    costs=st.sampled_from([(1.0, 1.0), (2, 0.5), (0.0, 1.0), (1.0, -1.0), (np.inf, 1.0), (None, 1.0), (True, 1.0)]),
+    k_grid=st.sampled_from([(1, 2, 4), [1], np.array([1, 3]), (), (0, 1), (1.5,), None, "12", (2**70,)]),
+    bootstrap=st.sampled_from(["auto", "exact", "normal", "x", None]),
+    cols=st.sampled_from([("prompt_id", "loss"), ("loss", "loss"), ("nope", "loss"), ("prompt_id", "nope")]),
+)
+def test_variance_budget_arguments_are_checked(k_max, n_boot, seed, delta, budget, loss_bound, costs, k_grid,
+                                               bootstrap, cols):
+    df = pl.DataFrame({"prompt_id": [1, 1, 2, 2, 3, 3], "loss": [1.0, 2.0, 3.0, 5.0, 2.0, 2.5]})
+    ok = (
+        _is_int(k_max, 1) and _is_int(n_boot, 0, 2**31 - 1) and _is_int(seed, 0)
+        and _is_real(delta) and 0 < delta < 1
+        and (budget is None or (_is_real(budget) and np.isfinite(budget) and budget > 0))
+        and (loss_bound is None or (_is_real(loss_bound) and np.isfinite(loss_bound) and loss_bound >= 0))
+        and all(_is_real(c) and np.isfinite(c) and c > 0 for c in costs)
+        and k_grid is not None and not isinstance(k_grid, str) and len(k_grid) > 0
+        and all(_is_int(k, 1, 2**62) for k in k_grid)
+        and bootstrap in ("auto", "exact", "normal")
+        and cols == ("prompt_id", "loss")
+    )
+    got = outcome(lambda: variance_budget(df, by=cols[0], loss=cols[1], k_max=k_max, n_boot=n_boot, seed=seed,
+                                          delta=delta, budget=budget, loss_bound=loss_bound, cost_prompt=costs[0],
+                                          cost_response=costs[1], k_grid=k_grid, bootstrap=bootstrap))
+    expect("valid" if ok else "invalid", got, locals())
+
+
+@settings(max_examples=max(60, EXAMPLES), deadline=None)
+@given(
+    k=st.sampled_from([1, 3, 2**63 - 1, 0, -1, 1.5, True, None]),
+    alpha=st.sampled_from([0.0, 0.75, -1.0, np.nan, np.inf]),
+    eps=st.sampled_from([1e-6, 1.0, 0.0, -1.0, np.nan]),
+    k_max=st.sampled_from([None, 3, 100, 0]),
+    kernel=st.sampled_from(["shift", "clip", "x"]),
+    optimizer=st.sampled_from(["lazy", "naive", "x"]),
+    memory=st.sampled_from(["auto", "dense", "on_demand", "x"]),
+)
+def test_facility_location_arguments_are_checked(k, alpha, eps, k_max, kernel, optimizer, memory):
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 2.0]], dtype=np.float32)
+    r = np.array([0.1, 0.5, 0.2, 0.9])
+    ok_k = _is_int(k, 1)
+    ok = (ok_k and _is_real(alpha) and np.isfinite(alpha) and alpha >= 0 and np.isfinite(eps) and eps > 0
+          and (k_max is None or (ok_k and k_max >= k)) and kernel in ("shift", "clip")
+          and optimizer in ("lazy", "naive") and memory in ("auto", "dense", "on_demand"))
+    got = outcome(lambda: facility_location(x, k, rewards=r, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
+                                            optimizer=optimizer, memory=memory))
+    expect("valid" if ok else "invalid", got, locals())
+    if got[0] == "ok":
+        assert len(got[1].indices) == min(k, len(x) if k_max is None else min(k_max, len(x)))
 
 
 # ------------------------------------------------------------------ cases that could kill the interpreter

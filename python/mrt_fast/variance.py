@@ -108,6 +108,17 @@ def _prompt_count(value: Any, name: str) -> int:
     return int(value)
 
 
+def _int_arg(value: Any, name: str, lo: int, hi: int | None = None) -> int:
+    """An integer argument in [lo, hi] (bools and floats refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (hi is not None and value > hi):
+        raise MrtInputError(f"{name} must be an integer in [{lo}, {hi if hi is not None else 'inf'}], got {value!r}")
+    return int(value)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
 def _check_costs(cost_prompt: float, cost_response: float) -> tuple[float, float]:
     for name, v in (("cost_prompt", cost_prompt), ("cost_response", cost_response)):
         if not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) or v <= 0:
@@ -597,6 +608,8 @@ def _frame(table: Any, by: str, loss: str) -> pl.DataFrame:
     cols = columns_of(table, kind)
     require(cols, by, "prompt id")
     require(cols, loss, "loss")
+    if by == loss:
+        raise MrtInputError(f"the prompt id and loss columns are both {by!r}", column=by)
     return to_polars(table, kind, [by, loss])
 
 
@@ -628,22 +641,22 @@ def report_from_accumulator(
 ) -> VarianceReport:
     """The diagnosis from per-prompt statistics (see `variance_budget`)."""
     cp, cr = _check_costs(cost_prompt, cost_response)
-    k_max = int(k_max)
-    if k_max < 1:
-        raise MrtInputError(f"k_max must be >= 1, got {k_max}")
-    grid = np.asarray(sorted(set(int(k) for k in k_grid)), dtype=np.int64)
+    k_max = _int_arg(k_max, "k_max", 1)
+    if not isinstance(k_grid, (Sequence, np.ndarray)) or isinstance(k_grid, str):
+        raise MrtInputError(f"k_grid must be a sequence of integers >= 1, got {k_grid!r}")
+    grid = np.asarray(sorted({_int_arg(k, "every k_grid entry", 1, 2**62) for k in k_grid}), dtype=np.int64)
     if len(grid) == 0 or grid[0] < 1:
         raise MrtInputError(f"k_grid must hold integers >= 1, got {list(k_grid)}")
-    if not 0 < delta < 1:
+    if not _real(delta) or not 0 < delta < 1:
         raise MrtInputError(f"delta must be in (0, 1), got {delta}")
-    if not 0 < ci_level < 1:
+    if not _real(ci_level) or not 0 < ci_level < 1:
         raise MrtInputError(f"ci_level must be in (0, 1), got {ci_level}")
-    if int(n_boot) < 0:
-        raise MrtInputError(f"n_boot must be >= 0, got {n_boot}")
+    n_boot = _int_arg(n_boot, "n_boot", 0, 2**31 - 1)
+    seed = _int_arg(seed, "seed", 0)
     _bootstrap_method(bootstrap, 0, 0)
-    if budget is not None and (not math.isfinite(budget) or budget <= 0):
+    if budget is not None and (not _real(budget) or not math.isfinite(budget) or budget <= 0):
         raise MrtInputError(f"budget must be a positive finite number, got {budget!r}")
-    if loss_bound is not None and (not math.isfinite(loss_bound) or loss_bound < 0):
+    if loss_bound is not None and (not _real(loss_bound) or not math.isfinite(loss_bound) or loss_bound < 0):
         raise MrtInputError(f"loss_bound must be a finite number >= 0, got {loss_bound!r}")
 
     s = acc.summary()
