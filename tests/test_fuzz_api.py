@@ -74,7 +74,10 @@ def outcome(fn):
 def expect(status, got, case):
     """`status`: "valid" (a result), "invalid" (MrtInputError) or "edge" (either)."""
     kind, val = got
-    note(f"case {case}: expected {status}, got {kind}: {val if kind != 'ok' else ''}")
+    try:
+        note(f"case {case}: expected {status}, got {kind}: {val if kind != 'ok' else ''}")
+    except Exception:  # noqa: BLE001 - outside a hypothesis test there is nowhere to note
+        pass
     if status == "valid":
         assert kind == "ok", f"{case}: MrtInputError on valid input: {val}"
     elif status == "invalid":
@@ -542,6 +545,31 @@ def test_accumulator_matches_reference_or_refuses(b, merge, serialise):
         assert s[1]["v_x_raw"] == pytest.approx(est["v_x_raw"], rel=1e-6, abs=1e-6 * max(1.0, est["v_y_given_x"]))
 
 
+@settings(max_examples=max(40, EXAMPLES // 2), deadline=None)
+@given(
+    ids=st.sampled_from([[1, 2], [None, 2], ["a", "b"], np.ones((2, 1)), np.array([1, 2], np.uint64), 1, []]),
+    losses=st.sampled_from([[1.0, 2.0], [1.0], np.ones((2, 1)), ["a", "b"], [None, 1.0], np.array([1j, 2]),
+                            np.array([1, 2], np.float16), [True, False], 1.0, []]),
+    hashed=st.booleans(),
+)
+def test_accumulator_update_arguments_are_checked(ids, losses, hashed):
+    a_ids, a_x = np.asarray(ids, dtype=object), np.asarray(losses, dtype=object)
+    ok = (
+        a_ids.ndim == 1 and a_x.ndim == 1 and len(a_ids) == len(a_x)
+        and all(v is not None for v in a_ids)
+        and all(isinstance(v, (int, float, bool, np.floating)) for v in a_x.tolist())
+        and not (hashed and np.asarray(ids).dtype != np.uint64)
+    )
+    got = outcome(lambda: VarianceAccumulator().update(ids, losses, hashed=hashed))
+    if expect("valid" if ok else "invalid", got, (ids, losses, hashed)):
+        assert got[1].n_rows == len(a_x)
+
+
+@pytest.mark.parametrize("blob", [None, "abc", 5, b"", b"MRT", bytearray(8), 1.5])
+def test_accumulator_from_bytes_refuses_what_is_not_a_state(blob):
+    expect("invalid", outcome(lambda: VarianceAccumulator.from_bytes(blob)), repr(blob))
+
+
 @pytest.mark.skipif(pending("merge_with_itself"), reason="pending upstream: merge_with_itself")
 @settings(max_examples=max(30, EXAMPLES // 2), deadline=None)
 @given(b=loss_batches())
@@ -614,6 +642,31 @@ def test_variance_budget_matches_reference_or_refuses(b, layout, null_id, loss_d
         rep = got[1]
         assert rep.v_y_given_x == pytest.approx(est["v_y_given_x"], rel=1e-6, abs=1e-9)
         assert rep.v_x == pytest.approx(max(0.0, est["v_x_raw"]), rel=1e-6, abs=1e-6 * max(1.0, est["v_y_given_x"]))
+
+
+@FUZZ
+@given(c=candidate_tables(), layout=st.sampled_from(["polars", "arrow", "pandas"]),
+       n_modes=st.sampled_from([None, 1, 2, 3]), seed=st.integers(0, 2**64 - 1))
+def test_pool_modes_are_canonical_or_refused(c, layout, n_modes, seed):
+    from mrt_fast.modes import pool_modes
+
+    fams = families_of(c, "modes", layout)
+    assume(not pending(*fams))
+    emb = c["emb"].astype(np.float32).astype(np.float64)
+    if c["null_id"] or "emb_nonfinite" in c["bad"] or (np.linalg.norm(emb, axis=1) == 0).any():
+        status = "invalid"
+    else:
+        status = "edge" if ("emb_extreme" in c["bad"] or ref.beyond_float32(emb)) else "valid"
+    got = outcome(lambda: pool_modes(build(c, layout), n_modes=n_modes, seed=seed))
+    if expect(status, got, (layout, fams, c["bad"])):
+        labels = got[1]["mode"].to_numpy()
+        for _, rows in ref.groups(c["ids"]):
+            lab = labels[rows]
+            m = int(lab.max()) + 1
+            assert lab[0] == 0 and set(lab.tolist()) == set(range(m)), lab
+            first = [int(np.argmax(lab == j)) for j in range(m)]
+            assert first == sorted(first), "modes numbered by first appearance"
+            assert m <= min(n_modes or 8, len(rows))
 
 
 def _is_int(v, lo, hi=None):

@@ -74,7 +74,7 @@ def _to_numpy_1d(x: Any, name: str) -> np.ndarray:
 
 def _losses(x: Any, name: str = "losses") -> np.ndarray:
     arr = _to_numpy_1d(x, name)
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+    if arr.dtype == object or np.iscomplexobj(arr) or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
         raise MrtInputError(f"{name} must be numeric, got dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=np.float64)
 
@@ -220,6 +220,8 @@ class VarianceAccumulator:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "VarianceAccumulator":
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise MrtInputError(f"expected the bytes of a serialised accumulator, got {type(data).__name__}")
         try:
             return cls(core.VarianceAccumulator.from_bytes(bytes(data)))
         except ValueError as e:
