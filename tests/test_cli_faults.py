@@ -182,7 +182,7 @@ def test_output_folder_faults_of_simulate_and_demo(tmp_path, cmd, opt):
 
 def test_bad_numbers_are_one_line_exit_2(tmp_path):
     inp = good_table(tmp_path / "in.parquet")
-    one_line_exit_2(invoke("demo", "--k", "0", "--out-dir", tmp_path / "d"), "--k")
+    one_line_exit_2(invoke("demo", "--k", "0", "--out-dir", tmp_path / "d"), "k must be")
     one_line_exit_2(invoke("simulate", "--threads", "0", "--out", tmp_path / "s"), "--threads")
     one_line_exit_2(invoke("nll", inp, tmp_path / "o.parquet", "--batch-size", "0"), "--batch-size")
     one_line_exit_2(invoke("score", inp, tmp_path / "o.parquet", "--model", "m", "--batch-size", "0"), "--batch-size")

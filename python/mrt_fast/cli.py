@@ -48,38 +48,6 @@ def _chunks_of_pools(sizes, chunk_rows: int):
     return out
 
 
-def _input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input"):
-    """Check an input table before any work: readable, the columns present, at least one row."""
-    import polars as pl
-
-    from . import io as _io
-    from .errors import MrtInputError
-
-    lf = _io.scan(path)
-    names = lf.collect_schema().names()
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise MrtInputError(f"{role} {str(path)!r}: column(s) {missing} not found; it has columns {names}",
-                            column=missing[0])
-    if int(_io.collect(lf.select(pl.len()), path).item()) == 0:
-        raise MrtInputError(f"{role} {str(path)!r} has no rows")
-    return lf
-
-
-def _needs(extra: str):
-    """An ImportError of an optional stack becomes one line naming the extra."""
-    from .errors import MrtInputError
-
-    @contextlib.contextmanager
-    def guard():
-        try:
-            yield
-        except ImportError as e:
-            raise MrtInputError(f"this command needs the {extra} extra: pip install 'mrt_fast[{extra}]' ({e})") from None
-
-    return guard()
-
-
 @app.command()
 def demo(
     out_dir: Path = typer.Option(Path("mrt_demo_out"), "--out-dir", help="Where the plot and kept rows are written."),
@@ -90,20 +58,11 @@ def demo(
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
 ) -> None:
     """Embed the bundled MOSAIC examples, run every selector, show what each kept and why."""
-    from .errors import MrtInputError
-    from .io import check_output_dir
+    from .demo import run_demo
 
     with _user_errors():
-        if k < 1:
-            raise MrtInputError(f"--k must be >= 1, got {k}")
-        if max_prompts is not None and max_prompts < 1:
-            raise MrtInputError(f"--max-prompts must be >= 1, got {max_prompts}")
-        check_output_dir(out_dir, "--out-dir")
-        with _needs("embed"):
-            from .demo import run_demo
-
-            run_demo(out_dir, k=k, model=model, max_prompts=max_prompts,
-                     cache_dir=False if no_cache else cache_dir, console=console)
+        run_demo(out_dir, k=k, model=model, max_prompts=max_prompts,
+                 cache_dir=False if no_cache else cache_dir, console=console)
 
 
 @app.command("embed")
@@ -485,14 +444,14 @@ def evaluate_cmd(
     """Reference loss, coverage, diversity, best-of-n reward and pass@k on held-out prompts."""
     import json
 
-    from . import io as _io
-    from .errors import MrtInputError
+    from .evaluate import EvalConfig, evaluate
+    from .pipeline import make_embedder
 
     with _user_errors():
-        with _needs("train"):
-            from .evaluate import EvalConfig, evaluate
-            from .pipeline import make_embedder
+        from . import io as _io
+        from .errors import MrtInputError
 
+        with _needs("train"):
             cfg = EvalConfig.from_dict(_kv_options(sets))
             _input_table(data, ("prompt_id", "prompt", "reference"), "evaluation data")
             if adapter is not None and not adapter.is_dir():
@@ -550,6 +509,41 @@ def simulate(
                     "[green]yes[/green]" if r["agrees"] else "[red]no[/red]", r["note"])
     console.print(tab)
     console.print(f"figures and results.json in {out}")
+
+
+# ---- checks shared by the commands above ----
+
+
+def _input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input"):
+    """Check an input table before any work: readable, the columns present, at least one row."""
+    import polars as pl
+
+    from . import io as _io
+    from .errors import MrtInputError
+
+    lf = _io.scan(path)
+    names = lf.collect_schema().names()
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise MrtInputError(f"{role} {str(path)!r}: column(s) {missing} not found; it has columns {names}",
+                            column=missing[0])
+    if int(_io.collect(lf.select(pl.len()), path).item()) == 0:
+        raise MrtInputError(f"{role} {str(path)!r} has no rows")
+    return lf
+
+
+def _needs(extra: str):
+    """An ImportError of an optional stack becomes one line naming the extra."""
+    from .errors import MrtInputError
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except ImportError as e:
+            raise MrtInputError(f"this command needs the {extra} extra: pip install 'mrt_fast[{extra}]' ({e})") from None
+
+    return guard()
 
 
 if __name__ == "__main__":

@@ -58,9 +58,20 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
     from rich.markup import escape
     from rich.table import Table
 
-    from .embed import embed
-    from .select import SmallPoolWarning, select
+    from .errors import MrtInputError
+    from .io import check_output_dir
     from .modes import pool_modes
+    from .select import SmallPoolWarning, select
+
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise MrtInputError(f"k must be an integer >= 1, got {k!r}")
+    if max_prompts is not None and (isinstance(max_prompts, bool) or not isinstance(max_prompts, int) or max_prompts < 1):
+        raise MrtInputError(f"max_prompts must be an integer >= 1, got {max_prompts!r}")
+    check_output_dir(out_dir, "output directory")
+    try:
+        from .embed import embed
+    except ImportError as e:
+        raise MrtInputError(f"the demo needs the embed extra: pip install 'mrt_fast[embed]' ({e})") from None
 
     con = console or Console()
     t0 = time.perf_counter()
