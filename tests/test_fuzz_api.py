@@ -746,7 +746,6 @@ def run_isolated(code: str, timeout: float = 120, mem_bytes: int | None = None) 
                           timeout=timeout)
 
 
-ISOLATED_OK = "print('RESULT', 'ok')"
 VERDICT = """
 try:
     _go()
