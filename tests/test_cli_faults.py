@@ -246,3 +246,13 @@ def test_llm_commands_run_end_to_end(tmp_path):
               "--set", "max_new_tokens=4"))
     assert "ref_loss" in json.loads((tmp_path / "metrics.json").read_text())
     assert not [p for p in tmp_path.rglob(".*.tmp")]
+
+
+def test_generate_refuses_a_corrupt_settings_file_of_an_earlier_run(tmp_path):
+    inp = good_table(tmp_path / "in.parquet")
+    parts = tmp_path / "out.parquet.parts"
+    parts.mkdir()
+    (parts / "meta.json").write_text('{"n": 2, "temp')  # cut by a kill
+    r = invoke("generate", inp, tmp_path / "out.parquet", "--model", tmp_path / "no-model", "--n", "2")
+    one_line_exit_2(r, "meta.json")
+    assert (parts / "meta.json").exists()

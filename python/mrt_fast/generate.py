@@ -33,7 +33,7 @@ import numpy as np
 import polars as pl
 
 from ._llm import format_prompt, load_causal_lm, load_tokenizer, pick_device, prompt_ids, resolve_model_path, stable_seed
-from .io import as_polars, read_table, require_columns, write_table
+from .io import as_polars, read_table, require_columns, write_table, write_text
 from .errors import MrtInputError
 
 SCHEMA = {
@@ -305,7 +305,11 @@ def _check_meta(parts: Path, cfg: GenerationConfig) -> None:
     meta = {k: getattr(cfg, k) for k in _SAMPLING_KEYS}
     f = parts / "meta.json"
     if f.exists():
-        old = json.loads(f.read_text())
+        try:
+            old = json.loads(f.read_text())
+            assert isinstance(old, dict)
+        except (ValueError, AssertionError, OSError):
+            raise MrtInputError(f"{f} is not a settings file of an earlier run; delete {parts} to start over") from None
         diff = {k: (old.get(k), v) for k, v in meta.items() if old.get(k) != v}
         if diff:
             raise MrtInputError(
@@ -313,7 +317,7 @@ def _check_meta(parts: Path, cfg: GenerationConfig) -> None:
                 "use another output path or delete it"
             )
     else:
-        f.write_text(json.dumps(meta))
+        write_text(f, json.dumps(meta))
 
 
 def _progress(total: int, desc: str, enabled: bool):
