@@ -81,5 +81,7 @@ def run(quick: bool = False, out: str | Path | None = None, seed: int = 0, threa
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         res["figures"] = [p.name for p in plot_all(res, out)]
-        (out / "results.json").write_text(json.dumps(res, indent=1, default=float))
+        from ..io import write_text
+
+        write_text(out / "results.json", json.dumps(res, indent=1, default=float))
     return res

@@ -104,9 +104,12 @@ def plot_all(res: dict, out: Path) -> list[Path]:
     paths = []
 
     def save(fig, name):
+        from ..io import atomic_path
+
         p = out / name
         fig.tight_layout()
-        fig.savefig(p, dpi=90)
+        with atomic_path(p) as tmp:
+            fig.savefig(tmp, dpi=90, format=p.suffix.lstrip(".") or "png")
         plt.close(fig)
         paths.append(p)
 
