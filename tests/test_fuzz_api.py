@@ -288,11 +288,17 @@ def check_select(c, out, method, k, alpha, kernel, pools):
             gains = dict(zip(df["__row"].to_list(), df["gain"].to_list()))
             ref.check_greedy(S, w, [pos[r] for r in picks], [gains[r] for r in picks])
         elif method == "stratified":
+            # proportional allocation by largest remainder, weights (k * n_m / n) / s_m
             wts = dict(zip(df["__row"].to_list(), df["weight"].to_list()))
-            assert all(np.isfinite(wts[r]) and wts[r] > 0 for r in picks)
             modes = c["modes"][rows]
-            if k >= len(set(modes.tolist())):
-                assert set(c["modes"][picks].tolist()) == set(modes.tolist()), "every mode of the pool is kept"
+            picked = c["modes"][picks]
+            for m in set(modes.tolist()):
+                n_m, s_m = int((modes == m).sum()), int((picked == m).sum())
+                quota = k * n_m / len(rows)
+                assert np.floor(quota) <= s_m <= np.ceil(quota), (m, n_m, s_m, quota)
+                for r, pm in zip(picks, picked):
+                    if pm == m:
+                        assert wts[r] == pytest.approx(quota / s_m, rel=1e-9)
 
 
 @FUZZ
