@@ -245,13 +245,17 @@ def reference_select(c, method, k, alpha, kernel, layout):
         return "invalid", None
     if needs_rew and "rew_nonfinite" in c["bad"]:
         return "invalid", None
-    if method == "stratified" and c["mode_dtype"] in ("str", "float_frac"):
-        return "invalid", None  # mode labels must be integers
     emb = c["emb"].astype(np.float32).astype(np.float64)
     if needs_emb and (np.linalg.norm(emb, axis=1) == 0).any():
         return "invalid", None  # zero-norm embedding: no cosine
     status = "edge" if (needs_emb and ("emb_extreme" in c["bad"] or ref.beyond_float32(emb))) else "valid"
     if method == "grades" and needs_rew and "rew_extreme" in c["bad"]:
+        status = "edge"
+    if method == "stratified" and c["mode_dtype"] in ("str", "float_frac"):
+        status = "edge"  # non-integer labels: refused, or each distinct value its own stratum
+    if layout == "pandas" and c["id_kind"] == "mixed":
+        status = "edge"  # ids mixing numbers and text: refused, or keyed by value
+    if c["id_kind"] == "list":
         status = "edge"
     return status, ref.groups(c["ids"])
 
@@ -290,8 +294,8 @@ def check_select(c, out, method, k, alpha, kernel, pools):
         elif method == "stratified":
             # proportional allocation by largest remainder, weights (k * n_m / n) / s_m
             wts = dict(zip(df["__row"].to_list(), df["weight"].to_list()))
-            modes = c["modes"][rows]
-            picked = c["modes"][picks]
+            labels = mode_values(c)
+            modes, picked = labels[rows], labels[picks]
             for m in set(modes.tolist()):
                 n_m, s_m = int((modes == m).sum()), int((picked == m).sum())
                 quota = k * n_m / len(rows)
@@ -354,12 +358,14 @@ def test_select_arguments_are_checked(k, seed, alpha, method, kernel):
     ok_k = isinstance(k, (int, np.integer)) and not isinstance(k, bool) and 1 <= k
     ok_seed = isinstance(seed, int) and 0 <= seed < 2**64
     m = method.lower() if isinstance(method, str) else None
-    ok_alpha = m == "diverse" or (isinstance(alpha, float) and np.isfinite(alpha) and alpha >= 0)
+    good_alpha = isinstance(alpha, float) and np.isfinite(alpha) and alpha >= 0
+    ok_alpha = m == "diverse" or good_alpha
     ok = ok_k and ok_seed and ok_alpha and m in mrt_fast.METHODS and kernel in ("shift", "clip")
     got = outcome(lambda: select(df, k, method, seed=seed, alpha=alpha, kernel=kernel))
     if ok:
-        # k beyond u64 is refused even where it would keep everything
-        expect("edge" if k >= 2**64 else "valid", got, (k, seed, alpha, method, kernel))
+        # k beyond u64 may be refused even where it would keep everything; diverse ignores alpha or checks it
+        edge = k >= 2**64 or not good_alpha
+        expect("edge" if edge else "valid", got, (k, seed, alpha, method, kernel))
     else:
         expect("invalid", got, (k, seed, alpha, method, kernel))
 
@@ -531,7 +537,8 @@ def test_accumulator_matches_reference_or_refuses(b, merge, serialise):
         return
     got = outcome(run)
     finite_moments = all(np.isfinite(m) and np.isfinite(m2) for _, m, m2 in want.values())
-    if not expect("valid" if bad is None else "edge", got, bad):
+    loose = bad is not None or kind in ("mixed", "list")  # ids mixing types, list ids: refused or keyed by value
+    if not expect("edge" if loose else "valid", got, bad):
         return
     acc = got[1]
     assert len(acc) == len(want) and acc.n_rows == len(ids)
@@ -644,7 +651,7 @@ def test_variance_budget_matches_reference_or_refuses(b, layout, null_id, loss_d
     if null_id == 0 or bad == "nonfinite" or est is None:
         expect("invalid", got, (null_id, bad, est))
         return
-    if expect("valid", got, "budget"):
+    if expect("edge" if kind in ("mixed", "list") else "valid", got, "budget"):
         rep = got[1]
         assert rep.v_y_given_x == pytest.approx(est["v_y_given_x"], rel=1e-6, abs=1e-9)
         assert rep.v_x == pytest.approx(max(0.0, est["v_x_raw"]), rel=1e-6, abs=1e-6 * max(1.0, est["v_y_given_x"]))
