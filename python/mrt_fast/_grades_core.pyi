@@ -1,4 +1,4 @@
-"""Typed stubs of the Rust core (`crates/grades_core/src/python.rs`).
+"""Typed stubs of the Rust core (`crates/grades_core/src/python/`).
 
 Every function validates its arrays, releases the GIL for the work, raises
 ValueError on bad input and RuntimeError (never a panic) on an internal error.

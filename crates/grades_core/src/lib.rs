@@ -1,7 +1,7 @@
 //! `grades_core`: the Rust core of `mrt_fast`.
 //!
-//! Pure Rust. Python bindings live only in `python.rs`, behind the `python`
-//! cargo feature.
+//! Pure Rust. Python bindings live only in the `python` folder, behind the
+//! `python` cargo feature.
 //!
 //! * [`pools`]: a ragged batch of pools (offsets into one contiguous f32 matrix).
 //! * [`kernel`]: cosine similarity mapped into [0, 1]; dense Gram blocks and CSR graphs.
