@@ -159,8 +159,8 @@ impl Accumulator {
         if large || self.wild {
             if let Err(i) = self.update_checked(ids, &key, losses) {
                 return invalid(format!(
-                    "losses up to row {} (row {i} of this update) are too large: the statistics of prompt key {} \
-                     overflow f64; rescale the losses",
+                    "loss at row {} (row {i} of this update) makes the statistics of prompt key {} overflow f64 \
+                     (losses too large in magnitude): rescale the losses",
                     self.rows + i as u64,
                     key(ids[i])
                 ));
@@ -308,10 +308,10 @@ impl Accumulator {
         Ok(())
     }
 
-    /// One map's prompts in order (see [`order_of`]).
+    /// One map's prompts in order: `(order_of(key), stats)` (see [`order_of`]).
     fn shard_in_order(&self, s: usize) -> Vec<(u64, Stats)> {
-        let mut v: Vec<(u64, Stats)> = self.shards[s].iter().map(|(k, st)| (*k, *st)).collect();
-        v.sort_unstable_by_key(|e| order_of(e.0));
+        let mut v: Vec<(u64, Stats)> = self.shards[s].iter().map(|(k, st)| (order_of(*k), *st)).collect();
+        v.sort_unstable_by_key(|e| e.0);
         v
     }
 

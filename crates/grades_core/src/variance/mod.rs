@@ -31,6 +31,8 @@
 //! * [`accumulator`]: the hash maps of prompts, updates and merges;
 //! * [`serial`]: the accumulator as checksummed bytes.
 
+#![forbid(unsafe_code)]
+
 pub mod accumulator;
 pub mod serial;
 pub mod stats;

@@ -56,7 +56,9 @@ impl Accumulator {
         }
         let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
         if version != VERSION {
-            return invalid(format!("unsupported variance accumulator format version {version} (this build reads {VERSION})"));
+            return invalid(format!(
+                "unsupported variance accumulator format version {version} (this build reads {VERSION})"
+            ));
         }
         let (rows, n) = (u64_at(16), u64_at(24));
         let expect = u128::from(n) * ENTRY as u128 + (HEADER + CHECKSUM) as u128;
@@ -96,7 +98,9 @@ impl Accumulator {
             parts[shard_of(key)].push((key, st));
         }
         if total != rows {
-            return invalid(format!("corrupt variance accumulator: counts sum to {total}, the header says {rows} rows"));
+            return invalid(format!(
+                "corrupt variance accumulator: counts sum to {total}, the header says {rows} rows"
+            ));
         }
         let shards: Vec<Map> = parts.into_par_iter().map(|p| p.into_iter().collect()).collect();
         let mut acc = Accumulator { shards, rows, wild: false };
