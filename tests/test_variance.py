@@ -341,6 +341,20 @@ def test_nan_inf_named_and_atomic():
         VarianceAccumulator.from_bytes(bytes(blob))
 
 
+@settings(max_examples=60, deadline=None)
+@given(rows(), st.data(), st.sampled_from([np.nan, np.inf, -np.inf]), st.integers(0, 4))
+def test_a_bad_loss_is_reported_with_its_row_and_nothing_added(data, draw, bad, seen):
+    keys, x = data
+    acc = VarianceAccumulator().update(np.zeros(seen, dtype=np.int64), np.ones(seen))
+    before = acc.to_bytes()
+    i = draw.draw(st.integers(0, len(x) - 1))
+    x = x.copy()
+    x[i] = bad
+    with pytest.raises(MrtInputError, match=rf"row {seen + i} \(row {i} of this update\) is {'NaN' if np.isnan(bad) else ''}"):
+        acc.update(keys, x)
+    assert acc.to_bytes() == before and acc.n_rows == seen
+
+
 def test_no_prompt_with_two_responses():
     df = pl.DataFrame({"prompt_id": [1, 2, 3], "loss": [0.1, 0.2, 0.3]})
     with pytest.raises(MrtInputError, match=r"at least 2 prompts with >= 2 responses.*3 with a single"):
