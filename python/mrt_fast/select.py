@@ -18,8 +18,8 @@ import numpy as np
 import polars as pl
 
 from . import _grades_core as core
+from .errors import MrtInputError
 from ._tables import (
-    MrtInputError,
     columns_of,
     embeddings as _embeddings,
     group,
@@ -200,7 +200,9 @@ def select(
         quality-weighted facility location) or ``"stratified"`` (by ``mode``).
     by, embedding, reward, mode : str
         Column names: the prompt id, the embedding (list/array of floats), the
-        reward (numeric) and the mode label (integer) columns.
+        reward (numeric) and the mode label columns. Each distinct mode label is
+        its own stratum; float labels must be whole numbers (1.5 is an error,
+        never truncated into the stratum of 1).
     alpha, eps, k_max :
         GRADES quality weights ``q = eps + (r - min r)/(max r - min r + eps)``,
         weights ``q**alpha``; ``k_max`` keeps only the best ``k_max`` by quality
@@ -219,6 +221,11 @@ def select(
         Greedy variant for facility location; both return the same picks.
     return_report : bool
         Also return a :class:`SelectionReport`.
+
+    A pool whose n x n similarity would exceed ``DENSE_LIMIT_BYTES`` (2 GiB)
+    runs with similarity columns recomputed on demand. Bad input raises
+    :class:`MrtInputError` with ``pool`` (the prompt id), ``column`` and ``row``
+    set where known.
 
     Returns
     -------

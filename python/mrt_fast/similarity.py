@@ -405,7 +405,8 @@ def pool_modes(
             lab = _faiss_modes(x[rows], None if n_modes is None else int(n_modes), int(m_max), float(min_silhouette),
                                int(seed) ^ int(keys[p] & 0x3FFFFFFF))
         except MrtInputError as e:
-            raise MrtInputError(f"pool {p} ({by}={g.keys[int(p)]!r}): {e}") from None
+            raise MrtInputError(f"pool {p} ({by}={g.keys[int(p)]!r}): {e}", pool=g.keys[int(p)],
+                                column=embedding) from None
         labels[rows] = lab
         n_m[p] = int(lab.max()) + 1
         sil[p] = np.nan
