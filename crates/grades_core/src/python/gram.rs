@@ -19,7 +19,7 @@ fn similarity<'py>(
     let kern = Kernel::parse(kernel).map_err(to_py)?;
     let out = run(py, || {
         let (mut s, mut inv) = (Vec::new(), Vec::new());
-        kernel::cosine_gram(xs, n, d, kern, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[])?;
+        kernel::cosine_gram(xs, n, d, kern, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[])?;
         Ok(s)
     })?;
     Ok(PyArray1::from_vec(py, out))

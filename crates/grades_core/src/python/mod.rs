@@ -2,8 +2,9 @@
 //!
 //! One thin file per area; each validates its arrays, releases the GIL for
 //! the work through [`run`], and registers its functions in [`_grades_core`].
-//! Core errors become `ValueError` and any internal panic `RuntimeError`, so
-//! nothing unwinds into the interpreter.
+//! Core errors become `mrt_fast.errors.MrtInputError` (with `pool`, `column`
+//! and `row` attributes where known) and any internal panic `RuntimeError`,
+//! so nothing unwinds into the interpreter.
 //!
 //! * `facility`: facility location over a batch, a dense, a sparse or an
 //!   on-demand similarity.
@@ -18,6 +19,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::error::Error;
 
@@ -28,13 +30,33 @@ mod kmeans;
 mod sampling;
 mod variance;
 
-fn to_py(e: Error) -> PyErr {
-    PyValueError::new_err(e.to_string())
+/// `mrt_fast.errors.MrtInputError(msg, pool=, column=, row=)`: the class is
+/// imported from the package, so Python code catches the one class whether
+/// Python or Rust raised it (a plain `ValueError` if it cannot be imported).
+fn input_error(msg: &str, pool: Option<usize>, column: Option<&str>, row: Option<usize>) -> PyErr {
+    Python::attach(|py| {
+        let make = || -> PyResult<PyErr> {
+            let cls = py.import("mrt_fast.errors")?.getattr("MrtInputError")?;
+            let kw = PyDict::new(py);
+            kw.set_item("pool", pool)?;
+            kw.set_item("column", column)?;
+            kw.set_item("row", row)?;
+            Ok(PyErr::from_value(cls.call((msg,), Some(&kw))?))
+        };
+        make().unwrap_or_else(|_| PyValueError::new_err(msg.to_string()))
+    })
 }
 
-/// Run `f` without the GIL; map errors and panics to Python exceptions.
+/// A core error as an `MrtInputError` carrying the pool index, the argument
+/// (as `column`) and the row where the core knows them.
+fn to_py(e: Error) -> PyErr {
+    input_error(&e.to_string(), e.pool(), e.arg(), e.row())
+}
+
+/// Run `f` without the GIL; map errors to `MrtInputError` and panics to
+/// `RuntimeError`.
 fn run<T: Send, F: FnOnce() -> crate::Result<T> + Send>(py: Python<'_>, f: F) -> PyResult<T> {
-    py.detach(|| match catch_unwind(AssertUnwindSafe(f)) {
+    match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(to_py(e)),
         Err(p) => {
@@ -45,24 +67,19 @@ fn run<T: Send, F: FnOnce() -> crate::Result<T> + Send>(py: Python<'_>, f: F) ->
                 .unwrap_or_else(|| "unknown".into());
             Err(PyRuntimeError::new_err(format!("internal error in mrt_fast core: {msg}")))
         }
-    })
+    }
 }
 
 fn slice1<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, name: &str) -> PyResult<&'a [T]> {
-    a.as_slice().map_err(|_| PyValueError::new_err(format!("{name} must be a contiguous 1-d array")))
+    a.as_slice().map_err(|_| input_error(&format!("{name} must be a contiguous 1-d array"), None, None, None))
 }
 
 fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, name: &str) -> PyResult<(&'a [T], usize, usize)> {
     let sh = a.shape();
     let (r, c) = (sh[0], sh[1]);
-    let s = a.as_slice().map_err(|_| PyValueError::new_err(format!("{name} must be a C-contiguous 2-d array")))?;
+    let s =
+        a.as_slice().map_err(|_| input_error(&format!("{name} must be a C-contiguous 2-d array"), None, None, None))?;
     Ok((s, r, c))
-}
-
-/// Number of threads the core's pool uses.
-#[pyfunction]
-fn num_threads() -> usize {
-    rayon::current_num_threads()
 }
 
 #[pymodule]
@@ -71,7 +88,6 @@ fn _grades_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gram::register(m)?;
     sampling::register(m)?;
     keys::register(m)?;
-    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     kmeans::register(m)?;
     variance::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
