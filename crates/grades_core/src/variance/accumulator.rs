@@ -128,10 +128,10 @@ impl Accumulator {
     }
 
     /// [`Accumulator::update`] with integer prompt ids, each filed under
-    /// [`crate::sampling::key_of_int`] (the keys the rest of the library
+    /// [`crate::keys::key_of_int`] (the keys the rest of the library
     /// gives integer ids).
     pub fn update_int_ids(&mut self, ids: &[i64], losses: &[f64]) -> Result<()> {
-        self.update_with(ids, crate::sampling::key_of_int, losses)
+        self.update_with(ids, crate::keys::key_of_int, losses)
     }
 
     fn update_with<T>(&mut self, ids: &[T], key: impl Fn(T) -> u64 + Sync, losses: &[f64]) -> Result<()>

@@ -221,7 +221,7 @@ fn bytes_round_trip_and_refuse_every_corruption() {
 fn integer_ids_are_their_keys() {
     let ids = [3i64, -7, 3, i64::MIN, i64::MAX, -7];
     let x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
-    let keys: Vec<u64> = ids.iter().map(|&i| crate::sampling::key_of_int(i)).collect();
+    let keys: Vec<u64> = ids.iter().map(|&i| crate::keys::key_of_int(i)).collect();
     let (mut a, mut b) = (Accumulator::new(), Accumulator::new());
     a.update_int_ids(&ids, &x).unwrap();
     b.update(&keys, &x).unwrap();
@@ -229,7 +229,7 @@ fn integer_ids_are_their_keys() {
     // and in the parallel path, ids in runs (keyed once a run)
     let big: Vec<i64> = (0..200_000i64).map(|i| i / 3 - 5_000).collect();
     let xs: Vec<f64> = (0..big.len()).map(|i| (i % 17) as f64).collect();
-    let bk: Vec<u64> = big.iter().map(|&i| crate::sampling::key_of_int(i)).collect();
+    let bk: Vec<u64> = big.iter().map(|&i| crate::keys::key_of_int(i)).collect();
     let (mut a, mut b) = (Accumulator::new(), Accumulator::new());
     a.update_int_ids(&big, &xs).unwrap();
     b.update(&bk, &xs).unwrap();
