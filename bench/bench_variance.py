@@ -96,7 +96,7 @@ def run(rows: int, k: int, layout: str, repeat: int, seed: int) -> dict:
         "repeat": repeat,
         "machine": f"{platform.machine()}, {os.cpu_count()} logical cpus, "
         f"{platform.python_implementation()} {platform.python_version()}",
-        "threads": {"polars": pl.thread_pool_size(), "mrt_fast": mrt_fast._grades_core.num_threads()},
+        "threads": {"polars": pl.thread_pool_size(), "mrt_fast": int(os.environ.get("RAYON_NUM_THREADS") or os.cpu_count())},
         "versions": {"polars": pl.__version__, "numpy": np.__version__},
     }
 
