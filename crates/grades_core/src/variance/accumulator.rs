@@ -24,6 +24,8 @@ const PIECE: usize = 1 << 15;
 /// they touch and undo themselves on an overflow.
 const TAME: f64 = 1e140;
 
+/// Statistics no tame update or merge can make overflow: `|mean| <= TAME`
+/// and `M2 <= 4 TAME^2 count` (what losses within `TAME` give).
 pub(crate) fn tame(s: &Stats) -> bool {
     s.mean.abs() <= TAME && s.m2 <= s.count as f64 * (4.0 * TAME * TAME)
 }
