@@ -142,6 +142,8 @@ def kmeans(
                 n_modes=None if n_modes is None else int(n_modes), m_max=int(m_max),
                 min_silhouette=float(min_silhouette), max_iter=int(max_iter),
             )
+        except MrtInputError:
+            raise
         except ValueError as e:
             raise MrtInputError(str(e)) from None
         return np.asarray(res["labels"], dtype=np.int64)
@@ -201,11 +203,10 @@ def pool_modes(
                 n_modes=None if n_modes is None else int(n_modes), m_max=int(m_max),
                 min_silhouette=float(min_silhouette), max_iter=int(max_iter),
             )
-        except ValueError as e:
-            from .select import _name_pool
+        except MrtInputError as e:
+            from .select import _said_of_table
 
-            err = _name_pool(e, g.keys.gather(sp), by)
-            raise err from None
+            raise _said_of_table(e, g.keys.gather(sp), by, {"embeddings": embedding}) from None
         labels[rows.astype(np.int64)] = res["labels"]
         n_m[sp] = res["n_modes"]
         sil[sp] = res["silhouette"]
@@ -215,7 +216,8 @@ def pool_modes(
             lab = kmeans(x[rows], n_modes, m_max=m_max, min_silhouette=min_silhouette, seed=seed,
                          key=int(keys[p]), max_iter=max_iter, large_pool=large_pool)
         except MrtInputError as e:
-            raise MrtInputError(f"pool {p} ({by}={g.keys[int(p)]!r}): {e}", pool=g.keys[int(p)]) from None
+            raise MrtInputError(f"pool {p} ({by}={g.keys[int(p)]!r}): {e}", pool=g.keys[int(p)],
+                                column=embedding) from None
         labels[rows] = lab
         n_m[p] = int(lab.max()) + 1
         sil[p] = np.nan
