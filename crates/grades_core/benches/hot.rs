@@ -73,11 +73,16 @@ fn bench_sparse(c: &mut Criterion) {
     let mut indices = Vec::new();
     let mut vals = Vec::new();
     for i in 0..n {
-        indices.push(i as i64);
-        vals.push(1.0f32);
+        // the self loop and `deg` random neighbours, each (i, j) once
+        let mut row = vec![(i as i64, 1.0f32)];
         for _ in 0..deg {
-            indices.push(rng.random_range(0..n) as i64);
-            vals.push(rng.random::<f32>());
+            row.push((rng.random_range(0..n) as i64, rng.random::<f32>()));
+        }
+        row.sort_by_key(|e| e.0);
+        row.dedup_by_key(|e| e.0);
+        for (j, v) in row {
+            indices.push(j);
+            vals.push(v);
         }
         indptr.push(indices.len() as i64);
     }
