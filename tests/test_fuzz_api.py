@@ -34,22 +34,7 @@ from mrt_fast import MrtInputError, VarianceAccumulator, facility_location, sele
 import _ref as ref
 
 #: input families whose fix is not in this tree yet (see the module docstring)
-PENDING_UPSTREAM: set[str] = {
-    "float_mode_labels",  # non-integer float mode labels: InvalidOperationError / truncation
-    "csr_duplicates",  # duplicate (i, j) entries in a CSR similarity
-    "reward_range_overflow",  # rewards whose range overflows float64
-    "uint64_ids_beyond_2_63",  # a uint64 id >= 2^63 changes how the batch is keyed
-    "k_or_seed_beyond_u64",  # k or seed >= 2^64: OverflowError
-    "alpha_none",  # alpha=None: TypeError
-    "odd_id_or_mode_dtypes",  # polars InvalidOperationError for some id/mode dtypes
-    "mixed_pandas_ids",  # pandas object ids mixing int and str: TypeError
-    "pandas_2d_array_cell",  # a pandas object column holding a 2-d array: PanicException
-    "select_large_pool_memory",  # select builds n x n for a large pool: abort on allocation failure
-    "moment_overflow",  # accumulator moments overflowing across updates/merges
-    "merge_with_itself",  # acc.merge(acc): RuntimeError
-    "state_checksum",  # a corrupted serialised accumulator read as numbers
-}
-
+PENDING_UPSTREAM: set[str] = set()
 #: examples per fuzz test; raise MRT_FUZZ_EXAMPLES for a longer hunt
 EXAMPLES = int(os.environ.get("MRT_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -337,7 +322,7 @@ def test_select_matches_reference_or_refuses(c, method, layout, k, alpha, kernel
                (pl.DataFrame(b) if not isinstance(b, pl.DataFrame) else b)["__row"].to_list()
 
 
-@settings(max_examples=max(40, EXAMPLES // 2), deadline=None)
+@settings(max_examples=max(40, EXAMPLES // 2), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     k=st.sampled_from([0, -1, 1.5, True, "2", None, np.int64(2), 2**64, 2**70]),
     seed=st.sampled_from([0, -1, 2**64 - 1, 2**64, 1.5, None, "1"]),
@@ -558,7 +543,7 @@ def test_accumulator_matches_reference_or_refuses(b, merge, serialise):
         assert s[1]["v_x_raw"] == pytest.approx(est["v_x_raw"], rel=1e-6, abs=1e-6 * max(1.0, est["v_y_given_x"]))
 
 
-@settings(max_examples=max(40, EXAMPLES // 2), deadline=None)
+@settings(max_examples=max(40, EXAMPLES // 2), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     ids=st.sampled_from([[1, 2], [None, 2], ["a", "b"], np.ones((2, 1)), np.array([1, 2], np.uint64), 1, []]),
     losses=st.sampled_from([[1.0, 2.0], [1.0], np.ones((2, 1)), ["a", "b"], [None, 1.0], np.array([1j, 2]),
@@ -584,7 +569,7 @@ def test_accumulator_from_bytes_refuses_what_is_not_a_state(blob):
 
 
 @pytest.mark.skipif(pending("merge_with_itself"), reason="pending upstream: merge_with_itself")
-@settings(max_examples=max(30, EXAMPLES // 2), deadline=None)
+@settings(max_examples=max(30, EXAMPLES // 2), deadline=None, suppress_health_check=list(HealthCheck))
 @given(b=loss_batches())
 def test_accumulator_merge_with_itself_doubles_or_refuses(b):
     kind, ids, x, bad, _ = b
@@ -597,7 +582,7 @@ def test_accumulator_merge_with_itself_doubles_or_refuses(b):
 
 
 @pytest.mark.skipif(pending("state_checksum"), reason="pending upstream: state_checksum")
-@settings(max_examples=max(30, EXAMPLES // 2), deadline=None)
+@settings(max_examples=max(30, EXAMPLES // 2), deadline=None, suppress_health_check=list(HealthCheck))
 @given(b=loss_batches(), where=st.floats(0, 1, exclude_max=True), byte=st.integers(1, 255))
 def test_corrupted_state_is_refused(b, where, byte):
     kind, ids, x, bad, _ = b
@@ -651,7 +636,11 @@ def test_variance_budget_matches_reference_or_refuses(b, layout, null_id, loss_d
     if null_id == 0 or bad == "nonfinite" or est is None:
         expect("invalid", got, (null_id, bad, est))
         return
-    if expect("edge" if kind in ("mixed", "list") else "valid", got, "budget"):
+    finite = all(np.isfinite(m) and np.isfinite(m2) for _, m, m2 in want.values())
+    loose = kind in ("mixed", "list") or bad == "huge"  # moments beyond float64: refused
+    if expect("edge" if loose else "valid", got, "budget"):
+        if not finite:
+            pytest.fail("a report from moments beyond float64")
         rep = got[1]
         assert rep.v_y_given_x == pytest.approx(est["v_y_given_x"], rel=1e-6, abs=1e-9)
         assert rep.v_x == pytest.approx(max(0.0, est["v_x_raw"]), rel=1e-6, abs=1e-6 * max(1.0, est["v_y_given_x"]))
@@ -670,6 +659,8 @@ def test_pool_modes_are_canonical_or_refused(c, layout, n_modes, seed):
         status = "invalid"
     else:
         status = "edge" if ("emb_extreme" in c["bad"] or ref.beyond_float32(emb)) else "valid"
+        if c["id_kind"] == "list" or (c["id_kind"] == "mixed" and layout == "pandas"):
+            status = "edge"  # refused, or keyed by value
     got = outcome(lambda: pool_modes(build(c, layout), n_modes=n_modes, seed=seed))
     if expect(status, got, (layout, fams, c["bad"])):
         labels = got[1]["mode"].to_numpy()
@@ -690,7 +681,7 @@ def _is_real(v):
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
-@settings(max_examples=max(60, EXAMPLES), deadline=None)
+@settings(max_examples=max(60, EXAMPLES), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     k_max=st.sampled_from([1, 8, 1024, 2**64, 0, -1, 1.5, None, "8"]),
     n_boot=st.sampled_from([0, 5, -1, 1.5, 2**64, None]),
@@ -723,7 +714,7 @@ def test_variance_budget_arguments_are_checked(k_max, n_boot, seed, delta, budge
     expect("valid" if ok else "invalid", got, locals())
 
 
-@settings(max_examples=max(60, EXAMPLES), deadline=None)
+@settings(max_examples=max(60, EXAMPLES), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     k=st.sampled_from([1, 3, 2**63 - 1, 0, -1, 1.5, True, None]),
     alpha=st.sampled_from([0.0, 0.75, -1.0, np.nan, np.inf]),
@@ -755,7 +746,7 @@ def run_isolated(code: str, timeout: float = 120, mem_bytes: int | None = None) 
     pre = ""
     if mem_bytes:
         pre = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({mem_bytes}, {mem_bytes}))\n"
-    return subprocess.run([sys.executable, "-c", pre + textwrap.dedent(code)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", pre + code], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -782,7 +773,7 @@ def verdict(p: subprocess.CompletedProcess) -> str:
 @pytest.mark.skipif(pending("pandas_2d_array_cell"), reason="pending upstream: pandas_2d_array_cell")
 @pytest.mark.parametrize("col", ["embedding", "reward", "prompt_id"])
 def test_pandas_cell_holding_a_2d_array_is_an_input_error(col):
-    code = f"""
+    code = textwrap.dedent(f"""
     import numpy as np, pandas as pd
     from mrt_fast import MrtInputError, select
     df = pd.DataFrame({{"prompt_id": [1, 1, 2], "embedding": [np.ones(2), np.ones(2), np.ones(2)],
@@ -791,7 +782,7 @@ def test_pandas_cell_holding_a_2d_array_is_an_input_error(col):
     df.at[1, {col!r}] = np.ones((2, 2))
     def _go():
         select(df, 1, "grades")
-    """ + VERDICT
+    """) + VERDICT
     assert verdict(run_isolated(code)) == "input_error"
 
 
@@ -799,7 +790,7 @@ def test_pandas_cell_holding_a_2d_array_is_an_input_error(col):
 @pytest.mark.skipif(pending("select_large_pool_memory"), reason="pending upstream: select_large_pool_memory")
 def test_select_on_one_large_pool_under_a_memory_limit_does_not_abort():
     """30,000 candidates in one pool under a 1.5 GB address-space limit: a result or a clear error, never SIGABRT."""
-    code = """
+    code = textwrap.dedent("""
     import numpy as np, polars as pl
     from mrt_fast import MrtInputError, select
     n = 30000
@@ -808,7 +799,7 @@ def test_select_on_one_large_pool_under_a_memory_limit_does_not_abort():
     def _go():
         out = select(df, 4, "diverse")
         assert out.height == 4
-    """ + VERDICT
+    """) + VERDICT
     assert verdict(run_isolated(code, mem_bytes=int(1.5e9), timeout=300)) in ("ok", "input_error", "memory_error")
 
 

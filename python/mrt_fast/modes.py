@@ -216,8 +216,9 @@ def pool_modes(
             lab = kmeans(x[rows], n_modes, m_max=m_max, min_silhouette=min_silhouette, seed=seed,
                          key=int(keys[p]), max_iter=max_iter, large_pool=large_pool)
         except MrtInputError as e:
-            raise MrtInputError(f"pool {p} ({by}={g.keys[int(p)]!r}): {e}", pool=g.keys[int(p)],
-                                column=embedding) from None
+            key = g.keys[int(p)]
+            key = key.to_list() if isinstance(key, pl.Series) else key
+            raise MrtInputError(f"pool {p} ({by}={key!r}): {e}", pool=key, column=embedding) from None
         labels[rows] = lab
         n_m[p] = int(lab.max()) + 1
         sil[p] = np.nan

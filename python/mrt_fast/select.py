@@ -160,6 +160,8 @@ def _said_of_table(e: MrtInputError, keys: pl.Series, by: str, columns: dict) ->
         return e
     p = int(p)
     key = keys[p]
+    if isinstance(key, pl.Series):  # a nested id (list, array): named by its values on one line
+        key = key.to_list()
     msg, prefix = str(e), f"pool {p}: "
     rest = msg[len(prefix):] if msg.startswith(prefix) else msg
     return MrtInputError(

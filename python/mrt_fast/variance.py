@@ -29,7 +29,7 @@ import polars as pl
 
 from . import _grades_core as core
 from .errors import MrtInputError
-from ._tables import columns_of, pool_keys, require, table_kind, to_polars
+from ._tables import _pandas_column, columns_of, pool_keys, require, table_kind, to_polars
 
 __all__ = [
     "VarianceAccumulator",
@@ -86,12 +86,15 @@ def _id_series(ids: Any, name: str = "prompt ids") -> pl.Series:
     else:
         mod = type(ids).__module__
         if mod.startswith("pyarrow") or mod.startswith("pandas"):
-            s = pl.Series("id", ids) if mod.startswith("pyarrow") else pl.from_pandas(ids, nan_to_null=True)
+            s = pl.Series("id", ids) if mod.startswith("pyarrow") else _pandas_column(ids, "id")
         else:
             arr = np.asarray(ids)
             if arr.ndim != 1:
                 raise MrtInputError(f"{name} must be one-dimensional, got shape {arr.shape}")
-            s = pl.Series("id", arr) if arr.dtype != object else pl.Series("id", arr.tolist())
+            try:
+                s = pl.Series("id", arr) if arr.dtype != object else pl.Series("id", arr.tolist())
+            except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError) as e:
+                raise MrtInputError(f"{name} cannot be read (values of mixed types?): {e}") from None
     if s.null_count():
         first = int(s.is_null().arg_true()[0])
         raise MrtInputError(f"{name} have {s.null_count()} null value(s), the first at row {first}")
@@ -148,7 +151,7 @@ class VarianceAccumulator:
             k = np.ascontiguousarray(k)
         else:
             ids = _id_series(prompt_ids)
-            if ids.dtype.is_integer() and not (ids.dtype == pl.UInt64 and ids.max() > np.iinfo(np.int64).max):
+            if ids.dtype.is_integer() and not (ids.dtype == pl.UInt64 and (ids.max() or 0) > np.iinfo(np.int64).max):
                 # keyed inside the accumulator's scan, once per run of equal ids
                 # (ids beyond int64 are keyed by `pool_keys`, by value, below)
                 k = np.ascontiguousarray(ids.cast(pl.Int64).to_numpy())
