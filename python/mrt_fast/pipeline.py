@@ -13,7 +13,7 @@ Layout of ``out_dir``::
     runs/<method>_k<K>/              adapter/, train_log.jsonl, metrics.json, samples.parquet
     results.csv / results.md / results.png
 
-See docs/readme_llm.md for the config reference.
+See docs/llm_pipeline.md for the config reference.
 """
 
 from __future__ import annotations
