@@ -77,9 +77,13 @@ def test_refuses_generated_code_without_bubblewrap(monkeypatch, tmp_path):
     marker = tmp_path / "ran"
     code = f"open({str(marker)!r}, 'w').write('x')\nprint('hi')\n"
     monkeypatch.delenv(sb.ENV_ISOLATION, raising=False)
-    for exe in (None, "/bin/false"):  # missing, and present but unable to build the sandbox
+    old = tmp_path / "old-bwrap"
+    old.write_text("#!/bin/sh\necho bubblewrap 0.6.1\n")
+    old.chmod(0o755)
+    # missing; present but unable to build the sandbox; too old for the options used
+    for exe, why in ((None, "not on PATH"), ("/bin/false", "cannot create"), (str(old), "0.8.0 or newer")):
         monkeypatch.setattr(sb, "_bwrap_exe", lambda exe=exe: exe)
-        assert sb.bwrap_problem() is not None
+        assert why in sb.bwrap_problem()
         with pytest.raises(SandboxUnavailableError, match="bubblewrap.*none-i-understand") as e:
             sb.run_program(code)
         assert isinstance(e.value, MrtInputError)

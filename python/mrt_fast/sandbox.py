@@ -67,6 +67,7 @@ MEMORY_EXIT = 86  # the same codes as in _sandbox_boot
 SETUP_EXIT = 85
 _WORKDIR = "/tmp"
 _BOOT_IN_SANDBOX = "/.sandbox/boot.py"
+_MIN_BWRAP = (0, 8, 0)
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
@@ -118,6 +119,14 @@ def resolve_isolation(isolation: str | None = None) -> str:
 def _bwrap_problem_cached(exe: str | None, python: str) -> str | None:
     if exe is None:
         return "the bwrap executable (bubblewrap) is not on PATH"
+    try:
+        v = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout.split()
+        version = tuple(int(x) for x in v[-1].split(".")[:3])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        version = None
+    if version is not None and version < _MIN_BWRAP:
+        return (f"bubblewrap {'.'.join(map(str, _MIN_BWRAP))} or newer is needed "
+                f"(--disable-userns, --size), found {'.'.join(map(str, version))}")
     try:
         r = _run_bwrap(exe, "print('ok')", "", python=python, timeout_s=30.0, cpu_s=10,
                        memory_bytes=512 << 20, output_bytes=1 << 16, disk_bytes=1 << 20, max_processes=16)
