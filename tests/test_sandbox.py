@@ -426,3 +426,30 @@ def test_process_count_is_limited():
     """, max_processes=16)
     assert r.status == "passed" and r.stdout.startswith("stopped at"), (r.stdout, r.stderr[-300:])
     assert int(r.stdout.split()[2]) < 16
+
+
+@needs_bwrap
+def test_kernel_surface_is_filtered():
+    from mrt_fast._seccomp import compile_filter
+
+    if compile_filter() is None:
+        pytest.skip("libseccomp is not installed: the sandbox runs without its seccomp filter")
+    r = run("""
+        import ctypes, os, subprocess, threading
+        libc = ctypes.CDLL(None, use_errno=True)
+        def call(name, *args):
+            rc = getattr(libc, name)(*args)
+            print(name, "ok" if rc >= 0 else "refused", ctypes.get_errno() if rc < 0 else "")
+        call("unshare", 0x10000000)                   # CLONE_NEWUSER
+        call("syscall", 56, 0x10000000 | 17, 0, 0, 0, 0)  # clone(CLONE_NEWUSER | SIGCHLD)
+        call("ptrace", 16, 1, 0, 0)                   # PTRACE_ATTACH to init
+        call("syscall", 250, 0, 0, 0)                 # keyctl
+        call("syscall", 425, 8, 0)                    # io_uring_setup
+        t = threading.Thread(target=print, args=("thread ok",))
+        t.start(); t.join()
+        print("subprocess", subprocess.run(["true"]).returncode)
+    """)
+    assert r.status == "passed", r.stderr[-300:]
+    for name in ("unshare", "syscall", "ptrace"):
+        assert f"{name} ok" not in r.stdout, r.stdout
+    assert r.stdout.count("refused") == 5 and "thread ok" in r.stdout and "subprocess 0" in r.stdout

@@ -10,7 +10,9 @@ forks the program, which drops to its own user id (when the caller is root) and
 sets ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``,
 ``RLIMIT_NOFILE`` and ``RLIMIT_CORE`` before any of its code runs; the
 supervisor reports the exit status and CPU time on a pipe the program never
-holds.
+holds. A seccomp filter (`mrt_fast._seccomp`, compiled by libseccomp where it is
+installed) refuses nested user namespaces, ptrace, keyrings, bpf, io_uring,
+mounts and the like.
 
 The caller reads stdout and stderr through pipes with a byte cap and a wall
 clock deadline; at the deadline, or when the cap is passed, it kills the pid
@@ -54,6 +56,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._seccomp import compile_filter
 from .errors import MrtInputError, SandboxUnavailableError
 
 STATUSES = ("passed", "failed", "error", "timeout", "cpu_limit", "memory_limit", "output_limit")
@@ -239,7 +242,7 @@ def _interpreter_dirs(python: str) -> list[tuple[str, str]]:
 
 
 def _bwrap_argv(exe: str, python: str, *, privileged: bool, disk_bytes: int, code_fd: int, boot_fd: int,
-                info_fd: int, config: dict) -> list[str]:
+                info_fd: int, seccomp_fd: int | None, config: dict) -> list[str]:
     a = [exe, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
          "--die-with-parent", "--new-session", "--hostname", "sandbox", "--cap-drop", "ALL"]
     if privileged:  # the supervisor drops the program to its own user id: keep only what that needs
@@ -269,8 +272,10 @@ def _bwrap_argv(exe: str, python: str, *, privileged: bool, disk_bytes: int, cod
           "--perms", "0444", "--ro-bind-data", str(boot_fd), _BOOT_IN_SANDBOX,
           "--remount-ro", "/", "--chdir", _WORKDIR, "--info-fd", str(info_fd), "--clearenv",
           "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", _WORKDIR, "--setenv", "LANG", "C.UTF-8",
-          "--setenv", "TMPDIR", _WORKDIR,
-          "--", python, "-I", "-B", _BOOT_IN_SANDBOX, json.dumps(config)]
+          "--setenv", "TMPDIR", _WORKDIR]
+    if seccomp_fd is not None:
+        a += ["--seccomp", str(seccomp_fd)]
+    a += ["--", python, "-I", "-B", _BOOT_IN_SANDBOX, json.dumps(config)]
     return a
 
 
@@ -295,10 +300,14 @@ def _run_bwrap(exe: str, code: str, stdin: str, *, python: str, timeout_s: float
         config = dict(report_fd=report_w, uid=uid, supervisor_uid=None if uid is None else uid + 1,
                       cpu_s=cpu_s, memory_bytes=memory_bytes, file_bytes=disk_bytes, max_processes=max_processes,
                       audit_hook=False)
+        flt = compile_filter()
+        seccomp_fd = None if flt is None else _memfd("seccomp", flt)
+        data_fds = (code_fd, boot_fd) + (() if seccomp_fd is None else (seccomp_fd,))
+        fds += data_fds[2:]
         argv = _bwrap_argv(exe, python, privileged=privileged, disk_bytes=disk_bytes, code_fd=code_fd,
-                           boot_fd=boot_fd, info_fd=info_w, config=config)
-        return _supervise(argv, stdin_fd=stdin_fd, pass_fds=(code_fd, boot_fd, info_w, report_w),
-                          close_after_start=(code_fd, boot_fd, info_w, report_w), report_r=report_r,
+                           boot_fd=boot_fd, info_fd=info_w, seccomp_fd=seccomp_fd, config=config)
+        return _supervise(argv, stdin_fd=stdin_fd, pass_fds=(*data_fds, info_w, report_w),
+                          close_after_start=(*data_fds, info_w, report_w), report_r=report_r,
                           info_r=info_r, cwd="/", timeout_s=timeout_s, cpu_s=cpu_s, output_bytes=output_bytes,
                           isolation=BWRAP)
     finally:
