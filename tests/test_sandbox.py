@@ -453,3 +453,35 @@ def test_kernel_surface_is_filtered():
     for name in ("unshare", "syscall", "ptrace"):
         assert f"{name} ok" not in r.stdout, r.stdout
     assert r.stdout.count("refused") == 5 and "thread ok" in r.stdout and "subprocess 0" in r.stdout
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_nothing_outlives_a_killed_caller():
+    import mrt_fast
+
+    name = "mrtorph" + secrets.token_hex(4)
+    program = SET_NAME.format(name="x") + f"""
+import time
+if libc.fork() == 0:
+    libc.setsid()
+    libc.prctl(15, ctypes.c_char_p({name!r}.encode()), 0, 0, 0)
+    while True:
+        time.sleep(0.2)
+time.sleep(60)
+"""
+    caller = f"from mrt_fast.sandbox import run_program\nrun_program({program!r}, timeout_s=60)\n"
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(mrt_fast.__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", caller], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not host_processes_named(name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host_processes_named(name), "the sandboxed grandchild never started"
+    finally:
+        proc.kill()  # the caller dies without any clean-up of its own
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while host_processes_named(name) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert host_processes_named(name) == [], "a sandboxed process outlived its killed caller"

@@ -460,15 +460,15 @@ def _kill(proc: subprocess.Popen, init_pidfd: int | None) -> None:
 
 
 def _reap_namespace(proc: subprocess.Popen, init_pidfd: int | None) -> None:
-    """Return only once the namespace's init has exited (so no process of the run is left)."""
+    """Kill the namespace's init (bubblewrap has exited: nothing in it is needed any more) and return
+    only once it is gone, which is once every process of the namespace is gone."""
     if init_pidfd is None:
         return
-    if not select.select([init_pidfd], [], [], 2.0)[0]:
-        try:
-            signal.pidfd_send_signal(init_pidfd, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
-        select.select([init_pidfd], [], [], 10.0)
+    try:
+        signal.pidfd_send_signal(init_pidfd, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+    select.select([init_pidfd], [], [], 10.0)
 
 
 # ------------------------------------------------------------------ judging
