@@ -1,6 +1,7 @@
 """Start-up cost of the code-execution sandbox, side by side with its floor.
 
-Per run of a one-line program (``print(1)``), median wall time over ``--repeats`` runs of:
+Per run of a one-line program (``print(1)``), median wall time over ``--repeats`` runs of
+(the variants take turns, so that they share whatever load the machine has):
 
 * ``python -I -c``: a bare interpreter start (the floor);
 * ``none-i-understand``: `run_program` without isolation (supervisor, pipes, limits);
@@ -27,14 +28,17 @@ from pathlib import Path
 from mrt_fast import sandbox
 
 
-def median_wall(fn, repeats: int) -> float:
-    fn()  # warm-up (and the one-off bwrap check)
-    times = []
+def interleaved_medians(fns: dict, repeats: int) -> dict:
+    """Median wall time of each callable, the variants taking turns so that they share the machine's load."""
+    for fn in fns.values():
+        fn()  # warm-up (and the one-off bwrap check)
+    times: dict = {k: [] for k in fns}
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> None:
@@ -43,9 +47,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).with_name("results") / "sandbox_overhead.json"))
     args = ap.parse_args()
     why = sandbox.bwrap_problem()
-    rows = {}
-    rows["python -I -c (floor)"] = median_wall(
-        lambda: subprocess.run([sys.executable, "-I", "-c", "print(1)"], capture_output=True, check=True), args.repeats)
+    fns = {"python -I -c (floor)": lambda: subprocess.run([sys.executable, "-I", "-c", "print(1)"],
+                                                          capture_output=True, check=True)}
     for name, code in (("print(1)", "print(1)"), ("sum(range(10**6))", "print(sum(range(10**6)))")):
         for mode in ("none-i-understand", "bwrap"):
             if mode == "bwrap" and why is not None:
@@ -55,11 +58,14 @@ def main() -> None:
                 r = sandbox.run_program(code, isolation=mode)
                 assert r.status == "passed", (r.status, r.stderr)
 
-            rows[f"{mode}: {name}"] = median_wall(go, args.repeats)
+            fns[f"{mode}: {name}"] = go
+    load0 = os.getloadavg()[0]
+    rows = interleaved_medians(fns, args.repeats)
+    load1 = os.getloadavg()[0]
     floor = rows["python -I -c (floor)"]
     out = {"what": "median wall seconds per run; ratio to a bare `python -I -c` start",
            "repeats": args.repeats, "python": platform.python_version(), "machine": platform.machine(),
-           "cpus": os.cpu_count(), "bwrap_problem": why,
+           "cpus": os.cpu_count(), "load_average_1min": [round(load0, 1), round(load1, 1)], "bwrap_problem": why,
            "rows": {k: {"seconds": round(v, 4), "ratio_to_floor": round(v / floor, 2)} for k, v in rows.items()}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
