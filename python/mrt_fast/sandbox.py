@@ -68,7 +68,7 @@ ENV_ISOLATION = "MRT_SANDBOX_ISOLATION"
 _BOOT = Path(__file__).with_name("_sandbox_boot.py")
 MEMORY_EXIT = 86  # the same codes as in _sandbox_boot
 SETUP_EXIT = 85
-_WORKDIR = "/tmp"
+_WORKDIR = "/sandbox"  # the private tmpfs; /tmp links to it unless the interpreter lives under /tmp
 _BOOT_IN_SANDBOX = "/.sandbox/boot.py"
 _MIN_BWRAP = (0, 8, 0)
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -256,7 +256,10 @@ def _bwrap_argv(exe: str, python: str, *, privileged: bool, disk_bytes: int, cod
         elif os.path.isdir(d):
             a += ["--ro-bind", d, d]
     made: set[str] = set()
-    for src, dest in _interpreter_dirs(python):
+    dirs = _interpreter_dirs(python)
+    if any(_under(dest, _WORKDIR) for _, dest in dirs):
+        raise SandboxUnavailableError(f"the interpreter {python} lies under {_WORKDIR}, the sandbox's working directory")
+    for src, dest in dirs:
         parents = []
         p = os.path.dirname(dest)
         while p != "/" and p not in made:
@@ -268,6 +271,7 @@ def _bwrap_argv(exe: str, python: str, *, privileged: bool, disk_bytes: int, cod
         a += ["--ro-bind", src, dest]
     a += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
           "--perms", "1777", "--size", str(disk_bytes), "--tmpfs", _WORKDIR,
+          *(() if any(_under(dest, "/tmp") for _, dest in dirs) else ("--symlink", _WORKDIR, "/tmp")),
           "--perms", "0644", "--file", str(code_fd), f"{_WORKDIR}/program.py",
           "--perms", "0444", "--ro-bind-data", str(boot_fd), _BOOT_IN_SANDBOX,
           "--remount-ro", "/", "--chdir", _WORKDIR, "--info-fd", str(info_fd), "--clearenv",
