@@ -383,16 +383,22 @@ def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_s
         for fd in (out_r, err_r, report_r) + ((info_r,) if info_r is not None else ()):
             sel.register(fd, selectors.EVENT_READ)
         killed = None
+        grace = False
         while sel.get_map() and killed is None:
             left = deadline - time.monotonic()
             if left <= 0:
-                killed = "timeout"
+                killed = None if grace else "timeout"
                 break
             for key, _ in sel.select(left):
                 fd = key.fd
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     sel.unregister(fd)
+                    if fd == report_r and not grace:
+                        # the program has ended: a descendant that still holds its output
+                        # gets a moment to finish writing, not the whole deadline
+                        grace = True
+                        deadline = min(deadline, time.monotonic() + 1.0)
                     continue
                 if fd in bufs:
                     keep = max(0, output_bytes - total)
@@ -411,7 +417,7 @@ def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_s
                             init_pidfd = _pidfd(int(json.loads(bytes(info))["child-pid"]))
                         except (ValueError, KeyError, TypeError):
                             pass  # not all of it yet
-        if killed is not None:
+        if killed is not None or sel.get_map():
             _kill(proc, init_pidfd)
         else:
             try:
