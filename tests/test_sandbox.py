@@ -17,6 +17,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mrt_fast import MrtInputError
 from mrt_fast import sandbox as sb
@@ -117,6 +119,19 @@ def test_bad_limits_are_refused():
         sb.run_program(b"print(1)")
     with pytest.raises(MrtInputError):
         sb.passes_tests("print(1)", [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"), max_size=12), max_size=6),
+       st.lists(st.sampled_from([" ", "\t"]), max_size=3), st.integers(0, 3))
+def test_outputs_match_ignores_only_trailing_whitespace(lines, pad, blank):
+    text = "\n".join(lines)
+    padded = "\n".join(line + "".join(pad) for line in lines) + "\n" * blank
+    assert sb.outputs_match(padded, text) == sb.outputs_match(text, text)
+    norm = lambda s: [ln.rstrip() for ln in s.strip().splitlines()]  # noqa: E731
+    other = text + "x"
+    assert sb.outputs_match(other, text) == (norm(other) == norm(text))
+    assert not sb.outputs_match(text + "\nextra", text)
 
 
 # ------------------------------------------------------------------ status labels
