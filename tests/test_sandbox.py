@@ -512,3 +512,15 @@ time.sleep(60)
     while host_processes_named(name) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert host_processes_named(name) == [], "a sandboxed process outlived its killed caller"
+
+
+@needs_bwrap
+def test_another_interpreter_by_name_or_path():
+    import shutil
+
+    exe = shutil.which("python3")
+    if exe is None:
+        pytest.skip("no python3 on PATH")
+    for python in ("python3", exe):
+        r = run("import sys\nprint(sys.version_info[0])", python=python)
+        assert r.status == "passed" and r.stdout == "3\n", (python, r.status, r.stderr[-300:])

@@ -197,6 +197,8 @@ def run_program(
     if int(cpu_s) != cpu_s or int(max_processes) != max_processes:
         raise MrtInputError("cpu_s and max_processes must be whole numbers")
     python = python or sys.executable
+    if not os.path.isabs(python):
+        python = shutil.which(python) or os.path.abspath(python)
     mode = require_isolation(isolation, python)
     limits = dict(timeout_s=float(timeout_s), cpu_s=int(cpu_s), memory_bytes=int(memory_mb * (1 << 20)),
                   output_bytes=max(1, int(output_mb * (1 << 20))), disk_bytes=int(disk_mb * (1 << 20)),
@@ -226,8 +228,11 @@ def _under(path: str, root: str) -> bool:
 
 def _interpreter_dirs(python: str) -> list[tuple[str, str]]:
     """(source, destination) directories the interpreter needs, besides /usr and /lib*."""
-    cands = [os.path.dirname(os.path.dirname(python)),
-             os.path.dirname(os.path.dirname(os.path.realpath(python)))]
+    def prefix_of(exe: str) -> str:  # PREFIX/bin/python -> PREFIX; anywhere else only its own directory
+        d = os.path.dirname(exe)
+        return os.path.dirname(d) if os.path.basename(d) == "bin" else d
+
+    cands = [prefix_of(python), prefix_of(os.path.realpath(python))]
     if os.path.realpath(python) == os.path.realpath(sys.executable):
         cands += [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
     out: list[tuple[str, str]] = []
