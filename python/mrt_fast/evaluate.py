@@ -14,7 +14,9 @@ Metrics (paper appendix "LLM Fine-Tuning Setup and Evaluation"):
   averaged over prompts, when a reward model is given;
 * ``pass@k``: the unbiased estimator 1 - C(n - c, k) / C(n, k) from the n
   generations of which c pass every test, averaged over prompts, when the eval
-  table has a ``tests`` column (programs run in `mrt_fast.sandbox`).
+  table has a ``tests`` column (programs run in `mrt_fast.sandbox`, isolated by
+  bubblewrap; without it `SandboxUnavailableError` is raised before any model
+  work unless ``sandbox={"isolation": "none-i-understand"}`` opts out).
 """
 
 from __future__ import annotations
@@ -218,6 +220,10 @@ def evaluate(
     require_columns(df, ["prompt_id", "prompt", reference], "evaluation data")
     if df.height == 0:
         raise MrtInputError("evaluation data is empty")
+    if tests in df.columns:  # refuse before any model work when generated code cannot run isolated
+        from .sandbox import require_isolation
+
+        require_isolation(cfg.sandbox.get("isolation"), cfg.sandbox.get("python"))
     device = pick_device(cfg.device)
     if tokenizer is None and not isinstance(model, (str, os.PathLike)):
         raise MrtInputError("pass tokenizer= when model is a loaded object")
