@@ -1,7 +1,8 @@
-"""Typed stubs of the Rust core (`crates/grades_core/src/python.rs`).
+"""Typed stubs of the Rust core (`crates/grades_core/src/python/`).
 
 Every function validates its arrays, releases the GIL for the work, raises
-ValueError on bad input and RuntimeError (never a panic) on an internal error.
+mrt_fast.errors.MrtInputError (with .pool, .column, .row where known) on bad
+input and RuntimeError (never a panic) on an internal error.
 Arrays must be C-contiguous with the dtypes shown (the Python layer converts).
 """
 
@@ -37,54 +38,49 @@ class Modes(TypedDict):
     inertia: npt.NDArray[np.float64]
     silhouette: npt.NDArray[np.float64]
 
+class FlParams:
+    """Parameters shared by every facility-location entry point; checked when made
+    (MrtInputError on k < 1, alpha < 0, eps <= 0, k_max < k, an unknown optimizer)."""
+
+    def __init__(
+        self, k: int, *, alpha: float = 0.0, eps: float = 1e-6, k_max: Optional[int] = None, optimizer: str = "lazy"
+    ) -> None: ...
+
 def fl_batch(
     data: npt.NDArray[np.float32],
     offsets: npt.NDArray[np.uint64],
-    k: int,
+    params: FlParams,
     *,
     rows: Optional[npt.NDArray[np.uint64]] = None,
     rewards: Optional[npt.NDArray[np.float64]] = None,
-    alpha: float = 0.0,
-    eps: float = 1e-6,
-    k_max: Optional[int] = None,
     kernel: str = "shift",
-    optimizer: str = "lazy",
-) -> FlBatch: ...
+    dense_limit: Optional[int] = None,
+) -> FlBatch:
+    """A pool whose n x n block exceeds dense_limit bytes (default 2 GiB) runs on demand."""
 def fl_dense(
     sim: npt.NDArray[np.float32],
-    k: int,
+    params: FlParams,
     *,
     rewards: Optional[npt.NDArray[np.float64]] = None,
-    alpha: float = 0.0,
-    eps: float = 1e-6,
-    k_max: Optional[int] = None,
-    optimizer: str = "lazy",
 ) -> FlSingle: ...
 def fl_sparse(
     n: int,
     indptr: npt.NDArray[np.int32] | npt.NDArray[np.int64],
     indices: npt.NDArray[np.int32] | npt.NDArray[np.int64],
     data: npt.NDArray[np.float32],
-    k: int,
+    params: FlParams,
     *,
     rewards: Optional[npt.NDArray[np.float64]] = None,
-    alpha: float = 0.0,
-    eps: float = 1e-6,
-    k_max: Optional[int] = None,
-    optimizer: str = "lazy",
     symmetric: bool = False,
 ) -> FlSingle:
-    """CSR arrays are used in place; symmetric=True promises S = S^T (no transpose)."""
+    """CSR arrays are used in place; symmetric=True promises S = S^T (no transpose);
+    an (i, j) stored twice is an error."""
 def fl_on_demand(
     x: npt.NDArray[np.float32],
-    k: int,
+    params: FlParams,
     *,
     rewards: Optional[npt.NDArray[np.float64]] = None,
-    alpha: float = 0.0,
-    eps: float = 1e-6,
-    k_max: Optional[int] = None,
     kernel: str = "shift",
-    optimizer: str = "lazy",
 ) -> FlSingle: ...
 def similarity(x: npt.NDArray[np.float32], kernel: str = "shift") -> npt.NDArray[np.float32]:
     """Flattened (n*n) cosine similarity of the rows of x mapped into [0, 1]."""
@@ -116,7 +112,8 @@ def stratified_k(
 def largest_remainder(counts: list[int], k: int) -> list[int]: ...
 def keys_from_strings(offsets: npt.NDArray[np.int64], data: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]: ...
 def keys_from_ints(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]: ...
-def num_threads() -> int: ...
+def keys_from_uints(ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """keys_from_ints of every value that fits an int64; the text key of the others."""
 def kmeans_modes(
     data: npt.NDArray[np.float32],
     offsets: npt.NDArray[np.uint64],

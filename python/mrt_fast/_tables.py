@@ -50,12 +50,32 @@ def to_polars(table: Any, kind: str, cols: list[str]) -> pl.DataFrame:
     sub = table[cols]
     out = {}
     for c in cols:
-        col = sub[c]
-        if col.dtype == object and len(col) and isinstance(col.iloc[0], np.ndarray):
-            out[c] = pl.Series(c, [np.asarray(v) for v in col.to_numpy()])
-        else:
-            out[c] = pl.Series(c, col.to_numpy() if col.dtype != object else col.tolist())
+        out[c] = _pandas_column(sub[c], c)
     return pl.DataFrame(out)
+
+
+def _pandas_column(col: Any, name: str) -> pl.Series:
+    """One pandas column as a polars Series; a column polars cannot hold (mixed
+    value types, arrays of different ranks) is an `MrtInputError` naming it."""
+    if col.dtype != object:
+        values: Any = col.to_numpy()
+    elif len(col) and isinstance(col.iloc[0], np.ndarray):
+        values = [np.asarray(v) for v in col.to_numpy()]
+        bad = next((i for i, v in enumerate(values) if v.ndim != 1), None)
+        if bad is not None:
+            raise MrtInputError(
+                f"column {name!r} must hold one 1-d array per row; row {bad} holds an array of shape "
+                f"{values[bad].shape}", column=name, row=bad,
+            )
+    else:
+        values = col.tolist()
+    try:
+        return pl.Series(name, values)
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError, pl.exceptions.PanicException) as e:
+        kinds = sorted({type(v).__name__ for v in values if v is not None}) if isinstance(values, list) else []
+        mixed = f" (it mixes values of types {', '.join(kinds)})" if len(kinds) > 1 else ""
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MrtInputError(f"column {name!r} cannot be read{mixed}: {first}", column=name) from None
 
 
 def require(cols: list[str], name: str, role: str) -> None:
@@ -83,6 +103,11 @@ class Groups:
 def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups:
     if df.height == 0:
         raise MrtInputError("the table is empty: there is nothing to select from")
+    if df[by].dtype == pl.Object:
+        raise MrtInputError(
+            f"column {by!r} (prompt id) holds Python objects that cannot be compared; use int or str ids",
+            column=by,
+        )
     nulls = df[by].null_count()
     if nulls:
         first = int(df[by].is_null().arg_true()[0])
@@ -112,10 +137,19 @@ def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups
 
 
 def pool_keys(keys: pl.Series) -> np.ndarray:
-    """Stable 64-bit digests of prompt ids (ints by value, the rest by their text)."""
+    """Stable 64-bit keys of prompt ids; a key depends only on the id's value.
+
+    Integers that fit an int64 are keyed by value, larger ones (uint64 >= 2^63)
+    by their decimal text, any other id by its text (see the core's `keys`).
+    """
+    if keys.dtype == pl.UInt64:
+        return core.keys_from_uints(np.ascontiguousarray(keys.to_numpy()))
     if keys.dtype.is_integer():
         return core.keys_from_ints(keys.cast(pl.Int64).to_numpy())
-    arr = keys.cast(pl.Utf8).to_arrow()
+    try:
+        arr = keys.cast(pl.Utf8).to_arrow()
+    except pl.exceptions.PolarsError as e:
+        raise MrtInputError(f"prompt ids of type {keys.dtype} cannot be used as keys: {e}") from None
     arr = pc.cast(arr, pa.large_string())
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -166,6 +200,40 @@ def numeric(df: pl.DataFrame, name: str, role: str, dtype=pl.Float64) -> np.ndar
         raise MrtInputError(f"column {name!r} ({role}) has {s.null_count()} null value(s), the first at row {first}")
     out = s.cast(dtype).to_numpy()
     return np.ascontiguousarray(out)
+
+
+def mode_labels(df: pl.DataFrame, name: str) -> np.ndarray:
+    """Mode labels as int64, one stratum per distinct label, in label order.
+
+    Integer labels keep their value (uint64 labels above the int64 range are
+    renumbered in order: only equality and order matter). Float (or decimal)
+    labels must be whole numbers: a label such as 1.5 is an `MrtInputError`
+    naming its row, never truncated into the stratum of 1.
+    """
+    s = df[name]
+    if not s.dtype.is_numeric():
+        raise MrtInputError(f"column {name!r} (mode) must be numeric, got {s.dtype}", column=name)
+    if s.null_count():
+        first = int(s.is_null().arg_true()[0])
+        raise MrtInputError(
+            f"column {name!r} (mode) has {s.null_count()} null value(s), the first at row {first}",
+            column=name, row=first,
+        )
+    if not s.dtype.is_integer():
+        v = s.cast(pl.Float64).to_numpy()
+        whole = np.isfinite(v) & (v == np.floor(v))
+        if not whole.all():
+            i = int(np.flatnonzero(~whole)[0])
+            raise MrtInputError(
+                f"column {name!r} (mode) must hold integer labels; row {i} holds {float(v[i])!r}",
+                column=name, row=i,
+            )
+        if len(v) and (v.min() < -(2.0**63) or v.max() >= 2.0**63):
+            return np.ascontiguousarray(s.rank("dense").cast(pl.Int64).to_numpy())
+        return np.ascontiguousarray(v.astype(np.int64))
+    if s.dtype == pl.UInt64 and len(s) and s.max() > np.iinfo(np.int64).max:
+        return np.ascontiguousarray(s.rank("dense").cast(pl.Int64).to_numpy())
+    return np.ascontiguousarray(s.cast(pl.Int64).to_numpy())
 
 
 def take(table: Any, kind: str, idx: np.ndarray, extra: dict[str, np.ndarray]) -> Any:

@@ -8,7 +8,6 @@ All per-pool work runs in the Rust core, in parallel over pools, without the GIL
 from __future__ import annotations
 
 import operator
-import re
 import time
 import warnings
 from collections.abc import Sequence
@@ -16,13 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import polars as pl
 
 from . import _grades_core as core
+from .errors import MrtInputError
 from ._tables import (
-    MrtInputError,
     columns_of,
     embeddings as _embeddings,
     group,
+    mode_labels,
     numeric,
     pool_keys,
     require,
@@ -100,36 +101,70 @@ class SelectionReport:
         }
 
 
+#: k, k_max and seed are unsigned 64-bit integers in the core
+_U64_END = 2**64
+
+
 def _check_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise MrtInputError(f"k must be an integer >= 1, got {k!r}")
     if k < 1:
         raise MrtInputError(f"k must be >= 1, got {k}")
+    if k >= _U64_END:
+        raise MrtInputError(f"k must be < 2**64, got {k}")
     return int(k)
 
 
-def _check_common(alpha: float, eps: float, k: int, k_max: int | None, kernel: str) -> None:
-    if not np.isfinite(alpha) or alpha < 0:
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0 or seed >= _U64_END:
+        raise MrtInputError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return int(seed)
+
+
+def _number(v: Any, name: str) -> float:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise MrtInputError(f"{name} must be a number, got {v!r}")
+    try:
+        return float(v)
+    except OverflowError:
+        raise MrtInputError(f"{name} must be a finite number, got {v!r}") from None
+
+
+def _check_common(alpha: Any, eps: Any, k: int, k_max: Any, kernel: Any) -> tuple[float, float]:
+    a, e = _number(alpha, "alpha"), _number(eps, "eps")
+    if not np.isfinite(a) or a < 0:
         raise MrtInputError(f"alpha must be a finite number >= 0, got {alpha}")
-    if not np.isfinite(eps) or eps <= 0:
+    if not np.isfinite(e) or e <= 0:
         raise MrtInputError(f"eps must be a finite number > 0, got {eps}")
-    if k_max is not None and k_max < k:
-        raise MrtInputError(f"k_max must be >= k, got k_max = {k_max} < k = {k}")
-    if kernel not in KERNELS:
+    if k_max is not None:
+        if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) or k_max >= _U64_END:
+            raise MrtInputError(f"k_max must be None or an integer < 2**64, got {k_max!r}")
+        if k_max < k:
+            raise MrtInputError(f"k_max must be >= k, got k_max = {k_max} < k = {k}")
+    if not isinstance(kernel, str) or kernel not in KERNELS:
         raise MrtInputError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return a, e
 
 
-_POOL_RE = re.compile(r"^pool (\d+): ")
+def _check_optimizer(optimizer: Any) -> str:
+    if not isinstance(optimizer, str) or optimizer not in ("lazy", "naive"):
+        raise MrtInputError(f"optimizer must be 'lazy' or 'naive', got {optimizer!r}")
+    return optimizer
 
 
-def _name_pool(err: ValueError, keys, by: str) -> MrtInputError:
-    """Rewrite the core's 'pool 12: ...' into one naming the prompt id."""
-    msg = str(err)
-    m = _POOL_RE.match(msg)
-    if m:
-        p = int(m.group(1))
-        msg = f"pool {p} ({by}={keys[p]!r}): {msg[m.end():]}"
-    return MrtInputError(msg)
+def _said_of_table(e: MrtInputError, keys: pl.Series, by: str, columns: dict) -> MrtInputError:
+    """The core's error about pool index `e.pool`, argument `e.column` and row
+    `e.row`, said of the table: the pool by its prompt id, the column by name."""
+    p = e.pool
+    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < len(keys):
+        return e
+    p = int(p)
+    key = keys[p]
+    msg, prefix = str(e), f"pool {p}: "
+    rest = msg[len(prefix):] if msg.startswith(prefix) else msg
+    return MrtInputError(
+        f"pool {p} ({by}={key!r}): {rest}", pool=key, column=columns.get(e.column, e.column), row=e.row
+    )
 
 
 def select(
@@ -165,7 +200,9 @@ def select(
         quality-weighted facility location) or ``"stratified"`` (by ``mode``).
     by, embedding, reward, mode : str
         Column names: the prompt id, the embedding (list/array of floats), the
-        reward (numeric) and the mode label (integer) columns.
+        reward (numeric) and the mode label columns. Each distinct mode label is
+        its own stratum; float labels must be whole numbers (1.5 is an error,
+        never truncated into the stratum of 1).
     alpha, eps, k_max :
         GRADES quality weights ``q = eps + (r - min r)/(max r - min r + eps)``,
         weights ``q**alpha``; ``k_max`` keeps only the best ``k_max`` by quality
@@ -185,6 +222,11 @@ def select(
     return_report : bool
         Also return a :class:`SelectionReport`.
 
+    A pool whose n x n similarity would exceed ``DENSE_LIMIT_BYTES`` (2 GiB)
+    runs with similarity columns recomputed on demand. Bad input raises
+    :class:`MrtInputError` with ``pool`` (the prompt id), ``column`` and ``row``
+    set where known.
+
     Returns
     -------
     The same table type with only the kept rows (grouped by pool in order of
@@ -200,10 +242,26 @@ def select(
     m = METHODS[method.lower()]
     if m == "diverse":
         alpha = 0.0
-    _check_common(alpha, eps, k, k_max, kernel)
-    if not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise MrtInputError(f"seed must be an integer >= 0, got {seed!r}")
+    alpha, eps = _check_common(alpha, eps, k, k_max, kernel)
+    seed = _check_seed(seed)
+    optimizer = _check_optimizer(optimizer)
+    try:
+        return _select(
+            table, k, m, t0, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps,
+            k_max=k_max, kernel=kernel, seed=seed, candidate_key=candidate_key, optimizer=optimizer,
+            return_report=return_report,
+        )
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as e:
+        # a column polars cannot group, cast or key (an id or label of an unusable type)
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MrtInputError(f"the table cannot be used for selection: {type(e).__name__}: {msg}") from None
 
+
+def _select(
+    table: Any, k: int, m: str, t0: float, *, by: str, embedding: str, reward: str, mode: str, alpha: float,
+    eps: float, k_max: int | None, kernel: str, seed: int, candidate_key: str | None, optimizer: str,
+    return_report: bool,
+):
     kind = table_kind(table)
     cols = columns_of(table, kind)
     require(cols, by, "prompt id")
@@ -240,27 +298,26 @@ def select(
         if m in FACILITY_METHODS:
             x = _embeddings(df, embedding)
             rew = numeric(df, reward, "reward") if reward in df.columns else None
+            params = core.FlParams(k, alpha=alpha, eps=eps, k_max=k_max, optimizer=optimizer)
             res = core.fl_batch(
-                x, g.offsets, k, rows=rows, rewards=rew, alpha=float(alpha), eps=float(eps),
-                k_max=k_max, kernel=kernel, optimizer=optimizer,
+                x, g.offsets, params, rows=rows, rewards=rew, kernel=kernel, dense_limit=DENSE_LIMIT_BYTES
             )
             extra["gain"] = res["gains"]
             report.objective = res["objective"]
             report.upper_bound = res["upper_bound"]
         elif m == "random":
-            res = core.random_k(g.offsets, pool_keys(g.keys), k, int(seed), rows=rows, n_rows=df.height)
+            res = core.random_k(g.offsets, pool_keys(g.keys), k, seed, rows=rows, n_rows=df.height)
         elif m == "top":
             rew = numeric(df, reward, "reward")
             res = core.top_k(g.offsets, rew, k, rows=rows)
         else:
-            modes = numeric(df, mode, "mode", dtype=__import__("polars").Int64)
-            res = core.stratified_k(g.offsets, modes, pool_keys(g.keys), k, int(seed), rows=rows)
+            modes = mode_labels(df, mode)
+            res = core.stratified_k(g.offsets, modes, pool_keys(g.keys), k, seed, rows=rows)
             extra["weight"] = res["weights"]
             report.modes_missed = int(res["modes_missed"].sum())
-    except ValueError as e:
-        if isinstance(e, MrtInputError):
-            raise
-        raise _name_pool(e, g.keys, by) from None
+    except MrtInputError as e:
+        columns = {"embeddings": embedding, "rewards": reward, "modes": mode}
+        raise _said_of_table(e, g.keys, by, columns) from None
 
     out_off = res["offsets"].astype(np.int64)
     counts = np.diff(out_off)
@@ -390,11 +447,13 @@ def facility_location(
       array, a scipy.sparse matrix, or an ``(indptr, indices, data)`` CSR
       triple (then ``embeddings`` is not needed).
 
-    ``memory`` picks how a single pool of embeddings is solved: ``"dense"``
+    ``memory`` picks how each pool of embeddings is solved: ``"dense"``
     holds the n x n similarity, ``"on_demand"`` recomputes similarity columns
     inside lazy greedy (memory O(n d): the embeddings plus a cache of at most
-    8 d columns), ``"auto"`` switches to on-demand when the matrix would exceed
-    2 GiB (n > 23,170). On-demand trades time for memory: every re-evaluation
+    8 d columns), ``"auto"`` (what `select` does) switches a pool to on-demand
+    when its matrix would exceed ``DENSE_LIMIT_BYTES`` (2 GiB, n > 23,170).
+    A buffer that cannot be allocated is an :class:`MrtInputError` naming the
+    pool and the size. On-demand trades time for memory: every re-evaluation
     lazy greedy needs costs a column (n d flops) instead of a column scan, and
     on embeddings where many candidates have near-equal gains lazy greedy
     re-evaluates several percent of the pool per step.
@@ -420,12 +479,13 @@ def _facility_location(
     kernel: str, similarity: Any, optimizer: str, memory: str, symmetric: bool,
 ) -> FacilityLocationResult:
     k = _check_k(k)
-    _check_common(alpha, eps, k, k_max, kernel)
-    if optimizer not in ("lazy", "naive"):
-        raise MrtInputError(f"optimizer must be 'lazy' or 'naive', got {optimizer!r}")
-    if memory not in ("auto", "dense", "on_demand"):
+    alpha, eps = _check_common(alpha, eps, k, k_max, kernel)
+    optimizer = _check_optimizer(optimizer)
+    if not isinstance(memory, str) or memory not in ("auto", "dense", "on_demand"):
         raise MrtInputError(f"memory must be 'auto', 'dense' or 'on_demand', got {memory!r}")
-    kw = dict(alpha=float(alpha), eps=float(eps), k_max=k_max, optimizer=optimizer)
+    params = core.FlParams(k, alpha=alpha, eps=eps, k_max=k_max, optimizer=optimizer)
+    # bytes of a pool's n x n block above which the pool runs on demand
+    dense_limit = {"auto": DENSE_LIMIT_BYTES, "dense": _U64_END - 1, "on_demand": 0}[memory]
 
     def single(r: dict) -> FacilityLocationResult:
         return FacilityLocationResult(
@@ -459,12 +519,12 @@ def _facility_location(
 
             r = core.fl_sparse(
                 n, ints(indptr, "indptr"), ints(indices, "indices"),
-                np.ascontiguousarray(data, dtype=np.float32), k, rewards=rew, symmetric=bool(symmetric), **kw,
+                np.ascontiguousarray(data, dtype=np.float32), params, rewards=rew, symmetric=bool(symmetric),
             )
             return single(r)
         s = _as_f32_2d(similarity, "similarity")
         rew = None if rewards is None else _as_f64_1d(rewards, "rewards", s.shape[0])
-        return single(core.fl_dense(s, k, rewards=rew, **kw))
+        return single(core.fl_dense(s, params, rewards=rew))
 
     if embeddings is None:
         raise MrtInputError("pass embeddings or a precomputed similarity")
@@ -476,9 +536,9 @@ def _facility_location(
     if offsets is None:
         on_demand = memory == "on_demand" or (memory == "auto" and n * n * 4 > DENSE_LIMIT_BYTES)
         if on_demand:
-            return single(core.fl_on_demand(x, k, rewards=rew, kernel=kernel, **kw))
+            return single(core.fl_on_demand(x, params, rewards=rew, kernel=kernel))
         off = np.array([0, n], dtype=np.uint64)
-        r = core.fl_batch(x, off, k, rewards=rew, kernel=kernel, **kw)
+        r = core.fl_batch(x, off, params, rewards=rew, kernel=kernel, dense_limit=dense_limit)
         return FacilityLocationResult(
             indices=r["indices"].astype(np.int64), gains=r["gains"],
             objective=float(r["objective"][0]), upper_bound=float(r["upper_bound"][0]),
@@ -487,7 +547,7 @@ def _facility_location(
     if off.ndim != 1 or not np.issubdtype(off.dtype, np.integer) or (len(off) and off.min() < 0):
         raise MrtInputError("offsets must be a 1-d array of non-negative integers")
     off = np.ascontiguousarray(off, dtype=np.uint64)
-    r = core.fl_batch(x, off, k, rewards=rew, kernel=kernel, **kw)
+    r = core.fl_batch(x, off, params, rewards=rew, kernel=kernel, dense_limit=dense_limit)
     po = r["offsets"].astype(np.int64)
     idx = r["indices"].astype(np.int64)
     return FacilityLocationResult(

@@ -392,11 +392,10 @@ def pool_modes(
                 n_modes=None if n_modes is None else int(n_modes), m_max=int(m_max),
                 min_silhouette=float(min_silhouette), max_iter=int(max_iter),
             )
-        except ValueError as e:
-            from .select import _name_pool
+        except MrtInputError as e:
+            from .select import _said_of_table
 
-            err = _name_pool(e, g.keys.gather(sp), by)
-            raise err from None
+            raise _said_of_table(e, g.keys.gather(sp), by, {"embeddings": embedding}) from None
         labels[rows.astype(np.int64)] = res["labels"]
         n_m[sp] = res["n_modes"]
         sil[sp] = res["silhouette"]
@@ -406,7 +405,8 @@ def pool_modes(
             lab = _faiss_modes(x[rows], None if n_modes is None else int(n_modes), int(m_max), float(min_silhouette),
                                int(seed) ^ int(keys[p] & 0x3FFFFFFF))
         except MrtInputError as e:
-            raise MrtInputError(f"pool {p} ({by}={g.keys[int(p)]!r}): {e}") from None
+            raise MrtInputError(f"pool {p} ({by}={g.keys[int(p)]!r}): {e}", pool=g.keys[int(p)],
+                                column=embedding) from None
         labels[rows] = lab
         n_m[p] = int(lab.max()) + 1
         sil[p] = np.nan

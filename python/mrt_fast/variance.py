@@ -80,8 +80,7 @@ def _losses(x: Any, name: str = "losses") -> np.ndarray:
 
 
 def _id_series(ids: Any, name: str = "prompt ids") -> pl.Series:
-    """Prompt ids of any type as a polars Series without nulls (integers too
-    large for int64 as text, which is how `pool_keys` keys them)."""
+    """Prompt ids of any type as a polars Series without nulls."""
     if isinstance(ids, pl.Series):
         s = ids
     else:
@@ -96,8 +95,6 @@ def _id_series(ids: Any, name: str = "prompt ids") -> pl.Series:
     if s.null_count():
         first = int(s.is_null().arg_true()[0])
         raise MrtInputError(f"{name} have {s.null_count()} null value(s), the first at row {first}")
-    if s.dtype == pl.UInt64 and len(s) and s.max() > np.iinfo(np.int64).max:
-        s = s.cast(pl.Utf8)
     return s
 
 
@@ -172,8 +169,9 @@ class VarianceAccumulator:
             k = np.ascontiguousarray(k)
         else:
             ids = _id_series(prompt_ids)
-            if ids.dtype.is_integer():
+            if ids.dtype.is_integer() and not (ids.dtype == pl.UInt64 and ids.max() > np.iinfo(np.int64).max):
                 # keyed inside the accumulator's scan, once per run of equal ids
+                # (ids beyond int64 are keyed by `pool_keys`, by value, below)
                 k = np.ascontiguousarray(ids.cast(pl.Int64).to_numpy())
             else:
                 k = np.ascontiguousarray(pool_keys(ids), dtype=np.uint64)

@@ -1,8 +1,12 @@
 //! Criterion benches of the core's hot loops: many small pools (Gram blocks +
-//! lazy greedy) and one sparse pool.
+//! lazy greedy), the small-pool sweep greedy alone, one large clustered pool
+//! held dense and run on demand, and one sparse pool.
 use criterion::{criterion_group, criterion_main, Criterion};
-use grades_core::facility::{facility_location_batch, facility_location_sparse, Optimizer, Params};
-use grades_core::kernel::{Csr, Kernel};
+use grades_core::facility::{
+    facility_location_batch, facility_location_batch_within, facility_location_sparse, greedy_sweep_with, Optimizer,
+    Params, SweepScratch,
+};
+use grades_core::kernel::{cosine_gram, Csr, Kernel};
 use grades_core::pools::Pools;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -24,6 +28,44 @@ fn bench_small_pools(c: &mut Criterion) {
     });
 }
 
+fn bench_sweep(c: &mut Criterion) {
+    // the sweep greedy alone on one cached 64 x 64 block, K = 4
+    let (n, d, k) = (64usize, 384usize, 4usize);
+    let x: Vec<f32> = data(n, d, 3).iter().map(|v| v + 0.2).collect();
+    let (mut s, mut inv) = (Vec::new(), Vec::new());
+    cosine_gram(&x, n, d, Kernel::Clip, &mut s, &mut inv, &|i| (0, i, format!("{i}")), &[]).unwrap();
+    let w = vec![1.0; n];
+    let mut sc = SweepScratch::default();
+    c.bench_function("sweep_64x384_k4", |b| b.iter(|| greedy_sweep_with(&s, n, &w, k, &mut sc).objective));
+}
+
+fn bench_large_pool(c: &mut Criterion) {
+    // one clustered pool of 4,000 x 384, K = 100: its 64 MB block held dense,
+    // and the same pool with similarity columns on demand (a budget below it)
+    let (n, d, k, clusters) = (4000usize, 384usize, 100usize, 40usize);
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut normal = move || (0..4).map(|_| rng.random::<f32>()).sum::<f32>() * 1.732 - 3.464;
+    let centres: Vec<f32> = (0..clusters * d).map(|_| normal()).collect();
+    let mut x = vec![0f32; n * d];
+    for (i, row) in x.chunks_mut(d).enumerate() {
+        let c = &centres[(i * 7919 % clusters) * d..][..d];
+        for (v, &m) in row.iter_mut().zip(c) {
+            *v = m + 0.7 * normal();
+        }
+    }
+    let off = [0u64, n as u64];
+    let pools = Pools::new(&x, d, &off, None).unwrap();
+    let params = Params { k, alpha: 0.0, eps: 1e-6, k_max: None, optimizer: Optimizer::Lazy };
+    let mut g = c.benchmark_group("one_pool_4000x384_k100");
+    g.bench_function("dense", |b| {
+        b.iter(|| facility_location_batch_within(&pools, None, &params, Kernel::Clip, usize::MAX).unwrap())
+    });
+    g.bench_function("on_demand", |b| {
+        b.iter(|| facility_location_batch_within(&pools, None, &params, Kernel::Clip, 0).unwrap())
+    });
+    g.finish();
+}
+
 fn bench_sparse(c: &mut Criterion) {
     let (n, deg) = (20_000usize, 16usize);
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -31,11 +73,16 @@ fn bench_sparse(c: &mut Criterion) {
     let mut indices = Vec::new();
     let mut vals = Vec::new();
     for i in 0..n {
-        indices.push(i as i64);
-        vals.push(1.0f32);
+        // the self loop and `deg` random neighbours, each (i, j) once
+        let mut row = vec![(i as i64, 1.0f32)];
         for _ in 0..deg {
-            indices.push(rng.random_range(0..n) as i64);
-            vals.push(rng.random::<f32>());
+            row.push((rng.random_range(0..n) as i64, rng.random::<f32>()));
+        }
+        row.sort_by_key(|e| e.0);
+        row.dedup_by_key(|e| e.0);
+        for (j, v) in row {
+            indices.push(j);
+            vals.push(v);
         }
         indptr.push(indices.len() as i64);
     }
@@ -49,6 +96,6 @@ fn bench_sparse(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = bench_small_pools, bench_sparse
+    targets = bench_small_pools, bench_sweep, bench_large_pool, bench_sparse
 }
 criterion_main!(benches);

@@ -1,6 +1,8 @@
 //! One error type for every bad input the core can see. Nothing in the core
 //! panics on user data: every check returns an [`Error`] with a message that
-//! names the argument, the pool and the offending value.
+//! names the argument, the pool and the offending value, and carries the
+//! pool, the argument and the row as fields where they are known, so the
+//! bindings can hand them on without parsing the message.
 
 /// A bad input detected by the core.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -10,11 +12,73 @@ pub enum Error {
     Invalid(String),
     /// A value inside one pool is unusable (NaN reward, zero-norm embedding...).
     #[error("pool {pool}: {msg}")]
-    Pool { pool: usize, msg: String },
+    Pool {
+        /// Index of the pool in the batch.
+        pool: usize,
+        msg: String,
+        /// The argument holding the value ("embeddings", "rewards", "modes").
+        arg: Option<&'static str>,
+        /// Row of that argument (row of the caller's matrix or array).
+        row: Option<usize>,
+    },
+    /// A buffer the input needs cannot be allocated.
+    #[error("{}cannot allocate {bytes} bytes for {what}", pool.map(|p| format!("pool {p}: ")).unwrap_or_default())]
+    Memory { pool: Option<usize>, bytes: usize, what: String },
+}
+
+impl Error {
+    /// A bad value in pool `pool`, held by argument `arg` at row `row`.
+    pub fn at(pool: usize, arg: &'static str, row: usize, msg: impl Into<String>) -> Self {
+        Error::Pool { pool, msg: msg.into(), arg: Some(arg), row: Some(row) }
+    }
+
+    /// The error, said of pool `p` where it names no pool yet.
+    pub fn in_pool(self, p: usize) -> Self {
+        match self {
+            Error::Memory { pool: None, bytes, what } => Error::Memory { pool: Some(p), bytes, what },
+            e => e,
+        }
+    }
+
+    /// The pool the error is about, if any.
+    pub fn pool(&self) -> Option<usize> {
+        match self {
+            Error::Invalid(_) => None,
+            Error::Pool { pool, .. } => Some(*pool),
+            Error::Memory { pool, .. } => *pool,
+        }
+    }
+
+    /// The argument holding the bad value, if known.
+    pub fn arg(&self) -> Option<&'static str> {
+        match self {
+            Error::Pool { arg, .. } => *arg,
+            _ => None,
+        }
+    }
+
+    /// The row of [`Error::arg`] holding the bad value, if known.
+    pub fn row(&self) -> Option<usize> {
+        match self {
+            Error::Pool { row, .. } => *row,
+            _ => None,
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 pub(crate) fn invalid<T>(msg: impl Into<String>) -> Result<T> {
     Err(Error::Invalid(msg.into()))
+}
+
+/// A zeroed vector of `n` values, allocated fallibly: an allocation failure
+/// is an [`Error::Memory`] naming `what` (and the pool), never an abort.
+pub fn try_zeroed<T: Clone + Default>(n: usize, pool: Option<usize>, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    let fail = || Error::Memory { pool, bytes: n.saturating_mul(std::mem::size_of::<T>()), what: what.to_string() };
+    n.checked_mul(std::mem::size_of::<T>()).filter(|&b| b <= isize::MAX as usize).ok_or_else(fail)?;
+    v.try_reserve_exact(n).map_err(|_| fail())?;
+    v.resize(n, T::default());
+    Ok(v)
 }

@@ -25,7 +25,7 @@ use std::collections::BinaryHeap;
 
 use rayon::prelude::*;
 
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, try_zeroed, Error, Result};
 use crate::kernel::{cosine_gram, gather_normalized, gather_rows, gemm_abt, Csr, CsrRef, Idx, Kernel};
 use crate::pools::Pools;
 
@@ -109,13 +109,22 @@ impl FlResult {
 }
 
 /// GRADES quality `q_j = eps + (r_j - min r) / (max r - min r + eps)`.
+///
+/// Finite rewards whose range `max r - min r` overflows float64 are halved
+/// (numerator and denominator alike) before the division, which gives the
+/// same quotient without an infinite range (and so without NaN weights).
 pub fn quality(rewards: &[f64], eps: f64) -> Vec<f64> {
     if rewards.is_empty() {
         return Vec::new();
     }
     let (lo, hi) = rewards.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| (lo.min(r), hi.max(r)));
-    let den = hi - lo + eps;
-    rewards.iter().map(|&r| eps + (r - lo) / den).collect()
+    if (hi - lo).is_finite() {
+        let den = hi - lo + eps;
+        rewards.iter().map(|&r| eps + (r - lo) / den).collect()
+    } else {
+        let den = (hi / 2.0 - lo / 2.0) + eps / 2.0;
+        rewards.iter().map(|&r| eps + (r / 2.0 - lo / 2.0) / den).collect()
+    }
 }
 
 /// Positions of the `k_max` largest qualities, ties to the lower index,
@@ -593,7 +602,7 @@ impl Source for OnDemandSource {
                 // one pass over the upper block triangle of S (half the flops
                 // of the full matrix, one stripe x stripe block at a time),
                 // partial sums reduced in a fixed order
-                const B: usize = crate::simd::STRIPE;
+                const B: usize = crate::gram::STRIPE;
                 let nb = n.div_ceil(B);
                 let pairs: Vec<(usize, usize)> = (0..nb).flat_map(|a| (a..nb).map(move |b| (a, b))).collect();
                 let (x, kernel) = (&self.x, self.kernel);
@@ -1087,10 +1096,16 @@ fn weights_for(q: Option<&[f64]>, u: &[usize], alpha: f64) -> Vec<f64> {
     }
 }
 
-/// Check rewards are finite; name the pool and the candidate.
-fn check_rewards(pool: usize, r: &[f64]) -> Result<()> {
+/// Check rewards are finite; name the pool, the candidate and its row
+/// (`row_of(i)`: the row of the caller's rewards holding candidate `i`).
+fn check_rewards(pool: usize, r: &[f64], row_of: &dyn Fn(usize) -> usize) -> Result<()> {
     if let Some((i, &v)) = r.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-        return Err(Error::Pool { pool, msg: format!("reward of candidate {i} is {v}; rewards must be finite") });
+        return Err(Error::at(
+            pool,
+            "rewards",
+            row_of(i),
+            format!("reward of candidate {i} is {v}; rewards must be finite"),
+        ));
     }
     Ok(())
 }
@@ -1098,13 +1113,14 @@ fn check_rewards(pool: usize, r: &[f64]) -> Result<()> {
 /// Quality and ground set of one pool (all candidates unless k_max prefilters).
 fn ground_set(
     pool: usize,
+    row_of: &dyn Fn(usize) -> usize,
     n: usize,
     rewards: Option<&[f64]>,
     params: &Params,
 ) -> Result<(Option<Vec<f64>>, Vec<usize>)> {
     let q = match rewards {
         Some(r) => {
-            check_rewards(pool, r)?;
+            check_rewards(pool, r, row_of)?;
             Some(quality(r, params.eps))
         }
         None => None,
@@ -1136,6 +1152,7 @@ fn run_pool(
     rewards: Option<&[f64]>,
     params: &Params,
     kernel: Kernel,
+    dense_limit: usize,
     sc: &mut Scratch,
 ) -> Result<FlResult> {
     let n = pools.layout.len(p);
@@ -1150,9 +1167,17 @@ fn run_pool(
         }
         None => None,
     };
-    let (q, u) = ground_set(p, n, pool_rewards, params)?;
+    let (q, u) = ground_set(p, &|i| pools.layout.row(p, i), n, pool_rewards, params)?;
     let m = u.len();
     let d = pools.dim;
+    if dense_bytes(m) > dense_limit {
+        // too large for its n x n block: similarity columns on demand
+        let mut xn = Vec::new();
+        gather_normalized(pools, p, &u, &mut xn)?;
+        let w = weights_for(q.as_deref(), &u, params.alpha);
+        let mut src = OnDemandSource::new(xn, m, d, kernel);
+        return Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u));
+    }
     // the pool's rows straight from the caller's matrix when they are
     // contiguous and all in the ground set; a gathered copy otherwise
     let first = pools.layout.row(p, 0);
@@ -1163,7 +1188,10 @@ fn run_pool(
         gather_rows(pools, p, &u, &mut sc.x);
         &sc.x
     };
-    let name = |i: usize| (p, format!("candidate {} (row {})", u[i], pools.layout.row(p, u[i])));
+    let name = |i: usize| {
+        let row = pools.layout.row(p, u[i]);
+        (p, row, format!("candidate {} (row {row})", u[i]))
+    };
     // the next pool's rows (when contiguous), prefetched while this one computes
     let next: &[f32] = if p + 1 < pools.layout.n_pools() && pools.layout.len(p + 1) > 0 {
         let (f, len) = (pools.layout.row(p + 1, 0), pools.layout.len(p + 1));
@@ -1175,7 +1203,7 @@ fn run_pool(
     } else {
         &[]
     };
-    cosine_gram(x, m, d, kernel, &mut sc.s, &mut sc.inv, &name, next)?;
+    cosine_gram(x, m, d, kernel, &mut sc.s, &mut sc.inv, &name, next).map_err(|e| e.in_pool(p))?;
     let w = weights_for(q.as_deref(), &u, params.alpha);
     // the Gram block is exactly symmetric: small pools with a small K take
     // the sweep, which gives what naive (and so lazy) greedy gives
@@ -1191,13 +1219,38 @@ fn run_pool(
     Ok(res)
 }
 
+/// Bytes of the n x n float32 similarity block of a pool of `n` candidates.
+pub fn dense_bytes(n: usize) -> usize {
+    n.saturating_mul(n).saturating_mul(std::mem::size_of::<f32>())
+}
+
+/// A pool whose n x n similarity block would take more bytes than this (2 GiB,
+/// n > 23,170) is solved with similarity columns recomputed on demand.
+pub const DENSE_LIMIT_BYTES: usize = 2 << 30;
+
 /// Facility location on every pool of a ragged batch, in parallel over pools.
 /// `rewards`, when given, is indexed by matrix row (like the embeddings).
+/// Pools above [`DENSE_LIMIT_BYTES`] run on demand, as in
+/// [`facility_location_batch_within`].
 pub fn facility_location_batch(
     pools: &Pools<'_>,
     rewards: Option<&[f64]>,
     params: &Params,
     kernel: Kernel,
+) -> Result<Vec<FlResult>> {
+    facility_location_batch_within(pools, rewards, params, kernel, DENSE_LIMIT_BYTES)
+}
+
+/// [`facility_location_batch`] holding a pool's n x n similarity block only
+/// while it takes at most `dense_limit` bytes; a larger pool (its ground set,
+/// after `k_max`) runs with similarity columns recomputed on demand (memory
+/// O(n d), as [`facility_location_on_demand`]).
+pub fn facility_location_batch_within(
+    pools: &Pools<'_>,
+    rewards: Option<&[f64]>,
+    params: &Params,
+    kernel: Kernel,
+    dense_limit: usize,
 ) -> Result<Vec<FlResult>> {
     params.validate()?;
     if params.needs_rewards() && rewards.is_none() {
@@ -1214,7 +1267,7 @@ pub fn facility_location_batch(
     }
     let out: Vec<Result<FlResult>> = (0..pools.layout.n_pools())
         .into_par_iter()
-        .map_init(Scratch::default, |sc, p| run_pool(pools, p, rewards, params, kernel, sc))
+        .map_init(Scratch::default, |sc, p| run_pool(pools, p, rewards, params, kernel, dense_limit, sc))
         .collect();
     // the first failing pool, deterministically
     out.into_iter().collect()
@@ -1233,7 +1286,7 @@ fn single_pool_setup(n: usize, rewards: Option<&[f64]>, params: &Params) -> Resu
             return invalid(format!("rewards has {} entries but the pool has {} candidates", r.len(), n));
         }
     }
-    let (q, u) = ground_set(0, n, rewards, params)?;
+    let (q, u) = ground_set(0, &|i| i, n, rewards, params)?;
     let w = weights_for(q.as_deref(), &u, params.alpha);
     Ok((q, u, w))
 }
@@ -1269,7 +1322,7 @@ pub fn facility_location_dense(sim: &[f32], n: usize, rewards: Option<&[f64]>, p
     // column-major copy of the ground-set block: col j holds S_ij, i in U;
     // in parallel over columns, 64 at a time (so the row-major reads of a
     // tile share cache lines)
-    let mut cols = vec![0f32; m * m];
+    let mut cols = try_zeroed::<f32>(m * m, None, "the similarity block")?;
     const T: usize = 64;
     cols.par_chunks_mut(T * m.max(1)).enumerate().for_each(|(b, block)| {
         let j0 = b * T;

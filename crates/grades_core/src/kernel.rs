@@ -6,7 +6,7 @@
 //! * [`Kernel::Clip`]: `max(0, c)` (negative similarity counts as none);
 //! * [`Kernel::Shift`]: `(1 + c) / 2` (the paper's code uses this).
 
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, try_zeroed, Error, Result};
 use crate::pools::Pools;
 
 /// How a cosine in [-1, 1] becomes a similarity in [0, 1].
@@ -39,12 +39,19 @@ impl Kernel {
     }
 }
 
+/// Names row `i` of a block in errors: (pool, row of the caller's matrix,
+/// a description such as "candidate 3 (row 17)").
+pub type RowName<'a> = dyn Fn(usize) -> (usize, usize, String) + 'a;
+
 /// Copy the rows of the candidates `which` of pool `p` into `out`
 /// (row-major, `which.len() x dim`), each scaled to unit norm. Fails as
 /// [`normalize_rows`] does, naming the pool and candidate.
 pub fn gather_normalized(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f32>) -> Result<()> {
     gather_rows(pools, p, which, out);
-    let name = |k: usize| (p, format!("candidate {} (row {})", which[k], pools.layout.row(p, which[k])));
+    let name = |k: usize| {
+        let row = pools.layout.row(p, which[k]);
+        (p, row, format!("candidate {} (row {row})", which[k]))
+    };
     normalize_rows(out, which.len(), pools.dim, &name)
 }
 
@@ -53,9 +60,9 @@ pub fn gather_normalized(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut
 /// before changing anything, on the first row (in order) that holds a
 /// non-finite value, has zero norm, or has a norm whose inverse is not a
 /// normal float32 (which would turn cosines into inf or NaN), naming it by
-/// `name(i)` (pool, description). Rows are done in parallel when there are
+/// `name(i)` (pool, row, description). Rows are done in parallel when there are
 /// many; the result does not depend on it.
-pub fn normalize_rows(x: &mut [f32], n: usize, d: usize, name: &dyn Fn(usize) -> (usize, String)) -> Result<()> {
+pub fn normalize_rows(x: &mut [f32], n: usize, d: usize, name: &RowName<'_>) -> Result<()> {
     use rayon::prelude::*;
     let x = &mut x[..n * d];
     let ss_of = |row: &[f32]| row.iter().map(|&v| v as f64 * v as f64).sum::<f64>();
@@ -69,20 +76,24 @@ pub fn normalize_rows(x: &mut [f32], n: usize, d: usize, name: &dyn Fn(usize) ->
     let inv: Vec<f32> = ss.iter().map(|&v| (1.0 / v.sqrt()) as f32).collect();
     if let Some(i) = (0..n).position(|i| !(ss[i].is_finite() && ss[i] > 0.0 && inv[i].is_normal())) {
         let row = &x[i * d..(i + 1) * d];
-        let (pool, what) = name(i);
+        let (pool, at, what) = name(i);
         if let Some(v) = row.iter().find(|v| !v.is_finite()) {
-            return Err(Error::Pool { pool, msg: format!("embedding of {what} holds a non-finite value {v}") });
+            return Err(Error::at(pool, "embeddings", at, format!("embedding of {what} holds a non-finite value {v}")));
         }
         if ss[i] == 0.0 {
-            return Err(Error::Pool {
+            return Err(Error::at(
                 pool,
-                msg: format!("embedding of {what} has zero norm; cosine similarity is undefined"),
-            });
+                "embeddings",
+                at,
+                format!("embedding of {what} has zero norm; cosine similarity is undefined"),
+            ));
         }
-        return Err(Error::Pool {
+        return Err(Error::at(
             pool,
-            msg: format!("embedding of {what} has a norm ({:e}) outside float32 arithmetic", ss[i].sqrt()),
-        });
+            "embeddings",
+            at,
+            format!("embedding of {what} has a norm ({:e}) outside float32 arithmetic", ss[i].sqrt()),
+        ));
     }
     let scale = |(row, &inv): (&mut [f32], &f32)| row.iter_mut().for_each(|v| *v *= inv);
     match d {
@@ -159,7 +170,7 @@ pub fn gather_rows(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f
 /// Cosine similarity block of raw rows `x` (`n x d`, any norms) mapped by
 /// `kernel`: one GEMM on the raw rows, norms read off the Gram diagonal, then
 /// one fused scale + kernel pass. The block is symmetric to the bit.
-/// `name(i)` names row i in error messages.
+/// `name(i)` names row i in errors (pool, row, description).
 /// `next` is memory the caller reads next, prefetched while the product
 /// computes (a hint; may be empty). Fails on a non-finite value or a
 /// zero-norm row.
@@ -171,43 +182,53 @@ pub fn cosine_gram(
     kernel: Kernel,
     out: &mut Vec<f32>,
     inv: &mut Vec<f32>,
-    name: &dyn Fn(usize) -> (usize, String),
+    name: &RowName<'_>,
     next: &[f32],
 ) -> Result<()> {
-    // every entry is written below: no clearing; a new buffer comes from
-    // zeroed pages (calloc), not a memset of n^2 floats
+    // every entry is written below: a reused buffer is not cleared; a new
+    // one is allocated fallibly (a failure is an error, not an abort)
     if out.capacity() < n * n {
-        *out = vec![0.0; n * n];
+        *out = Vec::new(); // (the old block freed before the new one is made)
+        *out = try_zeroed(n * n, None, &format!("the {n} x {n} similarity block"))?;
         advise_huge_pages(out);
     } else {
         out.resize(n * n, 0.0);
         out.truncate(n * n);
     }
-    if n > crate::simd::STRIPE {
+    if n > crate::gram::STRIPE {
         return cosine_gram_large(x, n, d, kernel, out, name);
     }
-    crate::simd::syrk(x, n, d, out, next);
+    crate::gram::syrk(x, n, d, out, next);
     inv.clear();
     for i in 0..n {
         let g = out[i * n + i];
         if !(g.is_finite() && g > 0.0) {
             // slow path: find out exactly what is wrong with row i
             let row = &x[i * d..(i + 1) * d];
-            let (pool, what) = name(i);
+            let (pool, at, what) = name(i);
             if let Some(v) = row.iter().find(|v| !v.is_finite()) {
-                return Err(Error::Pool { pool, msg: format!("embedding of {what} holds a non-finite value {v}") });
+                return Err(Error::at(
+                    pool,
+                    "embeddings",
+                    at,
+                    format!("embedding of {what} holds a non-finite value {v}"),
+                ));
             }
             let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
             if ss == 0.0 {
-                return Err(Error::Pool {
+                return Err(Error::at(
                     pool,
-                    msg: format!("embedding of {what} has zero norm; cosine similarity is undefined"),
-                });
+                    "embeddings",
+                    at,
+                    format!("embedding of {what} has zero norm; cosine similarity is undefined"),
+                ));
             }
-            return Err(Error::Pool {
+            return Err(Error::at(
                 pool,
-                msg: format!("embedding of {what} is too large for float32 arithmetic (squared norm {ss:e})"),
-            });
+                "embeddings",
+                at,
+                format!("embedding of {what} is too large for float32 arithmetic (squared norm {ss:e})"),
+            ));
         }
         inv.push(1.0 / g.sqrt());
     }
@@ -262,17 +283,10 @@ fn scale_block_dispatch(out: &mut [f32], n: usize, inv: &[f32], kernel: Kernel) 
 /// embeddings are small next to the block), then one pass that computes the
 /// cosines and maps them while each block is in cache; no scaling pass over
 /// the n x n result.
-fn cosine_gram_large(
-    x: &[f32],
-    n: usize,
-    d: usize,
-    kernel: Kernel,
-    out: &mut [f32],
-    name: &dyn Fn(usize) -> (usize, String),
-) -> Result<()> {
+fn cosine_gram_large(x: &[f32], n: usize, d: usize, kernel: Kernel, out: &mut [f32], name: &RowName<'_>) -> Result<()> {
     let mut xn = x[..n * d].to_vec();
     normalize_rows(&mut xn, n, d, name)?;
-    crate::simd::syrk_large(&xn, n, d, out, |c| kernel.apply(c));
+    crate::gram::syrk_large(&xn, n, d, out, |c| kernel.apply(c));
     let one = kernel.apply(1.0);
     for i in 0..n {
         out[i * n + i] = one;
@@ -339,7 +353,8 @@ pub struct CsrRef<'a, P: Idx, I: Idx> {
 impl<'a, P: Idx, I: Idx> CsrRef<'a, P, I> {
     /// Validate: indptr has n + 1 non-decreasing entries from 0 to nnz,
     /// indices are in [0, n), values are finite and in [0, 1] (map cosines
-    /// with a [`Kernel`] first).
+    /// with a [`Kernel`] first), and no (i, j) is stored twice (gains and the
+    /// objective would otherwise combine the copies differently).
     pub fn new(n: usize, indptr: &'a [P], indices: &'a [I], data: &'a [f32]) -> Result<Self> {
         if indptr.len() != n + 1 {
             return invalid(format!("indptr has {} entries, expected n + 1 = {}", indptr.len(), n + 1));
@@ -370,7 +385,22 @@ impl<'a, P: Idx, I: Idx> CsrRef<'a, P, I> {
                 "similarity data[{e}] = {v} is outside [0, 1]; map cosines with kernel='clip' or 'shift' first"
             ));
         }
-        Ok(Self { n, indptr, indices, data })
+        let g = Self { n, indptr, indices, data };
+        // one value per (i, j): last_row[j] = 1 + the last row that stored j
+        let mut last_row = try_zeroed::<u32>(n, None, "the duplicate-entry check")?;
+        for i in 0..n {
+            for e in g.row(i) {
+                let j = indices[e].ix();
+                if last_row[j] == i as u32 + 1 {
+                    return invalid(format!(
+                        "similarity stores entry ({i}, {j}) more than once (again at indices[{e}]); \
+                         keep one value per (i, j)"
+                    ));
+                }
+                last_row[j] = i as u32 + 1;
+            }
+        }
+        Ok(g)
     }
 
     pub fn nnz(&self) -> usize {

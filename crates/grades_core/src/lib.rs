@@ -1,22 +1,27 @@
 //! `grades_core`: the Rust core of `mrt_fast`.
 //!
-//! Pure Rust. Python bindings live only in `python.rs`, behind the `python`
-//! cargo feature.
+//! Pure Rust. Python bindings live only in the `python` folder, behind the
+//! `python` cargo feature.
 //!
+//! * [`error`]: the one error type, carrying pool / argument / row where known.
 //! * [`pools`]: a ragged batch of pools (offsets into one contiguous f32 matrix).
+//! * [`gram`]: the symmetric Gram product `X X^T` (AVX2/FMA with a portable path).
 //! * [`kernel`]: cosine similarity mapped into [0, 1]; dense Gram blocks and CSR graphs.
 //! * [`facility`]: the (quality-weighted) facility-location objective, naive and
 //!   lazy greedy, and a certified upper bound on the optimum.
+//! * [`keys`]: stable 64-bit keys of prompt ids (by value).
 //! * [`sampling`]: random-K, top-K and mode-stratified selection.
+//! * [`kmeans`]: modes of a pool by k-means with a silhouette rule.
 //! * [`variance`]: streaming, mergeable prompt/response variance accumulators.
 
 pub mod error;
 pub mod facility;
+pub mod gram;
 pub mod kernel;
+pub mod keys;
 pub mod kmeans;
 pub mod pools;
 pub mod sampling;
-pub mod simd;
 pub mod variance;
 
 #[cfg(feature = "python")]

@@ -1,9 +1,9 @@
 //! Content-blind and reward-only selectors over a ragged batch of pools:
 //! random-K (RKoN), top-K (BKoN) and mode-stratified K.
 //!
-//! Random draws are seeded per pool from `(seed, key)`, where `key` is a
-//! 64-bit digest of the pool's prompt id, so a pool's draw does not depend on
-//! row order, sharding or the number of threads.
+//! Random draws are seeded per pool from `(seed, key)`, where `key` is the
+//! 64-bit key of the pool's prompt id ([`crate::keys`]), so a pool's draw does
+//! not depend on row order, sharding or the number of threads.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -12,66 +12,8 @@ use rayon::prelude::*;
 use crate::error::{invalid, Error, Result};
 use crate::pools::Layout;
 
-/// Stable 64-bit key of a prompt id given as bytes (xxh3).
-pub fn key_of_bytes(b: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(b)
-}
-
-/// Stable 64-bit key of an integer prompt id.
-pub fn key_of_int(v: i64) -> u64 {
-    key_of_bytes(&v.to_le_bytes())
-}
-
-/// Rows per parallel piece of the key functions below.
-const KEY_PIECE: usize = 1 << 16;
-
-/// [`key_of_int`] of every id, in parallel. A run of equal ids (the usual
-/// layout: a prompt's responses together) is hashed once.
-pub fn keys_of_ints(ids: &[i64]) -> Vec<u64> {
-    use rayon::prelude::*;
-    let mut out = vec![0u64; ids.len()];
-    out.par_chunks_mut(KEY_PIECE).zip(ids.par_chunks(KEY_PIECE)).for_each(|(o, v)| {
-        let mut last: Option<(i64, u64)> = None;
-        for (o, &x) in o.iter_mut().zip(v) {
-            *o = match last {
-                Some((p, k)) if p == x => k,
-                _ => {
-                    let k = key_of_int(x);
-                    last = Some((x, k));
-                    k
-                }
-            };
-        }
-    });
-    out
-}
-
-/// [`key_of_bytes`] of every string `data[offsets[i]..offsets[i + 1]]`, in
-/// parallel; the first bad pair of offsets is an error.
-pub fn keys_of_strings(offsets: &[i64], data: &[u8]) -> crate::error::Result<Vec<u64>> {
-    use rayon::prelude::*;
-    let n = offsets.len().saturating_sub(1);
-    let mut out = vec![0u64; n];
-    let bad = out
-        .par_chunks_mut(KEY_PIECE)
-        .enumerate()
-        .filter_map(|(c, o)| {
-            let base = c * KEY_PIECE;
-            for (i, o) in o.iter_mut().enumerate() {
-                let (s, e) = (offsets[base + i], offsets[base + i + 1]);
-                if s < 0 || e < s || e as usize > data.len() {
-                    return Some((base + i, s, e));
-                }
-                *o = key_of_bytes(&data[s as usize..e as usize]);
-            }
-            None
-        })
-        .min();
-    match bad {
-        Some((_, s, e)) => crate::error::invalid(format!("bad string offsets {s}..{e}")),
-        None => Ok(out),
-    }
-}
+// (the key functions live in `keys`; kept reachable here for existing callers)
+pub use crate::keys::{key_of_bytes, key_of_int, keys_of_ints, keys_of_strings};
 
 /// SplitMix64 finaliser.
 fn mix(mut z: u64) -> u64 {
@@ -167,10 +109,12 @@ pub fn top_k(layout: &Layout<'_>, rewards: &[f64], k: usize) -> Result<Picks> {
             let n = layout.len(p);
             let r: Vec<f64> = (0..n).map(|i| rewards[layout.row(p, i)]).collect();
             if let Some((i, v)) = r.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-                return Err(Error::Pool {
-                    pool: p,
-                    msg: format!("reward of candidate {i} is {v}; rewards must be finite"),
-                });
+                return Err(Error::at(
+                    p,
+                    "rewards",
+                    layout.row(p, i),
+                    format!("reward of candidate {i} is {v}; rewards must be finite"),
+                ));
             }
             let mut idx: Vec<usize> = (0..n).collect();
             // finite values (checked above); -0.0 and 0.0 tie, as they compare equal
@@ -263,46 +207,4 @@ pub fn stratified_k(layout: &Layout<'_>, modes: &[i64], keys: &[u64], k: usize, 
         })
         .collect();
     Ok(Picks::from_pools(per))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn batched_keys_equal_one_at_a_time(
-            runs in prop::collection::vec((any::<i64>(), 1usize..40), 0..300),
-            len in prop::sample::select(vec![0usize, 10, KEY_PIECE + 100, 2 * KEY_PIECE + 3]),
-        ) {
-            // runs of equal ids, repeated to `len` rows (across pieces)
-            let one: Vec<i64> = runs.iter().flat_map(|&(v, n)| std::iter::repeat_n(v, n)).collect();
-            let ids: Vec<i64> = one.iter().cycle().take(if one.is_empty() { 0 } else { len }).copied().collect();
-            let want: Vec<u64> = ids.iter().map(|&x| key_of_int(x)).collect();
-            prop_assert_eq!(keys_of_ints(&ids), want);
-            // the same ids as text
-            let text: Vec<String> = ids.iter().map(|x| x.to_string()).collect();
-            let mut offsets = vec![0i64];
-            let mut data = Vec::new();
-            for t in &text {
-                data.extend_from_slice(t.as_bytes());
-                offsets.push(data.len() as i64);
-            }
-            let want: Vec<u64> = text.iter().map(|t| key_of_bytes(t.as_bytes())).collect();
-            prop_assert_eq!(keys_of_strings(&offsets, &data).unwrap(), want);
-        }
-    }
-
-    #[test]
-    fn the_first_bad_offsets_are_named() {
-        let n = 3 * KEY_PIECE;
-        let mut offsets: Vec<i64> = (0..=n as i64).collect();
-        let data = vec![b'x'; n];
-        offsets[2 * KEY_PIECE + 5] = -1; // in the third piece
-        offsets[KEY_PIECE + 7] = n as i64 + 9; // in the second: reported
-        let e = keys_of_strings(&offsets, &data).unwrap_err().to_string();
-        assert_eq!(e, format!("bad string offsets {}..{}", KEY_PIECE + 6, n + 9));
-        assert!(keys_of_strings(&[], &[]).unwrap().is_empty());
-    }
 }

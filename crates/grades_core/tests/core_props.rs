@@ -1,7 +1,8 @@
 //! Property tests of the selection core (no Python).
 use grades_core::facility::{
-    facility_location_batch, facility_location_dense, facility_location_on_demand, facility_location_sparse, greedy,
-    greedy_sweep, objective_dense, quality, use_sweep, DenseSource, Optimizer, Params,
+    facility_location_batch, facility_location_batch_within, facility_location_dense, facility_location_on_demand,
+    facility_location_sparse, greedy, greedy_sweep, objective_dense, quality, use_sweep, DenseSource, Optimizer,
+    Params,
 };
 use grades_core::kernel::{cosine_gram, Csr, Kernel};
 use grades_core::pools::Pools;
@@ -104,7 +105,7 @@ proptest! {
             ((z >> 33) as f32 / (1u64 << 31) as f32) - 0.5 + if t % d == 0 { 1e-2 } else { 0.0 }
         }).collect();
         let (mut s, mut inv) = (Vec::new(), Vec::new());
-        cosine_gram(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, format!("{i}")), &[]).unwrap();
+        cosine_gram(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, i, format!("{i}")), &[]).unwrap();
         for i in 0..n {
             for j in 0..i {
                 prop_assert_eq!(s[i * n + j].to_bits(), s[j * n + i].to_bits(), "({}, {}) of {}", i, j, n);
@@ -210,6 +211,69 @@ fn bad_inputs_are_errors_not_panics() {
 }
 
 #[test]
+fn errors_carry_pool_argument_and_row() {
+    // pool 1 = rows 3..6 of a gathered layout; its candidate 1 is row 5
+    let mut x: Vec<f32> = (0..12).map(|i| (i % 5) as f32 + 1.0).collect();
+    x[5 * 2] = f32::NAN;
+    let off = [0u64, 3, 6];
+    let rows = [0u64, 1, 2, 3, 5, 4];
+    let pools = Pools::new(&x, 2, &off, Some(&rows)).unwrap();
+    let e = facility_location_batch(&pools, None, &params(1, 0.0, Optimizer::Lazy), Kernel::Clip).unwrap_err();
+    assert_eq!((e.pool(), e.arg(), e.row()), (Some(1), Some("embeddings"), Some(5)), "{e}");
+    assert!(e.to_string().starts_with("pool 1: embedding of candidate 1 (row 5)"), "{e}");
+    x[5 * 2] = 1.0;
+    let pools = Pools::new(&x, 2, &off, Some(&rows)).unwrap();
+    let r = [0.0, 1.0, 2.0, 3.0, f64::INFINITY, 5.0];
+    let e = top_k(&pools.layout, &r, 1).unwrap_err();
+    assert_eq!((e.pool(), e.arg(), e.row()), (Some(1), Some("rewards"), Some(4)), "{e}");
+    let e = facility_location_batch(&pools, Some(&r), &params(1, 0.5, Optimizer::Lazy), Kernel::Clip).unwrap_err();
+    assert_eq!((e.pool(), e.arg(), e.row()), (Some(1), Some("rewards"), Some(4)), "{e}");
+}
+
+#[test]
+fn a_duplicate_csr_entry_is_refused() {
+    let e = Csr::new(3, &[0, 2, 3, 4], &[1, 1, 0, 2], &[0.5, 0.4, 0.3, 1.0]).unwrap_err().to_string();
+    assert!(e.contains("entry (0, 1) more than once"), "{e}");
+    // the same column in different rows is fine
+    assert!(Csr::new(3, &[0, 1, 2, 3], &[1, 1, 1], &[0.5, 0.4, 0.3]).is_ok());
+}
+
+#[test]
+fn quality_of_rewards_whose_range_overflows_is_finite() {
+    let r = [-1.5e308, 0.0, 1.5e308];
+    let q = quality(&r, 1e-6);
+    assert!(q.iter().all(|v| v.is_finite()), "{q:?}");
+    assert!((q[0] - 1e-6).abs() < 1e-15 && (q[1] - (1e-6 + 0.5)).abs() < 1e-12 && (q[2] - (1.0 + 1e-6)).abs() < 1e-12);
+    // rewards in range keep their exact formula
+    assert_eq!(quality(&[0.0, 1.0], 1e-6), vec![1e-6, 1e-6 + 1.0 / (1.0 + 1e-6)]);
+}
+
+#[test]
+fn pools_over_the_dense_budget_run_on_demand_with_the_same_picks() {
+    for seed in 0..4u64 {
+        let sizes = [30usize, 140, 12, 90];
+        let n: usize = sizes.iter().sum();
+        let d = 16;
+        let x: Vec<f32> =
+            (0..n * d).map(|i| ((i as u64 * 2654435761 + seed * 97) % 1000) as f32 / 500.0 - 1.0).collect();
+        let mut off = vec![0u64];
+        for s in sizes {
+            off.push(off.last().unwrap() + s as u64);
+        }
+        let pools = Pools::new(&x, d, &off, None).unwrap();
+        let r: Vec<f64> = (0..n).map(|i| ((i * 7 + seed as usize) % 13) as f64).collect();
+        let p = params(6, 0.75, Optimizer::Lazy);
+        let dense = facility_location_batch(&pools, Some(&r), &p, Kernel::Shift).unwrap();
+        // pools above 64 candidates over the budget
+        let lean = facility_location_batch_within(&pools, Some(&r), &p, Kernel::Shift, 64 * 64 * 4).unwrap();
+        for (a, b) in dense.iter().zip(&lean) {
+            assert_eq!(a.indices, b.indices);
+            assert!((a.objective - b.objective).abs() <= 1e-5 * a.objective.abs());
+        }
+    }
+}
+
+#[test]
 fn samplers_basic() {
     let off = [0u64, 5, 7, 17];
     let layout = grades_core::pools::Layout::new(&off, None, 17).unwrap();
@@ -236,7 +300,7 @@ fn large_gram_blocks_match_cosines_and_name_bad_rows() {
     let mut x: Vec<f32> = (0..n * d).map(|t| ((t * 7919 % 1013) as f32 / 1013.0) - 0.45).collect();
     let (mut s, mut inv) = (Vec::new(), Vec::new());
     for kernel in [Kernel::Clip, Kernel::Shift] {
-        cosine_gram(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[]).unwrap();
+        cosine_gram(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[]).unwrap();
         for i in (0..n).step_by(7) {
             for j in (0..n).step_by(5) {
                 let (a, b) = (&x[i * d..(i + 1) * d], &x[j * d..(j + 1) * d]);
@@ -254,15 +318,15 @@ fn large_gram_blocks_match_cosines_and_name_bad_rows() {
     }
     x[123 * d..124 * d].fill(0.0);
     x[200 * d + 3] = f32::NAN;
-    let e = cosine_gram(&x, n, d, Kernel::Clip, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[]).unwrap_err();
+    let e = cosine_gram(&x, n, d, Kernel::Clip, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[]).unwrap_err();
     assert!(e.to_string().contains("row 123") && e.to_string().contains("zero norm"), "{e}");
     x[123 * d] = 1.0;
-    let e = cosine_gram(&x, n, d, Kernel::Clip, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[]).unwrap_err();
+    let e = cosine_gram(&x, n, d, Kernel::Clip, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[]).unwrap_err();
     assert!(e.to_string().contains("row 200") && e.to_string().contains("non-finite"), "{e}");
     // a norm whose inverse is not a normal float32 is an error, not NaN cosines
     x[200 * d + 3] = 0.0;
     x[50 * d..51 * d].fill(1e-44);
-    let e = cosine_gram(&x, n, d, Kernel::Shift, &mut s, &mut inv, &|i| (0, format!("row {i}")), &[]).unwrap_err();
+    let e = cosine_gram(&x, n, d, Kernel::Shift, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[]).unwrap_err();
     assert!(e.to_string().contains("row 50") && e.to_string().contains("outside float32"), "{e}");
 }
 

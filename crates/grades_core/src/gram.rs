@@ -1,6 +1,7 @@
-//! Hand-vectorised kernels with runtime CPU dispatch (AVX2 + FMA on x86-64),
-//! each with a portable fallback. Results of a kernel do not depend on which
-//! path runs only where stated.
+//! The symmetric Gram product `out = X X^T` of a pool's rows: a hand-vectorised
+//! kernel for small blocks (AVX2 + FMA on x86-64, chosen at run time, with a
+//! portable fallback) and a blocked parallel one for large blocks. The
+//! similarity kernel ([`crate::kernel`]) maps the products into [0, 1].
 
 /// `out (n x n, row-major) = x x^T` for row-major `x (n x d)`; symmetric to
 /// the bit.
