@@ -403,7 +403,7 @@ def evaluate_cmd(
     import json
 
     from .evaluate import EvalConfig, evaluate
-    from .pipeline import make_embedder
+    from .embedders import make_embedder
 
     m = evaluate(str(data), model, adapter=adapter, config=EvalConfig.from_dict(_kv_options(sets)),
                  embedder=make_embedder(embedder), reward_model=reward_model)

@@ -30,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from ._llm import set_threads
+from .embedders import make_embedder
 from .io import read_table, require_columns, write_table
 from .errors import MrtInputError
 
@@ -94,18 +95,6 @@ class RunConfig:
             baseline=bool(raw.get("baseline", True)),
             device=raw.get("device", "auto"),
         )
-
-
-def make_embedder(spec: str | None):
-    from .evaluate import default_embedder, sentence_transformer_embedder
-
-    if spec in (None, "minilm", "all-MiniLM-L6-v2"):
-        return default_embedder()
-    if spec == "hashing":
-        from .testing import HashingEmbedder
-
-        return HashingEmbedder()
-    return sentence_transformer_embedder(spec)
 
 
 def _log(msg: str, progress: bool) -> None:

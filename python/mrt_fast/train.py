@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._llm import load_causal_lm, load_tokenizer, pick_device, prompt_ids, response_ids
+from ._llm import load_causal_lm, load_tokenizer, pick_device
+from .loss import build_example, collate, sequence_losses  # noqa: F401  (the one definition of l_ij)
 from .io import as_polars, require_columns
 from .errors import MrtInputError
 
@@ -70,6 +71,7 @@ class TrainConfig:
     dtype: str = "float32"
     log_every: int = 1
     gradient_checkpointing: bool = False
+    log_pair_losses: bool = False  # also log each pair's loss l_ij (row index -> loss) at every logged step
 
     def validate(self) -> None:
         for name in ("lora_r", "batch_size", "grad_accum", "max_steps", "max_length", "log_every"):
@@ -107,69 +109,33 @@ class TrainResult:
 # ------------------------------------------------------------------ data
 
 
-def build_example(tokenizer, prompt: str, response: str, max_length: int, prompt_format: str = "auto") -> dict:
-    """input_ids and labels of one pair: prompt labels -100, response (+EOS) labels = its ids."""
-    p = prompt_ids(tokenizer, prompt, prompt_format)
-    r = response_ids(tokenizer, response)
-    if len(r) >= max_length:
-        r = r[: max_length - 1]  # at least one prompt token stays so the first response token is predicted
-    p = p[-(max_length - len(r)) :] if p else p
-    if not p:
-        raise MrtInputError(f"prompt {prompt[:40]!r} tokenizes to nothing: the first response token has no context")
-    return {"input_ids": p + r, "labels": [-100] * len(p) + r}
-
-
-def pair_weights(prompt_ids_: list[Any], per_prompt: bool = True) -> np.ndarray:
-    """w_ij = N / (N_p K_i) for each pair (mean 1); all ones when per_prompt is False."""
-    keys, inverse, counts = np.unique(np.asarray([str(k) for k in prompt_ids_]), return_inverse=True, return_counts=True)
-    if not per_prompt:
-        return np.ones(len(inverse))
-    n, n_p = len(inverse), len(keys)
-    return n / (n_p * counts[inverse].astype(np.float64))
+def pair_weights(prompt_ids_: Any, per_prompt: bool = True, weight: Any = None) -> np.ndarray:
+    """w_ij = N / (N_p K_i) for each pair (mean 1; all ones when ``per_prompt`` is False),
+    times ``weight`` (e.g. the stratified selector's per-row weight) when given."""
+    ids = prompt_ids_ if isinstance(prompt_ids_, pl.Series) else pl.Series("p", list(prompt_ids_), strict=False)
+    if ids.dtype == pl.Object:
+        ids = pl.Series("p", [str(x) for x in ids.to_list()])
+    n = len(ids)
+    if per_prompt and n:
+        f = ids.alias("p").to_frame().select(pl.len().over("p").alias("k"), pl.col("p").n_unique().alias("np"))
+        w = n / (f["np"].cast(pl.Float64) * f["k"].cast(pl.Float64)).to_numpy()
+    else:
+        w = np.ones(n)
+    if weight is not None:
+        wt = np.asarray(weight, dtype=np.float64)
+        if wt.shape != (n,):
+            raise MrtInputError(f"weight has shape {wt.shape}, expected ({n},)")
+        if not np.all(np.isfinite(wt)) or np.any(wt < 0):
+            bad = int(np.nonzero(~(np.isfinite(wt) & (wt >= 0)))[0][0])
+            raise MrtInputError(f"weight must be finite and >= 0; row {bad} is {wt[bad]}", column="weight", row=bad)
+        w = w * wt
+    return w
 
 
 def mrt_objective(losses: np.ndarray, prompt_ids_: list[Any]) -> float:
     """(1/N_p) sum_i (1/K_i) sum_j l_ij, the exact full-data objective."""
     losses = np.asarray(losses, dtype=np.float64)
     return float(np.mean(losses * pair_weights(prompt_ids_)))
-
-
-def collate(examples: list[dict], pad_id: int):
-    import torch
-
-    width = max(len(e["input_ids"]) for e in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for r, e in enumerate(examples):
-        n = len(e["input_ids"])
-        ids[r, :n] = torch.tensor(e["input_ids"])
-        labels[r, :n] = torch.tensor(e["labels"])
-        mask[r, :n] = 1
-    return ids, mask, labels
-
-
-def sequence_losses(logits, labels):
-    """Per-sequence token-mean cross-entropy over positions whose label is not -100.
-
-    logits (B, T, V) predict the next token: logits[:, t] is scored against labels[:, t + 1].
-    Returns (losses (B,), token counts (B,)).
-    """
-    import torch
-
-    shift_logits = logits[:, :-1].float()
-    shift_labels = labels[:, 1:]
-    mask = shift_labels != -100
-    tok = torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.shape[-1]),
-        shift_labels.clamp_min(0).reshape(-1),
-        reduction="none",
-    ).view(shift_labels.shape)
-    tok = tok * mask
-    counts = mask.sum(dim=1)
-    if (counts == 0).any():
-        raise MrtInputError("a training pair has no response token to score")
-    return tok.sum(dim=1) / counts, counts
 
 
 def step_schedule(n_pairs: int, batch_size: int, grad_accum: int, max_steps: int, seed: int) -> list[list[list[int]]]:
@@ -213,6 +179,7 @@ def train(
     by: str = "prompt_id",
     prompt: str = "prompt",
     response: str = "response",
+    weight: str | None = "weight",
     progress: bool = True,
     **overrides,
 ) -> TrainResult:
@@ -220,7 +187,8 @@ def train(
 
     Writes ``output_dir/adapter`` (peft adapter + tokenizer), ``train_log.jsonl``
     (step, loss, lr, epoch) and ``train_config.json``. Keyword overrides set
-    `TrainConfig` fields.
+    `TrainConfig` fields. A ``weight`` column (the stratified selector's
+    unbiasing weights), when present, multiplies each pair's weight.
     """
     import torch
     from peft import LoraConfig, get_peft_model
@@ -256,8 +224,8 @@ def train(
 
     examples = [build_example(tok, p, r, cfg.max_length, cfg.prompt_format)
                 for p, r in zip(df[prompt].to_list(), df[response].to_list())]
-    pids = df[by].to_list()
-    weights = torch.tensor(pair_weights(pids, cfg.per_prompt_weighting), dtype=torch.float32)
+    wcol = df[weight].cast(pl.Float64).to_numpy() if weight is not None and weight in df.columns else None
+    weights = torch.tensor(pair_weights(df[by], cfg.per_prompt_weighting, wcol), dtype=torch.float32)
     schedule = step_schedule(len(examples), cfg.batch_size, cfg.grad_accum, cfg.max_steps, cfg.seed)
     m = cfg.batch_size * cfg.grad_accum
 
@@ -272,11 +240,14 @@ def train(
         for step, micro in enumerate(tqdm(schedule, desc="training", disable=not progress, leave=False), start=1):
             opt.zero_grad(set_to_none=True)
             step_loss = 0.0
+            pair_log: dict[int, float] = {}
             for idx in micro:
                 ids, mask, labels = collate([examples[i] for i in idx], tok.pad_token_id)
                 ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
                 logits = net(input_ids=ids, attention_mask=mask).logits
                 losses, _ = sequence_losses(logits, labels)
+                if cfg.log_pair_losses:
+                    pair_log.update(zip(idx, losses.detach().double().cpu().tolist()))
                 loss = (losses * weights[idx].to(device)).sum() / m
                 loss.backward()
                 step_loss += float(loss.detach())
@@ -289,6 +260,8 @@ def train(
                 rec = {"step": step, "loss": step_loss, "lr": lr, "epoch": seen / len(examples)}
                 if grad_norm is not None:
                     rec["grad_norm"] = float(grad_norm)
+                if cfg.log_pair_losses:
+                    rec["pair_losses"] = {str(i): v for i, v in sorted(pair_log.items())}
                 log.append(rec)
                 logf.write(json.dumps(rec) + "\n")
                 logf.flush()
