@@ -508,10 +508,13 @@ class VarianceReport:
     ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     predicted: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)
+    _pilot: Any = field(default=None, repr=False, compare=False)  # (prompt ids, losses) for `allocate`
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
         for k, v in self.__dict__.items():
+            if k.startswith("_"):
+                continue
             if k == "predicted":
                 d[k] = [{c: _json_num(x) for c, x in row.items()} for row in v.iter_rows(named=True)]
             elif k == "ci":
@@ -549,6 +552,30 @@ class VarianceReport:
         lines += [f"  note: {n}" for n in self.notes]
         lines.append(")")
         return "\n".join(lines)
+
+    def per_prompt_stats(self) -> pl.DataFrame:
+        """prompt_id, count, mean, var (ddof 1; null with one loss) of the diagnosed losses."""
+        if self._pilot is None:
+            raise MrtInputError("this report does not hold the prompt ids (it was built from an accumulator): "
+                                "use variance_budget(table) for per-prompt K")
+        ids, x = self._pilot
+        return (pl.DataFrame({"prompt_id": ids, "loss": x})
+                .group_by("prompt_id", maintain_order=True)
+                .agg(pl.len().alias("count"), pl.col("loss").mean().alias("mean"), pl.col("loss").var().alias("var")))
+
+    def allocate(self, total_responses: int, k_min: int = 1, k_max: int | None = None, *,
+                 pool_sizes: Any = None, shrink: Any = "auto"):
+        """Per-prompt K for a total of `total_responses` (Neyman allocation, `mrt_fast.allocate`).
+
+        K_i is proportional to prompt i's within-prompt standard deviation, shrunk toward V_y|x,
+        an integer in [k_min, min(pool size, k_max)] (pool size: its number of losses here, or
+        `pool_sizes`: a dict or a table with prompt_id and pool_size). Returns an `Allocation`:
+        `.table` (prompt_id, k, ...) and the predicted variance against uniform K at the same total.
+        """
+        from .allocate import allocate_k
+
+        return allocate_k(self.per_prompt_stats(), self.v_x, self.v_y_given_x, total_responses, k_min=k_min,
+                          k_max=k_max, pool_sizes=pool_sizes, shrink=shrink)
 
     def plot(self, path: Any = None, *, k_max_plot: int | None = None):
         """Predicted variance vs K with the prompt floor, and (with a budget)
@@ -810,6 +837,7 @@ def variance_budget(
         bootstrap=bootstrap,
     )
     rep.notes.extend(notes_extra)
+    rep._pilot = (df[by], x)
     return rep
 
 
