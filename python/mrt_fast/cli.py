@@ -414,13 +414,18 @@ def evaluate_cmd(
 
 @app.command("run")
 def run_cmd(
-    config: Path = typer.Argument(..., help="Experiment YAML (see docs)."),
+    config: Path = typer.Argument(..., help="Experiment YAML (see docs/pipeline.md)."),
+    k: Optional[str] = typer.Option(None, "--k", help="Override select.ks: 'auto' (K from the variance advisor, "
+                                    "needs select.cost_prompt and select.cost_response) or a list like '1,2,4'."),
 ) -> None:
     """Generate -> embed -> score -> select -> train -> evaluate over a method x K grid; writes results."""
     from .pipeline import RunConfig, results_markdown, run
 
-    cfg = RunConfig.from_yaml(config)
-    res = run(cfg)
+    with _user_errors():
+        cfg = RunConfig.from_yaml(config)
+        if k is not None:
+            cfg.select = {**cfg.select, "ks": k}
+        res = run(cfg)
     console.print(results_markdown(res))
     console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
 

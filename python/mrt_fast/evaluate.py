@@ -157,6 +157,7 @@ def evaluate(
     config: EvalConfig | None = None,
     embedder: Embedder | None = None,
     reward_model: Any = None,
+    reward_fn: Any = None,
     samples_out: str | os.PathLike | None = None,
     reference: str = "reference",
     tests: str = "tests",
@@ -167,7 +168,10 @@ def evaluate(
 
     ``reference`` may hold one string or a list per prompt. ``embedder``: a callable
     list[str] -> (n, d) array (default: offline all-MiniLM-L6-v2). ``reward_model``:
-    a path or a `mrt_fast.reward.RewardModel`. The generations are written to
+    a path or a `mrt_fast.reward.RewardModel`; ``reward_fn``: a reward hook
+    (`mrt_fast.reward.load_reward_fn`) called on the generations' rows (prompt_id,
+    prompt, response and the evaluation table's other columns) when there is no
+    reward model. The generations are written to
     ``samples_out`` when given.
     """
     from tqdm.auto import tqdm
@@ -223,6 +227,19 @@ def evaluate(
     if reward_model is not None:
         rm = reward_model if isinstance(reward_model, RewardModel) else RewardModel(reward_model, device=device)
         flat = rm([p for p, ss in zip(prompts, samples) for _ in ss], [s for ss in samples for s in ss])
+        rewards = np.split(flat, np.cumsum([len(ss) for ss in samples])[:-1])
+        res["reward"] = float(np.mean([r.max() for r in rewards]))
+    elif reward_fn is not None:
+        from .reward import load_reward_fn, score_with
+
+        rows = pl.DataFrame({"prompt_id": [pid for pid, ss in zip(pids, samples) for _ in ss],
+                             "prompt": [p for p, ss in zip(prompts, samples) for _ in ss],
+                             "response": [s for ss in samples for s in ss]})
+        other = [c for c in df.columns if c not in ("prompt", reference, tests)]
+        if len(other) > 1:
+            rows = rows.join(df.select(other).with_columns(pl.col("prompt_id").cast(pl.Utf8)), on="prompt_id",
+                             how="left", maintain_order="left")
+        flat = score_with(rows, load_reward_fn(reward_fn, emb))["reward"].to_numpy()
         rewards = np.split(flat, np.cumsum([len(ss) for ss in samples])[:-1])
         res["reward"] = float(np.mean([r.max() for r in rewards]))
 
