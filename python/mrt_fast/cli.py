@@ -430,6 +430,26 @@ def run_cmd(
     console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
 
 
+@app.command("export")
+def export_cmd(
+    kept: Path = typer.Argument(..., help="Kept rows (from mrt select): prompt_id, prompt, response[, weight, reward]."),
+    out: Path = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet)."),
+    fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight) or openrlhf (input/output/reward)."),
+    conversational: bool = typer.Option(False, "--conversational", help="TRL: user/assistant message lists."),
+    by: str = typer.Option("prompt_id", help="Prompt id column."),
+    prompt: str = typer.Option("prompt", help="Prompt text column."),
+    response: str = typer.Option("response", help="Response text column."),
+    reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
+) -> None:
+    """Write kept rows as a TRL or OpenRLHF training file."""
+    from .export import export
+
+    with _user_errors():
+        res = export(kept, out, fmt, conversational=conversational, by=by, prompt=prompt, response=response,
+                     reward=reward)
+    console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")
+
+
 # ---- simulate commands ----
 @app.command()
 def simulate(
