@@ -68,3 +68,23 @@ def test_export_cli_and_errors(tmp_path):
         export(KEPT.with_columns(pl.lit(None, pl.Utf8).alias("response")), tmp_path / "x.jsonl")
     with pytest.raises(MrtInputError, match="conversational"):
         export(KEPT, tmp_path / "x.csv", conversational=True)
+
+
+@pytest.mark.train
+def test_trl_sfttrainer_reads_the_export(tmp_path):
+    """The exported file is a TRL prompt/completion dataset: SFTTrainer trains a step on it."""
+    pytest.importorskip("trl")
+    import torch
+    from datasets import load_dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from mrt_fast.testing import tiny_causal_lm, tiny_tokenizer
+
+    torch.set_num_threads(1)
+    export(KEPT, tmp_path / "trl.jsonl", "trl")
+    tok = tiny_tokenizer()
+    ds = load_dataset("json", data_files=str(tmp_path / "trl.jsonl"), split="train")
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1, per_device_train_batch_size=2, report_to=[],
+                     use_cpu=True, save_strategy="no", disable_tqdm=True)
+    out = SFTTrainer(model=tiny_causal_lm(tok), args=args, train_dataset=ds, processing_class=tok).train()
+    assert out.global_step == 1 and np.isfinite(out.training_loss)
