@@ -151,3 +151,20 @@ def test_simulation_says_when_allocation_pays(tmp_path):
     assert "| CV(sigma) |" in markdown_table(res)
     paths = plot_all({"per_prompt_k": res}, tmp_path)
     assert [p.name for p in paths] == ["fig_f_per_prompt_k.png"] and paths[0].stat().st_size > 1000
+
+
+@pytest.mark.torch  # mrt_fast.simulate imports torch
+def test_interval_coverage_simulation_runs_and_is_sane():
+    from mrt_fast.simulate import interval_coverage
+    from mrt_fast.simulate._coverage import markdown_table
+
+    res = interval_coverage(n_prompts=(30,), trials=12, n_boot=100, seed=3)
+    b, nrm = res["rows"]
+    assert b["setting"] == "bernoulli" and nrm["setting"] == "normal"
+    for r in res["rows"]:
+        for c in ("cover_v_x", "cover_v_y_given_x", "cover_ratio", "cover_k_star"):
+            assert 0.0 <= r[c] <= 1.0
+        assert r["cover_v_y_given_x"] >= 0.5  # a badly broken interval would miss most of the time
+    assert b["bernstein_true"] == 1.0  # the bound is conservative: it never failed in the measured runs
+    assert b["true_ratio"] == pytest.approx((2 / 7 - (10 / 392 + 4 / 49)) / (10 / 392))
+    assert "| bernoulli | 30 |" in markdown_table(res)

@@ -74,6 +74,15 @@ def test_auto_k_every_selector_builtin_reward(tiny_paths, tmp_path):
     strat = pl.read_parquet(out / "select" / f"stratified_k{k}.parquet")
     assert "weight" in strat.columns
     assert "k_star" in (out / "results.md").read_text()
+    # other costs: the losses are reused, the advice is redone
+    from mrt_fast.advisor import diagnose
+
+    stamp = (out / "diagnose" / "losses.parquet").stat().st_mtime_ns
+    again = diagnose(None, "no model needed", out / "diagnose", cost_prompt=100.0, cost_response=1.0, k_max=6,
+                     n_boot=0, progress=False)
+    want = variance_budget(losses, cost_prompt=100.0, cost_response=1.0, k_max=6, n_boot=0)
+    assert again["k_best"] == want.k_best and again["cost_prompt"] == 100.0
+    assert (out / "diagnose" / "losses.parquet").stat().st_mtime_ns == stamp
 
 
 def test_reward_hook_and_neighbours(tiny_paths, tmp_path, monkeypatch):
@@ -152,3 +161,18 @@ def test_advisor_ks():
     assert ks_to_train({"k_best": 1}, True, 8) == [1, 2]
     assert ks_to_train({"k_best": 64}, True, 8) == [7, 8]
     assert math.isnan(__import__("mrt_fast.advisor", fromlist=["as_float"]).as_float(None))
+
+
+def test_run_cli_k_option(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+
+    cfg = {"out_dir": str(tmp_path / "o"), "model": "m", "data": {"train_prompts": "a", "eval": "b"},
+           "select": {"methods": ["random"], "ks": [1]}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "c.yaml"), "--k", "auto"])
+    assert r.exit_code == 2 and "cost_prompt" in r.output
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "c.yaml"), "--k", "0,2"])
+    assert r.exit_code == 2 and "K must be >= 1" in r.output

@@ -9,6 +9,7 @@ the pipeline trains at the recommended integer K (and, with
 
 Files under ``out_dir/diagnose/``: ``losses.parquet`` (prompt_id, loss),
 ``report.json`` (the full `VarianceReport` plus the advice), ``variance.png``.
+A rerun reuses the losses; changed costs or budget only redo the report.
 """
 
 from __future__ import annotations
@@ -76,8 +77,12 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
     """Measure the base model's losses on ``pairs`` and return the advice (cached in out_dir/report.json)."""
     out = Path(out_dir)
     report_f = out / "report.json"
-    if report_f.exists():
-        return json.loads(report_f.read_text())["advice"]
+    settings = {"cost_prompt": cost_prompt, "cost_response": cost_response, "budget": budget, "k_max": k_max,
+                "n_boot": n_boot}
+    if report_f.exists():  # the losses do not depend on the costs: a changed setting only redoes the report
+        advice = json.loads(report_f.read_text())["advice"]
+        if all(advice.get(k) == v for k, v in settings.items()):
+            return advice
     from ._llm import load_causal_lm, load_tokenizer, pick_device
     from .loss import pair_losses
     from .variance import variance_budget
@@ -103,8 +108,7 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
         "k_star": rep.k_star, "k_star_ci": list(ci.get("k_star", (math.nan, math.nan))),
         "k_best": rep.k_best, "k_best_ci": list(ci.get("k_best", (math.nan, math.nan))),
         "ci_level": rep.ci_level, "n_prompts": rep.n_prompts, "n_pairs": rep.n_rows,
-        "cost_prompt": cost_prompt, "cost_response": cost_response, "budget": budget, "k_max": k_max,
-        "notes": list(rep.notes),
+        **settings, "notes": list(rep.notes),
     }
     d = rep.to_dict()
     report_f.write_text(json.dumps({"report": d, "advice": _jsonable(advice)}, indent=2))
