@@ -168,3 +168,25 @@ def test_interval_coverage_simulation_runs_and_is_sane():
     assert b["bernstein_true"] == 1.0  # the bound is conservative: it never failed in the measured runs
     assert b["true_ratio"] == pytest.approx((2 / 7 - (10 / 392 + 4 / 49)) / (10 / 392))
     assert "| bernoulli | 30 |" in markdown_table(res)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.5, 0.99), st.integers(3, 5000))
+def test_expanded_percentile_tail(level, p):
+    """The expanded interval is wider than the plain percentile one and tends to it as prompts grow."""
+    from mrt_fast.variance import expanded_tail
+
+    a = expanded_tail(level, p)
+    assert 0 < a <= (1 - level) / 2 + 1e-12
+    assert expanded_tail(level, p + 1) >= a - 1e-12
+    assert expanded_tail(level, 10**7) == pytest.approx((1 - level) / 2, rel=1e-3)
+
+
+def test_t_quantile_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    from mrt_fast.variance import _t_quantile
+
+    for df in (3, 5, 19, 99, 999):
+        for q in (0.75, 0.95, 0.975, 0.995):
+            tol = 1e-2 if df < 5 else 1e-3 if df < 19 else 1e-5
+            assert _t_quantile(q, df) == pytest.approx(stats.t.ppf(q, df), rel=tol)

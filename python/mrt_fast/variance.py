@@ -431,7 +431,7 @@ def _bootstrap(core_acc, p, gbar, *, n_boot, seed, cp, cr, k_max, level, method=
         out["k_star"][b0:b1] = ks
         out["k_best"][b0:b1] = _k_best_vec(vx, vy, ks, cp, cr, k_max)
         b0 = b1
-    a = (1.0 - level) / 2.0
+    a = expanded_tail(level, p)
     ci = {}
     for name, v in out.items():
         v = np.where(np.isnan(v), np.inf if name != "v_x" else 0.0, v)  # nan only when every loss is equal
@@ -439,6 +439,32 @@ def _bootstrap(core_acc, p, gbar, *, n_boot, seed, cp, cr, k_max, level, method=
         ci[name] = (float(lo), float(hi))
     frac_zero = float(np.mean(out["v_x"] == 0.0))
     return ci, frac_zero, method
+
+
+def _t_quantile(q: float, df: float) -> float:
+    """Student-t quantile by the Cornish-Fisher expansion around the normal one (for q <= 0.995: relative
+    error below 1% at df = 3, 1e-3 at df = 5, 1e-5 from df = 19)."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(q)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
+    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
+
+
+def expanded_tail(level: float, p: int) -> float:
+    """Tail probability of the expanded percentile interval (Hesterberg 2015) over p resampled prompts:
+    Phi(-sqrt(p / (p - 1)) t_{p-1, (1 + level)/2}) instead of (1 - level) / 2. A plain percentile
+    bootstrap over few prompts is too narrow (about 90% coverage at p = 20 for a nominal 95%);
+    the expansion brings it back and vanishes as p grows."""
+    if p < 3:
+        return (1.0 - level) / 2.0
+    from statistics import NormalDist
+
+    t = _t_quantile((1.0 + level) / 2.0, p - 1.0)
+    return NormalDist().cdf(-math.sqrt(p / (p - 1.0)) * t)
 
 
 def _k_best_vec(vx, vy, ks, cp, cr, k_max):
@@ -807,7 +833,8 @@ def variance_budget(
     `budget`: B, to tabulate Np = floor(B / (C_p + K C_r)) and the variance it
     buys. `loss_bound`: B_loss of the Bernstein bound (losses in [0, B_loss]);
     None uses the observed range max - min of the loss column (noted).
-    `n_boot`, `seed`, `ci_level`: seeded percentile bootstrap over prompts.
+    `n_boot`, `seed`, `ci_level`: seeded bootstrap over prompts, expanded percentile intervals
+    (`expanded_tail`: wider over few prompts, the plain percentile interval over many).
     `bootstrap`: "exact" resamples the prompts (time grows as prompts x
     n_boot); "normal" draws each resample's means of the per-prompt
     statistics from their large-sample normal law (time independent of the
