@@ -90,3 +90,34 @@ def test_allocation_feeds_select():
     kept = select(cands, "k", "random")
     per = kept.group_by("prompt_id", maintain_order=True).len()
     assert per["len"].to_list() == al.table["k"].to_list() and kept.height == 60
+
+
+def test_cli_diagnose_allocate_then_select(tmp_path):
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+
+    rng = np.random.default_rng(5)
+    sd = np.repeat([0.2, 2.0], 10)
+    ids = np.repeat([f"p{i}" for i in range(20)], 8)
+    cands = pl.DataFrame({"prompt_id": ids, "cand": np.tile(np.arange(8), 20),
+                          "loss": rng.normal(0, sd[:, None], (20, 8)).ravel()})
+    cands.write_parquet(tmp_path / "c.parquet")
+    r = CliRunner().invoke(app, ["diagnose", str(tmp_path / "c.parquet"), "--n-boot", "0", "--allocate", "60",
+                                 "--allocation", str(tmp_path / "alloc.parquet")])
+    assert r.exit_code == 0, r.output
+    assert "Allocation(20 prompts, 60 responses" in r.output
+    alloc = pl.read_parquet(tmp_path / "alloc.parquet")
+    assert alloc["k"].sum() == 60 and alloc.filter(pl.col("prompt_id") == "p19")["k"][0] > 3
+    cands.join(alloc.select("prompt_id", "k"), on="prompt_id").write_parquet(tmp_path / "ck.parquet")
+    r = CliRunner().invoke(app, ["select", str(tmp_path / "ck.parquet"), str(tmp_path / "kept.parquet"),
+                                 "--k", "k", "--method", "random"])
+    assert r.exit_code == 0, r.output
+    kept = pl.read_parquet(tmp_path / "kept.parquet")
+    got = kept.group_by("prompt_id", maintain_order=True).len()
+    assert got["len"].to_list() == alloc["k"].to_list()
+    r = CliRunner().invoke(app, ["select", str(tmp_path / "ck.parquet"), str(tmp_path / "x.parquet"),
+                                 "--k", "nope", "--method", "random"])
+    assert r.exit_code == 2 and "nope" in r.output
+    r = CliRunner().invoke(app, ["diagnose", str(tmp_path / "c.parquet"), "--n-boot", "0", "--allocate", "5"])
+    assert r.exit_code == 2 and "less than" in r.output

@@ -34,6 +34,14 @@ def _user_errors():
         raise typer.Exit(2) from None
 
 
+def _k_or_column(k: str):
+    """--k: an integer, or the name of a column with each pool's K."""
+    try:
+        return int(k)
+    except ValueError:
+        return k
+
+
 def _chunks_of_pools(sizes, chunk_rows: int):
     """Split pools (in order) into runs of at most ~chunk_rows candidates."""
     out, cur, rows = [], [], 0
@@ -131,7 +139,8 @@ def embed_cmd(
 def select_cmd(
     inp: Path = typer.Argument(..., help="Input table (.parquet, .jsonl/.ndjson, .csv)."),
     out: Path = typer.Argument(..., help="Output table; format from the suffix."),
-    k: int = typer.Option(..., "--k", help="Responses kept per prompt."),
+    k: str = typer.Option(..., "--k", help="Responses kept per prompt, or the name of an integer column holding "
+                          "each prompt's K (e.g. from mrt diagnose --allocate)."),
     method: str = typer.Option("grades", help="random | top | diverse | grades | stratified (or rkon/bkon/dkon/dbkon)."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     embedding: str = typer.Option("embedding", help="Embedding column (diverse, grades; stratified without modes)."),
@@ -156,7 +165,8 @@ def select_cmd(
     with _user_errors():
         if not isinstance(method, str) or method.lower() not in METHODS:
             raise MrtInputError(f"--method must be one of {sorted(METHODS)}, got {method!r}")
-        if k < 1:
+        k = _k_or_column(k)
+        if isinstance(k, int) and k < 1:
             raise MrtInputError(f"--k must be >= 1, got {k}")
         if chunk_rows < 1:
             raise MrtInputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
@@ -169,6 +179,8 @@ def select_cmd(
                 raise MrtInputError(f"column {col!r} ({role}) not found in {str(inp)!r}; it has columns {names}")
 
         need(by, "prompt id")
+        if isinstance(k, str):
+            need(k, "per-prompt K")
         compute_modes = m == "stratified" and mode not in names
         if m in FACILITY_METHODS or compute_modes:
             need(embedding, "embedding")
@@ -242,6 +254,10 @@ def diagnose_cmd(
     ),
     json_out: Path = typer.Option(None, "--json", help="Write the report as JSON here (inf as the string \"inf\")."),
     plot: Path = typer.Option(None, "--plot", help="Write the variance-vs-K plot here (.png)."),
+    allocate: int = typer.Option(None, "--allocate", help="Per-prompt K for this total of responses (Neyman "
+                                 "allocation, capped by each prompt's number of losses and --k-max)."),
+    allocation: Path = typer.Option(None, "--allocation", help="Write the allocation (prompt_id, k, ...) here; "
+                                    "feed it to mrt select --k k after a join."),
 ) -> None:
     """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
     import json
@@ -274,6 +290,17 @@ def diagnose_cmd(
     if plot is not None:
         rep.plot(plot)
         console.print(f"wrote {plot}")
+    if allocation is not None and allocate is None:
+        raise typer.BadParameter("--allocation needs --allocate TOTAL")
+    if allocate is not None:
+        from .io import write_table
+
+        with _user_errors():
+            al = rep.allocate(allocate, k_max=k_max)
+        console.print(repr(al), highlight=False)
+        if allocation is not None:
+            write_table(al.table, allocation)
+            console.print(f"wrote {allocation}")
 
 
 @app.command("nll")
