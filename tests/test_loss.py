@@ -98,3 +98,24 @@ def test_evaluation_uses_the_same_loss(tok):
     p, r = PAIRS["prompt"].to_list(), PAIRS["response"].to_list()
     ev = reference_loss(model, tok, p, r, batch_size=3)
     np.testing.assert_allclose(ev["per_reference"], pair_losses(model, tok, p, r), rtol=1e-5, atol=1e-6)
+
+
+def test_nll_cli_writes_the_same_losses(tmp_path):
+    import torch
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+    from mrt_fast.loss import pair_losses
+    from mrt_fast.testing import save_tiny_models, tiny_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    paths = save_tiny_models(tmp_path / "m")
+    PAIRS.write_parquet(tmp_path / "pairs.parquet")
+    r = CliRunner().invoke(app, ["nll", str(tmp_path / "pairs.parquet"), str(tmp_path / "out.parquet"),
+                                 "--model", str(paths["lm"])])
+    assert r.exit_code == 0, r.output
+    got = pl.read_parquet(tmp_path / "out.parquet")["loss"].to_numpy()
+    model = AutoModelForCausalLM.from_pretrained(paths["lm"])
+    want = pair_losses(model, tiny_tokenizer(), PAIRS["prompt"].to_list(), PAIRS["response"].to_list())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

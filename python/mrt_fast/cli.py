@@ -312,9 +312,11 @@ def nll_cmd(
     response: str = typer.Option("response", help="Response text column."),
     loss: str = typer.Option("loss", help="Name of the loss column written."),
     batch_size: int = typer.Option(8, help="Pairs per forward pass."),
-    max_length: int = typer.Option(None, help="Trim the start of prompts beyond this many tokens."),
+    max_length: int = typer.Option(None, help="Truncate pairs longer than this many tokens as training does."),
+    prompt_format: str = typer.Option("auto", help="auto (chat template when the tokenizer has one) | chat | plain; "
+                                      "use the setting training will use."),
 ) -> None:
-    """Add each response's mean token NLL (prompt masked) under a causal LM."""
+    """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM."""
     import polars as pl
 
     from .io import read_table
@@ -336,7 +338,9 @@ def nll_cmd(
         m = AutoModelForCausalLM.from_pretrained(model)
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
-    vals = response_nll(m, tok, df[prompt].to_list(), df[response].to_list(), batch_size=batch_size, max_length=max_length)
+    with _user_errors():
+        vals = response_nll(m, tok, df[prompt].to_list(), df[response].to_list(), batch_size=batch_size,
+                            max_length=max_length, prompt_format=prompt_format)
     res = df.with_columns(pl.Series(loss, vals))
     writers = {".parquet": res.write_parquet, ".jsonl": res.write_ndjson, ".csv": res.write_csv}
     if out.suffix not in writers:
