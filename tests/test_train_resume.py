@@ -40,7 +40,6 @@ class _StopAt:
             raise KeyboardInterrupt
 
 
-@pytest.mark.slow  # three short training runs
 def test_resume_after_checkpoint_gives_the_same_adapter(tmp_path):
     import torch
 
