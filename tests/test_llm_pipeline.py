@@ -450,3 +450,20 @@ def test_runner_config_errors(tmp_path):
     with pytest.raises(MrtInputError, match="unknown selection method"):
         run({"out_dir": str(tmp_path), "model": "m", "data": {"train_prompts": "a", "eval": "b"},
              "select": {"methods": ["best"], "ks": [1]}}, progress=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.booleans())
+def test_pair_weights_match_a_reference(ids, as_text):
+    from mrt_fast.train import pair_weights
+
+    pids = [f"q{i}" for i in ids] if as_text else ids
+    keys, inv, counts = np.unique(np.array([str(p) for p in pids]), return_inverse=True, return_counts=True)
+    want = len(pids) / (len(keys) * counts[inv])
+    np.testing.assert_allclose(pair_weights(pids), want, rtol=1e-12)
+    np.testing.assert_allclose(pair_weights(pl.Series(pids)), want, rtol=1e-12)
+    wt = np.linspace(0.5, 2.0, len(pids))
+    np.testing.assert_allclose(pair_weights(pids, weight=wt), want * wt, rtol=1e-12)
+    np.testing.assert_allclose(pair_weights(pids, per_prompt=False, weight=wt), wt, rtol=1e-12)
+    with pytest.raises(MrtInputError, match="weight"):
+        pair_weights(pids, weight=-wt)

@@ -34,6 +34,14 @@ def _user_errors():
         raise typer.Exit(2) from None
 
 
+def _k_or_column(k: str):
+    """--k: an integer, or the name of a column with each pool's K."""
+    try:
+        return int(k)
+    except ValueError:
+        return k
+
+
 def _chunks_of_pools(sizes, chunk_rows: int):
     """Split pools (in order) into runs of at most ~chunk_rows candidates."""
     out, cur, rows = [], [], 0
@@ -131,7 +139,8 @@ def embed_cmd(
 def select_cmd(
     inp: Path = typer.Argument(..., help="Input table (.parquet, .jsonl/.ndjson, .csv)."),
     out: Path = typer.Argument(..., help="Output table; format from the suffix."),
-    k: int = typer.Option(..., "--k", help="Responses kept per prompt."),
+    k: str = typer.Option(..., "--k", help="Responses kept per prompt, or the name of an integer column holding "
+                          "each prompt's K (e.g. from mrt diagnose --allocate)."),
     method: str = typer.Option("grades", help="random | top | diverse | grades | stratified (or rkon/bkon/dkon/dbkon)."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     embedding: str = typer.Option("embedding", help="Embedding column (diverse, grades; stratified without modes)."),
@@ -156,7 +165,8 @@ def select_cmd(
     with _user_errors():
         if not isinstance(method, str) or method.lower() not in METHODS:
             raise MrtInputError(f"--method must be one of {sorted(METHODS)}, got {method!r}")
-        if k < 1:
+        k = _k_or_column(k)
+        if isinstance(k, int) and k < 1:
             raise MrtInputError(f"--k must be >= 1, got {k}")
         if chunk_rows < 1:
             raise MrtInputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
@@ -169,6 +179,8 @@ def select_cmd(
                 raise MrtInputError(f"column {col!r} ({role}) not found in {str(inp)!r}; it has columns {names}")
 
         need(by, "prompt id")
+        if isinstance(k, str):
+            need(k, "per-prompt K")
         compute_modes = m == "stratified" and mode not in names
         if m in FACILITY_METHODS or compute_modes:
             need(embedding, "embedding")
@@ -242,6 +254,10 @@ def diagnose_cmd(
     ),
     json_out: Path = typer.Option(None, "--json", help="Write the report as JSON here (inf as the string \"inf\")."),
     plot: Path = typer.Option(None, "--plot", help="Write the variance-vs-K plot here (.png)."),
+    allocate: int = typer.Option(None, "--allocate", help="Per-prompt K for this total of responses (Neyman "
+                                 "allocation, capped by each prompt's number of losses and --k-max)."),
+    allocation: Path = typer.Option(None, "--allocation", help="Write the allocation (prompt_id, k, ...) here; "
+                                    "feed it to mrt select --k k after a join."),
 ) -> None:
     """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
     import json
@@ -274,6 +290,17 @@ def diagnose_cmd(
     if plot is not None:
         rep.plot(plot)
         console.print(f"wrote {plot}")
+    if allocation is not None and allocate is None:
+        raise typer.BadParameter("--allocation needs --allocate TOTAL")
+    if allocate is not None:
+        from .io import write_table
+
+        with _user_errors():
+            al = rep.allocate(allocate, k_max=k_max)
+        console.print(repr(al), highlight=False)
+        if allocation is not None:
+            write_table(al.table, allocation)
+            console.print(f"wrote {allocation}")
 
 
 @app.command("nll")
@@ -285,9 +312,11 @@ def nll_cmd(
     response: str = typer.Option("response", help="Response text column."),
     loss: str = typer.Option("loss", help="Name of the loss column written."),
     batch_size: int = typer.Option(8, help="Pairs per forward pass."),
-    max_length: int = typer.Option(None, help="Trim the start of prompts beyond this many tokens."),
+    max_length: int = typer.Option(None, help="Truncate pairs longer than this many tokens as training does."),
+    prompt_format: str = typer.Option("auto", help="auto (chat template when the tokenizer has one) | chat | plain; "
+                                      "use the setting training will use."),
 ) -> None:
-    """Add each response's mean token NLL (prompt masked) under a causal LM."""
+    """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM."""
     import polars as pl
 
     from .io import read_table
@@ -309,7 +338,9 @@ def nll_cmd(
         m = AutoModelForCausalLM.from_pretrained(model)
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
-    vals = response_nll(m, tok, df[prompt].to_list(), df[response].to_list(), batch_size=batch_size, max_length=max_length)
+    with _user_errors():
+        vals = response_nll(m, tok, df[prompt].to_list(), df[response].to_list(), batch_size=batch_size,
+                            max_length=max_length, prompt_format=prompt_format)
     res = df.with_columns(pl.Series(loss, vals))
     writers = {".parquet": res.write_parquet, ".jsonl": res.write_ndjson, ".csv": res.write_csv}
     if out.suffix not in writers:
@@ -403,7 +434,7 @@ def evaluate_cmd(
     import json
 
     from .evaluate import EvalConfig, evaluate
-    from .pipeline import make_embedder
+    from .embedders import make_embedder
 
     m = evaluate(str(data), model, adapter=adapter, config=EvalConfig.from_dict(_kv_options(sets)),
                  embedder=make_embedder(embedder), reward_model=reward_model)
@@ -414,15 +445,40 @@ def evaluate_cmd(
 
 @app.command("run")
 def run_cmd(
-    config: Path = typer.Argument(..., help="Experiment YAML (see docs)."),
+    config: Path = typer.Argument(..., help="Experiment YAML (see docs/pipeline.md)."),
+    k: Optional[str] = typer.Option(None, "--k", help="Override select.ks: 'auto' (K from the variance advisor, "
+                                    "needs select.cost_prompt and select.cost_response) or a list like '1,2,4'."),
 ) -> None:
     """Generate -> embed -> score -> select -> train -> evaluate over a method x K grid; writes results."""
     from .pipeline import RunConfig, results_markdown, run
 
-    cfg = RunConfig.from_yaml(config)
-    res = run(cfg)
+    with _user_errors():
+        cfg = RunConfig.from_yaml(config)
+        if k is not None:
+            cfg.select = {**cfg.select, "ks": k}
+        res = run(cfg)
     console.print(results_markdown(res))
     console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
+
+
+@app.command("export")
+def export_cmd(
+    kept: Path = typer.Argument(..., help="Kept rows (from mrt select): prompt_id, prompt, response[, weight, reward]."),
+    out: Path = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet)."),
+    fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight) or openrlhf (input/output/reward)."),
+    conversational: bool = typer.Option(False, "--conversational", help="TRL: user/assistant message lists."),
+    by: str = typer.Option("prompt_id", help="Prompt id column."),
+    prompt: str = typer.Option("prompt", help="Prompt text column."),
+    response: str = typer.Option("response", help="Response text column."),
+    reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
+) -> None:
+    """Write kept rows as a TRL or OpenRLHF training file."""
+    from .export import export
+
+    with _user_errors():
+        res = export(kept, out, fmt, conversational=conversational, by=by, prompt=prompt, response=response,
+                     reward=reward)
+    console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")
 
 
 # ---- simulate commands ----
