@@ -3,8 +3,9 @@
 The rows of a dataset (one row per candidate) are partitioned by a digest of
 their prompt id into buckets; every pool lands whole in one bucket. When the
 dataset fits in the memory limit there is one bucket and nothing is spilled;
-otherwise polars' streaming engine writes the buckets as Parquet into a
-temporary folder beside the output in one pass over the input, and each
+otherwise the buckets are written (Arrow IPC files, fed by polars' streaming
+engine) into a temporary folder beside the output in one pass over the
+input, and each
 bucket is then selected in memory, several at a time where memory allows.
 Bucket ``i`` becomes part ``i`` of the output dataset (``part-00000.parquet``
 ..., with a ``_manifest.json``), written atomically, so a killed job resumes
@@ -321,6 +322,8 @@ class BatchReport:
 
     output: str
     layout: str
+    method: str
+    k: int
     n_parts: int
     parts_done_now: int
     n_input_rows: int
@@ -337,6 +340,7 @@ class BatchReport:
     peak_rss: int
     seconds: float
     workers: int = 1
+    n_out_rows: int = 0  # rows written: kept candidates (rows layout) or prompts (grouped layout)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -415,48 +419,63 @@ class _Progress:
 
 
 def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
-          on_rows: Callable[[int], None] | None = None) -> int:
-    """Partition the dataset into ``n_buckets`` buckets of Parquet files under
-    ``spill_dir/__bucket=i/`` in one streaming pass (each row keeps its global
-    row index ``__row``). Rows with a null prompt id go to bucket ``n_buckets``;
-    returns how many there are."""
-    nulls = [0]
+          on_rows: Callable[[int], None] | None = None, batch_rows: int = 200_000) -> int:
+    """Partition the dataset into ``n_buckets`` Arrow IPC files ``spill_dir/bucket-NNNNN.arrow``
+    in one streaming pass (polars' streaming engine reads, each batch is cut by
+    bucket with one stable sort, Arrow writes). Every row keeps its global row
+    index ``__row``. Rows with a null prompt id go to bucket ``n_buckets``;
+    returns how many there are. Memory: one batch, whatever ``n_buckets``."""
+    import pyarrow.ipc as ipc
 
-    def assign(s: pl.Series) -> pl.Series:
-        b = bucket_of(s, n_buckets)
-        nulls[0] += s.null_count()
-        if on_rows is not None:
-            on_rows(len(s))
-        return pl.Series(BUCKET, b, dtype=pl.UInt32)
-
-    lf = ds.scan(row_index=ROW).with_columns(
-        pl.col(by).map_batches(assign, return_dtype=pl.UInt32, is_elementwise=True).alias(BUCKET)
-    )
+    spill_dir = Path(spill_dir)
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    writers: dict[int, Any] = {}
+    nulls = 0
     try:
-        lf.sink_parquet(pl.PartitionBy(str(spill_dir), key=BUCKET, include_key=False), compression="uncompressed",
-                        mkdir=True)
+        for df in ds.scan(row_index=ROW).collect_batches(chunk_size=batch_rows):
+            if df.height == 0:
+                continue
+            b = bucket_of(df[by], n_buckets)
+            nulls += df[by].null_count()
+            order = np.argsort(b, kind="stable")
+            cuts = np.searchsorted(b[order], np.arange(n_buckets + 2))
+            t = df[pl.Series(order, dtype=pl.get_index_type())].to_arrow()
+            for i in np.flatnonzero(np.diff(cuts)):
+                sl = t.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
+                w = writers.get(int(i))
+                if w is None:
+                    w = writers[int(i)] = ipc.new_file(str(bucket_path(spill_dir, int(i))), sl.schema)
+                w.write_table(sl)
+            if on_rows is not None:
+                on_rows(df.height)
     except MrtInputError:
         raise
     except Exception as e:  # noqa: BLE001 - find the file at fault, else report polars' words
         ds.find_unreadable()
         raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
-    return nulls[0]
+    finally:
+        for w in writers.values():
+            w.close()
+    return nulls
 
 
-def bucket_dir(spill_dir: Path, i: int) -> Path:
-    return Path(spill_dir) / f"{BUCKET}={i}"
+def bucket_path(spill_dir: Path, i: int) -> Path:
+    return Path(spill_dir) / f"bucket-{i:05d}.arrow"
 
 
 def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None) -> pl.DataFrame:
     """Bucket ``i`` of a spill (rows in input order); empty (with ``schema``) if no row went there."""
-    d = bucket_dir(spill_dir, i)
-    files = sorted(d.glob("*.parquet")) if d.is_dir() else []
-    if not files:
+    import pyarrow.ipc as ipc
+
+    f = bucket_path(spill_dir, i)
+    if not f.exists():
         return pl.DataFrame(schema=schema) if schema is not None else pl.DataFrame()
-    df = pl.read_parquet([str(f) for f in files])
+    with ipc.open_file(str(f)) as r:
+        t = r.read_all()
+    df = pl.from_arrow(t)
     if not df[ROW].is_sorted():
         df = df.sort(ROW)
-    return df
+    return df  # type: ignore[return-value]
 
 
 def _plan(total_bytes: int, limit: int, workers: int | None) -> tuple[int, int]:
@@ -495,6 +514,7 @@ def select_dataset(
     candidate_columns: list[str] | None = None,
     memory_limit: Any = None,
     workers: int | None = None,
+    rows_per_bucket: int | None = None,
     overwrite: bool = False,
     progress: Any = False,
     command: str | None = None,
@@ -514,7 +534,10 @@ def select_dataset(
     prompt, list columns) or ``"auto"``. Re-running an unfinished directory
     output finishes it; a finished one is left as it is
     (``report.already_done``); another job's directory is refused unless
-    ``overwrite``. ``progress``: True or a rich Console for a progress bar.
+    ``overwrite``. ``workers``: buckets selected at once (default: as memory
+    and cores allow). ``rows_per_bucket``: plan buckets of about this many
+    input rows instead of from the memory limit. ``progress``: True or a rich
+    Console for a progress bar by rows.
     """
     t0 = time.perf_counter()
     opts = Options(k=k, method=method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
@@ -545,22 +568,26 @@ def select_dataset(
         state, man = prepare_output(out, params, fp, overwrite=overwrite)
     counts = ds.row_counts()
     n_rows = sum(counts) if counts is not None else None
-    rep = BatchReport(output=str(out), layout=lay, n_parts=0, parts_done_now=0, n_input_rows=n_rows or 0, n_pools=0,
+    rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0, n_input_rows=n_rows or 0, n_pools=0,
                       n_candidates=0, n_kept=0, n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=False,
                       resumed=state == "resume", already_done=state == "done", memory_limit=limit, peak_rss=0,
                       seconds=0.0)
     if state == "done":
         assert man is not None
         rep.n_parts = man.n_parts
-        rep.n_kept = man.rows
+        rep.n_kept = rep.n_out_rows = man.rows
         rep.peak_rss = peak_rss()
         rep.seconds = time.perf_counter() - t0
         return rep
     if lay == "grouped":
+        if rows_per_bucket is not None:
+            _n_parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_bucket))
         return _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, progress, command, rep, t0,
                             _n_parts, _fail_after)
     total_bytes = ds.memory_bytes()
     n_buckets, w = _plan(total_bytes, limit, workers)
+    if rows_per_bucket is not None:
+        _n_parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_bucket))
     if _n_parts is not None:
         n_buckets = int(_n_parts)
         w = max(1, int(workers or 1))
@@ -630,7 +657,7 @@ def select_dataset(
                     bar.advance(n_rows or 0)
                 for i in range(n_buckets):
                     if i not in todo:
-                        shutil.rmtree(bucket_dir(spill_dir, i), ignore_errors=True)
+                        bucket_path(spill_dir, i).unlink(missing_ok=True)
                 bar.phase(f"{opts.method}-{opts.k} by bucket")
                 empty = pl.DataFrame(schema={ROW: pl.get_index_type(), **dict(schema)})
                 parts_dir = spill_dir / "parts"
@@ -651,7 +678,7 @@ def select_dataset(
                         _finish_part(kept, out, i, man, _fail_after, written)
                     else:
                         _io.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
-                    shutil.rmtree(bucket_dir(spill_dir, i), ignore_errors=True)
+                    bucket_path(spill_dir, i).unlink(missing_ok=True)
                     bar.advance(n)
 
                 if w > 1 and len(todo) > 1:
@@ -681,6 +708,7 @@ def select_dataset(
             rep.n_kept = man.rows
         else:
             rep.n_kept = tot.kept
+        rep.n_out_rows = rep.n_kept
     finally:
         bar.close()
     rep.n_pools, rep.n_candidates, rep.n_small_pools, rep.modes_missed = tot.pools, tot.cands, tot.small, tot.missed
@@ -688,6 +716,16 @@ def select_dataset(
     rep.peak_rss = peak_rss()
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def _count_rows(ds: _io.Dataset, known: int | None) -> int:
+    if known is not None:
+        return known
+    try:
+        return int(ds.scan().select(pl.len()).collect().item())
+    except Exception as e:  # noqa: BLE001
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
 
 
 _manifest_lock = threading.Lock()
@@ -825,10 +863,12 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
             man.done = True
             man.finished = time.time()
             man.write(out)
-            rep.n_kept = tot.kept
+            rep.n_out_rows = man.rows
         else:
-            _write_file(pl.concat([results[i] for i in sorted(results)]), out)
-            rep.n_kept = tot.kept
+            res = pl.concat([results[i] for i in sorted(results)])
+            _write_file(res, out)
+            rep.n_out_rows = res.height
+        rep.n_kept = tot.kept
     finally:
         bar.close()
     rep.parts_done_now = len(todo)
