@@ -43,6 +43,7 @@ import polars as pl
 from . import io as _io
 from ._tables import pool_keys
 from .errors import MrtInputError
+from .manifest import MANIFEST as MANIFEST_NAME
 from .manifest import Manifest, part_path, prepare_output
 
 ROW = "__row"  # global row index of the input (file order, then row order)
@@ -524,7 +525,7 @@ def select_dataset(
     """Keep K candidates per prompt of a dataset, in bounded memory; resumable.
 
     ``source``: a file, a directory of Parquet/JSONL files (hive partitions
-    included) or a glob. ``output``: a directory (no file suffix) that gets
+    included) or a glob. ``output``: a directory (any name without a table suffix) that gets
     ``part-00000.parquet`` ... and ``_manifest.json``, or a file
     (``.parquet``/``.jsonl``/``.csv``) holding every kept row. The kept rows
     are those of :func:`mrt_fast.select` on the whole table (the options mean
@@ -555,9 +556,8 @@ def select_dataset(
     schema = ds.check_columns(opts.needed(names))
     lay = opts.resolve_layout(schema)
     lists = opts.list_columns(schema) if lay == "grouped" else None
-    to_dir = out.suffix == ""
+    to_dir = out.is_dir() or out.suffix.lower() not in _io.FORMATS
     if not to_dir:
-        _io.fmt_of(out, "output")
         parent = out.parent if str(out.parent) else Path(".")
         if not parent.is_dir():
             raise MrtInputError(f"output directory {str(parent)!r} does not exist")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import warnings
 from pathlib import Path
@@ -155,7 +156,8 @@ def select_cmd(
             overwrite=overwrite, progress=console, command=command, rows_per_bucket=chunk_rows,
         )
     if rep.already_done:
-        console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_kept} rows); nothing to do")
+        console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
+                      soft_wrap=True, highlight=False)
         return
     tab = Table(title=f"mrt select: {rep.method}, K = {k}")
     for c in ("pools", "candidates", "kept", "<= K", "ratio", "buckets", "rows/s", "peak mem", "s"):
@@ -170,7 +172,8 @@ def select_cmd(
     console.print("<= K: pools kept whole; ratio: mean certified approximation ratio; *: buckets spilled to disk",
                   style="dim")
     what = "rows" if rep.layout == "rows" else "prompts"
-    console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""))
+    console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
+                  highlight=False)
 
 
 # ---- variance diagnostics commands ----
@@ -178,7 +181,8 @@ def select_cmd(
 
 @app.command("diagnose")
 def diagnose_cmd(
-    inp: Path = typer.Argument(..., help="Table of per-response losses (.parquet, .jsonl, .csv)."),
+    inp: str = typer.Argument(..., help="Per-response losses: a file (.parquet, .jsonl, .csv), a directory of "
+                              "Parquet/JSONL files or a quoted glob; streamed, never read whole."),
     loss: str = typer.Option("loss", help="Loss column."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     cost_prompt: float = typer.Option(1.0, help="Cost C_p of one prompt."),
@@ -198,20 +202,23 @@ def diagnose_cmd(
     """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
     import json
 
+    from .diagnose import variance_budget_dataset
     from .errors import MrtInputError
-    from .io import read_table
-    from .variance import variance_budget
 
     with _user_errors():
-        df = read_table(inp)
-    try:
-        rep = variance_budget(
-            df, by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
+        for what, p in (("--json", json_out), ("--plot", plot)):
+            if p is not None:
+                parent = p.parent if str(p.parent) else Path(".")
+                if not parent.is_dir():
+                    raise MrtInputError(f"{what} {str(p)!r}: directory {str(parent)!r} does not exist")
+                if p.is_dir():
+                    raise MrtInputError(f"{what} {str(p)!r} is a directory")
+                if not os.access(parent, os.W_OK):
+                    raise MrtInputError(f"{what} {str(p)!r}: cannot write to {str(parent)!r}")
+        rep = variance_budget_dataset(
+            inp, by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
             k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap,
         )
-    except MrtInputError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
     console.print(repr(rep), highlight=False)
     tab = Table(title="predicted variance by K")
     cols = rep.predicted.columns
