@@ -234,6 +234,19 @@ def test_resume_after_a_kill_gives_byte_identical_parts(tmp_path):
     assert r.exit_code == 0 and "already complete" in r.output
 
 
+def test_stale_spill_of_a_killed_file_output_is_removed(tmp_path):
+    df = make_rows(10, 1)
+    cut(df, tmp_path / "in", 2)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".o.parquet.spill-{dead.pid}-abc"
+    (stale / "parts").mkdir(parents=True)
+    live = tmp_path / f".o.parquet.spill-{os.getpid()}-abc"
+    live.mkdir()
+    select_dataset(tmp_path / "in", tmp_path / "o.parquet", 2, "random", _n_parts=2)
+    assert not stale.exists() and live.exists()
+
+
 def test_resume_grouped(tmp_path):
     rows = make_rows(30, 2)
     g = rows.group_by("prompt_id", maintain_order=True).agg(pl.col("reward"), pl.col("embedding"))
@@ -252,12 +265,12 @@ def _cli(*args):
 
 @pytest.mark.slow
 def test_sigkill_at_any_moment_then_rerun(tmp_path):
-    df = make_rows(2000, 4, dim=16, max_pool=40)
+    df = make_rows(1000, 4, dim=16, max_pool=30)
     cut(df, tmp_path / "in", 4)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def cmd(out):
-        return _cli(tmp_path / "in", out, "--k", "4", "--chunk-rows", "2500")
+        return _cli(tmp_path / "in", out, "--k", "4", "--chunk-rows", "1500")
 
     subprocess.run(cmd(tmp_path / "full"), check=True, env=env, capture_output=True)
     n_parts = Manifest.read(tmp_path / "full").n_parts

@@ -642,7 +642,9 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
             if to_dir:
                 spill_dir = out / SPILL_DIR
             else:
-                spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-", dir=out.parent if str(out.parent) else "."))
+                parent = out.parent if str(out.parent) else Path(".")
+                remove_stale_spills(parent, out.name)
+                spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-{os.getpid()}-", dir=parent))
             try:
                 done_marker = spill_dir / "_complete"
                 if not (done_marker.exists() and done_marker.read_text() == f"{fp} {n_buckets}"):
@@ -729,6 +731,25 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
     rep.peak_rss = peak_rss()
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def remove_stale_spills(directory: Path, name: str) -> int:
+    """Delete ``.NAME.spill-PID-*`` folders of file outputs whose process is gone (a kill -9)."""
+    n = 0
+    for d in Path(directory).glob(f".{name}.spill-*"):
+        m = re.match(rf"^\.{re.escape(name)}\.spill-(\d+)-", d.name)
+        if not m or not d.is_dir():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        n += 1
+    return n
 
 
 def _count_rows(ds: _io.Dataset, known: int | None) -> int:
