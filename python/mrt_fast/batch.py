@@ -568,8 +568,8 @@ def select_dataset(
         state, man = prepare_output(out, params, fp, overwrite=overwrite)
     counts = ds.row_counts()
     n_rows = sum(counts) if counts is not None else None
-    rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0, n_input_rows=n_rows or 0, n_pools=0,
-                      n_candidates=0, n_kept=0, n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=False,
+    rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
+                      n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0, n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=False,
                       resumed=state == "resume", already_done=state == "done", memory_limit=limit, peak_rss=0,
                       seconds=0.0)
     if state == "done":
