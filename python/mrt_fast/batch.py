@@ -460,6 +460,14 @@ def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
     return nulls
 
 
+def _batch_rows(total_bytes: int, n_rows: int | None, limit: int) -> int:
+    """Rows per batch of the spill pass: a batch and its copies take a small share of the limit."""
+    if not n_rows:
+        return 100_000
+    row_bytes = max(1.0, total_bytes / n_rows)
+    return int(min(200_000, max(5_000, limit / 16 / row_bytes)))
+
+
 def bucket_path(spill_dir: Path, i: int) -> Path:
     return Path(spill_dir) / f"bucket-{i:05d}.arrow"
 
@@ -656,7 +664,8 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                         seen[0] += n
                         bar.advance(n)
 
-                    nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows)
+                    nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows,
+                                  batch_rows=_batch_rows(total_bytes, n_rows, limit))
                     if nulls:
                         nb = read_bucket(spill_dir, n_buckets)
                         f, r0 = ds.locate(int(nb[ROW].min()))
