@@ -200,6 +200,24 @@ def test_grouped_layout_in_and_out(tmp_path):
     assert pl.read_parquet(tmp_path / "g.parquet")["prompt_id"].to_list() == grouped["prompt_id"].to_list()
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_pools=st.integers(1, 25), seed=st.integers(0, 1000), n_files=st.integers(1, 4), n_parts=st.integers(1, 6),
+       method=st.sampled_from(["random", "top", "grades", "stratified"]), k=st.integers(1, 4))
+def test_grouped_equals_select_on_the_rows(tmp_path_factory, n_pools, seed, n_files, n_parts, method, k):
+    tmp = tmp_path_factory.mktemp("grouped")
+    rows = make_rows(n_pools, seed).sort("prompt_id", maintain_order=True)
+    g = rows.group_by("prompt_id", maintain_order=True).agg(pl.col("text"), pl.col("reward"), pl.col("embedding"),
+                                                             pl.col("mode"))
+    g = g.sample(fraction=1.0, shuffle=True, seed=seed)
+    cut(g, tmp / "g", n_files, seed)
+    ref = ref_select(g.explode(["text", "reward", "embedding", "mode"]), k, method, seed=seed)
+    select_dataset(tmp / "g", tmp / "out.parquet", k, method, seed=seed, _n_parts=n_parts, layout="grouped")
+    got = pl.read_parquet(tmp / "out.parquet")
+    assert got["prompt_id"].to_list() == g["prompt_id"].to_list()
+    lists = [c for c in got.columns if c != "prompt_id"]
+    assert got.explode(lists).equals(ref.select(got.columns))
+
+
 def test_grouped_layout_refuses_ragged_lists(tmp_path):
     g = pl.DataFrame({"prompt_id": [1, 2], "reward": [[1.0, 2.0], [3.0]], "responses": [["a", "b"], ["c", "d"]]})
     g.write_parquet(tmp_path / "g.parquet")
