@@ -342,6 +342,11 @@ def test_output_inside_input_refused(tmp_path):
             select_dataset(tmp_path / "in", out, 1, "random")
     with pytest.raises(MrtInputError, match="is the input or inside it"):
         select_dataset(str(tmp_path / "in" / "*.parquet"), tmp_path / "in" / "out.parquet", 1, "random")
+    with pytest.raises(MrtInputError, match="is the input or inside it"):
+        select_dataset(str(tmp_path / "**" / "*.parquet"), tmp_path / "in" / "deeper" / "out", 1, "random")
+    # beside the files a glob names (not matched by it) is fine
+    rep = select_dataset(str(tmp_path / "in" / "*.parquet"), tmp_path / "in" / "kept", 1, "random")
+    assert rep.n_kept == 5
 
 
 # --------------------------------------------------------------------------- bad input
