@@ -169,7 +169,7 @@ def main() -> None:
                       f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB, {man['n_parts']} part(s)", flush=True)
             stride = max(1, round(size / n_kept))
             floors = []
-            for _ in range(2):  # before-and-after style: the mean of two floor runs
+            for _ in range(2):  # the floor runs twice; its mean is the reference
                 fo = work / f"floor_{size}.parquet"
                 floors.append(measure([sys.executable, "-c", FLOOR, str(d), str(fo), str(stride)], env))
                 fo.unlink(missing_ok=True)
