@@ -234,7 +234,16 @@ def test_grouped_layout_refuses_ragged_lists(tmp_path):
     g.write_parquet(tmp_path / "g.parquet")
     with pytest.raises(MrtInputError, match="prompt 2 has 2 values in 'responses'"):
         select_dataset(tmp_path / "g.parquet", tmp_path / "o", 1, "top")
-    assert not part_path(tmp_path / "o", 0).exists()
+    assert not (tmp_path / "o").exists()
+    # a per-prompt list column is left alone once the per-candidate ones are named
+    g = pl.DataFrame({"prompt_id": [1, 2], "reward": [[1.0, 2.0], [3.0]], "responses": [["a", "b"], ["c"]],
+                      "tests": [["t1"], ["t2", "t3"]]})
+    g.write_parquet(tmp_path / "g2.parquet")
+    r = runner.invoke(app, ["select", str(tmp_path / "g2.parquet"), str(tmp_path / "o2.parquet"), "--k", "1",
+                            "--method", "top", "--candidate-columns", "reward,responses"])
+    assert r.exit_code == 0, r.output
+    got = pl.read_parquet(tmp_path / "o2.parquet")
+    assert got["responses"].to_list() == [["b"], ["c"]] and got["tests"].to_list() == [["t1"], ["t2", "t3"]]
 
 
 # --------------------------------------------------------------------------- resume

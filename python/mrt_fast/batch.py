@@ -280,7 +280,8 @@ def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
         if bad.any():
             i = int(bad.arg_true()[0])
             raise MrtInputError(
-                f"grouped layout: prompt {df[by][i]!r} has {lens[c][i]} values in {c!r} but {ref[i]} in {lists[0]!r}",
+                f"grouped layout: prompt {df[by][i]!r} has {lens[c][i]} values in {c!r} but {ref[i]} in {lists[0]!r} "
+                "(name the per-candidate list columns with candidate_columns / --candidate-columns)",
                 pool=df[by][i], column=c, row=i)
     empty = (ref.fill_null(0) == 0)
     n_empty = int(empty.sum())

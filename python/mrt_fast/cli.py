@@ -132,6 +132,9 @@ def select_cmd(
     seed: int = typer.Option(0, help="Seed of random draws and k-means."),
     layout: str = typer.Option("auto", help="rows (one row per candidate), grouped (one row per prompt, list "
                                "columns) or auto (grouped when the embedding/reward columns hold lists)."),
+    candidate_columns: Optional[str] = typer.Option(
+        None, "--candidate-columns", help="Grouped layout: the list columns holding one value per candidate, "
+        "comma separated (default: every list column)."),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit",
                                                help="Peak memory, e.g. 2GB or 512MiB (default: half the available)."),
     workers: Optional[int] = typer.Option(None, help="Buckets selected at once (default: as memory and cores allow)."),
@@ -152,6 +155,8 @@ def select_cmd(
         rep = select_dataset(
             inp, out, k, method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
             kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, memory_limit=memory_limit, workers=workers,
+            candidate_columns=None if candidate_columns is None else [c.strip() for c in candidate_columns.split(",")
+                                                                      if c.strip()],
             overwrite=overwrite, progress=console, command=command, rows_per_bucket=chunk_rows,
         )
     if rep.already_done:
