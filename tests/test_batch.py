@@ -140,6 +140,17 @@ def test_stratified_with_computed_modes(tmp_path):
         assert pl.read_parquet(tmp_path / f"o{n}.parquet").equals(ref)
 
 
+@pytest.mark.parametrize("method", ["random", "top", "grades", "diverse", "stratified"])
+def test_empty_buckets_have_the_parts_schema(tmp_path, method):
+    df = make_rows(3, 2, max_pool=8).drop("mode")
+    cut(df, tmp_path / "in", 2)
+    select_dataset(tmp_path / "in", tmp_path / "o", 2, method, _n_parts=9)  # most buckets empty
+    schemas = {tuple(pl.read_parquet_schema(p).items()) for p in (tmp_path / "o").glob("part-*.parquet")}
+    assert len(schemas) == 1
+    assert pl.scan_parquet(str(tmp_path / "o" / "*.parquet")).collect().height == ref_select(df if method != "stratified"
+        else df.with_columns(pl.lit(0).alias("mode")), 2, method).height
+
+
 def test_bucket_of_is_the_pool_key_digest():
     from mrt_fast._tables import pool_keys
 

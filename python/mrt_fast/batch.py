@@ -830,12 +830,12 @@ def _empty_output(ds: _io.Dataset, opts: Options, to_dir: bool) -> pl.DataFrame:
     """The kept rows of an empty bucket: no rows, the output's columns."""
     df = ds.scan().head(0).collect()
     cols = {c: t for c, t in df.schema.items()}
+    if opts.method == "stratified" and opts.mode not in cols:
+        cols[opts.mode] = pl.Int64  # computed modes come before what select adds
     cols["pick_rank"] = pl.Int32
     if opts.method in ("diverse", "grades"):
         cols["gain"] = pl.Float64
     if opts.method == "stratified":
-        if opts.mode not in cols:
-            cols[opts.mode] = pl.Int64
         cols["weight"] = pl.Float64
     if not to_dir:
         cols[FIRST] = pl.get_index_type()
