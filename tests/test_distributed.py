@@ -253,3 +253,122 @@ def test_a_bucket_task_restores_dataset_order_whatever_order_its_rows_arrive_in(
     perm = np.random.default_rng(0).permutation(t.num_rows)
     out = D._SelectBucket(3, "random", {"seed": 5}, None)(t.take(pa.array(perm)))
     assert_same_per_pool(pl.from_arrow(out), ref)
+
+
+# --------------------------------------------------------------------------- dataset jobs and the CLI
+
+
+def write_files(df: pl.DataFrame, d, n_files: int, fmt: str = "parquet"):
+    d.mkdir()
+    cuts = np.linspace(0, df.height, n_files + 1).astype(int)
+    for i in range(n_files):
+        part = df.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
+        if fmt == "parquet":
+            part.write_parquet(d / f"f{i:02d}.parquet")
+        else:
+            part.write_ndjson(d / f"f{i:02d}.jsonl")
+    return d
+
+
+def parts_bytes(d):
+    return {p.name: p.read_bytes() for p in sorted(d.glob("part-*.parquet"))}
+
+
+@pytest.mark.parametrize("method", ["random", "grades"])
+def test_job_parts_are_the_local_engines_parts_byte_for_byte(tmp_path, method):
+    from mrt_fast.batch import select_dataset as local_job
+
+    df = make_table(n_pools=60, seed=20)
+    src = write_files(df, tmp_path / "in", 3)
+    local_job(src, tmp_path / "local", 3, method, _n_parts=4)
+    rep = D.select_dataset(src, tmp_path / "ray", 3, method, n_buckets=4)
+    assert rep.n_parts == 4 and rep.n_input_rows == df.height
+    a, b = parts_bytes(tmp_path / "local"), parts_bytes(tmp_path / "ray")
+    assert list(a) == list(b) and a == b
+    import json
+
+    m = json.loads((tmp_path / "ray" / "_manifest.json").read_text())
+    assert m["done"] and sum(m["parts"].values()) == rep.n_kept == local(df, 3, method).height
+
+
+def test_job_to_a_file_equals_select_on_the_whole_table(tmp_path):
+    df = make_table(n_pools=50, seed=21)
+    src = write_files(df, tmp_path / "in", 4, fmt="jsonl")
+    D.select_dataset(src, tmp_path / "kept.parquet", 2, "random", seed=3, n_buckets=3)
+    got = pl.read_parquet(tmp_path / "kept.parquet")
+    ref = local(pl.read_ndjson(sorted((tmp_path / "in").glob("*.jsonl"))), 2, "random", seed=3)
+    assert got.select(ref.columns).equals(ref)  # the in-memory order too
+
+
+def test_a_job_that_died_resumes_with_the_missing_parts_only(tmp_path):
+    import json
+
+    df = make_table(n_pools=60, seed=22)
+    src = write_files(df, tmp_path / "in", 2)
+    out = tmp_path / "out"
+    D.select_dataset(src, out, 3, "grades", n_buckets=5)
+    whole = parts_bytes(out)
+    # the state a job killed after three parts leaves: two parts missing, manifest not done
+    m = json.loads((out / "_manifest.json").read_text())
+    for name in ("part-00001.parquet", "part-00003.parquet"):
+        (out / name).unlink()
+        del m["parts"][name]
+    m["done"] = False
+    (out / "_manifest.json").write_text(json.dumps(m))
+    rep = D.select_dataset(src, out, 3, "grades")
+    assert rep.resumed and rep.parts_done_now == 2 and rep.n_parts == 5
+    assert parts_bytes(out) == whole
+    assert D.select_dataset(src, out, 3, "grades").already_done
+    with pytest.raises(MrtInputError, match="another job"):
+        D.select_dataset(src, out, 4, "grades")
+
+
+def test_grouped_job_parts_equal_the_local_engines(tmp_path):
+    from mrt_fast.batch import select_dataset as local_job
+
+    g = grouped(make_table(n_pools=40, seed=23))
+    src = write_files(g, tmp_path / "in", 2)
+    local_job(src, tmp_path / "local", 2, "grades", _n_parts=3)
+    D.select_dataset(src, tmp_path / "ray", 2, "grades", n_buckets=3)
+    assert parts_bytes(tmp_path / "local") == parts_bytes(tmp_path / "ray")
+
+
+def test_cli_engine_ray_select_and_diagnose(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+
+    df = make_table(n_pools=50, seed=24)
+    src = write_files(df, tmp_path / "in", 3)
+    runner = CliRunner()
+    marker = tmp_path / "fault"
+    monkeypatch.setenv(D.FAULT_ENV, str(marker))
+    r = runner.invoke(app, ["select", str(src), str(tmp_path / "ray"), "--k", "2", "--method", "top",
+                            "--engine", "ray", "--parts", "3"])
+    assert r.exit_code == 0, r.output
+    assert marker.exists()
+    monkeypatch.delenv(D.FAULT_ENV)
+    r = runner.invoke(app, ["select", str(src), str(tmp_path / "local"), "--k", "2", "--method", "top",
+                            "--chunk-rows", str(-(-df.height // 3))])
+    assert r.exit_code == 0, r.output
+    got = pl.read_parquet(tmp_path / "ray" / "*.parquet")
+    assert_same_per_pool(got, local(pl.read_parquet(sorted(src.glob("*.parquet"))), 2, "top"))
+    for engine in ("local", "ray"):
+        r = runner.invoke(app, ["diagnose", str(src), "--engine", engine, "--n-boot", "50",
+                                "--json", str(tmp_path / f"{engine}.json")])
+        assert r.exit_code == 0, r.output
+    import json
+
+    a = json.loads((tmp_path / "local.json").read_text())
+    b = json.loads((tmp_path / "ray.json").read_text())
+    assert a.keys() == b.keys()
+    for key in ("n_rows", "n_prompts", "k_best"):
+        assert a[key] == b[key]
+    for key in ("v_x", "v_y_given_x"):
+        assert b[key] == pytest.approx(a[key], rel=1e-12)
+    # bad input: the local one-line error, exit code 2
+    r = runner.invoke(app, ["select", str(src), str(tmp_path / "x"), "--k", "2", "--method", "grades",
+                            "--embedding", "emb", "--engine", "ray"])
+    assert r.exit_code == 2 and "column 'emb' (embedding) not found" in r.output
+    r = runner.invoke(app, ["select", str(src), str(tmp_path / "x"), "--k", "2", "--ray-address", "auto"])
+    assert r.exit_code == 2 and "--ray-address needs --engine ray" in r.output

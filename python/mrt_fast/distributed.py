@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,9 @@ from .errors import MrtInputError
 __all__ = [
     "select",
     "variance_budget",
+    "select_dataset",
+    "variance_budget_dataset",
+    "read",
     "init",
     "layout_of",
     "TransientTaskError",
@@ -494,3 +498,299 @@ def variance_budget(ds: Any, *, by: str = "prompt_id", loss: str = "loss", layou
     rep = report_from_accumulator(acc, **options)
     rep.notes.extend(notes_extra)
     return rep
+
+
+# --------------------------------------------------------------------------- dataset jobs (files in, parts out)
+
+
+def read(source: Any, columns: list[str] | None = None):
+    """A Ray Dataset over the files of a source (a file, a directory of
+    Parquet/JSONL files or a glob, found as `mrt_fast.io.discover` finds
+    them), rows in the same order: files sorted by path, then row order."""
+    ray = _ray()
+    from . import io as _io
+
+    src = source if isinstance(source, _io.Dataset) else _io.discover(source)
+    files = [str(f) for f in src.files]
+    if src.fmt == "parquet":
+        return ray.data.read_parquet(files, columns=columns, shuffle=None)
+    # text formats are parsed by polars in the tasks, file by file, as the
+    # local engine parses them (the Arrow readers infer other types and round
+    # some decimals differently)
+    schema = src.scan().collect_schema()
+    fmt = src.fmt
+
+    def read_files(t: pa.Table) -> pa.Table:
+        out = []
+        for f in t.column("path").to_pylist():
+            if fmt == "jsonl":
+                df = pl.read_ndjson(f, schema=schema)
+            else:
+                df = pl.read_csv(f, schema=schema)
+            out.append(df.to_arrow())
+        return pa.concat_tables(out)
+
+    ds = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+    ds = ds.map_batches(read_files, batch_size=1, batch_format="pyarrow")
+    return ds.select_columns(columns) if columns else ds
+
+
+class _BucketToPart:
+    """One bucket of a job: its rows back in input order, `batch.select_frame`
+    (the local engine's own), part ``i`` written atomically; returns one row
+    of counts (or, for a file output, the kept rows with their pool's first row)."""
+
+    def __init__(self, opts: Any, out_dir: str | None, fault: str | None):
+        self.opts, self.out_dir, self.fault = opts, out_dir, fault
+        self.__name__ = "select_bucket_to_part"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        from .batch import ROW, select_frame, write_part
+
+        _maybe_fail(self.fault)
+        df = _to_polars(t)
+        i = int(df[_BUCKET][0])
+        kept, rep = select_frame(df.drop(_BUCKET).rename({_ORDER: ROW}), self.opts, first=self.out_dir is None)
+        if self.out_dir is None:
+            return kept.to_arrow()
+        n = write_part(kept, Path(self.out_dir), i)
+        r = rep.approximation_ratio
+        return pa.table({
+            "part": [i], "rows": [n], "pools": [rep.n_pools], "candidates": [rep.n_candidates],
+            "small": [rep.n_small_pools], "missed": [rep.modes_missed],
+            "ratio_sum": [float(np.sum(r)) if r is not None else 0.0], "ratio_n": [0 if r is None else len(r)],
+        })
+
+
+class _GroupedPart:
+    """Part ``i`` of a grouped job: input rows ``[i * per, (i + 1) * per)``, read
+    by the task itself, selected and written (as the local engine does)."""
+
+    def __init__(self, source: Any, opts: Any, lists: list[str], per: int, out_dir: str | None, fault: str | None):
+        self.source, self.opts, self.lists, self.per = source, opts, lists, per
+        self.out_dir, self.fault = out_dir, fault
+        self.__name__ = "select_grouped_part"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        from .batch import select_frame, write_part
+
+        _maybe_fail(self.fault)
+        outs = []
+        for i in t.column("part").to_pylist():
+            df = self.source.scan().slice(i * self.per, self.per).collect()
+            kept, rep = select_frame(df, self.opts, layout="grouped", list_columns=self.lists)
+            if self.out_dir is None:
+                outs.append(kept.with_columns(pl.lit(i).alias("__part")).to_arrow())
+                continue
+            n = write_part(kept, Path(self.out_dir), i)
+            r = rep.approximation_ratio
+            outs.append(pa.table({
+                "part": [i], "rows": [n], "pools": [rep.n_pools], "candidates": [rep.n_candidates],
+                "small": [rep.n_small_pools], "missed": [rep.modes_missed],
+                "ratio_sum": [float(np.sum(r)) if r is not None else 0.0], "ratio_n": [0 if r is None else len(r)],
+            }))
+        return pa.concat_tables(outs)
+
+
+def _tag_job(by: str, n_buckets: int, todo: set[int] | None):
+    def tag(t: pa.Table) -> pa.Table:
+        from .batch import bucket_of
+
+        ids = pl.from_arrow(t.column(by))
+        if isinstance(ids, pl.DataFrame):
+            ids = ids.to_series()
+        if ids.null_count():
+            raise MrtInputError(f"column {by!r} has {ids.null_count()} null prompt id(s); give every row a prompt id",
+                                column=by)
+        b = bucket_of(ids, n_buckets).astype(np.int32)
+        t = t.append_column(_BUCKET, pa.array(b))
+        if todo is not None:
+            t = t.filter(pa.array(np.isin(b, np.fromiter(todo, dtype=np.int32))))
+        return t
+
+    return tag
+
+
+def select_dataset(
+    source: Any,
+    output: Any,
+    k: int,
+    method: str = "grades",
+    *,
+    by: str = "prompt_id",
+    embedding: str = "embedding",
+    reward: str = "reward",
+    mode: str = "mode",
+    alpha: float = 0.75,
+    k_max: int | None = None,
+    kernel: str = "shift",
+    n_modes: int | None = None,
+    seed: int = 0,
+    layout: str = "auto",
+    candidate_columns: list[str] | None = None,
+    n_buckets: int | None = None,
+    overwrite: bool = False,
+    address: str | None = None,
+    command: str | None = None,
+    max_retries: int = 3,
+    fault_once: str | None = None,
+):
+    """`mrt_fast.select_dataset` on Ray: the same input (file, directory, glob),
+    the same output (a directory of ``part-NNNNN.parquet`` + ``_manifest.json``,
+    or one file) and the same resume rules, the same parts as the local engine
+    with the same part count. Rows layout: part ``i`` holds the pools of bucket
+    ``i`` (``pool_key % n_parts``), selected by one Ray task after a shuffle by
+    bucket; grouped layout: part ``i`` holds input rows ``[i r, (i + 1) r)``,
+    read and selected by one task, nothing shuffled. ``n_buckets``: the part
+    count (default: from the data, ``max(cluster CPUs, rows / 1e6)``); a resumed
+    job keeps its manifest's. ``address``: the Ray cluster (None: the
+    current or a new local instance). Returns a `mrt_fast.batch.BatchReport`."""
+    import time
+
+    from . import io as _io
+    from .batch import FIRST, BatchReport, Options, _empty_output, _write_file, peak_rss
+    from .manifest import Manifest, prepare_output
+    from .select import _check_common
+
+    t0 = time.perf_counter()
+    opts = Options(k=k, method=method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
+                   kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, candidate_columns=candidate_columns)
+    _check_common(0.0 if opts.method == "diverse" else alpha, 1e-6, opts.k, k_max, kernel)
+    fault = fault_once if fault_once is not None else os.environ.get(FAULT_ENV) or None
+    out = Path(output)
+    src = _io.discover(source)
+    if _io.output_inside_input(out, src):
+        raise MrtInputError(f"output {str(out)!r} is the input or inside it; write it elsewhere")
+    names = list(_io.file_schema(src.files[0], src.fmt).names()) + _io.hive_columns(src)
+    schema = src.check_columns(opts.needed(names))
+    lay = opts.resolve_layout(schema)
+    lists = opts.list_columns(schema) if lay == "grouped" else None
+    to_dir = out.is_dir() or out.suffix.lower() not in _io.FORMATS
+    if not to_dir:
+        parent = out.parent if str(out.parent) else Path(".")
+        if not parent.is_dir():
+            raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+    params = {**opts.parameters(), "layout": lay}
+    fp = src.fingerprint()
+    state, man = prepare_output(out, params, fp, overwrite=overwrite) if to_dir else ("new", None)
+    counts = src.row_counts()
+    n_rows = sum(counts) if counts is not None else None
+    rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
+                      n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0, n_small_pools=0, modes_missed=0,
+                      mean_ratio=None, spilled=False, resumed=state == "resume", already_done=state == "done",
+                      memory_limit=0, peak_rss=0, seconds=0.0)
+    if state == "done":
+        rep.n_parts = man.n_parts
+        rep.n_kept = rep.n_out_rows = man.rows
+        rep.seconds = time.perf_counter() - t0
+        return rep
+    init(address)
+    ray = _ray()
+    rds = None
+    if n_rows is None:
+        rds = read(src)
+        n_rows = rds.count()
+    if n_rows == 0:
+        raise MrtInputError(f"{src.source!r} has no rows: there is nothing to select from")
+    rep.n_input_rows = n_rows
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    if man is not None:
+        nb = man.n_parts
+    elif n_buckets is not None:
+        nb = _n_buckets(None, n_buckets)
+    else:
+        nb = max(cpus, -(-n_rows // ROWS_PER_BUCKET))
+    per = None
+    if lay == "grouped":
+        nb = max(1, min(nb, n_rows))
+        per = int(man.rows_per_part) if man is not None and man.rows_per_part else -(-n_rows // nb)
+        nb = man.n_parts if man is not None else -(-n_rows // per)
+    rep.n_parts, rep.workers = nb, cpus
+    if to_dir:
+        out.mkdir(exist_ok=True)
+        if man is None:
+            man = Manifest(command=command or f"distributed.select_dataset(k={opts.k}, method={opts.method!r})",
+                           parameters=params, input={"source": src.source, "files": len(src.files),
+                                                     "fingerprint": fp, "rows": n_rows},
+                           n_parts=nb, layout=lay, rows_per_part=per)
+            man.write(out)
+    todo = man.missing_parts(out) if man is not None else list(range(nb))
+    out_dir = str(out) if to_dir else None
+    ratio = [0.0, 0]
+    kept_tables = []
+
+    def account(t: pa.Table) -> None:
+        d = t.to_pydict()
+        for j in range(t.num_rows):
+            man.record(d["part"][j], d["rows"][j])
+            rep.n_pools += d["pools"][j]
+            rep.n_candidates += d["candidates"][j]
+            rep.n_small_pools += d["small"][j]
+            rep.modes_missed += d["missed"][j]
+            ratio[0] += d["ratio_sum"][j]
+            ratio[1] += d["ratio_n"][j]
+        man.write(out)
+
+    with _Unwrapping(), _quiet_remote_args():
+        if lay == "grouped":
+            parts = ray.data.from_items([{"part": i} for i in todo], override_num_blocks=max(1, len(todo)))
+            _own_context(parts)
+            res = parts.map_batches(_GroupedPart(src, opts, lists, per, out_dir, fault), batch_size=1,
+                                    batch_format="pyarrow", **_retry_args(max_retries))
+        else:
+            from ray.data.expressions import monotonically_increasing_id
+
+            rds = rds if rds is not None else read(src)
+            _own_context(rds)
+            todo_set = None if len(todo) == nb else set(todo)
+            tagged = rds.with_column(_ORDER, monotonically_increasing_id()).map_batches(
+                _tag_job(by, nb, todo_set), batch_size=None, batch_format="pyarrow", zero_copy_batch=True)
+            tagged.context.shuffle_strategy = _shuffle_strategy("sort")
+            res = tagged.groupby(_BUCKET, num_partitions=nb).map_groups(
+                _BucketToPart(opts, out_dir, fault), batch_format="pyarrow", **_retry_args(max_retries))
+        for ref in res.iter_internal_ref_bundles():
+            for block_ref in ref.block_refs:
+                t = ray.get(block_ref)
+                if t.num_rows == 0:
+                    continue
+                if to_dir:
+                    account(t)
+                else:
+                    kept_tables.append(t)
+    if to_dir:
+        for i in man.missing_parts(out):  # buckets no row went to
+            from .batch import write_part
+
+            man.record(i, write_part(_empty_output(src, opts, True), out, i))
+        man.done = True
+        man.finished = time.time()
+        man.write(out)
+        rep.n_kept = rep.n_out_rows = man.rows
+    else:
+        kept = _to_polars(pa.concat_tables(kept_tables, promote_options="default")) if kept_tables \
+            else _empty_output(src, opts, False)
+        if FIRST in kept.columns:
+            kept = kept.sort([FIRST, "pick_rank"]).drop(FIRST)
+        elif "__part" in kept.columns:
+            kept = kept.sort("__part", maintain_order=True).drop("__part")
+        _write_file(kept, out)
+        rep.n_kept = rep.n_out_rows = kept.height
+    rep.parts_done_now = len(todo)
+    rep.mean_ratio = ratio[0] / ratio[1] if ratio[1] else None
+    rep.peak_rss = peak_rss()
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def variance_budget_dataset(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
+                            **options: Any):
+    """`mrt_fast.variance_budget` over the files of a source on Ray: each block
+    of the two columns folds into an accumulator, the driver merges them."""
+    from . import io as _io
+
+    src = _io.discover(source)
+    schema = src.check_columns([(by, "prompt id"), (loss, "loss")])
+    if not schema[loss].is_numeric():
+        raise MrtInputError(f"column {loss!r} (loss) must be numeric, got {schema[loss]}", column=loss)
+    init(address)
+    return variance_budget(read(src, columns=[by, loss]), by=by, loss=loss, layout="flat", **options)
