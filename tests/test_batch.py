@@ -11,6 +11,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import polars as pl
@@ -86,16 +87,20 @@ def by_pool(df: pl.DataFrame) -> pl.DataFrame:
     k=st.integers(1, 5),
     str_ids=st.booleans(),
     workers=st.integers(1, 2),
+    limit_mib=st.one_of(st.none(), st.integers(64, 4096)),
 )
 def test_equals_select_on_the_whole_table(tmp_path_factory, n_pools, seed, n_files, n_parts, method, k, str_ids,
-                                          workers):
+                                          workers, limit_mib):
     tmp = tmp_path_factory.mktemp("eq")
     df = make_rows(n_pools, seed, str_ids=str_ids)
     cut(df, tmp / "in", n_files, seed)
     ref = ref_select(df, k, method, seed=seed % 7)
-    # a file output: the same rows in the same order
-    rep = select_dataset(tmp / "in", tmp / "out.parquet", k, method, seed=seed % 7, rows_per_bucket=max(1, df.height // n_parts),
-                         workers=workers)
+    # a file output: the same rows in the same order, buckets planned from rows or from a memory limit
+    # (the tiny tables are made to look big: each byte costs 2e5 bytes of work)
+    with mock.patch.object(batch, "WORK_FACTOR", 2e5):
+        rep = select_dataset(tmp / "in", tmp / "out.parquet", k, method, seed=seed % 7, workers=workers,
+                             rows_per_bucket=None if limit_mib else max(1, df.height // n_parts),
+                             memory_limit=f"{limit_mib}MiB" if limit_mib else None)
     got = pl.read_parquet(tmp / "out.parquet")
     assert got.equals(ref), (rep, got, ref)
     # a dataset output: the same rows per pool, in pick order, each pool in one part
@@ -320,7 +325,7 @@ def test_null_prompt_ids_are_counted_and_refused(tmp_path, n_parts):
     cut(df, tmp_path / "in", 3)
     with pytest.raises(MrtInputError, match=f"has {n_null} null prompt id\\(s\\), the first in '.*f00.\\.parquet'"):
         select_dataset(tmp_path / "in", tmp_path / "o", 2, "random", _n_parts=n_parts)
-    assert not part_path(tmp_path / "o", 0).exists()
+    assert not (tmp_path / "o").exists()
     r = runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o.parquet"), "--k", "2",
                             "--method", "random", "--chunk-rows", "50"])
     assert r.exit_code == 2 and "null prompt id" in r.output and not (tmp_path / "o.parquet").exists()
@@ -335,11 +340,17 @@ def test_corrupt_file_is_named_before_any_output(tmp_path, n_parts):
     files[2].write_bytes(b"not parquet at all")
     with pytest.raises(MrtInputError, match="f002.parquet"):
         select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
-    assert not part_path(tmp_path / "o", 0).exists()
+    assert not (tmp_path / "o").exists()  # nothing committed, nothing left behind
     files[2].unlink()
     with pytest.raises(MrtInputError, match="f001.parquet"):
-        select_dataset(tmp_path / "in", tmp_path / "o2", 2, "grades", _n_parts=n_parts)
-    assert not part_path(tmp_path / "o2", 0).exists()
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(MrtInputError, match="f001.parquet"):
+        select_dataset(tmp_path / "in", tmp_path / "o.parquet", 2, "grades", _n_parts=n_parts)
+    assert not (tmp_path / "o.parquet").exists() and not list(tmp_path.glob(".o.parquet*"))
+    files[1].unlink()  # once fixed, the same command runs
+    rep = select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
+    assert rep.n_kept == ref_select(pl.read_parquet(files[0]), 2, "grades").height
 
 
 def test_missing_column_names_the_file(tmp_path):

@@ -579,6 +579,19 @@ def select_dataset(
         rep.peak_rss = peak_rss()
         rep.seconds = time.perf_counter() - t0
         return rep
+    created = to_dir and state == "new"
+    try:
+        return _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers,
+                        rows_per_bucket, progress, command, rep, t0, _n_parts, _fail_after)
+    except MrtInputError:
+        # bad input found before any part was committed: leave no half-made directory behind
+        if created and out.is_dir() and not any(out.glob("part-*.parquet")):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers, rows_per_bucket,
+             progress, command, rep, t0, _n_parts, _fail_after):
     if lay == "grouped":
         if rows_per_bucket is not None:
             _n_parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_bucket))

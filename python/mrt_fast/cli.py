@@ -175,18 +175,20 @@ def select_cmd(
         console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
                       soft_wrap=True, highlight=False)
         return
-    tab = Table(title=f"mrt select: {rep.method}, K = {k}")
-    for c in ("pools", "candidates", "kept", "<= K", "ratio", "buckets", "rows/s", "peak mem", "s"):
-        tab.add_column(c, justify="right")
+    tab = Table(title=f"mrt select: {rep.method}, K = {k}", show_header=False)
+    tab.add_column("")
+    tab.add_column("", justify="right")
     ratio = f"{rep.mean_ratio:.4f}" if rep.mean_ratio is not None else "-"
-    buckets = f"{rep.n_parts}" + ("*" if rep.spilled else "")
+    buckets = f"{rep.n_parts}" + (" (spilled to disk)" if rep.spilled else " (in memory)")
     if rep.resumed:
-        buckets += f", {rep.parts_done_now} now"
-    tab.add_row(str(rep.n_pools), str(rep.n_candidates), str(rep.n_kept), str(rep.n_small_pools), ratio, buckets,
-                f"{rep.rows_per_second:,.0f}", f"{rep.peak_rss / 2**30:.2f} GiB", f"{rep.seconds:.2f}")
+        buckets += f", {rep.parts_done_now} done by this run"
+    for name, v in (("pools", f"{rep.n_pools:,}"), ("candidates", f"{rep.n_candidates:,}"),
+                    ("kept", f"{rep.n_kept:,}"), ("pools <= K (kept whole)", f"{rep.n_small_pools:,}"),
+                    ("mean certified ratio", ratio), ("buckets", buckets), ("rows/s", f"{rep.rows_per_second:,.0f}"),
+                    ("peak memory", f"{rep.peak_rss / 2**30:.2f} GiB (limit {rep.memory_limit / 2**30:.2f} GiB)"),
+                    ("seconds", f"{rep.seconds:.2f}")):
+        tab.add_row(name, v)
     console.print(tab)
-    console.print("<= K: pools kept whole; ratio: mean certified approximation ratio; *: buckets spilled to disk",
-                  style="dim")
     what = "rows" if rep.layout == "rows" else "prompts"
     console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
                   highlight=False)
