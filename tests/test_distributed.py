@@ -274,14 +274,15 @@ def parts_bytes(d):
     return {p.name: p.read_bytes() for p in sorted(d.glob("part-*.parquet"))}
 
 
-@pytest.mark.parametrize("method", ["random", "grades"])
-def test_job_parts_are_the_local_engines_parts_byte_for_byte(tmp_path, method):
+@pytest.mark.parametrize("method,shuffle", [("random", "files"), ("grades", "files"), ("grades", "sort")])
+def test_job_parts_are_the_local_engines_parts_byte_for_byte(tmp_path, method, shuffle):
     from mrt_fast.batch import select_dataset as local_job
 
     df = make_table(n_pools=60, seed=20)
     src = write_files(df, tmp_path / "in", 3)
     local_job(src, tmp_path / "local", 3, method, _n_parts=4)
-    rep = D.select_dataset(src, tmp_path / "ray", 3, method, n_buckets=4)
+    rep = D.select_dataset(src, tmp_path / "ray", 3, method, n_buckets=4, shuffle=shuffle)
+    assert not (tmp_path / "ray" / "_spill").exists()
     assert rep.n_parts == 4 and rep.n_input_rows == df.height
     a, b = parts_bytes(tmp_path / "local"), parts_bytes(tmp_path / "ray")
     assert list(a) == list(b) and a == b
@@ -295,6 +296,7 @@ def test_job_to_a_file_equals_select_on_the_whole_table(tmp_path):
     df = make_table(n_pools=50, seed=21)
     src = write_files(df, tmp_path / "in", 4, fmt="jsonl")
     D.select_dataset(src, tmp_path / "kept.parquet", 2, "random", seed=3, n_buckets=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "kept.parquet"]  # no spill left
     got = pl.read_parquet(tmp_path / "kept.parquet")
     ref = local(pl.read_ndjson(sorted((tmp_path / "in").glob("*.jsonl"))), 2, "random", seed=3)
     assert got.select(ref.columns).equals(ref)  # the in-memory order too

@@ -29,6 +29,8 @@ Ray is imported on first use (the ``ray`` extra: ``pip install 'mrt_fast[ray]'``
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -535,6 +537,18 @@ def read(source: Any, columns: list[str] | None = None):
     return ds.select_columns(columns) if columns else ds
 
 
+_last_stats: str | None = None
+#: where the "files" exchange puts the bucket pieces (inside the output directory)
+SPILL_DIR = "_spill"
+
+
+def last_job_stats() -> str | None:
+    """Ray Data's per-stage statistics of the last `select_dataset` run in
+    this process (wall and CPU time of reading, tagging, the shuffle and the
+    bucket tasks), or None."""
+    return _last_stats
+
+
 class _BucketToPart:
     """One bucket of a job: its rows back in input order, `batch.select_frame`
     (the local engine's own), part ``i`` written atomically; returns one row
@@ -592,6 +606,72 @@ class _GroupedPart:
         return pa.concat_tables(outs)
 
 
+def _piece_path(spill: str, bucket: int, first: int) -> Path:
+    return Path(spill) / f"b{bucket:05d}" / f"o{first:020d}.arrow"
+
+
+class _SplitToFiles:
+    """A block of rows (with their row-order ids) cut by bucket into Arrow IPC
+    pieces ``spill/bNNNNN/o<first row id>.arrow``, each written under a temp
+    name and renamed: a retried task rewrites the same pieces."""
+
+    def __init__(self, spill: str, by: str, n_buckets: int, todo: set[int] | None):
+        self.spill, self.by, self.n, self.todo = spill, by, n_buckets, todo
+        self.__name__ = "split_by_bucket"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        import pyarrow.ipc as ipc
+
+        if t.num_rows == 0:
+            return pa.table({"rows": pa.array([0], pa.int64())})
+        t = _tag_job(self.by, self.n, None)(t)
+        b = t.column(_BUCKET).to_numpy()
+        t = t.drop_columns([_BUCKET])
+        first = int(t.column(_ORDER)[0].as_py())
+        order = np.argsort(b, kind="stable")
+        cuts = np.searchsorted(b[order], np.arange(self.n + 1))
+        for i in np.flatnonzero(np.diff(cuts)):
+            if self.todo is not None and int(i) not in self.todo:
+                continue
+            piece = t.take(pa.array(order[cuts[i]:cuts[i + 1]]))
+            path = _piece_path(self.spill, int(i), first)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            with ipc.new_file(str(tmp), piece.schema) as w:
+                w.write_table(piece)
+            os.replace(tmp, path)
+        return pa.table({"rows": pa.array([t.num_rows], pa.int64())})
+
+
+class _FilesToPart:
+    """Bucket tasks of the "files" exchange: a bucket's pieces read back,
+    selected with `batch.select_frame` and written as its part."""
+
+    def __init__(self, opts: Any, spill: str, out_dir: str | None, fault: str | None):
+        self.opts, self.spill, self.out_dir, self.fault = opts, spill, out_dir, fault
+        self.__name__ = "select_bucket_to_part"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        import pyarrow.ipc as ipc
+
+        _maybe_fail(self.fault)
+        outs = []
+        for i in t.column("part").to_pylist():
+            files = sorted((Path(self.spill) / f"b{i:05d}").glob("o*.arrow"))
+            if not files:
+                continue
+            tables = []
+            for f in files:
+                with ipc.open_file(str(f)) as r:
+                    tables.append(r.read_all())
+            tb = pa.concat_tables(tables).append_column(_BUCKET, pa.array(np.full(sum(x.num_rows for x in tables),
+                                                                                   i, dtype=np.int32)))
+            outs.append(_BucketToPart(self.opts, self.out_dir, None)(tb))
+        if not outs:
+            return pa.table({"part": pa.array([], pa.int64())}) if self.out_dir else pa.table({})
+        return pa.concat_tables(outs, promote_options="default")
+
+
 def _tag_job(by: str, n_buckets: int, todo: set[int] | None):
     def tag(t: pa.Table) -> pa.Table:
         from .batch import bucket_of
@@ -633,6 +713,7 @@ def select_dataset(
     address: str | None = None,
     command: str | None = None,
     max_retries: int = 3,
+    shuffle: str = "files",
     fault_once: str | None = None,
 ):
     """`mrt_fast.select_dataset` on Ray: the same input (file, directory, glob),
@@ -644,7 +725,13 @@ def select_dataset(
     read and selected by one task, nothing shuffled. ``n_buckets``: the part
     count (default: from the data, ``max(cluster CPUs, rows / 1e6)``); a resumed
     job keeps its manifest's. ``address``: the Ray cluster (None: the
-    current or a new local instance). Returns a `mrt_fast.batch.BatchReport`."""
+    current or a new local instance). ``shuffle`` (rows layout): how rows
+    reach their bucket's task: ``"files"`` (default: each read task writes
+    its rows, cut by bucket, as Arrow IPC pieces under ``OUTPUT/_spill``;
+    each bucket task reads its pieces: storage every worker sees, as the
+    parts need anyway) or Ray Data's own shuffle (``"sort"``, ``"hash"``,
+    ``"v2"``: through the object store, no shared storage). Returns a
+    `mrt_fast.batch.BatchReport`."""
     import time
 
     from . import io as _io
@@ -718,6 +805,8 @@ def select_dataset(
     out_dir = str(out) if to_dir else None
     ratio = [0.0, 0]
     kept_tables = []
+    stats: list[str] = []
+    cleanup: list[Path] = []
 
     def account(t: pa.Table) -> None:
         d = t.to_pydict()
@@ -743,11 +832,28 @@ def select_dataset(
             rds = rds if rds is not None else read(src)
             _own_context(rds)
             todo_set = None if len(todo) == nb else set(todo)
-            tagged = rds.with_column(_ORDER, monotonically_increasing_id()).map_batches(
-                _tag_job(by, nb, todo_set), batch_size=None, batch_format="pyarrow", zero_copy_batch=True)
-            tagged.context.shuffle_strategy = _shuffle_strategy("sort")
-            res = tagged.groupby(_BUCKET, num_partitions=nb).map_groups(
-                _BucketToPart(opts, out_dir, fault), batch_format="pyarrow", **_retry_args(max_retries))
+            ordered = rds.with_column(_ORDER, monotonically_increasing_id())
+            if shuffle == "files":
+                spill = (out / SPILL_DIR) if to_dir else Path(tempfile.mkdtemp(
+                    prefix=f".{out.name}.spill-", dir=out.parent if str(out.parent) else "."))
+                shutil.rmtree(spill, ignore_errors=True)
+                spill.mkdir()
+                cleanup.append(spill)
+                split = ordered.map_batches(_SplitToFiles(str(spill), by, nb, todo_set), batch_size=None,
+                                            batch_format="pyarrow", zero_copy_batch=True, **_retry_args(max_retries))
+                for _ in split.iter_internal_ref_bundles():  # every piece written before any bucket is read
+                    pass
+                stats.append(split.stats())
+                buckets = ray.data.from_items([{"part": i} for i in todo], override_num_blocks=max(1, len(todo)))
+                _own_context(buckets)
+                res = buckets.map_batches(_FilesToPart(opts, str(spill), out_dir, fault), batch_size=1,
+                                          batch_format="pyarrow", **_retry_args(max_retries))
+            else:
+                tagged = ordered.map_batches(_tag_job(by, nb, todo_set), batch_size=None, batch_format="pyarrow",
+                                             zero_copy_batch=True)
+                tagged.context.shuffle_strategy = _shuffle_strategy(shuffle)
+                res = tagged.groupby(_BUCKET, num_partitions=nb).map_groups(
+                    _BucketToPart(opts, out_dir, fault), batch_format="pyarrow", **_retry_args(max_retries))
         for ref in res.iter_internal_ref_bundles():
             for block_ref in ref.block_refs:
                 t = ray.get(block_ref)
@@ -757,6 +863,14 @@ def select_dataset(
                     account(t)
                 else:
                     kept_tables.append(t)
+    global _last_stats
+    try:
+        stats.append(res.stats())
+        _last_stats = "\n".join(stats)
+    except Exception:  # noqa: BLE001 - diagnostics only
+        _last_stats = None
+    for d in cleanup:
+        shutil.rmtree(d, ignore_errors=True)
     if to_dir:
         for i in man.missing_parts(out):  # buckets no row went to
             from .batch import write_part
