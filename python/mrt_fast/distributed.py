@@ -643,6 +643,61 @@ class _SplitToFiles:
         return pa.table({"rows": pa.array([t.num_rows], pa.int64())})
 
 
+#: input rows read by one task of the "files" exchange
+ROWS_PER_READ_TASK = 500_000
+
+
+def _row_ranges(src: Any, counts: list[int] | None) -> list[dict]:
+    """The read tasks of a job: (file, first row, rows, global row of the first),
+    at most `ROWS_PER_READ_TASK` rows each for Parquet (row counts from the
+    footers); one task per file for text formats."""
+    out = []
+    start = 0
+    for j, f in enumerate(src.files):
+        if counts is None:
+            out.append({"file": j, "offset": 0, "rows": -1, "start": -1})
+            continue
+        n = counts[j]
+        for a in range(0, n, ROWS_PER_READ_TASK):
+            m = min(ROWS_PER_READ_TASK, n - a)
+            out.append({"file": j, "offset": a, "rows": m, "start": start + a})
+        start += n
+    return out
+
+
+class _ReadAndSplit(_SplitToFiles):
+    """A read task of the "files" exchange: rows ``[offset, offset + rows)`` of
+    one file, read with polars (as the local engine reads them), their global
+    row index added, cut by bucket into pieces."""
+
+    def __init__(self, src: Any, spill: str, by: str, n_buckets: int, todo: set[int] | None):
+        super().__init__(spill, by, n_buckets, todo)
+        self.src = src
+        self.__name__ = "read_and_split"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        from . import io as _io
+
+        d = t.to_pylist()[0]
+        f = self.src.files[d["file"]]
+        one = _io.Dataset(str(f), [f], self.src.fmt, self.src.hive, self.src.root)
+        try:
+            lf = one.scan()
+            if d["rows"] >= 0:
+                lf = lf.slice(d["offset"], d["rows"])
+            df = lf.collect()
+        except MrtInputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - name the file
+            raise MrtInputError(f"cannot read {str(f)!r}: {_io._one_line(e)}") from None
+        if d["start"] >= 0:
+            row = np.arange(d["start"], d["start"] + df.height, dtype=np.int64)
+        else:  # text formats: the file index in the high bits keeps the order
+            row = (np.int64(d["file"]) << np.int64(36)) + np.arange(df.height, dtype=np.int64)
+        tb = df.to_arrow().append_column(_ORDER, pa.array(row))
+        return super().__call__(tb)
+
+
 class _FilesToPart:
     """Bucket tasks of the "files" exchange: a bucket's pieces read back,
     selected with `batch.select_frame` and written as its part."""
@@ -829,18 +884,18 @@ def select_dataset(
         else:
             from ray.data.expressions import monotonically_increasing_id
 
-            rds = rds if rds is not None else read(src)
-            _own_context(rds)
             todo_set = None if len(todo) == nb else set(todo)
-            ordered = rds.with_column(_ORDER, monotonically_increasing_id())
             if shuffle == "files":
                 spill = (out / SPILL_DIR) if to_dir else Path(tempfile.mkdtemp(
                     prefix=f".{out.name}.spill-", dir=out.parent if str(out.parent) else "."))
                 shutil.rmtree(spill, ignore_errors=True)
                 spill.mkdir()
                 cleanup.append(spill)
-                split = ordered.map_batches(_SplitToFiles(str(spill), by, nb, todo_set), batch_size=None,
-                                            batch_format="pyarrow", zero_copy_batch=True, **_retry_args(max_retries))
+                ranges = _row_ranges(src, counts)
+                items = ray.data.from_items(ranges, override_num_blocks=len(ranges))
+                _own_context(items)
+                split = items.map_batches(_ReadAndSplit(src, str(spill), by, nb, todo_set), batch_size=1,
+                                          batch_format="pyarrow", **_retry_args(max_retries))
                 for _ in split.iter_internal_ref_bundles():  # every piece written before any bucket is read
                     pass
                 stats.append(split.stats())
@@ -849,6 +904,9 @@ def select_dataset(
                 res = buckets.map_batches(_FilesToPart(opts, str(spill), out_dir, fault), batch_size=1,
                                           batch_format="pyarrow", **_retry_args(max_retries))
             else:
+                rds = rds if rds is not None else read(src)
+                _own_context(rds)
+                ordered = rds.with_column(_ORDER, monotonically_increasing_id())
                 tagged = ordered.map_batches(_tag_job(by, nb, todo_set), batch_size=None, batch_format="pyarrow",
                                              zero_copy_batch=True)
                 tagged.context.shuffle_strategy = _shuffle_strategy(shuffle)
