@@ -54,8 +54,8 @@ from mrt_fast import distributed as D
 t1 = time.perf_counter()
 rep = D.select_dataset(data, out, 4, "grades", shuffle=shuffle)
 t2 = time.perf_counter()
-print("RESULT " + json.dumps({"ray_init_s": t1 - t0, "job_s": t2 - t1, "parts": rep.n_parts, "kept": rep.n_kept,
-                              "rows": rep.n_input_rows, "stats": D.last_job_stats()}))
+open(sys.argv[-1], "w").write(json.dumps({"ray_init_s": t1 - t0, "job_s": t2 - t1, "parts": rep.n_parts,
+                                         "kept": rep.n_kept, "rows": rep.n_input_rows, "stats": D.last_job_stats()}))
 """
 
 GROUPBY = r"""
@@ -98,26 +98,42 @@ run(bucket_job)  # warm the workers
 tb, ob = run(bucket_job)
 tg, og = run(groupby_job)
 same = ob.sort(["prompt_id", "pick_rank"]).equals(og.select(ob.columns).sort(["prompt_id", "pick_rank"]))
-print("RESULT " + json.dumps({"rows": m, "pools": len(sizes), "blocks": blocks, "coarse_buckets_s": tb,
-                              "groupby_map_groups_s": tg, "same_output": bool(same)}))
+open(sys.argv[-1], "w").write(json.dumps({"rows": m, "pools": len(sizes), "blocks": blocks, "coarse_buckets_s": tb,
+                                         "groupby_map_groups_s": tg, "same_output": bool(same)}))
 """
 
 
+def _secs(v: str, unit: str) -> float:
+    return float(v) / {"us": 1e6, "ms": 1e3, "s": 1.0}[unit]
+
+
 def stages(stats: str | None) -> list[dict]:
-    """Operator name and wall seconds from Ray Data's stats text."""
-    out = []
-    for m in re.finditer(r"^Operator \d+ (.+?): .*?executed in ([0-9.]+)(ms|s)", stats or "", re.M):
-        secs = float(m.group(2)) / (1000 if m.group(3) == "ms" else 1)
-        out.append({"operator": m.group(1), "wall_s": round(secs, 3)})
+    """Per operator of Ray Data's stats text: its wall time, and the summed
+    wall and CPU time of its tasks (wall >> CPU: tasks waiting for a core or
+    for I/O)."""
+    out: list[dict] = []
+    for line in (stats or "").splitlines():
+        m = re.match(r"^Operator \d+ (.+?): .*?(?:executed|produced) in ([0-9.]+)(us|ms|s)$", line)
+        if m:
+            out.append({"operator": m.group(1), "wall_s": round(_secs(m.group(2), m.group(3)), 3)})
+            continue
+        m = re.match(r"^\s*\* Remote (wall|cpu) time: .*, ([0-9.]+)(us|ms|s) total$", line)
+        if m and out and f"task_{m.group(1)}_s" not in out[-1]:
+            out[-1][f"task_{m.group(1)}_s"] = round(_secs(m.group(2), m.group(3)), 3)
     return out
 
 
 def run_python(code: str, args: list[str], env: dict) -> dict:
-    r = measure([sys.executable, "-c", code, *args], env)
-    line = [x for x in r["output_tail"].splitlines() if x.startswith("RESULT ")]
-    if not line:  # the tail may have cut it: rerun is costly, so read everything
-        raise RuntimeError(r["output_tail"])
-    return {**json.loads(line[-1][7:]), "process_s": r["seconds"], "peak_rss_bytes": r["peak_rss_bytes"]}
+    """Run `code` in its own process; its result is the JSON it writes to the file named last."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    try:
+        r = measure([sys.executable, "-c", code, *args, path], env)
+        # the driver's peak memory only (Ray's workers are other processes)
+        return {**json.loads(Path(path).read_text()), "process_s": r["seconds"],
+                "driver_peak_rss_bytes": r["peak_rss_bytes"]}
+    finally:
+        os.unlink(path)
 
 
 def main() -> None:
@@ -126,7 +142,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--data", default=None, help="reuse (or create) the dataset in this directory")
     ap.add_argument("--workers", default="1,2", help="Ray CPUs per configuration")
-    ap.add_argument("--shuffle", default="sort", help="Ray Data shuffle for the bucket step: sort, hash or v2")
+    ap.add_argument("--shuffle", default="files", help="how rows reach their bucket: files (the default: Arrow IPC "
+                    "pieces), or Ray Data's sort, hash or v2 shuffle")
     ap.add_argument("--groupby-rows", default="2e5", help="rows of the coarse-bucket vs per-prompt groupby case (0: skip)")
     ap.add_argument("--out", default=str(HERE / "results" / "ray_bench.json"))
     args = ap.parse_args()
@@ -158,6 +175,7 @@ def main() -> None:
             got = pl.read_parquet(sorted(out.glob("part-*.parquet"))).sort(["prompt_id", "pick_rank"])
             r["same_kept_rows_as_local"] = bool(got.select(local_kept.columns).equals(local_kept))
             r["stages"] = stages(r.pop("stats"))
+            r["job_outside_stages_s"] = r["job_s"] - sum(x["wall_s"] for x in r["stages"])
             r["job_vs_local"] = r["job_s"] / res["local"]["seconds"]
             r["process_vs_local"] = r["process_s"] / res["local"]["seconds"]
             r["rows_per_s_per_worker"] = n_rows / r["job_s"] / n

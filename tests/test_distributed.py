@@ -195,6 +195,19 @@ def test_variance_budget_equals_local(layout):
     assert rep.notes == ref.notes
 
 
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 10_000), blocks=st.integers(1, 8), n_pools=st.integers(3, 40))
+def test_variance_budget_over_any_blocks_equals_local(seed, blocks, n_pools):
+    df = make_table(n_pools=n_pools, seed=seed)
+    if df.group_by("prompt_id").len().filter(pl.col("len") >= 2).height < 2:
+        return  # too few prompts with two responses: both raise (tested elsewhere)
+    ref = mrt_fast.variance_budget(df, n_boot=0)
+    rep = D.variance_budget(dataset(df, blocks), n_boot=0)
+    assert (rep.n_rows, rep.n_prompts, rep.n_used_prompts) == (ref.n_rows, ref.n_prompts, ref.n_used_prompts)
+    for f in ("v_x_raw", "v_y_given_x", "var_of_means", "loss_bound"):
+        assert getattr(rep, f) == pytest.approx(getattr(ref, f), rel=1e-12, abs=1e-15), f
+
+
 def test_variance_budget_bit_equal_when_prompts_are_not_split():
     df = make_table(n_pools=30, seed=9, shuffle=False)
     ref = mrt_fast.variance_budget(df, n_boot=0, loss_bound=5.0)

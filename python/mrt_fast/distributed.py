@@ -282,22 +282,6 @@ class _SelectGrouped:
         return implode(kept, by, cand + added, scalars).select(df.columns + added).to_arrow()
 
 
-def _tag(by: str, n_buckets: int):
-    def tag(t: pa.Table) -> pa.Table:
-        from ._tables import pool_keys
-
-        ids = pl.from_arrow(t.column(by))
-        if isinstance(ids, pl.DataFrame):
-            ids = ids.to_series()
-        if ids.null_count():
-            first = int(ids.is_null().arg_true()[0])
-            raise MrtInputError(f"column {by!r} has {ids.null_count()} null prompt id(s)", column=by, row=first)
-        b = (pool_keys(ids) % np.uint64(n_buckets)).astype(np.int32)
-        return t.append_column(_BUCKET, pa.array(b))
-
-    return tag
-
-
 # --------------------------------------------------------------------------- checks
 
 
@@ -391,7 +375,7 @@ def select(
             )
         nb = _n_buckets(ds, n_buckets)
         tagged = ds.with_column(_ORDER, monotonically_increasing_id()).map_batches(
-            _tag(by, nb), batch_size=None, batch_format="pyarrow", zero_copy_batch=True
+            _tag_job(by, nb, None), batch_size=None, batch_format="pyarrow", zero_copy_batch=True
         )
         tagged.context.shuffle_strategy = _shuffle_strategy(shuffle)
         return tagged.groupby(_BUCKET, num_partitions=nb).map_groups(
@@ -728,6 +712,9 @@ class _FilesToPart:
 
 
 def _tag_job(by: str, n_buckets: int, todo: set[int] | None):
+    """A map adding each row's bucket (`batch.bucket_of`: pool key % n), keeping
+    only the rows of the buckets in `todo` (all when None)."""
+
     def tag(t: pa.Table) -> pa.Table:
         from .batch import bucket_of
 
