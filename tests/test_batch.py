@@ -200,6 +200,24 @@ def test_grouped_layout_in_and_out(tmp_path):
     assert pl.read_parquet(tmp_path / "g.parquet")["prompt_id"].to_list() == grouped["prompt_id"].to_list()
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_pools=st.integers(1, 25), seed=st.integers(0, 1000), n_files=st.integers(1, 4), n_parts=st.integers(1, 6),
+       method=st.sampled_from(["random", "top", "grades", "stratified"]), k=st.integers(1, 4))
+def test_grouped_equals_select_on_the_rows(tmp_path_factory, n_pools, seed, n_files, n_parts, method, k):
+    tmp = tmp_path_factory.mktemp("grouped")
+    rows = make_rows(n_pools, seed).sort("prompt_id", maintain_order=True)
+    g = rows.group_by("prompt_id", maintain_order=True).agg(pl.col("text"), pl.col("reward"), pl.col("embedding"),
+                                                             pl.col("mode"))
+    g = g.sample(fraction=1.0, shuffle=True, seed=seed)
+    cut(g, tmp / "g", n_files, seed)
+    ref = ref_select(g.explode(["text", "reward", "embedding", "mode"]), k, method, seed=seed)
+    select_dataset(tmp / "g", tmp / "out.parquet", k, method, seed=seed, _n_parts=n_parts, layout="grouped")
+    got = pl.read_parquet(tmp / "out.parquet")
+    assert got["prompt_id"].to_list() == g["prompt_id"].to_list()
+    lists = [c for c in got.columns if c != "prompt_id"]
+    assert got.explode(lists).equals(ref.select(got.columns))
+
+
 def test_grouped_layout_refuses_ragged_lists(tmp_path):
     g = pl.DataFrame({"prompt_id": [1, 2], "reward": [[1.0, 2.0], [3.0]], "responses": [["a", "b"], ["c", "d"]]})
     g.write_parquet(tmp_path / "g.parquet")
@@ -234,6 +252,19 @@ def test_resume_after_a_kill_gives_byte_identical_parts(tmp_path):
     assert r.exit_code == 0 and "already complete" in r.output
 
 
+def test_stale_spill_of_a_killed_file_output_is_removed(tmp_path):
+    df = make_rows(10, 1)
+    cut(df, tmp_path / "in", 2)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".o.parquet.spill-{dead.pid}-abc"
+    (stale / "parts").mkdir(parents=True)
+    live = tmp_path / f".o.parquet.spill-{os.getpid()}-abc"
+    live.mkdir()
+    select_dataset(tmp_path / "in", tmp_path / "o.parquet", 2, "random", _n_parts=2)
+    assert not stale.exists() and live.exists()
+
+
 def test_resume_grouped(tmp_path):
     rows = make_rows(30, 2)
     g = rows.group_by("prompt_id", maintain_order=True).agg(pl.col("reward"), pl.col("embedding"))
@@ -252,12 +283,12 @@ def _cli(*args):
 
 @pytest.mark.slow
 def test_sigkill_at_any_moment_then_rerun(tmp_path):
-    df = make_rows(2000, 4, dim=16, max_pool=40)
+    df = make_rows(1000, 4, dim=16, max_pool=30)
     cut(df, tmp_path / "in", 4)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def cmd(out):
-        return _cli(tmp_path / "in", out, "--k", "4", "--chunk-rows", "2500")
+        return _cli(tmp_path / "in", out, "--k", "4", "--chunk-rows", "1500")
 
     subprocess.run(cmd(tmp_path / "full"), check=True, env=env, capture_output=True)
     n_parts = Manifest.read(tmp_path / "full").n_parts
@@ -311,6 +342,11 @@ def test_output_inside_input_refused(tmp_path):
             select_dataset(tmp_path / "in", out, 1, "random")
     with pytest.raises(MrtInputError, match="is the input or inside it"):
         select_dataset(str(tmp_path / "in" / "*.parquet"), tmp_path / "in" / "out.parquet", 1, "random")
+    with pytest.raises(MrtInputError, match="is the input or inside it"):
+        select_dataset(str(tmp_path / "**" / "*.parquet"), tmp_path / "in" / "deeper" / "out", 1, "random")
+    # beside the files a glob names (not matched by it) is fine
+    rep = select_dataset(str(tmp_path / "in" / "*.parquet"), tmp_path / "in" / "kept", 1, "random")
+    assert rep.n_kept == 5
 
 
 # --------------------------------------------------------------------------- bad input

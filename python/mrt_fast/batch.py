@@ -460,6 +460,14 @@ def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
     return nulls
 
 
+def _batch_rows(total_bytes: int, n_rows: int | None, limit: int) -> int:
+    """Rows per batch of the spill pass: a batch and its copies take a small share of the limit."""
+    if not n_rows:
+        return 100_000
+    row_bytes = max(1.0, total_bytes / n_rows)
+    return int(min(200_000, max(5_000, limit / 16 / row_bytes)))
+
+
 def bucket_path(spill_dir: Path, i: int) -> Path:
     return Path(spill_dir) / f"bucket-{i:05d}.arrow"
 
@@ -568,8 +576,8 @@ def select_dataset(
         state, man = prepare_output(out, params, fp, overwrite=overwrite)
     counts = ds.row_counts()
     n_rows = sum(counts) if counts is not None else None
-    rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0, n_input_rows=n_rows or 0, n_pools=0,
-                      n_candidates=0, n_kept=0, n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=False,
+    rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
+                      n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0, n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=False,
                       resumed=state == "resume", already_done=state == "done", memory_limit=limit, peak_rss=0,
                       seconds=0.0)
     if state == "done":
@@ -642,7 +650,9 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
             if to_dir:
                 spill_dir = out / SPILL_DIR
             else:
-                spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-", dir=out.parent if str(out.parent) else "."))
+                parent = out.parent if str(out.parent) else Path(".")
+                remove_stale_spills(parent, out.name)
+                spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-{os.getpid()}-", dir=parent))
             try:
                 done_marker = spill_dir / "_complete"
                 if not (done_marker.exists() and done_marker.read_text() == f"{fp} {n_buckets}"):
@@ -654,7 +664,8 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                         seen[0] += n
                         bar.advance(n)
 
-                    nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows)
+                    nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows,
+                                  batch_rows=_batch_rows(total_bytes, n_rows, limit))
                     if nulls:
                         nb = read_bucket(spill_dir, n_buckets)
                         f, r0 = ds.locate(int(nb[ROW].min()))
@@ -729,6 +740,25 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
     rep.peak_rss = peak_rss()
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def remove_stale_spills(directory: Path, name: str) -> int:
+    """Delete ``.NAME.spill-PID-*`` folders of file outputs whose process is gone (a kill -9)."""
+    n = 0
+    for d in Path(directory).glob(f".{name}.spill-*"):
+        m = re.match(rf"^\.{re.escape(name)}\.spill-(\d+)-", d.name)
+        if not m or not d.is_dir():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        n += 1
+    return n
 
 
 def _count_rows(ds: _io.Dataset, known: int | None) -> int:

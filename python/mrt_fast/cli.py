@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import Optional
 

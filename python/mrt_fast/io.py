@@ -429,13 +429,22 @@ def output_inside_input(out: Path, ds: Dataset) -> bool:
         if Path(ds.source).is_dir() and (o == r or r in o.parents):
             return True
         if _is_glob(ds.source):
-            import fnmatch
-
-            pat = os.path.abspath(ds.source)
-            cand = [str(o)] + [str(o / f"part-00000{sfx}") for sfx in (".parquet", ".jsonl")]
-            if any(fnmatch.fnmatch(c, pat) for c in cand):
+            pat = Path(os.path.abspath(ds.source)).parts
+            cand = [o] + [o / f"part-00000{sfx}" for sfx in (".parquet", ".jsonl")]
+            if any(_glob_match(c.parts, pat) for c in cand):
                 return True
     return False
+
+
+def _glob_match(parts: tuple[str, ...], pat: tuple[str, ...]) -> bool:
+    """Whether a path (its parts) matches a glob (its parts) as `glob.glob(recursive=True)` would."""
+    import fnmatch
+
+    if not pat:
+        return not parts
+    if pat[0] == "**":
+        return any(_glob_match(parts[i:], pat[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pat[0]) and _glob_match(parts[1:], pat[1:])
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
