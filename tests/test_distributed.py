@@ -387,3 +387,13 @@ def test_cli_engine_ray_select_and_diagnose(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "column 'emb' (embedding) not found" in r.output
     r = runner.invoke(app, ["select", str(src), str(tmp_path / "x"), "--k", "2", "--ray-address", "auto"])
     assert r.exit_code == 2 and "--ray-address needs --engine ray" in r.output
+
+
+def test_the_callers_dataset_context_is_left_alone():
+    df = make_table(seed=30)
+    ds = dataset(df, 2)
+    ctx = ds.context
+    before = (ctx.execution_options.preserve_order, ctx.raise_original_map_exception, ctx.shuffle_strategy)
+    D.collect(D.select(ds, 2, "random", n_buckets=2))
+    D.variance_budget(ds, n_boot=0)
+    assert (ctx.execution_options.preserve_order, ctx.raise_original_map_exception, ctx.shuffle_strategy) == before

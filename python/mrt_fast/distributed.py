@@ -366,7 +366,7 @@ def select(
     by = options.get("by", "prompt_id")
     lay = _layout(schema, layout, options)
     _check_select_args(schema, lay, k, method, options)
-    _own_context(ds)
+    ds = _own_context(ds)
     with _quiet_remote_args():
         if lay == "grouped":
             return ds.map_batches(
@@ -384,12 +384,17 @@ def select(
         )
 
 
-def _own_context(ds) -> None:
-    """Keep the dataset order (the row-order ids follow it) and let a UDF's
-    own exception (an `MrtInputError`) through instead of Ray's wrapper."""
+def _own_context(ds):
+    """`ds` with a context of its own (a dataset and those derived from it
+    share one: the caller's is left alone) that keeps the dataset order (the
+    row-order ids follow it) and lets a UDF's own exception (an
+    `MrtInputError`) through instead of Ray's wrapper."""
+    ray = _ray()
+    ds = ray.data.Dataset.copy(ds, _deep_copy=True)
     ctx = ds.context
     ctx.execution_options.preserve_order = True
     ctx.raise_original_map_exception = True
+    return ds
 
 
 def _shuffle_strategy(shuffle: str):
@@ -468,7 +473,7 @@ def variance_budget(ds: Any, *, by: str = "prompt_id", loss: str = "loss", layou
     # argument checks before any task runs (on a two-prompt stand-in)
     probe = VarianceAccumulator().update(np.array([0, 0, 1, 1]), np.array([0.0, 1.0, 0.0, 2.0]))
     report_from_accumulator(probe, **{**options, "n_boot": 0})
-    _own_context(ds)
+    ds = _own_context(ds)
     with _quiet_remote_args():
         parts = ds.map_batches(_Fold(by, loss, lay == "grouped"), batch_size=None, batch_format="pyarrow",
                                zero_copy_batch=True, **_retry_args())
@@ -865,7 +870,7 @@ def select_dataset(
     with _Unwrapping(), _quiet_remote_args():
         if lay == "grouped":
             parts = ray.data.from_items([{"part": i} for i in todo], override_num_blocks=max(1, len(todo)))
-            _own_context(parts)
+            parts = _own_context(parts)
             res = parts.map_batches(_GroupedPart(src, opts, lists, per, out_dir, fault), batch_size=1,
                                     batch_format="pyarrow", **_retry_args(max_retries))
         else:
@@ -880,19 +885,19 @@ def select_dataset(
                 cleanup.append(spill)
                 ranges = _row_ranges(src, counts)
                 items = ray.data.from_items(ranges, override_num_blocks=len(ranges))
-                _own_context(items)
+                items = _own_context(items)
                 split = items.map_batches(_ReadAndSplit(src, str(spill), by, nb, todo_set), batch_size=1,
                                           batch_format="pyarrow", **_retry_args(max_retries))
                 for _ in split.iter_internal_ref_bundles():  # every piece written before any bucket is read
                     pass
                 stats.append(split.stats())
                 buckets = ray.data.from_items([{"part": i} for i in todo], override_num_blocks=max(1, len(todo)))
-                _own_context(buckets)
+                buckets = _own_context(buckets)
                 res = buckets.map_batches(_FilesToPart(opts, str(spill), out_dir, fault), batch_size=1,
                                           batch_format="pyarrow", **_retry_args(max_retries))
             else:
                 rds = rds if rds is not None else read(src)
-                _own_context(rds)
+                rds = _own_context(rds)
                 ordered = rds.with_column(_ORDER, monotonically_increasing_id())
                 tagged = ordered.map_batches(_tag_job(by, nb, todo_set), batch_size=None, batch_format="pyarrow",
                                              zero_copy_batch=True)
