@@ -336,6 +336,17 @@ def test_a_job_that_died_resumes_with_the_missing_parts_only(tmp_path):
     assert D.select_dataset(src, out, 3, "grades").already_done
     with pytest.raises(MrtInputError, match="another job"):
         D.select_dataset(src, out, 4, "grades")
+    # the engines share the format: the local engine finishes a job Ray started
+    from mrt_fast.batch import select_dataset as local_job
+
+    (out / "part-00002.parquet").unlink()
+    m = json.loads((out / "_manifest.json").read_text())
+    del m["parts"]["part-00002.parquet"]
+    m["done"] = False
+    (out / "_manifest.json").write_text(json.dumps(m))
+    rep = local_job(src, out, 3, "grades")
+    assert rep.resumed and rep.parts_done_now == 1
+    assert parts_bytes(out) == whole
 
 
 def test_grouped_job_parts_equal_the_local_engines(tmp_path):

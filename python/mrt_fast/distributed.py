@@ -17,11 +17,14 @@ row per prompt, the per-candidate fields as list columns of equal length).
 Flat rows of a pool may lie anywhere in the dataset. They are brought together
 without a per-prompt groupby: every row gets a coarse bucket,
 ``pool_key(prompt id) % n_buckets`` with ``n_buckets`` sized from the data,
-and a row-order id; Ray Data groups the rows by bucket (a shuffle with a few
-dozen keys, not millions), and each bucket task puts its rows back in dataset
-order and selects all its pools with one call of the Rust batch selector.
-Grouped rows are already whole pools: they are selected block by block with
-`map_batches`, with no shuffle at all.
+and a row-order id; the rows reach their bucket's task through Ray Data's
+shuffle keyed by bucket (a few dozen keys, not millions; `select`) or, in the
+file jobs (`select_dataset`), as Arrow IPC pieces each read task writes per
+bucket; each bucket task puts its rows back in dataset order and selects all
+its pools with one call of the Rust batch selector. Grouped rows are already
+whole pools: they are selected where they are read, with no shuffle at all.
+The file jobs write the local engine's parts and manifest (`mrt_fast.batch`,
+`mrt_fast.manifest`), so a job resumes on either engine.
 
 Ray is imported on first use (the ``ray`` extra: ``pip install 'mrt_fast[ray]'``).
 """
