@@ -408,3 +408,18 @@ def test_the_callers_dataset_context_is_left_alone():
     D.collect(D.select(ds, 2, "random", n_buckets=2))
     D.variance_budget(ds, n_boot=0)
     assert (ctx.execution_options.preserve_order, ctx.raise_original_map_exception, ctx.shuffle_strategy) == before
+
+
+def test_hive_partitioned_input_gives_the_local_engines_parts(tmp_path):
+    from mrt_fast.batch import select_dataset as local_job
+
+    df = make_table(n_pools=40, seed=31)
+    df = df.with_columns(pl.Series("split", np.where(np.arange(df.height) % 3 == 0, "a", "b")))
+    for v in ("a", "b"):
+        d = tmp_path / "in" / f"split={v}"
+        d.mkdir(parents=True)
+        df.filter(pl.col("split") == v).drop("split").write_parquet(d / "x.parquet")
+    local_job(tmp_path / "in", tmp_path / "local", 2, "random", _n_parts=3)
+    D.select_dataset(tmp_path / "in", tmp_path / "ray", 2, "random", n_buckets=3)
+    assert parts_bytes(tmp_path / "local") == parts_bytes(tmp_path / "ray")
+    assert "split" in pl.read_parquet(tmp_path / "ray" / "part-00000.parquet").columns
