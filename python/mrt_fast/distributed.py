@@ -50,6 +50,8 @@ __all__ = [
     "select_dataset",
     "variance_budget_dataset",
     "read",
+    "collect",
+    "run",
     "init",
     "layout_of",
     "TransientTaskError",
@@ -411,10 +413,10 @@ def _shuffle_strategy(shuffle: str):
 
 
 def _layout(schema: pa.Schema, layout: str, options: dict, loss: str = "loss") -> str:
-    if layout not in ("auto", "flat", "grouped"):
-        raise MrtInputError(f"layout must be 'auto', 'flat' or 'grouped', got {layout!r}")
+    if layout not in ("auto", "flat", "rows", "grouped"):
+        raise MrtInputError(f"layout must be 'auto', 'flat' (or 'rows') or 'grouped', got {layout!r}")
     if layout != "auto":
-        return layout
+        return "flat" if layout == "rows" else layout
     keys = {k: options[k] for k in ("by", "embedding", "reward", "mode") if k in options}
     return layout_of(schema, loss=loss, **keys)
 
