@@ -129,6 +129,17 @@ def test_memory_limit_chooses_buckets_and_keeps_the_result(tmp_path, monkeypatch
     assert pl.read_parquet(tmp_path / "out2.parquet").equals(ref)
 
 
+def test_stratified_with_computed_modes(tmp_path):
+    from mrt_fast.similarity import pool_modes
+
+    df = make_rows(40, 3, dim=8, max_pool=30).drop("mode")
+    cut(df, tmp_path / "in", 3)
+    ref = ref_select(pool_modes(df, by="prompt_id", embedding="embedding", out="mode", seed=0), 3, "stratified")
+    for n in (1, 4):
+        select_dataset(tmp_path / "in", tmp_path / f"o{n}.parquet", 3, "stratified", _n_parts=n)
+        assert pl.read_parquet(tmp_path / f"o{n}.parquet").equals(ref)
+
+
 def test_bucket_of_is_the_pool_key_digest():
     from mrt_fast._tables import pool_keys
 

@@ -705,13 +705,7 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                     bucket_path(spill_dir, i).unlink(missing_ok=True)
                     bar.advance(n)
 
-                if w > 1 and len(todo) > 1:
-                    with ThreadPoolExecutor(max_workers=w) as ex:
-                        for f in [ex.submit(one, i) for i in todo]:
-                            f.result()
-                else:
-                    for i in todo:
-                        one(i)
+                _run_all(one, todo, w)
                 rep.parts_done_now = len(todo)
                 if not to_dir:
                     files = sorted(parts_dir.glob("*.parquet"))
@@ -759,6 +753,28 @@ def remove_stale_spills(directory: Path, name: str) -> int:
         shutil.rmtree(d, ignore_errors=True)
         n += 1
     return n
+
+
+def _run_all(one: Callable[[int], None], todo: list[int], workers: int) -> None:
+    """``one(i)`` for every part, ``workers`` at a time (threads: the core, polars and Arrow release the GIL)."""
+    from .select import SmallPoolWarning
+
+    # the warnings filter is process-wide: set once here, not per thread (catch_warnings is not thread-safe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        if workers > 1 and len(todo) > 1:
+            with ThreadPoolExecutor(max_workers=workers) as ex:
+                futures = [ex.submit(one, i) for i in todo]
+                try:
+                    for f in futures:
+                        f.result()
+                except BaseException:
+                    for f in futures:  # stop at the first failure: parts not started are not started
+                        f.cancel()
+                    raise
+        else:
+            for i in todo:
+                one(i)
 
 
 def _count_rows(ds: _io.Dataset, known: int | None) -> int:
@@ -895,13 +911,7 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
     try:
         if to_dir:
             bar.advance(n_rows - sum(min(per, n_rows - i * per) for i in todo))
-        if w > 1 and len(todo) > 1:
-            with ThreadPoolExecutor(max_workers=w) as ex:
-                for f in [ex.submit(one, i) for i in todo]:
-                    f.result()
-        else:
-            for i in todo:
-                one(i)
+        _run_all(one, todo, w)
         if to_dir:
             man.done = True
             man.finished = time.time()
