@@ -150,6 +150,12 @@ def select_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job."),
     chunk_rows: Optional[int] = typer.Option(None, "--chunk-rows", hidden=True,
                                              help="Candidates per bucket (prefer --memory-limit)."),
+    engine: str = typer.Option("local", "--engine", help="local (this machine) or ray (Ray Data: a local "
+                               "instance, or the cluster at --ray-address)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join (e.g. auto, "
+                                              "host:6379, ray://host:10001); --engine ray only."),
+    parts: Optional[int] = typer.Option(None, "--parts", help="--engine ray: number of buckets/parts "
+                                        "(default: from the data and the cluster's CPUs)."),
 ) -> None:
     """Keep K responses per prompt of a table or dataset, in bounded memory (resumable to a directory)."""
     import shlex
@@ -160,15 +166,26 @@ def select_cmd(
     with _user_errors():
         if chunk_rows is not None and chunk_rows < 1:
             raise typer.BadParameter("--chunk-rows must be >= 1")
+        _check_engine(engine, ray_address)
         command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
         k = _k_or_column(k)
-        rep = select_dataset(
-            inp, out, k, method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
-            kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, memory_limit=memory_limit, workers=workers,
-            candidate_columns=None if candidate_columns is None else [c.strip() for c in candidate_columns.split(",")
-                                                                      if c.strip()],
-            overwrite=overwrite, progress=console, command=command, rows_per_bucket=chunk_rows,
-        )
+        cand_cols = None if candidate_columns is None else [c.strip() for c in candidate_columns.split(",")
+                                                            if c.strip()]
+        if engine == "ray":
+            from .distributed import select_dataset as ray_select_dataset
+
+            rep = ray_select_dataset(
+                inp, out, k, method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
+                kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, n_buckets=parts, overwrite=overwrite,
+                address=ray_address, command=command, candidate_columns=cand_cols,
+            )
+        else:
+            rep = select_dataset(
+                inp, out, k, method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
+                kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, memory_limit=memory_limit, workers=workers,
+                candidate_columns=cand_cols, overwrite=overwrite, progress=console, command=command,
+                rows_per_bucket=chunk_rows,
+            )
     if rep.already_done:
         console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
                       soft_wrap=True, highlight=False)
@@ -190,6 +207,20 @@ def select_cmd(
     what = "rows" if rep.layout == "rows" else "prompts"
     console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
                   highlight=False)
+
+
+def _check_engine(engine: str, ray_address: Optional[str]) -> None:
+    from .errors import MrtInputError
+
+    if engine not in ("local", "ray"):
+        raise MrtInputError(f"--engine must be 'local' or 'ray', got {engine!r}")
+    if ray_address is not None and engine != "ray":
+        raise MrtInputError("--ray-address needs --engine ray")
+    if engine == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise MrtInputError("--engine ray needs Ray Data: pip install 'mrt_fast[ray]'")
 
 
 # ---- variance diagnostics commands ----
@@ -218,6 +249,8 @@ def diagnose_cmd(
                                  "allocation, capped by each prompt's number of losses and --k-max)."),
     allocation: Path = typer.Option(None, "--allocation", help="Write the allocation (prompt_id, k, ...) here; "
                                     "feed it to mrt select --k k after a join."),
+    engine: str = typer.Option("local", "--engine", help="local (streamed on this machine) or ray (Ray Data)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join; --engine ray only."),
 ) -> None:
     """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
     import json
@@ -226,7 +259,16 @@ def diagnose_cmd(
     from .errors import MrtInputError
 
     with _user_errors():
-        for what, p in (("--json", json_out), ("--plot", plot)):
+        _check_engine(engine, ray_address)
+        if allocation is not None and allocate is None:
+            raise MrtInputError("--allocation needs --allocate TOTAL")
+        if engine == "ray":
+            from functools import partial
+
+            from .distributed import variance_budget_dataset as ray_variance_budget_dataset
+
+            variance_budget_dataset = partial(ray_variance_budget_dataset, address=ray_address)  # noqa: F811
+        for what, p in (("--json", json_out), ("--plot", plot), ("--allocation", allocation)):
             if p is not None:
                 parent = p.parent if str(p.parent) else Path(".")
                 if not parent.is_dir():
@@ -253,8 +295,6 @@ def diagnose_cmd(
     if plot is not None:
         rep.plot(plot)
         console.print(f"wrote {plot}")
-    if allocation is not None and allocate is None:
-        raise typer.BadParameter("--allocation needs --allocate TOTAL")
     if allocate is not None:
         from .io import write_table
 
