@@ -277,10 +277,18 @@ def diagnose_cmd(
                     raise MrtInputError(f"{what} {str(p)!r} is a directory")
                 if not os.access(parent, os.W_OK):
                     raise MrtInputError(f"{what} {str(p)!r}: cannot write to {str(parent)!r}")
-        rep = variance_budget_dataset(
-            inp, by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
-            k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap,
-        )
+        opts = dict(by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
+                    k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap)
+        if allocate is not None:
+            # per-prompt K names each prompt: the (id, loss) columns are read into memory
+            from .io import discover
+            from .variance import variance_budget
+
+            ds = discover(inp)
+            ds.check_columns([(by, "prompt id"), (loss, "loss")])
+            rep = variance_budget(ds.scan().select([by, loss]).collect(), **opts)
+        else:
+            rep = variance_budget_dataset(inp, **opts)
     console.print(repr(rep), highlight=False)
     tab = Table(title="predicted variance by K")
     cols = rep.predicted.columns
