@@ -169,61 +169,104 @@ def sorted_rows(draw):
 
 @settings(max_examples=60, deadline=None)
 @given(sorted_rows(), st.lists(st.integers(0, 400), max_size=5))
-def test_sorted_ids_stream_as_a_log_with_the_same_bits(data, cuts):
-    """Sorted ids in any chunking keep a log (no hash table) whose every
-    result is bit for bit that of the table; ids that come back, an
-    out-of-order merge or a round trip through bytes leave the log for the
-    table without changing a bit."""
+def test_any_chunking_has_the_bits_of_one_update(data, cuts):
+    """For a given row order, every result is the same bits however the
+    rows are cut into updates, through bytes and pickles, and after the same
+    rows again."""
     ids, x = data
     n = len(ids)
     bounds = sorted({0, n, *[c % (n + 1) for c in cuts]})
-    log, tab = VarianceAccumulator(), VarianceAccumulator().build_index()
+    one, cut = VarianceAccumulator().update(ids, x), VarianceAccumulator()
     for a, b in zip(bounds, bounds[1:]):
-        log.update(ids[a:b], x[a:b])
-        tab.update(ids[a:b], x[a:b])
-    assert not log.indexed and tab.indexed and "indexed=False" in repr(log)
+        cut.update(ids[a:b], x[a:b])
+    assert repr(cut) == f"VarianceAccumulator(prompts={len(np.unique(ids))}, rows={n})"
     if (np.unique(ids, return_counts=True)[1] >= 2).sum() < 2:
-        assert log.to_bytes() == tab.to_bytes()
+        assert cut.to_bytes() == one.to_bytes()
         return
-    ref = _everything(tab)
-    assert _everything(log) == ref
-    assert _everything(pickle.loads(pickle.dumps(log))) == ref
-    assert _everything(log.copy().build_index()) == ref
-    # shards of the stream merged in order stay a log: the bits of merged tables
-    h = bounds[len(bounds) // 2]
-    parts = [(ids[:h], x[:h]), (ids[h:], x[h:])]
-    lm = VarianceAccumulator().update(*parts[0]).merge(VarianceAccumulator().update(*parts[1]))
-    tm = VarianceAccumulator().build_index().update(*parts[0])
-    tm.merge(VarianceAccumulator().build_index().update(*parts[1]))
-    assert not lm.indexed and _everything(lm) == _everything(tm)
-    # the rows again: the ids come back; the log keeps the runs, and merges
-    # a prompt's runs in row order when read, as the table does
-    log.update(ids, x)
-    tab.update(ids, x)
-    assert not log.indexed and _everything(log) == _everything(tab)
-    assert _everything(log.build_index()) == _everything(tab)
+    ref = _everything(one)
+    assert _everything(cut) == ref
+    assert _everything(pickle.loads(pickle.dumps(cut))) == ref
+    assert _everything(VarianceAccumulator.from_bytes(cut.to_bytes())) == ref
+    one.update(ids, x)
+    cut.update(ids, x)
+    assert _everything(cut) == _everything(one)
 
 
-def test_grouped_rows_in_any_prompt_order_keep_a_log_and_others_the_table():
+def test_results_do_not_depend_on_the_layout():
+    """Grouped rows (prompts in any order), shuffled rows, in chunks: the
+    same prompts in the same order, equal statistics to rounding."""
     rng = np.random.default_rng(8)
     n_prompts, k = 20_000, 5
     names = np.array([f"q{i}" for i in rng.permutation(n_prompts)])
-    ids = np.repeat(names, k)  # grouped, prompts in no order (string ids)
+    ids = np.repeat(names, k)
     x = rng.normal(size=ids.size) + np.repeat(rng.normal(size=n_prompts), k)
-    log = VarianceAccumulator()
-    tab = VarianceAccumulator().build_index()
-    for s in range(0, ids.size, 7_000):
-        log.update(ids[s : s + 7_000], x[s : s + 7_000])
-        tab.update(ids[s : s + 7_000], x[s : s + 7_000])
-    assert not log.indexed and len(log) == n_prompts
-    assert _everything(log) == _everything(tab)
-    # the same rows shuffled: the runs are about the rows, not the prompts
+    grouped, shuffled = VarianceAccumulator(), VarianceAccumulator()
     perm = rng.permutation(ids.size)
-    sh = VarianceAccumulator()
     for s in range(0, ids.size, 7_000):
-        sh.update(ids[perm][s : s + 7_000], x[perm][s : s + 7_000])
-    assert sh.indexed and len(sh) == n_prompts
-    assert sh.summary() == pytest.approx(log.summary(), rel=1e-12)
+        grouped.update(ids[s : s + 7_000], x[s : s + 7_000])
+        shuffled.update(ids[perm][s : s + 7_000], x[perm][s : s + 7_000])
+    assert len(grouped) == len(shuffled) == n_prompts
+    assert shuffled.summary() == pytest.approx(grouped.summary(), rel=1e-12)
+    a, b = grouped._core.used_stats(), shuffled._core.used_stats()
+    assert (a["count"] == b["count"]).all()
+    np.testing.assert_allclose(a["mean"], b["mean"], rtol=1e-12)
+    pa_, pb = grouped.per_prompt(), shuffled.per_prompt()
+    assert (pa_["key"] == pb["key"]).all() and (pa_["key"].diff().drop_nulls() > 0).all()
+
+
+def test_merge_with_itself_counts_every_row_twice():
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 50, size=600)
+    x = rng.normal(size=600)
+    acc = VarianceAccumulator().update(ids, x)
+    twice = VarianceAccumulator().update(ids, x).update(ids, x)
+    before = acc.per_prompt()
+    assert acc.merge(acc) is acc and acc.n_rows == 1200 and len(acc) == len(twice)
+    after = acc.per_prompt()
+    assert (after["count"] == 2 * before["count"]).all()
+    assert (after["mean"] == before["mean"]).all() and (after["m2"] == 2 * before["m2"]).all()
+    assert acc.summary() == pytest.approx(twice.summary(), rel=1e-9)
+    with pytest.raises(MrtInputError, match="VarianceAccumulator"):
+        acc.merge("not an accumulator")
+
+
+def test_overflowing_statistics_are_refused_not_inf():
+    acc = VarianceAccumulator().update([1, 1, 2, 2], [1.0, 2.0, 3.0, 5.0])
+    ref = acc.to_bytes()
+    # finite losses whose squared deviations overflow float64
+    with pytest.raises(MrtInputError, match=r"loss at row 7 .*overflow"):
+        acc.update([3, 3, 4, 4], [0.0, 1.0, 1e300, -1e300])
+    assert acc.to_bytes() == ref
+    # in a merge: the two halves are fine, their union is not
+    a = VarianceAccumulator().update([1, 1, 2, 2], [1.0, 2.0, 1e154, 1e154])
+    b = VarianceAccumulator().update([1, 2, 2], [0.5, -1e154, -1e154])
+    ra = a.to_bytes()
+    with pytest.raises(MrtInputError, match="overflow"):
+        a.merge(b)
+    assert a.to_bytes() == ra
+    # estimates that overflow are refused rather than reported as inf / k_max
+    df = pl.DataFrame({"prompt_id": [1, 1, 2, 2, 3, 3], "loss": [-1e153, 1e153, 3e152, -3e152, 0.0, 1.0]})
+    with pytest.raises(MrtInputError, match="overflow"):
+        variance_budget(df, n_boot=100, bootstrap="normal")
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows(), st.data())
+def test_corrupted_or_truncated_bytes_are_refused(data, draw):
+    keys, x = data
+    blob = VarianceAccumulator().update(keys, x).to_bytes()
+    i = draw.draw(st.integers(0, len(blob) - 1))
+    flip = draw.draw(st.integers(1, 255))
+    bad = bytearray(blob)
+    bad[i] ^= flip
+    with pytest.raises(MrtInputError):
+        VarianceAccumulator.from_bytes(bytes(bad))
+    with pytest.raises(MrtInputError):
+        pickle.loads(pickle.dumps(VarianceAccumulator.from_bytes(blob)).replace(blob, bytes(bad)))
+    cut = draw.draw(st.integers(0, len(blob) - 1))
+    with pytest.raises(MrtInputError, match="truncated|magic"):
+        VarianceAccumulator.from_bytes(blob[:cut])
+    assert VarianceAccumulator.from_bytes(blob).to_bytes() == blob
 
 
 def test_id_types_and_inputs():
@@ -272,27 +315,6 @@ def test_integer_ids_are_keyed_as_keys_from_ints():
     assert acc.to_bytes() == ref.to_bytes()
 
 
-def test_expected_prompts_is_only_a_hint():
-    rng = np.random.default_rng(3)
-    # large enough for the parallel path (>= 2^16 rows per update)
-    keys = rng.integers(0, 30_000, size=200_000).astype(np.uint64)
-    x = rng.normal(size=keys.size)
-    plain = VarianceAccumulator().update(keys, x, hashed=True)
-    sized = VarianceAccumulator(expected_prompts=30_000).update(keys, x, hashed=True)
-    late = VarianceAccumulator().reserve(10).update(keys[:5], x[:5], hashed=True).reserve(50_000)
-    late.update(keys[5:], x[5:], hashed=True)
-    assert plain.to_bytes() == sized.to_bytes()
-    assert plain.summary() == sized.summary()
-    np.testing.assert_allclose(late.per_prompt()["m2"].to_numpy(), plain.per_prompt()["m2"].to_numpy(), rtol=1e-10)
-    for bad in (-1, 2.5, "many", True):
-        with pytest.raises(MrtInputError, match="expected_prompts"):
-            VarianceAccumulator(expected_prompts=bad)
-        with pytest.raises(MrtInputError, match="prompts"):
-            VarianceAccumulator().reserve(bad)
-    with pytest.raises(MrtInputError, match="memory"):
-        VarianceAccumulator(expected_prompts=10**17)
-
-
 # ---------------------------------------------------------------- bad input
 
 
@@ -312,11 +334,25 @@ def test_nan_inf_named_and_atomic():
         acc.update([1, 2], [1.0])
     with pytest.raises(MrtInputError, match="magic"):
         VarianceAccumulator.from_bytes(b"garbage")
-    # a serialised state whose second entry repeats the first key: refused by name
+    # a serialised state whose second entry repeats the first key: refused
     blob = bytearray(acc.to_bytes())
     blob[32 + 32 : 32 + 40] = blob[32:40]
-    with pytest.raises(MrtInputError, match="entry 1 .*each key once"):
+    with pytest.raises(MrtInputError, match="checksum"):
         VarianceAccumulator.from_bytes(bytes(blob))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows(), st.data(), st.sampled_from([np.nan, np.inf, -np.inf]), st.integers(0, 4))
+def test_a_bad_loss_is_reported_with_its_row_and_nothing_added(data, draw, bad, seen):
+    keys, x = data
+    acc = VarianceAccumulator().update(np.zeros(seen, dtype=np.int64), np.ones(seen))
+    before = acc.to_bytes()
+    i = draw.draw(st.integers(0, len(x) - 1))
+    x = x.copy()
+    x[i] = bad
+    with pytest.raises(MrtInputError, match=rf"row {seen + i} \(row {i} of this update\) is {'NaN' if np.isnan(bad) else ''}"):
+        acc.update(keys, x)
+    assert acc.to_bytes() == before and acc.n_rows == seen
 
 
 def test_no_prompt_with_two_responses():

@@ -98,13 +98,6 @@ def _id_series(ids: Any, name: str = "prompt ids") -> pl.Series:
     return s
 
 
-def _prompt_count(value: Any, name: str) -> int:
-    """A sizing hint: a non-negative integer (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise MrtInputError(f"{name} must be a non-negative integer, got {value!r}")
-    return int(value)
-
-
 def _check_costs(cost_prompt: float, cost_response: float) -> tuple[float, float]:
     for name, v in (("cost_prompt", cost_prompt), ("cost_response", cost_response)):
         if not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) or v <= 0:
@@ -120,42 +113,17 @@ class VarianceAccumulator:
 
     Rows may come in any order and in any number of `update` calls; shards
     built by different workers `merge` into the same statistics as one pass
-    (to floating-point rounding). `to_bytes`/`from_bytes` (and pickling) move
-    partial results between processes.
-
-    `expected_prompts` sizes the table for that many distinct prompts up
-    front, which saves the table's repeated growth on a long stream (about a
-    third of the time at millions of prompts); it is only a hint and never
-    changes the statistics.
-
-    While the rows are grouped (a prompt's responses next to each other, in
-    any prompt order: the usual layout of a generated data set), no hash
-    table is built at all: the prompts are kept as a log in row order, which
-    streams at about twice the speed. Rows that are not grouped (or a merge
-    that needs it) build the table from the log, once, by themselves;
-    `indexed` says which. Every result is the same, bit for bit, either way.
+    (to floating-point rounding; for a given row order, the same bits however
+    the rows are cut into updates). `to_bytes`/`from_bytes` (and pickling)
+    move partial results between processes; the bytes carry a checksum, so a
+    corrupted or truncated file is refused. Losses whose statistics would
+    overflow float64 are refused with the row, and nothing is added.
     """
 
     __slots__ = ("_core",)
 
-    def __init__(self, _core: Any = None, *, expected_prompts: int = 0) -> None:
-        if _core is not None:
-            self._core = _core
-            return
-        n = _prompt_count(expected_prompts, "expected_prompts")
-        try:
-            self._core = core.VarianceAccumulator(n)
-        except (ValueError, OverflowError) as e:
-            raise MrtInputError(f"expected_prompts={expected_prompts}: {e}") from None
-
-    def reserve(self, prompts: int) -> "VarianceAccumulator":
-        """Make room for about `prompts` more distinct prompts (a sizing hint)."""
-        n = _prompt_count(prompts, "prompts")
-        try:
-            self._core.reserve(n)
-        except (ValueError, OverflowError) as e:
-            raise MrtInputError(str(e)) from None
-        return self
+    def __init__(self, _core: Any = None) -> None:
+        self._core = _core if _core is not None else core.VarianceAccumulator()
 
     def update(self, prompt_ids: Any, losses: Any, *, hashed: bool = False) -> "VarianceAccumulator":
         """Add rows. `prompt_ids` of any type (hashed to stable 64-bit keys)
@@ -192,17 +160,23 @@ class VarianceAccumulator:
         return self.update(df[by], _loss_column(df, loss))
 
     def merge(self, other: "VarianceAccumulator") -> "VarianceAccumulator":
-        """Fold `other` into this accumulator (exact Chan merge); returns self."""
+        """Fold `other` into this accumulator (exact Chan merge); returns self.
+        `acc.merge(acc)` counts every row twice. Statistics that would
+        overflow float64 raise `MrtInputError`, with this accumulator unchanged."""
         if not isinstance(other, VarianceAccumulator):
-            raise TypeError(f"can only merge a VarianceAccumulator, got {type(other).__name__}")
-        self._core.merge(other._core)
+            raise MrtInputError(f"can only merge a VarianceAccumulator, got {type(other).__name__}")
+        try:
+            self._core.merge(other._core)
+        except ValueError as e:
+            raise MrtInputError(str(e)) from None
         return self
 
     def copy(self) -> "VarianceAccumulator":
         return VarianceAccumulator(self._core.copy())
 
     def to_bytes(self) -> bytes:
-        """Stable little-endian serialisation (magic + version header)."""
+        """Stable little-endian serialisation: magic, version, the per-prompt
+        statistics in key order and a checksum."""
         return self._core.to_bytes()
 
     @classmethod
@@ -222,17 +196,6 @@ class VarianceAccumulator:
     def n_rows(self) -> int:
         return int(self._core.n_rows)
 
-    @property
-    def indexed(self) -> bool:
-        """False while the prompts are kept as a log (grouped rows, no hash
-        table)."""
-        return bool(self._core.is_indexed)
-
-    def build_index(self) -> "VarianceAccumulator":
-        """Build the hash table of a log now (a no-op once built); returns self."""
-        self._core.build_index()
-        return self
-
     def per_prompt(self) -> pl.DataFrame:
         """One row per prompt (sorted by key): key, count, mean, m2."""
         d = self._core.per_prompt()
@@ -251,7 +214,7 @@ class VarianceAccumulator:
         return report_from_accumulator(self, **kwargs)
 
     def __repr__(self) -> str:
-        return f"VarianceAccumulator(prompts={len(self)}, rows={self.n_rows}, indexed={self.indexed})"
+        return f"VarianceAccumulator(prompts={len(self)}, rows={self.n_rows})"
 
 
 # --------------------------------------------------------------------------- the law
@@ -413,7 +376,10 @@ def _bootstrap(core_acc, p, gbar, *, n_boot, seed, cp, cr, k_max, level, method=
         pp = core_acc.used_stats()
         sums = _exact_sums(pp["count"], pp["mean"], pp["m2"], n_boot, rng)
     else:
-        n, mu, cov = core_acc.used_moments(gbar)
+        try:
+            n, mu, cov = core_acc.used_moments(gbar)
+        except ValueError as e:
+            raise MrtInputError(str(e)) from None
         sums = _normal_sums(n, mu, cov, n_boot, rng)
     out = {name: np.empty(n_boot) for name in ("v_x", "v_y_given_x", "ratio", "k_star", "k_best")}
     b0 = 0

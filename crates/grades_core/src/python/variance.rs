@@ -48,16 +48,8 @@ struct PyVarianceAccumulator {
 #[pymethods]
 impl PyVarianceAccumulator {
     #[new]
-    #[pyo3(signature = (expected_prompts=0))]
-    fn new(py: Python<'_>, expected_prompts: usize) -> PyResult<Self> {
-        let inner = run(py, || VarAcc::with_capacity(expected_prompts))?;
-        Ok(Self { inner })
-    }
-
-    /// Make room for about `prompts` more distinct prompts (a sizing hint).
-    fn reserve(&mut self, py: Python<'_>, prompts: usize) -> PyResult<()> {
-        let acc = &mut self.inner;
-        run(py, || acc.reserve(prompts))
+    fn new() -> Self {
+        Self::default()
     }
 
     /// Add rows (keys[i], losses[i]); all-or-nothing on a non-finite loss.
@@ -87,14 +79,16 @@ impl PyVarianceAccumulator {
         run(py, || acc.update_int_ids(k, x))
     }
 
-    /// Fold `other` into this accumulator.
-    fn merge(&mut self, py: Python<'_>, other: PyRef<'_, PyVarianceAccumulator>) -> PyResult<()> {
-        let o = &other.inner;
-        let acc = &mut self.inner;
-        run(py, || {
-            acc.merge(o);
-            Ok(())
-        })
+    /// Fold `other` into this accumulator; an accumulator merged with
+    /// itself counts every row twice.
+    fn merge(slf: &Bound<'_, Self>, other: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let copy = if slf.is(other) { Some(slf.borrow().inner.clone()) } else { None };
+        let o = if copy.is_none() { Some(other.borrow()) } else { None };
+        let mut me = slf.borrow_mut();
+        let acc = &mut me.inner;
+        let from = copy.as_ref().or(o.as_ref().map(|o| &o.inner)).expect("one of the two");
+        run(py, || acc.merge(from))
     }
 
     fn copy(&self) -> Self {
@@ -112,7 +106,6 @@ impl PyVarianceAccumulator {
     }
 
     fn __len__(&self, py: Python<'_>) -> usize {
-        // (a log whose prompts have several runs counts them by its hash order)
         let acc = &self.inner;
         py.detach(|| acc.len())
     }
@@ -120,19 +113,6 @@ impl PyVarianceAccumulator {
     #[getter]
     fn n_rows(&self) -> u64 {
         self.inner.n_rows()
-    }
-
-    /// False while the prompts are kept as a log in row order (grouped
-    /// rows), with no hash index.
-    #[getter]
-    fn is_indexed(&self) -> bool {
-        self.inner.is_indexed()
-    }
-
-    /// Build the hash index of a log now (a no-op once indexed).
-    fn build_index(&mut self, py: Python<'_>) {
-        let acc = &mut self.inner;
-        py.detach(|| acc.build_index());
     }
 
     /// Per-prompt arrays sorted by key: dict(key, count, mean, m2).
