@@ -65,14 +65,34 @@ def demo(
                  cache_dir=False if no_cache else cache_dir, console=console)
 
 
+def _rate_progress(n_total: int | None, description: str):
+    """A rich progress bar that shows texts per second."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    class _Rate(ProgressColumn):
+        def render(self, task):
+            v = task.finished_speed or task.speed
+            return Text("" if v is None else f"{v:,.0f} texts/s")
+
+    prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), _Rate(),
+                    TimeElapsedColumn(), console=console, transient=True)
+    return prog
+
+
 @app.command("embed")
 def embed_cmd(
     inp: Path = typer.Argument(..., help="Input table (.parquet, .jsonl/.ndjson, .csv)."),
     out: Path = typer.Argument(..., help="Output table; format from the suffix."),
     text: str = typer.Option("response", help="Column holding the text to embed."),
     column: str = typer.Option("embedding", help="Name of the embedding column written."),
-    model: Optional[str] = typer.Option(None, help="sentence-transformers model name or local directory "
+    overwrite_column: bool = typer.Option(False, "--overwrite-column",
+                                          help="Allow the embedding to replace an existing column of that name."),
+    model: Optional[str] = typer.Option(None, help="static (fast CPU tier distilled from MiniLM), a "
+                                        "sentence-transformers model name or local directory "
                                         "(default: bundled all-MiniLM-L6-v2, offline)."),
+    device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda."),
+    processes: int = typer.Option(1, help="CPU worker processes for a transformer model."),
     batch_size: int = typer.Option(64, help="Texts per model batch."),
     cache_dir: Optional[Path] = typer.Option(None, help="Embedding cache directory (default: $MRT_CACHE_DIR or ~/.cache/mrt_fast)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
@@ -82,48 +102,45 @@ def embed_cmd(
     import polars as pl
 
     from . import io as _io
-    from .embed import embed, load_model
+    from .embed import check_model, check_output_column, embed
+    from .errors import MrtInputError
 
     t0 = time.perf_counter()
     with _user_errors():
         if chunk_rows < 1:
             raise typer.BadParameter("--chunk-rows must be >= 1")
+        if processes < 1:
+            raise typer.BadParameter("--processes must be >= 1")
         lf = _io.scan(inp)
-        schema = lf.collect_schema()
-        if text not in schema.names():
-            from .errors import MrtInputError
-
-            raise MrtInputError(f"column {text!r} (text to embed) not found in {str(inp)!r}; it has {schema.names()}")
+        names = lf.collect_schema().names()
+        if text not in names:
+            raise MrtInputError(f"column {text!r} (text to embed) not found in {str(inp)!r}; it has {names}", column=text)
+        check_output_column(names, column, text, overwrite_column)
         n = int(_io.collect(lf.select(pl.len()), inp).item())
-        load_model(model)  # fail early, before any work, if it cannot be loaded
+        if n == 0:
+            raise MrtInputError(f"{str(inp)!r} has no rows: there is no text to embed")
+        cache = False if no_cache else cache_dir
+        check_model(model, device, cache, progress=True)  # fail early, before any work, if it cannot be loaded
         stats_all = {"hits": 0, "computed": 0}
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        with _io.AtomicWriter(out) as w, Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True,
-        ) as prog:
+        with _io.AtomicWriter(out) as w, _rate_progress(n, "embedding") as prog:
             task = prog.add_task("embedding", total=n)
-            for s in range(0, max(n, 1), chunk_rows):
+            for s in range(0, n, chunk_rows):
                 df = _io.collect(lf.slice(s, chunk_rows), inp)
-                if df.height == 0:
-                    from .errors import MrtInputError
-
-                    raise MrtInputError(f"{str(inp)!r} has no rows: there is no text to embed")
                 st: dict = {}
-                df = embed(df, text=text, out=column, model=model, batch_size=batch_size,
-                           cache_dir=False if no_cache else cache_dir, progress=False, stats=st)
+                df = embed(df, text=text, out=column, model=model, batch_size=batch_size, cache_dir=cache,
+                           device=device, processes=processes, overwrite=overwrite_column, progress=False,
+                           callback=lambda k: prog.advance(task, k), stats=st)
                 w.write(df)
                 stats_all["hits"] += st["hits"]
                 stats_all["computed"] += st["computed"]
                 stats_all["model_id"] = st["model_id"]
-                prog.advance(task, df.height)
             w.commit()
+    dt = time.perf_counter() - t0
     tab = Table(title="mrt embed")
-    for c in ("rows", "model", "computed", "from cache", "seconds", "output"):
+    for c in ("rows", "model", "computed", "from cache", "seconds", "texts/s", "output"):
         tab.add_column(c)
     tab.add_row(str(n), str(stats_all.get("model_id")), str(stats_all["computed"]), str(stats_all["hits"]),
-                f"{time.perf_counter() - t0:.1f}", str(out))
+                f"{dt:.1f}", f"{n / dt:,.0f}", str(out))
     console.print(tab)
 
 

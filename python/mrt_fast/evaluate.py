@@ -100,9 +100,9 @@ def default_embedder(batch_size: int = 64, device: str | None = None) -> Embedde
 def sentence_transformer_embedder(path: str | None, batch_size: int = 64, device: str | None = None) -> Embedder:
     """An embedder over :func:`mrt_fast.embed.embed_texts` (offline loading, no cache:
     generations are evaluated once)."""
-    from .embed import embed_texts, load_model
+    from .embed import check_model, embed_texts
 
-    load_model(path, device)  # fail early, with the embedding module's one-line error
+    check_model(path, device)  # fail early, with the embedding module's one-line error
 
     def embed(texts: list[str]) -> np.ndarray:
         return embed_texts(list(texts), path, batch_size=batch_size, cache_dir=False, device=device, progress=False)
