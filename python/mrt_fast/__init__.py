@@ -28,6 +28,7 @@ __all__ = [
     "SmallPoolWarning",
     "facility_location",
     "select",
+    "select_dataset",
 ]
 
 
@@ -37,6 +38,10 @@ def __getattr__(name: str):
         from . import variance
 
         return getattr(variance, name)
+    if name in ("select_dataset", "BatchReport"):
+        from . import batch
+
+        return getattr(batch, name)
     if name == "embed_texts":
         import importlib
 

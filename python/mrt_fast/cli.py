@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import warnings
 from pathlib import Path
@@ -32,20 +33,6 @@ def _user_errors():
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(2) from None
-
-
-def _chunks_of_pools(sizes, chunk_rows: int):
-    """Split pools (in order) into runs of at most ~chunk_rows candidates."""
-    out, cur, rows = [], [], 0
-    for i, n in enumerate(sizes):
-        if cur and rows + n > chunk_rows:
-            out.append(cur)
-            cur, rows = [], 0
-        cur.append(i)
-        rows += n
-    if cur:
-        out.append(cur)
-    return out
 
 
 @app.command()
@@ -146,8 +133,10 @@ def embed_cmd(
 
 @app.command("select")
 def select_cmd(
-    inp: Path = typer.Argument(..., help="Input table (.parquet, .jsonl/.ndjson, .csv)."),
-    out: Path = typer.Argument(..., help="Output table; format from the suffix."),
+    inp: str = typer.Argument(..., help="Input: a file, a directory of Parquet/JSONL files (hive partitions "
+                              "included) or a quoted glob such as 'data/*.parquet'."),
+    out: Path = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + _manifest.json, "
+                               "resumable) or a file (.parquet, .jsonl, .csv)."),
     k: int = typer.Option(..., "--k", help="Responses kept per prompt."),
     method: str = typer.Option("grades", help="random | top | diverse | grades | stratified (or rkon/bkon/dkon/dbkon)."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
@@ -159,83 +148,51 @@ def select_cmd(
     kernel: str = typer.Option("shift", help="shift: (1+c)/2, clip: max(0, c)."),
     n_modes: Optional[int] = typer.Option(None, help="Modes per pool when they are computed (default: silhouette rule)."),
     seed: int = typer.Option(0, help="Seed of random draws and k-means."),
-    chunk_rows: int = typer.Option(1_000_000, help="Candidates read per chunk (whole pools per chunk)."),
+    layout: str = typer.Option("auto", help="rows (one row per candidate), grouped (one row per prompt, list "
+                               "columns) or auto (grouped when the embedding/reward columns hold lists)."),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit",
+                                               help="Peak memory, e.g. 2GB or 512MiB (default: half the available)."),
+    workers: Optional[int] = typer.Option(None, help="Buckets selected at once (default: as memory and cores allow)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job."),
+    chunk_rows: Optional[int] = typer.Option(None, "--chunk-rows", hidden=True,
+                                             help="Candidates per bucket (prefer --memory-limit)."),
 ) -> None:
-    """Keep K responses per prompt of a table."""
-    import numpy as np
-    import polars as pl
+    """Keep K responses per prompt of a table or dataset, in bounded memory (resumable to a directory)."""
+    import shlex
+    import sys
 
-    from . import io as _io
-    from .errors import MrtInputError
-    from .select import FACILITY_METHODS, METHODS, SmallPoolWarning, select
+    from .batch import select_dataset
 
-    t0 = time.perf_counter()
     with _user_errors():
-        if not isinstance(method, str) or method.lower() not in METHODS:
-            raise MrtInputError(f"--method must be one of {sorted(METHODS)}, got {method!r}")
-        if k < 1:
-            raise MrtInputError(f"--k must be >= 1, got {k}")
-        if chunk_rows < 1:
-            raise MrtInputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
-        m = METHODS[method.lower()]
-        lf = _io.scan(inp)
-        names = lf.collect_schema().names()
-
-        def need(col: str, role: str) -> None:
-            if col not in names:
-                raise MrtInputError(f"column {col!r} ({role}) not found in {str(inp)!r}; it has columns {names}")
-
-        need(by, "prompt id")
-        compute_modes = m == "stratified" and mode not in names
-        if m in FACILITY_METHODS or compute_modes:
-            need(embedding, "embedding")
-        if m == "top" or (m == "grades" and (alpha > 0 or k_max is not None)):
-            need(reward, "reward")
-        counts = _io.collect(lf.group_by(by, maintain_order=True).agg(pl.len().alias("__n")), inp)
-        if counts.height == 0:
-            raise MrtInputError(f"{str(inp)!r} has no rows: there is nothing to select from")
-        plan = _chunks_of_pools(counts["__n"].to_list(), chunk_rows)
-        tot = {"pools": 0, "cands": 0, "kept": 0, "small": 0, "missed": 0}
-        ratios: list[np.ndarray] = []
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        with _io.AtomicWriter(out) as w, Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True,
-        ) as prog:
-            task = prog.add_task(f"{m}-{k} over pools", total=counts.height)
-            last = None
-            for idx in plan:
-                part = lf if len(plan) == 1 else lf.filter(pl.col(by).is_in(counts[by].gather(idx).implode()))
-                df = _io.collect(part, inp)
-                df = _io.decode_embedding(df, embedding)
-                if compute_modes:
-                    from .similarity import pool_modes
-
-                    df = pool_modes(df, by=by, embedding=embedding, out=mode, n_modes=n_modes, seed=seed)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", SmallPoolWarning)
-                    kept, rep = select(df, k, m, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha,
-                                       k_max=k_max, kernel=kernel, seed=seed, return_report=True)
-                w.write(kept)
-                last = kept
-                tot["pools"] += rep.n_pools
-                tot["cands"] += rep.n_candidates
-                tot["kept"] += rep.n_kept
-                tot["small"] += rep.n_small_pools
-                tot["missed"] += rep.modes_missed
-                if rep.approximation_ratio is not None:
-                    ratios.append(rep.approximation_ratio)
-                prog.advance(task, len(idx))
-            w.commit(empty_schema=last)
-    tab = Table(title=f"mrt select: {m}, K = {k}")
-    for c in ("pools", "candidates", "kept", "pools <= K", "mean certified ratio", "seconds"):
-        tab.add_column(c, justify="right")
-    ratio = f"{float(np.mean(np.concatenate(ratios))):.4f}" if ratios else "-"
-    tab.add_row(str(tot["pools"]), str(tot["cands"]), str(tot["kept"]), str(tot["small"]), ratio,
-                f"{time.perf_counter() - t0:.2f}")
+        if chunk_rows is not None and chunk_rows < 1:
+            raise typer.BadParameter("--chunk-rows must be >= 1")
+        command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
+        rep = select_dataset(
+            inp, out, k, method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
+            kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, memory_limit=memory_limit, workers=workers,
+            overwrite=overwrite, progress=console, command=command, rows_per_bucket=chunk_rows,
+        )
+    if rep.already_done:
+        console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
+                      soft_wrap=True, highlight=False)
+        return
+    tab = Table(title=f"mrt select: {rep.method}, K = {k}", show_header=False)
+    tab.add_column("")
+    tab.add_column("", justify="right")
+    ratio = f"{rep.mean_ratio:.4f}" if rep.mean_ratio is not None else "-"
+    buckets = f"{rep.n_parts}" + (" (spilled to disk)" if rep.spilled else " (in memory)")
+    if rep.resumed:
+        buckets += f", {rep.parts_done_now} done by this run"
+    for name, v in (("pools", f"{rep.n_pools:,}"), ("candidates", f"{rep.n_candidates:,}"),
+                    ("kept", f"{rep.n_kept:,}"), ("pools <= K (kept whole)", f"{rep.n_small_pools:,}"),
+                    ("mean certified ratio", ratio), ("buckets", buckets), ("rows/s", f"{rep.rows_per_second:,.0f}"),
+                    ("peak memory", f"{rep.peak_rss / 2**30:.2f} GiB (limit {rep.memory_limit / 2**30:.2f} GiB)"),
+                    ("seconds", f"{rep.seconds:.2f}")):
+        tab.add_row(name, v)
     console.print(tab)
-    console.print(f"wrote {tot['kept']} rows to {out}")
+    what = "rows" if rep.layout == "rows" else "prompts"
+    console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
+                  highlight=False)
 
 
 # ---- variance diagnostics commands ----
@@ -243,7 +200,8 @@ def select_cmd(
 
 @app.command("diagnose")
 def diagnose_cmd(
-    inp: Path = typer.Argument(..., help="Table of per-response losses (.parquet, .jsonl, .csv)."),
+    inp: str = typer.Argument(..., help="Per-response losses: a file (.parquet, .jsonl, .csv), a directory of "
+                              "Parquet/JSONL files or a quoted glob; streamed, never read whole."),
     loss: str = typer.Option("loss", help="Loss column."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     cost_prompt: float = typer.Option(1.0, help="Cost C_p of one prompt."),
@@ -263,20 +221,23 @@ def diagnose_cmd(
     """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
     import json
 
+    from .diagnose import variance_budget_dataset
     from .errors import MrtInputError
-    from .io import read_table
-    from .variance import variance_budget
 
     with _user_errors():
-        df = read_table(inp)
-    try:
-        rep = variance_budget(
-            df, by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
+        for what, p in (("--json", json_out), ("--plot", plot)):
+            if p is not None:
+                parent = p.parent if str(p.parent) else Path(".")
+                if not parent.is_dir():
+                    raise MrtInputError(f"{what} {str(p)!r}: directory {str(parent)!r} does not exist")
+                if p.is_dir():
+                    raise MrtInputError(f"{what} {str(p)!r} is a directory")
+                if not os.access(parent, os.W_OK):
+                    raise MrtInputError(f"{what} {str(p)!r}: cannot write to {str(parent)!r}")
+        rep = variance_budget_dataset(
+            inp, by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
             k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap,
         )
-    except MrtInputError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
     console.print(repr(rep), highlight=False)
     tab = Table(title="predicted variance by K")
     cols = rep.predicted.columns
