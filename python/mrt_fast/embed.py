@@ -184,11 +184,11 @@ def _check_texts(texts: Sequence[Any], name: str = "text") -> list[str]:
     out = []
     for i, t in enumerate(texts):
         if t is None:
-            raise MrtInputError(f"{name} is missing (null) at row {i}")
+            raise MrtInputError(f"{name} is missing (null) at row {i}", row=i)
         if not isinstance(t, str):
-            raise MrtInputError(f"{name} must be text, got {type(t).__name__} at row {i}")
+            raise MrtInputError(f"{name} must be text, got {type(t).__name__} at row {i}", row=i)
         if not t.strip():
-            raise MrtInputError(f"{name} is empty at row {i}")
+            raise MrtInputError(f"{name} is empty at row {i}", row=i)
         out.append(t)
     return out
 
