@@ -286,10 +286,20 @@ def test_static_embedding_is_the_normalised_mean_of_token_vectors(tiny_source_ca
 
 
 @pytest.fixture(scope="module")
-def tiny_source_cached(tiny_source, tmp_path_factory):
+def static_cache(tiny_source, tmp_path_factory):
+    """A cache directory holding the tiny source's distilled model."""
     from mrt_fast.static_embed import load_static
 
-    return load_static(f"static:{tiny_source}", tmp_path_factory.mktemp("sc"), progress=False)
+    d = tmp_path_factory.mktemp("sc")
+    load_static(f"static:{tiny_source}", d, progress=False)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_source_cached(tiny_source, static_cache):
+    from mrt_fast.static_embed import load_static
+
+    return load_static(f"static:{tiny_source}", static_cache)
 
 
 @pytest.mark.embed
@@ -375,3 +385,110 @@ def test_minilm_on_cuda_matches_cpu(tmp_path):
     g = embed_texts(texts, device="cuda", cache_dir=False, progress=False)
     c = embed_texts(texts, device="cpu", cache_dir=False, progress=False)
     np.testing.assert_allclose(g, c, atol=1e-3)
+
+
+# ------------------------------------------------------------- datasets (directory / glob in, resumable out)
+
+
+def _texts_table(n: int, seed: int = 0) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    words = ["apple", "river", "proof", "lemma", "poem", "loop", "cloud", "graph", "tensor", "story", "bridge", "storm"]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 9)))) + f" #{i % 5}" for i in range(n)]
+    return pl.DataFrame({"prompt_id": np.arange(n) // 3, "response": texts, "reward": rng.uniform(size=n)})
+
+
+def _write_parts(df: pl.DataFrame, d, sizes, fmt="parquet"):
+    d.mkdir(parents=True, exist_ok=True)
+    s = 0
+    for i, n in enumerate(sizes):
+        part = df.slice(s, n)
+        (part.write_parquet if fmt == "parquet" else part.write_ndjson)(d / f"f{i:02d}.{fmt if fmt == 'parquet' else 'jsonl'}")
+        s += n
+    assert s == df.height
+
+
+@pytest.mark.embed
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 15), st.integers(1, 6), st.integers(0, 10**6))
+def test_dataset_embed_resumes_to_the_in_memory_result(tiny_source, static_cache, tmp_path_factory, n, per_part,
+                                                        fail_after, seed):
+    from mrt_fast.embed import embed
+    from mrt_fast.embed_dataset import _Killed, embed_dataset, read_dataset
+
+    name = f"static:{tiny_source}"
+    tmp = tmp_path_factory.mktemp("ds")
+    cache = static_cache  # the distilled model is reused across examples
+    df = _texts_table(n, seed)
+    cut = sorted(np.random.default_rng(seed).integers(0, n + 1, size=2).tolist())
+    _write_parts(df, tmp / "in", [cut[0], cut[1] - cut[0], n - cut[1]])
+    want = embed(df, model=name, cache_dir=cache, progress=False)
+    n_parts = -(-n // per_part)
+    out = tmp / "out"
+    if fail_after < n_parts:
+        with pytest.raises(_Killed):
+            embed_dataset(tmp / "in", out, model=name, cache_dir=cache, rows_per_part=per_part,
+                          _fail_after=fail_after)
+        assert len(list(out.glob("part-*.parquet"))) == fail_after
+        (out / ".part-99999.parquet.abc.tmp").write_bytes(b"half")  # what a kill -9 mid-write leaves
+    rep = embed_dataset(tmp / "in", out, model=name, cache_dir=cache, rows_per_part=per_part)
+    assert rep.resumed == (fail_after < n_parts) and rep.parts == n_parts
+    assert rep.parts_done_now == n_parts - (fail_after if fail_after < n_parts else 0)
+    assert not list(out.glob(".*.tmp"))
+    got = read_dataset(out)
+    assert got.columns == want.columns and got.height == n
+    assert got.equals(want)
+    again = embed_dataset(tmp / "in", out, model=name, cache_dir=cache, rows_per_part=per_part)
+    assert again.already_done and again.parts_done_now == 0
+
+
+@pytest.mark.embed
+def test_dataset_embed_jobs_globs_and_files(tiny_source, tmp_path):
+    from mrt_fast.embed import embed
+    from mrt_fast.embed_dataset import embed_dataset, read_dataset
+
+    name = f"static:{tiny_source}"
+    df = _texts_table(30)
+    _write_parts(df, tmp_path / "j", [10, 12, 8], fmt="jsonl")
+    want = embed(df, model=name, cache_dir=tmp_path, progress=False)
+    # a glob of JSONL files into one Parquet file
+    rep = embed_dataset(str(tmp_path / "j" / "*.jsonl"), tmp_path / "all.parquet", model=name, cache_dir=tmp_path,
+                        rows_per_part=7)
+    assert rep.rows == 30 and pl.read_parquet(tmp_path / "all.parquet").equals(want)
+    # another job (another column name) in the same directory is refused; --overwrite replaces it
+    embed_dataset(tmp_path / "j", tmp_path / "o", model=name, cache_dir=tmp_path, rows_per_part=9)
+    with pytest.raises(MrtInputError, match="another job"):
+        embed_dataset(tmp_path / "j", tmp_path / "o", column="e2", model=name, cache_dir=tmp_path, rows_per_part=9)
+    embed_dataset(tmp_path / "j", tmp_path / "o", column="e2", model=name, cache_dir=tmp_path, rows_per_part=9,
+                  overwrite=True)
+    assert "e2" in read_dataset(tmp_path / "o").columns
+    # the output may not be inside the input
+    with pytest.raises(MrtInputError, match="inside"):
+        embed_dataset(tmp_path / "j", tmp_path / "j" / "out", model=name, cache_dir=tmp_path)
+
+
+@pytest.mark.embed
+def test_dataset_embed_cli_and_bad_rows(tiny_source, tmp_path):
+    name = f"static:{tiny_source}"
+    df = _texts_table(20)
+    _write_parts(df, tmp_path / "in", [8, 12])
+    r = runner.invoke(app, ["embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", name,
+                            "--cache-dir", str(tmp_path), "--chunk-rows", "6"])
+    assert r.exit_code == 0, r.output
+    assert "texts/s" in r.output and "20" in r.output
+    man = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert man["done"] and man["n_parts"] == 4 and sum(man["parts"].values()) == 20
+    r = runner.invoke(app, ["embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", name,
+                            "--cache-dir", str(tmp_path), "--chunk-rows", "6"])
+    assert r.exit_code == 0 and "already complete" in r.output
+    # an empty text in the second file: one line naming the file and its row, nothing left behind
+    bad = df.with_columns(pl.when(pl.int_range(pl.len()) == 13).then(pl.lit(" ")).otherwise(pl.col("response"))
+                          .alias("response"))
+    _write_parts(bad, tmp_path / "bad", [8, 12])
+    r = runner.invoke(app, ["embed", str(tmp_path / "bad"), str(tmp_path / "bad_out"), "--model", name,
+                            "--cache-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "f01.parquet" in r.stderr and "row 5" in r.stderr, r.output
+    assert r.stderr.strip().count("\n") == 0 and not (tmp_path / "bad_out").exists()
+    # the column check comes before any work, for datasets too
+    r = runner.invoke(app, ["embed", str(tmp_path / "in"), str(tmp_path / "o2"), "--column", "reward",
+                            "--model", name, "--cache-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "--overwrite-column" in r.stderr and not (tmp_path / "o2").exists()
