@@ -110,12 +110,16 @@ def embed_cmd(
         console.print(f"{out} is already complete ({rep.parts} part(s), {rep.rows} rows); nothing to do",
                       soft_wrap=True, highlight=False)
         return
-    tab = Table(title="mrt embed")
-    for c in ("rows", "model", "computed", "from cache", "parts (this run)", "seconds", "texts/s", "output"):
-        tab.add_column(c)
-    tab.add_row(str(rep.rows), str(rep.model_id), str(rep.computed), str(rep.from_cache),
-                f"{rep.parts} ({rep.parts_done_now})", f"{rep.seconds:.1f}", f"{rep.texts_per_second:,.0f}", str(out))
+    tab = Table(title="mrt embed", show_header=False)
+    tab.add_column("")
+    tab.add_column("", justify="right")
+    for name, v in (("rows", f"{rep.rows:,}"), ("model", str(rep.model_id)), ("computed", f"{rep.computed:,}"),
+                    ("from cache", f"{rep.from_cache:,}"), ("parts", f"{rep.parts} ({rep.parts_done_now} by this run)"),
+                    ("texts/s", f"{rep.texts_per_second:,.0f}"), ("seconds", f"{rep.seconds:.1f}")):
+        tab.add_row(name, v)
     console.print(tab)
+    console.print(f"wrote {rep.rows_done_now} rows to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
+                  highlight=False)
 
 
 @app.command("select")

@@ -18,6 +18,20 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _torch_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def check_device(device: str | None) -> None:
+    """Validate a device name for a model that runs on the CPU anyway (the static tier):
+    no torch import for ``auto``/``cpu``; ``cuda`` still needs a CUDA device."""
+    d = "auto" if device is None else str(device).strip().lower()
+    if d not in ("auto", "cpu"):
+        resolve_device(device)
+
+
 def resolve_device(device: str | None) -> str:
     """``auto`` (or ``None``): ``cuda`` when a CUDA device is present, else ``cpu``.
 
@@ -26,6 +40,8 @@ def resolve_device(device: str | None) -> str:
     """
     d = "auto" if device is None else str(device).strip().lower()
     if d == "auto":
+        if not _torch_importable():
+            return "cpu"
         return "cuda" if cuda_available() else "cpu"
     if d == "cpu":
         return "cpu"

@@ -33,7 +33,7 @@ import polars as pl
 
 from .errors import MrtInputError
 from ._tables import columns_of, table_kind, to_polars
-from .device import resolve_device
+from .device import check_device, resolve_device
 from .static_embed import is_static, load_static
 
 #: the default model's name
@@ -197,7 +197,7 @@ def check_model(model: str | os.PathLike | None = None, device: str | None = Non
                 cache_dir: str | os.PathLike | None | bool = None, progress: bool = False) -> str:
     """Load (or distil) the model now, so that a command fails before any work; returns its id."""
     if is_static(model):
-        resolve_device(device)
+        check_device(device)
         return load_static(model, None if cache_dir is False else cache_dir, device=device, progress=progress).model_id
     load_model(model, device)
     return resolve_model(model)[0]
@@ -261,7 +261,7 @@ def embed_texts(
     texts = _check_texts(texts)
     static = is_static(model)
     if static:
-        resolve_device(device)  # a bad or unavailable device is an error here too
+        check_device(device)  # a bad or unavailable device is an error here too
         sm = load_static(model, None if cache_dir is False else cache_dir, device=device, progress=progress)
         model_id = sm.model_id
         cache = None  # recomputing is cheaper than a lookup
