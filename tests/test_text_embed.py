@@ -492,3 +492,16 @@ def test_dataset_embed_cli_and_bad_rows(tiny_source, tmp_path):
     r = runner.invoke(app, ["embed", str(tmp_path / "in"), str(tmp_path / "o2"), "--column", "reward",
                             "--model", name, "--cache-dir", str(tmp_path)])
     assert r.exit_code == 2 and "--overwrite-column" in r.stderr and not (tmp_path / "o2").exists()
+
+
+@pytest.mark.embed
+@pytest.mark.slow
+def test_minilm_worker_processes_give_the_same_embeddings():
+    from mrt_fast.embed import embed_texts
+
+    texts = ["a red apple", "quantum physics of black holes", "the dog barks", "short", "a longer sentence " * 8]
+    one = embed_texts(texts, cache_dir=False, device="cpu", progress=False)
+    two = embed_texts(texts, cache_dir=False, device="cpu", processes=2, batch_size=2, progress=False)
+    np.testing.assert_allclose(two, one, atol=1e-5)
+    with pytest.raises(MrtInputError, match="processes"):
+        embed_texts(texts, cache_dir=False, processes=0)
