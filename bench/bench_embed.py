@@ -15,7 +15,7 @@ timing. Quality: ``embed_quality`` on the bundled MOSAIC examples and two
 larger sets built from text Python ships (``embed_corpus``).
 
     python bench/bench_embed.py              # 20,000 texts (tens of minutes on 2 cores)
-    python bench/bench_embed.py --n 500 --n-processes 200 --out /tmp/quick.json
+    python bench/bench_embed.py --n 500 --n-processes 200 --out quick.json
 """
 
 from __future__ import annotations
