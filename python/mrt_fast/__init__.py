@@ -45,7 +45,11 @@ def __getattr__(name: str):
     if name == "embed_texts":
         import importlib
 
-        return importlib.import_module(".embed", __name__).embed_texts
+        return getattr(importlib.import_module(".embed", __name__), name)
+    if name in ("embed_dataset", "EmbedReport"):
+        import importlib
+
+        return getattr(importlib.import_module(".embed_dataset", __name__), name)
     if name in ("pool_modes", "knn_graph", "facility_location_corpus"):
         from . import similarity
 

@@ -61,64 +61,72 @@ def demo(
 
 @app.command("embed")
 def embed_cmd(
-    inp: Path = typer.Argument(..., help="Input table (.parquet, .jsonl/.ndjson, .csv)."),
-    out: Path = typer.Argument(..., help="Output table; format from the suffix."),
+    inp: str = typer.Argument(..., help="Input: a file (.parquet, .jsonl/.ndjson, .csv), a directory of Parquet/JSONL "
+                              "files (hive partitions included) or a quoted glob such as 'data/*.parquet'."),
+    out: Path = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + _manifest.json, "
+                               "resumable) or a file (.parquet, .jsonl, .csv)."),
     text: str = typer.Option("response", help="Column holding the text to embed."),
     column: str = typer.Option("embedding", help="Name of the embedding column written."),
-    model: Optional[str] = typer.Option(None, help="sentence-transformers model name or local directory "
+    overwrite_column: bool = typer.Option(False, "--overwrite-column",
+                                          help="Allow the embedding to replace an existing column of that name."),
+    model: Optional[str] = typer.Option(None, help="static (fast CPU tier distilled from MiniLM on first use), a "
+                                        "sentence-transformers model name or local directory "
                                         "(default: bundled all-MiniLM-L6-v2, offline)."),
+    device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda."),
+    processes: int = typer.Option(1, help="CPU worker processes for a transformer model."),
     batch_size: int = typer.Option(64, help="Texts per model batch."),
     cache_dir: Optional[Path] = typer.Option(None, help="Embedding cache directory (default: $MRT_CACHE_DIR or ~/.cache/mrt_fast)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
-    chunk_rows: int = typer.Option(200_000, help="Rows read and embedded per chunk."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job."),
+    chunk_rows: int = typer.Option(100_000, "--chunk-rows", help="Rows read and embedded per part."),
 ) -> None:
-    """Add unit-norm sentence embeddings of a text column to a table."""
-    import polars as pl
+    """Add unit-norm sentence embeddings of a text column to a table or dataset (resumable to a directory)."""
+    import shlex
+    import sys
 
-    from . import io as _io
-    from .embed import embed, load_model
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeElapsedColumn
+    from rich.text import Text
 
-    t0 = time.perf_counter()
+    from .embed_dataset import embed_dataset
+
+    class _TextsPerSecond(ProgressColumn):
+        def render(self, task):  # noqa: D401
+            v = task.finished_speed or task.speed
+            return Text("" if v is None else f"{v:,.0f} texts/s")
+
     with _user_errors():
         if chunk_rows < 1:
             raise typer.BadParameter("--chunk-rows must be >= 1")
-        lf = _io.scan(inp)
-        schema = lf.collect_schema()
-        if text not in schema.names():
-            from .errors import MrtInputError
+        if processes < 1:
+            raise typer.BadParameter("--processes must be >= 1")
+        command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
+        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                      _TextsPerSecond(), TimeElapsedColumn(), console=console, transient=True) as prog:
+            task = prog.add_task("embedding", total=None)
 
-            raise MrtInputError(f"column {text!r} (text to embed) not found in {str(inp)!r}; it has {schema.names()}")
-        n = int(_io.collect(lf.select(pl.len()), inp).item())
-        load_model(model)  # fail early, before any work, if it cannot be loaded
-        stats_all = {"hits": 0, "computed": 0}
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+            def on_total(total: int, done: int) -> None:
+                prog.reset(task, total=total, completed=done)  # the rate counts this run's texts only
 
-        with _io.AtomicWriter(out) as w, Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True,
-        ) as prog:
-            task = prog.add_task("embedding", total=n)
-            for s in range(0, max(n, 1), chunk_rows):
-                df = _io.collect(lf.slice(s, chunk_rows), inp)
-                if df.height == 0:
-                    from .errors import MrtInputError
-
-                    raise MrtInputError(f"{str(inp)!r} has no rows: there is no text to embed")
-                st: dict = {}
-                df = embed(df, text=text, out=column, model=model, batch_size=batch_size,
-                           cache_dir=False if no_cache else cache_dir, progress=False, stats=st)
-                w.write(df)
-                stats_all["hits"] += st["hits"]
-                stats_all["computed"] += st["computed"]
-                stats_all["model_id"] = st["model_id"]
-                prog.advance(task, df.height)
-            w.commit()
-    tab = Table(title="mrt embed")
-    for c in ("rows", "model", "computed", "from cache", "seconds", "output"):
-        tab.add_column(c)
-    tab.add_row(str(n), str(stats_all.get("model_id")), str(stats_all["computed"]), str(stats_all["hits"]),
-                f"{time.perf_counter() - t0:.1f}", str(out))
+            rep = embed_dataset(
+                inp, out, text=text, column=column, model=model, batch_size=batch_size,
+                cache_dir=False if no_cache else cache_dir, device=device, processes=processes,
+                overwrite_column=overwrite_column, overwrite=overwrite, rows_per_part=chunk_rows,
+                progress=lambda k: prog.advance(task, k), on_total=on_total, command=command,
+            )
+    if rep.already_done:
+        console.print(f"{out} is already complete ({rep.parts} part(s), {rep.rows} rows); nothing to do",
+                      soft_wrap=True, highlight=False)
+        return
+    tab = Table(title="mrt embed", show_header=False)
+    tab.add_column("")
+    tab.add_column("", justify="right")
+    for name, v in (("rows", f"{rep.rows:,}"), ("model", str(rep.model_id)), ("computed", f"{rep.computed:,}"),
+                    ("from cache", f"{rep.from_cache:,}"), ("parts", f"{rep.parts} ({rep.parts_done_now} by this run)"),
+                    ("texts/s", f"{rep.texts_per_second:,.0f}"), ("seconds", f"{rep.seconds:.1f}")):
+        tab.add_row(name, v)
     console.print(tab)
+    console.print(f"wrote {rep.rows_done_now} rows to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
+                  highlight=False)
 
 
 @app.command("select")

@@ -25,9 +25,9 @@ Embedder = Callable[[list[str]], np.ndarray]
 def sentence_transformer_embedder(path: str | None, batch_size: int = 64, device: str | None = None) -> Embedder:
     """An embedder over :func:`mrt_fast.embed.embed_texts` (offline loading, no cache:
     generations are evaluated once)."""
-    from .embed import embed_texts, load_model
+    from .embed import check_model, embed_texts
 
-    load_model(path, device)  # fail early, with the embedding module's one-line error
+    check_model(path, device)  # fail early (static: distilled now), with the embedding module's one-line error
 
     def embed(texts: list[str]) -> np.ndarray:
         return embed_texts(list(texts), path, batch_size=batch_size, cache_dir=False, device=device, progress=False)
@@ -71,4 +71,4 @@ def make_embedder(spec: str | None = "minilm") -> Embedder:
         return default_embedder()
     if spec == "hashing":
         return HashingEmbedder()
-    return sentence_transformer_embedder(spec)
+    return sentence_transformer_embedder(spec)  # also "static": the fast tier distilled from MiniLM
