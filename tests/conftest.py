@@ -16,7 +16,8 @@ def _has(mod: str) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     """Skip marked tests whose optional stack is missing (never silently pass)."""
-    needs = {"torch": ["torch"], "train": ["torch", "transformers", "peft"], "embed": ["sentence_transformers", "faiss"]}
+    needs = {"torch": ["torch"], "train": ["torch", "transformers", "peft"], "embed": ["sentence_transformers", "faiss"],
+             "ray": ["ray"]}
     gpu = False
     if _has("torch"):
         try:

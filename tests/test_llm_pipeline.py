@@ -1,5 +1,6 @@
-"""The LLM pipeline on tiny offline models: masking, weighting, matched steps, pass@k,
-the sandbox, resumable generation and the runner end to end."""
+"""The LLM pipeline on tiny offline models: masking, weighting, matched steps, pass@k
+(programs run in the sandbox, tested on its own in test_sandbox.py), resumable
+generation and the runner end to end."""
 
 from __future__ import annotations
 
@@ -217,45 +218,6 @@ def test_pass_at_k_vectorised_and_validated():
             pass_at_k(*bad)
 
 
-# ------------------------------------------------------------------ sandbox
-
-
-def test_sandbox_runs_a_correct_program():
-    from mrt_fast.sandbox import passes_tests, run_program
-
-    r = run_program("print(sum(map(int, input().split())))", "2 3\n")
-    assert r.status == "ok" and r.stdout.strip() == "5"
-    assert passes_tests("print(sum(map(int, input().split())))", [{"input": "1 2\n", "output": "3\n"}, ("4 5", "9")])
-    assert not passes_tests("print(0)", [("1 2", "3")])
-
-
-def test_sandbox_kills_an_infinite_loop():
-    from mrt_fast.sandbox import run_program
-
-    r = run_program("while True:\n    pass\n", cpu_s=1, timeout_s=30)
-    assert r.status == "cpu_limit" and r.wall_s < 30
-    r = run_program("import time\ntime.sleep(60)\n", cpu_s=5, timeout_s=1.0)
-    assert r.status == "timeout" and r.wall_s < 10
-
-
-def test_sandbox_stops_a_memory_bomb():
-    from mrt_fast.sandbox import run_program
-
-    r = run_program("a = []\nwhile True:\n    a.append(bytearray(10**7))\n", memory_mb=200, cpu_s=10, timeout_s=30)
-    assert r.status == "memory_limit", (r.status, r.stderr[-300:])
-
-
-@pytest.mark.parametrize("use_namespace", [True, False])
-def test_sandbox_blocks_network_and_processes(use_namespace):
-    from mrt_fast.sandbox import run_program
-
-    for code in ["import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 9))\n",
-                 "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=2)\n",
-                 "import subprocess\nsubprocess.run(['true'])\n"]:
-        r = run_program(code, use_namespace=use_namespace)
-        assert r.status == "error" and "blocked in the sandbox" in r.stderr, r.stderr[-300:]
-
-
 # ------------------------------------------------------------------ generation
 
 
@@ -382,13 +344,24 @@ def test_reference_loss_is_token_weighted(tok):
     assert abs(want - (a["ref_loss"] + b["ref_loss"]) / 2) > 1e-4  # differs from a mean of means
 
 
-def test_evaluate_all_metrics(tok, tmp_path):
+def test_evaluate_all_metrics(tok, tmp_path, monkeypatch):
     from mrt_fast.evaluate import evaluate
     from mrt_fast.reward import RewardModel
     from mrt_fast.testing import HashingEmbedder, tiny_causal_lm, tiny_prompt_table, tiny_reward_model
 
+    from mrt_fast.errors import SandboxUnavailableError
+    from mrt_fast import sandbox
+    from mrt_fast.sandbox import bwrap_problem
+
     df = tiny_prompt_table(2).with_columns(
         pl.lit(json.dumps([{"input": "1 2\n", "output": "3\n"}])).alias("tests"))
+    with monkeypatch.context() as mp:  # without isolation: refused before any model work (no model here)
+        mp.setattr(sandbox, "_bwrap_exe", lambda: None)
+        mp.delenv(sandbox.ENV_ISOLATION, raising=False)
+        with pytest.raises(SandboxUnavailableError, match="bubblewrap"):
+            evaluate(df, object(), tokenizer=tok, embedder=HashingEmbedder(), n_samples=4, progress=False)
+    if bwrap_problem() is not None:
+        pytest.skip(f"bubblewrap cannot isolate programs here: {bwrap_problem()}")
     m = evaluate(df, tiny_causal_lm(tok), tokenizer=tok, embedder=HashingEmbedder(),
                  reward_model=RewardModel(tiny_reward_model(tok), tok), n_samples=4, max_new_tokens=6,
                  pass_ks=[1, 4], samples_out=tmp_path / "s.parquet", progress=False,
@@ -400,6 +373,33 @@ def test_evaluate_all_metrics(tok, tmp_path):
     assert s.height == 8 and {"reward", "passed"} <= set(s.columns)
     best = s.group_by("prompt_id").agg(pl.col("reward").max())["reward"].mean()
     assert m["reward"] == pytest.approx(best)
+
+
+def test_evaluate_pass_at_k_through_the_sandbox(tok, monkeypatch):
+    """pass@k from programs judged in the sandbox: one right program of four per prompt."""
+    import mrt_fast.generate as gen
+    from mrt_fast.evaluate import evaluate
+    from mrt_fast.sandbox import bwrap_problem
+    from mrt_fast.testing import HashingEmbedder, tiny_causal_lm, tiny_prompt_table
+
+    if bwrap_problem() is not None:
+        pytest.skip(f"bubblewrap cannot isolate programs here: {bwrap_problem()}")
+    responses = ["Here:\n```python\nprint(sum(map(int, input().split())))\n```", "print(0)",
+                 "print(3)\nraise SystemExit(1)", "while True:\n    pass"]
+
+    class FixedSampler:
+        def __init__(self, net, tok, cfg):
+            self.n = cfg.n
+
+        def __call__(self, pid, prompt):
+            return [{"response": r} for r in responses[: self.n]]
+
+    monkeypatch.setattr(gen, "_TransformersSampler", FixedSampler)
+    df = tiny_prompt_table(2).with_columns(
+        pl.lit(json.dumps([{"input": "1 2\n", "output": "3\n"}, {"input": "5 5", "output": "10"}])).alias("tests"))
+    m = evaluate(df, tiny_causal_lm(tok), tokenizer=tok, embedder=HashingEmbedder(), n_samples=4,
+                 pass_ks=[1, 2, 4], progress=False, sandbox={"timeout_s": 5, "cpu_s": 1, "memory_mb": 256})
+    assert [m["pass@1"], m["pass@2"], m["pass@4"]] == pytest.approx([0.25, 0.5, 1.0], abs=1e-12)
 
 
 # ------------------------------------------------------------------ the runner
@@ -450,3 +450,20 @@ def test_runner_config_errors(tmp_path):
     with pytest.raises(MrtInputError, match="unknown selection method"):
         run({"out_dir": str(tmp_path), "model": "m", "data": {"train_prompts": "a", "eval": "b"},
              "select": {"methods": ["best"], "ks": [1]}}, progress=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.booleans())
+def test_pair_weights_match_a_reference(ids, as_text):
+    from mrt_fast.train import pair_weights
+
+    pids = [f"q{i}" for i in ids] if as_text else ids
+    keys, inv, counts = np.unique(np.array([str(p) for p in pids]), return_inverse=True, return_counts=True)
+    want = len(pids) / (len(keys) * counts[inv])
+    np.testing.assert_allclose(pair_weights(pids), want, rtol=1e-12)
+    np.testing.assert_allclose(pair_weights(pl.Series(pids)), want, rtol=1e-12)
+    wt = np.linspace(0.5, 2.0, len(pids))
+    np.testing.assert_allclose(pair_weights(pids, weight=wt), want * wt, rtol=1e-12)
+    np.testing.assert_allclose(pair_weights(pids, per_prompt=False, weight=wt), wt, rtol=1e-12)
+    with pytest.raises(MrtInputError, match="weight"):
+        pair_weights(pids, weight=-wt)

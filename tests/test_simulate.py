@@ -159,7 +159,9 @@ def test_quick_run_shapes(tmp_path):
     # outputs
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["variance_law"]["ks"] == [1, 2, 4, 8, 16, 32]
-    assert len(list(tmp_path.glob("*.png"))) == 5
+    assert len(list(tmp_path.glob("*.png"))) == 6
+    assert (tmp_path / "fig_f_per_prompt_k.png").exists()
+    assert {"per_prompt_k", "interval_coverage"} <= set(saved)
     assert {r["quantity"] for r in res["comparison"]} >= {"(b) predicted K*"}
 
 

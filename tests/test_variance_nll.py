@@ -35,7 +35,7 @@ def manual_nll(model, tok, prompt, response):
     import torch
 
     p = tok(prompt, add_special_tokens=True)["input_ids"] or [tok.bos_token_id]
-    r = tok(response, add_special_tokens=False)["input_ids"]
+    r = tok(response, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # the response's EOS is scored
     ids = torch.tensor([p + r])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0]
@@ -64,12 +64,14 @@ def test_nll_bad_input(tiny):
     from mrt_fast.nll import response_nll
 
     model, tok = tiny
-    with pytest.raises(MrtInputError, match="no tokens"):
-        response_nll(model, tok, ["a"], [""], progress=False)
+    # an empty response is "stop at once": its loss is -log p(EOS | prompt)
+    assert response_nll(model, tok, ["a"], [""], progress=False)[0] == pytest.approx(manual_nll(model, tok, "a", ""), rel=1e-4)
     with pytest.raises(MrtInputError, match="differ in length"):
         response_nll(model, tok, ["a", "b"], ["c"], progress=False)
     with pytest.raises(MrtInputError, match="max_length"):
-        response_nll(model, tok, ["a"], [TEXTS[5]], max_length=2, progress=False)
+        response_nll(model, tok, ["a"], [TEXTS[5]], max_length=1, progress=False)
+    with pytest.raises(MrtInputError, match="batch_size"):
+        response_nll(model, tok, ["a"], ["b"], batch_size=0, progress=False)
 
 
 def test_nll_feeds_variance_budget(tiny):

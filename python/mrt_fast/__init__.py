@@ -28,6 +28,7 @@ __all__ = [
     "SmallPoolWarning",
     "facility_location",
     "select",
+    "select_dataset",
 ]
 
 
@@ -37,10 +38,18 @@ def __getattr__(name: str):
         from . import variance
 
         return getattr(variance, name)
+    if name in ("select_dataset", "BatchReport"):
+        from . import batch
+
+        return getattr(batch, name)
     if name == "embed_texts":
         import importlib
 
-        return importlib.import_module(".embed", __name__).embed_texts
+        return getattr(importlib.import_module(".embed", __name__), name)
+    if name in ("embed_dataset", "EmbedReport"):
+        import importlib
+
+        return getattr(importlib.import_module(".embed_dataset", __name__), name)
     if name == "pool_modes":
         from . import modes
 

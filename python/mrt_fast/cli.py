@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -34,18 +34,12 @@ def _user_errors():
         raise typer.Exit(2) from None
 
 
-def _chunks_of_pools(sizes, chunk_rows: int):
-    """Split pools (in order) into runs of at most ~chunk_rows candidates."""
-    out, cur, rows = [], [], 0
-    for i, n in enumerate(sizes):
-        if cur and rows + n > chunk_rows:
-            out.append(cur)
-            cur, rows = [], 0
-        cur.append(i)
-        rows += n
-    if cur:
-        out.append(cur)
-    return out
+def _k_or_column(k: str):
+    """--k: an integer, or the name of a column with each pool's K."""
+    try:
+        return int(k)
+    except ValueError:
+        return k
 
 
 @app.command()
@@ -67,71 +61,82 @@ def demo(
 
 @app.command("embed")
 def embed_cmd(
-    inp: Path = typer.Argument(..., help="Input table (.parquet, .jsonl/.ndjson, .csv)."),
-    out: Path = typer.Argument(..., help="Output table; format from the suffix."),
+    inp: str = typer.Argument(..., help="Input: a file (.parquet, .jsonl/.ndjson, .csv), a directory of Parquet/JSONL "
+                              "files (hive partitions included) or a quoted glob such as 'data/*.parquet'."),
+    out: Path = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + _manifest.json, "
+                               "resumable) or a file (.parquet, .jsonl, .csv)."),
     text: str = typer.Option("response", help="Column holding the text to embed."),
     column: str = typer.Option("embedding", help="Name of the embedding column written."),
-    model: Optional[str] = typer.Option(None, help="sentence-transformers model name or local directory "
+    overwrite_column: bool = typer.Option(False, "--overwrite-column",
+                                          help="Allow the embedding to replace an existing column of that name."),
+    model: Optional[str] = typer.Option(None, help="static (fast CPU tier distilled from MiniLM on first use), a "
+                                        "sentence-transformers model name or local directory "
                                         "(default: bundled all-MiniLM-L6-v2, offline)."),
+    device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda."),
+    processes: int = typer.Option(1, help="CPU worker processes for a transformer model."),
     batch_size: int = typer.Option(64, help="Texts per model batch."),
     cache_dir: Optional[Path] = typer.Option(None, help="Embedding cache directory (default: $MRT_CACHE_DIR or ~/.cache/mrt_fast)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
-    chunk_rows: int = typer.Option(200_000, help="Rows read and embedded per chunk."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job."),
+    chunk_rows: int = typer.Option(100_000, "--chunk-rows", help="Rows read and embedded per part."),
 ) -> None:
-    """Add unit-norm sentence embeddings of a text column to a table."""
-    import polars as pl
+    """Add unit-norm sentence embeddings of a text column to a table or dataset (resumable to a directory)."""
+    import shlex
+    import sys
 
-    from . import io as _io
-    from .embed import embed, load_model
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeElapsedColumn
+    from rich.text import Text
 
-    t0 = time.perf_counter()
+    from .embed_dataset import embed_dataset
+
+    class _TextsPerSecond(ProgressColumn):
+        def render(self, task):  # noqa: D401
+            v = task.finished_speed or task.speed
+            return Text("" if v is None else f"{v:,.0f} texts/s")
+
     with _user_errors():
         if chunk_rows < 1:
             raise typer.BadParameter("--chunk-rows must be >= 1")
-        lf = _io.scan(inp)
-        schema = lf.collect_schema()
-        if text not in schema.names():
-            from .errors import MrtInputError
+        if processes < 1:
+            raise typer.BadParameter("--processes must be >= 1")
+        command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
+        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                      _TextsPerSecond(), TimeElapsedColumn(), console=console, transient=True) as prog:
+            task = prog.add_task("embedding", total=None)
 
-            raise MrtInputError(f"column {text!r} (text to embed) not found in {str(inp)!r}; it has {schema.names()}")
-        n = int(_io.collect(lf.select(pl.len()), inp).item())
-        load_model(model)  # fail early, before any work, if it cannot be loaded
-        stats_all = {"hits": 0, "computed": 0}
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+            def on_total(total: int, done: int) -> None:
+                prog.reset(task, total=total, completed=done)  # the rate counts this run's texts only
 
-        with _io.AtomicWriter(out) as w, Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True,
-        ) as prog:
-            task = prog.add_task("embedding", total=n)
-            for s in range(0, max(n, 1), chunk_rows):
-                df = _io.collect(lf.slice(s, chunk_rows), inp)
-                if df.height == 0:
-                    from .errors import MrtInputError
-
-                    raise MrtInputError(f"{str(inp)!r} has no rows: there is no text to embed")
-                st: dict = {}
-                df = embed(df, text=text, out=column, model=model, batch_size=batch_size,
-                           cache_dir=False if no_cache else cache_dir, progress=False, stats=st)
-                w.write(df)
-                stats_all["hits"] += st["hits"]
-                stats_all["computed"] += st["computed"]
-                stats_all["model_id"] = st["model_id"]
-                prog.advance(task, df.height)
-            w.commit()
-    tab = Table(title="mrt embed")
-    for c in ("rows", "model", "computed", "from cache", "seconds", "output"):
-        tab.add_column(c)
-    tab.add_row(str(n), str(stats_all.get("model_id")), str(stats_all["computed"]), str(stats_all["hits"]),
-                f"{time.perf_counter() - t0:.1f}", str(out))
+            rep = embed_dataset(
+                inp, out, text=text, column=column, model=model, batch_size=batch_size,
+                cache_dir=False if no_cache else cache_dir, device=device, processes=processes,
+                overwrite_column=overwrite_column, overwrite=overwrite, rows_per_part=chunk_rows,
+                progress=lambda k: prog.advance(task, k), on_total=on_total, command=command,
+            )
+    if rep.already_done:
+        console.print(f"{out} is already complete ({rep.parts} part(s), {rep.rows} rows); nothing to do",
+                      soft_wrap=True, highlight=False)
+        return
+    tab = Table(title="mrt embed", show_header=False)
+    tab.add_column("")
+    tab.add_column("", justify="right")
+    for name, v in (("rows", f"{rep.rows:,}"), ("model", str(rep.model_id)), ("computed", f"{rep.computed:,}"),
+                    ("from cache", f"{rep.from_cache:,}"), ("parts", f"{rep.parts} ({rep.parts_done_now} by this run)"),
+                    ("texts/s", f"{rep.texts_per_second:,.0f}"), ("seconds", f"{rep.seconds:.1f}")):
+        tab.add_row(name, v)
     console.print(tab)
+    console.print(f"wrote {rep.rows_done_now} rows to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
+                  highlight=False)
 
 
 @app.command("select")
 def select_cmd(
-    inp: Path = typer.Argument(..., help="Input table (.parquet, .jsonl/.ndjson, .csv)."),
-    out: Path = typer.Argument(..., help="Output table; format from the suffix."),
-    k: int = typer.Option(..., "--k", help="Responses kept per prompt."),
+    inp: str = typer.Argument(..., help="Input: a file, a directory of Parquet/JSONL files (hive partitions "
+                              "included) or a quoted glob such as 'data/*.parquet'."),
+    out: Path = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + _manifest.json, "
+                               "resumable) or a file (.parquet, .jsonl, .csv)."),
+    k: str = typer.Option(..., "--k", help="Responses kept per prompt, or the name of an integer column holding "
+                          "each prompt's K (e.g. from mrt diagnose --allocate)."),
     method: str = typer.Option("grades", help="random | top | diverse | grades | stratified (or rkon/bkon/dkon/dbkon)."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     embedding: str = typer.Option("embedding", help="Embedding column (diverse, grades; stratified without modes)."),
@@ -142,83 +147,88 @@ def select_cmd(
     kernel: str = typer.Option("shift", help="shift: (1+c)/2, clip: max(0, c)."),
     n_modes: Optional[int] = typer.Option(None, help="Modes per pool when they are computed (default: silhouette rule)."),
     seed: int = typer.Option(0, help="Seed of random draws and k-means."),
-    chunk_rows: int = typer.Option(1_000_000, help="Candidates read per chunk (whole pools per chunk)."),
+    layout: str = typer.Option("auto", help="rows (one row per candidate), grouped (one row per prompt, list "
+                               "columns) or auto (grouped when the embedding/reward columns hold lists)."),
+    candidate_columns: Optional[str] = typer.Option(
+        None, "--candidate-columns", help="Grouped layout: the list columns holding one value per candidate, "
+        "comma separated (default: every list column)."),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit",
+                                               help="Peak memory, e.g. 2GB or 512MiB (default: half the available)."),
+    workers: Optional[int] = typer.Option(None, help="Buckets selected at once (default: as memory and cores allow)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job."),
+    chunk_rows: Optional[int] = typer.Option(None, "--chunk-rows", hidden=True,
+                                             help="Candidates per bucket (prefer --memory-limit)."),
+    engine: str = typer.Option("local", "--engine", help="local (this machine) or ray (Ray Data: a local "
+                               "instance, or the cluster at --ray-address)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join (e.g. auto, "
+                                              "host:6379, ray://host:10001); --engine ray only."),
+    parts: Optional[int] = typer.Option(None, "--parts", help="--engine ray: number of buckets/parts "
+                                        "(default: from the data and the cluster's CPUs)."),
 ) -> None:
-    """Keep K responses per prompt of a table."""
-    import numpy as np
-    import polars as pl
+    """Keep K responses per prompt of a table or dataset, in bounded memory (resumable to a directory)."""
+    import shlex
+    import sys
 
-    from . import io as _io
-    from .errors import MrtInputError
-    from .select import FACILITY_METHODS, METHODS, SmallPoolWarning, select
+    from .batch import select_dataset
 
-    t0 = time.perf_counter()
     with _user_errors():
-        if not isinstance(method, str) or method.lower() not in METHODS:
-            raise MrtInputError(f"--method must be one of {sorted(METHODS)}, got {method!r}")
-        if k < 1:
-            raise MrtInputError(f"--k must be >= 1, got {k}")
-        if chunk_rows < 1:
-            raise MrtInputError(f"--chunk-rows must be >= 1, got {chunk_rows}")
-        m = METHODS[method.lower()]
-        lf = _io.scan(inp)
-        names = lf.collect_schema().names()
+        if chunk_rows is not None and chunk_rows < 1:
+            raise typer.BadParameter("--chunk-rows must be >= 1")
+        _check_engine(engine, ray_address)
+        command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
+        k = _k_or_column(k)
+        cand_cols = None if candidate_columns is None else [c.strip() for c in candidate_columns.split(",")
+                                                            if c.strip()]
+        if engine == "ray":
+            from .distributed import select_dataset as ray_select_dataset
 
-        def need(col: str, role: str) -> None:
-            if col not in names:
-                raise MrtInputError(f"column {col!r} ({role}) not found in {str(inp)!r}; it has columns {names}")
-
-        need(by, "prompt id")
-        compute_modes = m == "stratified" and mode not in names
-        if m in FACILITY_METHODS or compute_modes:
-            need(embedding, "embedding")
-        if m == "top" or (m == "grades" and (alpha > 0 or k_max is not None)):
-            need(reward, "reward")
-        counts = _io.collect(lf.group_by(by, maintain_order=True).agg(pl.len().alias("__n")), inp)
-        if counts.height == 0:
-            raise MrtInputError(f"{str(inp)!r} has no rows: there is nothing to select from")
-        plan = _chunks_of_pools(counts["__n"].to_list(), chunk_rows)
-        tot = {"pools": 0, "cands": 0, "kept": 0, "small": 0, "missed": 0}
-        ratios: list[np.ndarray] = []
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        with _io.AtomicWriter(out) as w, Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True,
-        ) as prog:
-            task = prog.add_task(f"{m}-{k} over pools", total=counts.height)
-            last = None
-            for idx in plan:
-                part = lf if len(plan) == 1 else lf.filter(pl.col(by).is_in(counts[by].gather(idx).implode()))
-                df = _io.collect(part, inp)
-                df = _io.decode_embedding(df, embedding)
-                if compute_modes:
-                    from .modes import pool_modes
-
-                    df = pool_modes(df, by=by, embedding=embedding, out=mode, n_modes=n_modes, seed=seed)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", SmallPoolWarning)
-                    kept, rep = select(df, k, m, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha,
-                                       k_max=k_max, kernel=kernel, seed=seed, return_report=True)
-                w.write(kept)
-                last = kept
-                tot["pools"] += rep.n_pools
-                tot["cands"] += rep.n_candidates
-                tot["kept"] += rep.n_kept
-                tot["small"] += rep.n_small_pools
-                tot["missed"] += rep.modes_missed
-                if rep.approximation_ratio is not None:
-                    ratios.append(rep.approximation_ratio)
-                prog.advance(task, len(idx))
-            w.commit(empty_schema=last)
-    tab = Table(title=f"mrt select: {m}, K = {k}")
-    for c in ("pools", "candidates", "kept", "pools <= K", "mean certified ratio", "seconds"):
-        tab.add_column(c, justify="right")
-    ratio = f"{float(np.mean(np.concatenate(ratios))):.4f}" if ratios else "-"
-    tab.add_row(str(tot["pools"]), str(tot["cands"]), str(tot["kept"]), str(tot["small"]), ratio,
-                f"{time.perf_counter() - t0:.2f}")
+            rep = ray_select_dataset(
+                inp, out, k, method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
+                kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, n_buckets=parts, overwrite=overwrite,
+                address=ray_address, command=command, candidate_columns=cand_cols,
+            )
+        else:
+            rep = select_dataset(
+                inp, out, k, method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
+                kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, memory_limit=memory_limit, workers=workers,
+                candidate_columns=cand_cols, overwrite=overwrite, progress=console, command=command,
+                rows_per_bucket=chunk_rows,
+            )
+    if rep.already_done:
+        console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
+                      soft_wrap=True, highlight=False)
+        return
+    tab = Table(title=f"mrt select: {rep.method}, K = {k}", show_header=False)
+    tab.add_column("")
+    tab.add_column("", justify="right")
+    ratio = f"{rep.mean_ratio:.4f}" if rep.mean_ratio is not None else "-"
+    buckets = f"{rep.n_parts}" + (" (spilled to disk)" if rep.spilled else " (in memory)")
+    if rep.resumed:
+        buckets += f", {rep.parts_done_now} done by this run"
+    for name, v in (("pools", f"{rep.n_pools:,}"), ("candidates", f"{rep.n_candidates:,}"),
+                    ("kept", f"{rep.n_kept:,}"), ("pools <= K (kept whole)", f"{rep.n_small_pools:,}"),
+                    ("mean certified ratio", ratio), ("buckets", buckets), ("rows/s", f"{rep.rows_per_second:,.0f}"),
+                    ("peak memory", f"{rep.peak_rss / 2**30:.2f} GiB (limit {rep.memory_limit / 2**30:.2f} GiB)"),
+                    ("seconds", f"{rep.seconds:.2f}")):
+        tab.add_row(name, v)
     console.print(tab)
-    console.print(f"wrote {tot['kept']} rows to {out}")
+    what = "rows" if rep.layout == "rows" else "prompts"
+    console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
+                  highlight=False)
+
+
+def _check_engine(engine: str, ray_address: Optional[str]) -> None:
+    from .errors import MrtInputError
+
+    if engine not in ("local", "ray"):
+        raise MrtInputError(f"--engine must be 'local' or 'ray', got {engine!r}")
+    if ray_address is not None and engine != "ray":
+        raise MrtInputError("--ray-address needs --engine ray")
+    if engine == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise MrtInputError("--engine ray needs Ray Data: pip install 'mrt_fast[ray]'")
 
 
 # ---- variance diagnostics commands ----
@@ -226,7 +236,8 @@ def select_cmd(
 
 @app.command("diagnose")
 def diagnose_cmd(
-    inp: Path = typer.Argument(..., help="Table of per-response losses (.parquet, .jsonl, .csv)."),
+    inp: str = typer.Argument(..., help="Per-response losses: a file (.parquet, .jsonl, .csv), a directory of "
+                              "Parquet/JSONL files or a quoted glob; streamed, never read whole."),
     loss: str = typer.Option("loss", help="Loss column."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     cost_prompt: float = typer.Option(1.0, help="Cost C_p of one prompt."),
@@ -242,24 +253,50 @@ def diagnose_cmd(
     ),
     json_out: Path = typer.Option(None, "--json", help="Write the report as JSON here (inf as the string \"inf\")."),
     plot: Path = typer.Option(None, "--plot", help="Write the variance-vs-K plot here (.png)."),
+    allocate: int = typer.Option(None, "--allocate", help="Per-prompt K for this total of responses (Neyman "
+                                 "allocation, capped by each prompt's number of losses and --k-max)."),
+    allocation: Path = typer.Option(None, "--allocation", help="Write the allocation (prompt_id, k, ...) here; "
+                                    "feed it to mrt select --k k after a join."),
+    engine: str = typer.Option("local", "--engine", help="local (streamed on this machine) or ray (Ray Data)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join; --engine ray only."),
 ) -> None:
     """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
     import json
 
+    from .diagnose import variance_budget_dataset
     from .errors import MrtInputError
-    from .io import read_table
-    from .variance import variance_budget
 
     with _user_errors():
-        df = read_table(inp)
-    try:
-        rep = variance_budget(
-            df, by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
-            k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap,
-        )
-    except MrtInputError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        _check_engine(engine, ray_address)
+        if allocation is not None and allocate is None:
+            raise MrtInputError("--allocation needs --allocate TOTAL")
+        if engine == "ray":
+            from functools import partial
+
+            from .distributed import variance_budget_dataset as ray_variance_budget_dataset
+
+            variance_budget_dataset = partial(ray_variance_budget_dataset, address=ray_address)  # noqa: F811
+        for what, p in (("--json", json_out), ("--plot", plot), ("--allocation", allocation)):
+            if p is not None:
+                parent = p.parent if str(p.parent) else Path(".")
+                if not parent.is_dir():
+                    raise MrtInputError(f"{what} {str(p)!r}: directory {str(parent)!r} does not exist")
+                if p.is_dir():
+                    raise MrtInputError(f"{what} {str(p)!r} is a directory")
+                if not os.access(parent, os.W_OK):
+                    raise MrtInputError(f"{what} {str(p)!r}: cannot write to {str(parent)!r}")
+        opts = dict(by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
+                    k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap)
+        if allocate is not None:
+            # per-prompt K names each prompt: the (id, loss) columns are read into memory
+            from .io import discover
+            from .variance import variance_budget
+
+            ds = discover(inp)
+            ds.check_columns([(by, "prompt id"), (loss, "loss")])
+            rep = variance_budget(ds.scan().select([by, loss]).collect(), **opts)
+        else:
+            rep = variance_budget_dataset(inp, **opts)
     console.print(repr(rep), highlight=False)
     tab = Table(title="predicted variance by K")
     cols = rep.predicted.columns
@@ -274,6 +311,15 @@ def diagnose_cmd(
     if plot is not None:
         rep.plot(plot)
         console.print(f"wrote {plot}")
+    if allocate is not None:
+        from .io import write_table
+
+        with _user_errors():
+            al = rep.allocate(allocate, k_max=k_max)
+        console.print(repr(al), highlight=False)
+        if allocation is not None:
+            write_table(al.table, allocation)
+            console.print(f"wrote {allocation}")
 
 
 @app.command("nll")
@@ -285,9 +331,11 @@ def nll_cmd(
     response: str = typer.Option("response", help="Response text column."),
     loss: str = typer.Option("loss", help="Name of the loss column written."),
     batch_size: int = typer.Option(8, help="Pairs per forward pass."),
-    max_length: int = typer.Option(None, help="Trim the start of prompts beyond this many tokens."),
+    max_length: int = typer.Option(None, help="Truncate pairs longer than this many tokens as training does."),
+    prompt_format: str = typer.Option("auto", help="auto (chat template when the tokenizer has one) | chat | plain; "
+                                      "use the setting training will use."),
 ) -> None:
-    """Add each response's mean token NLL (prompt masked) under a causal LM."""
+    """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM."""
     import polars as pl
 
     from . import io as _io
@@ -324,7 +372,7 @@ def nll_cmd(
                 if tok.pad_token_id is None:
                     tok.pad_token = tok.eos_token
         vals = response_nll(m, tok, df[prompt].to_list(), df[response].to_list(),
-                            batch_size=batch_size, max_length=max_length)
+                            batch_size=batch_size, max_length=max_length, prompt_format=prompt_format)
         res = df.with_columns(pl.Series(loss, vals))
         _io.write_table(res, out)
     console.print(f"wrote {len(res)} rows with {loss!r} to {out}")
@@ -445,7 +493,7 @@ def evaluate_cmd(
     import json
 
     from .evaluate import EvalConfig, evaluate
-    from .pipeline import make_embedder
+    from .embedders import make_embedder
 
     with _user_errors():
         from . import io as _io
@@ -467,15 +515,40 @@ def evaluate_cmd(
 
 @app.command("run")
 def run_cmd(
-    config: Path = typer.Argument(..., help="Experiment YAML (see docs)."),
+    config: Path = typer.Argument(..., help="Experiment YAML (see docs/pipeline.md)."),
+    k: Optional[str] = typer.Option(None, "--k", help="Override select.ks: 'auto' (K from the variance advisor, "
+                                    "needs select.cost_prompt and select.cost_response) or a list like '1,2,4'."),
 ) -> None:
     """Generate -> embed -> score -> select -> train -> evaluate over a method x K grid; writes results."""
     from .pipeline import RunConfig, results_markdown, run
 
-    cfg = RunConfig.from_yaml(config)
-    res = run(cfg)
+    with _user_errors():
+        cfg = RunConfig.from_yaml(config)
+        if k is not None:
+            cfg.select = {**cfg.select, "ks": k}
+        res = run(cfg)
     console.print(results_markdown(res))
     console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
+
+
+@app.command("export")
+def export_cmd(
+    kept: Path = typer.Argument(..., help="Kept rows (from mrt select): prompt_id, prompt, response[, weight, reward]."),
+    out: Path = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet)."),
+    fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight) or openrlhf (input/output/reward)."),
+    conversational: bool = typer.Option(False, "--conversational", help="TRL: user/assistant message lists."),
+    by: str = typer.Option("prompt_id", help="Prompt id column."),
+    prompt: str = typer.Option("prompt", help="Prompt text column."),
+    response: str = typer.Option("response", help="Response text column."),
+    reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
+) -> None:
+    """Write kept rows as a TRL or OpenRLHF training file."""
+    from .export import export
+
+    with _user_errors():
+        res = export(kept, out, fmt, conversational=conversational, by=by, prompt=prompt, response=response,
+                     reward=reward)
+    console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")
 
 
 # ---- simulate commands ----

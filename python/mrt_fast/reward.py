@@ -1,9 +1,11 @@
-"""Rewards from a sequence-classification reward model (one logit per (prompt, response))."""
+"""Rewards for candidates: a sequence-classification reward model (one logit per
+(prompt, response)), a Python hook (`load_reward_fn`: exact match, unit tests,
+any callable over the rows) or the built-in offline `relevance_reward`."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import polars as pl
@@ -91,4 +93,89 @@ def score(table: Any, model: Any, *, tokenizer: Any = None, prompt: str = "promp
     require_columns(df, [prompt, response], "score")
     rm = model if isinstance(model, RewardModel) else RewardModel(model, tokenizer, batch_size=batch_size, **kw)
     r = rm(df[prompt].to_list(), df[response].fill_null("").to_list(), progress=progress)
+    return df.with_columns(pl.Series(column, r))
+
+
+# ------------------------------------------------------------------ rewards without a reward model
+
+#: a reward hook: rows (prompt_id, prompt, response and the prompt table's other columns) -> one float per row
+RewardFn = Callable[[pl.DataFrame], Sequence[float]]
+
+BUILTIN_REWARDS = ("relevance",)
+
+
+def relevance_reward(embedder: Callable[[list[str]], np.ndarray]) -> RewardFn:
+    """Built-in offline scorer: cosine similarity of the prompt's and the response's embeddings.
+
+    Rewards on-topic answers and penalises empty or off-topic ones; no reward
+    model, no download (with the bundled MiniLM or the hashing embedder), CPU
+    speed. A weak judge of quality: prefer a task's own check (exact match,
+    unit tests) through a hook when there is one.
+    """
+
+    def score_rows(rows: pl.DataFrame) -> np.ndarray:
+        prompts = rows["prompt"].to_list()
+        uniq = list(dict.fromkeys(prompts))
+        pe = np.asarray(embedder(uniq), dtype=np.float64)
+        re = np.asarray(embedder(rows["response"].fill_null("").to_list()), dtype=np.float64)
+        pe /= np.maximum(np.linalg.norm(pe, axis=1, keepdims=True), 1e-12)
+        re /= np.maximum(np.linalg.norm(re, axis=1, keepdims=True), 1e-12)
+        where = {p: i for i, p in enumerate(uniq)}
+        return np.einsum("ij,ij->i", pe[[where[p] for p in prompts]], re)
+
+    return score_rows
+
+
+def load_reward_fn(spec: Any, embedder: Callable[[list[str]], np.ndarray] | None = None) -> RewardFn:
+    """A reward hook from a callable, ``"package.module:function"`` or ``"builtin:relevance"``.
+
+    The hook is called once with a polars DataFrame of the rows to score
+    (``prompt_id``, ``prompt``, ``response`` and the prompt table's other
+    columns, e.g. a gold ``answer``) and returns one float per row, in order.
+    """
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str) or not spec:
+        raise MrtInputError(f"reward_fn must be a callable, 'module:function' or 'builtin:<name>', got {spec!r}")
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        if name not in BUILTIN_REWARDS:
+            raise MrtInputError(f"unknown built-in reward {name!r}; built-in: {list(BUILTIN_REWARDS)}")
+        if embedder is None:
+            from .embedders import make_embedder
+
+            embedder = make_embedder("minilm")
+        return relevance_reward(embedder)
+    mod, sep, attr = spec.partition(":")
+    if not sep or not mod or not attr:
+        raise MrtInputError(f"reward_fn {spec!r} must look like 'package.module:function'")
+    import importlib
+
+    try:
+        fn = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as e:
+        raise MrtInputError(f"reward_fn {spec!r} cannot be loaded: {e}") from None
+    if not callable(fn):
+        raise MrtInputError(f"reward_fn {spec!r} is not callable")
+    return fn
+
+
+def score_with(rows: Any, fn: RewardFn, column: str = "reward") -> pl.DataFrame:
+    """Add ``column`` = ``fn(rows)``, checking there is one finite float per row."""
+    df = as_polars(rows)
+    require_columns(df, ["prompt", "response"], "score")
+    try:
+        out = fn(df)
+    except (KeyError, LookupError, pl.exceptions.ColumnNotFoundError) as e:
+        raise MrtInputError(f"the reward function looked for something the rows do not have ({e}); "
+                            f"the rows have columns {df.columns}") from e
+    try:
+        r = np.asarray(out, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise MrtInputError(f"the reward function did not return numbers: {e}") from None
+    if len(r) != df.height:
+        raise MrtInputError(f"the reward function returned {len(r)} values for {df.height} rows")
+    if not np.isfinite(r).all():
+        bad = int(np.nonzero(~np.isfinite(r))[0][0])
+        raise MrtInputError(f"the reward function returned {r[bad]} for row {bad}", row=bad, column=column)
     return df.with_columns(pl.Series(column, r))

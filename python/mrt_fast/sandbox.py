@@ -1,29 +1,52 @@
-"""Running untrusted generated programs: a subprocess with limits and no network.
+"""Running untrusted generated programs in isolation (bubblewrap).
 
-Each run gets a fresh temporary directory (its cwd and HOME, removed after),
-a minimal environment, and these limits, set in the child before it starts:
+Each program runs under ``bwrap`` (bubblewrap, Debian/Ubuntu package
+``bubblewrap``) in its own pid, network, IPC, UTS and mount namespaces, with a
+read-only view of ``/usr``, ``/lib*`` and the interpreter's prefix, a fresh
+``/proc`` of its own pid namespace, a minimal read-only ``/dev`` (no host
+``/dev/shm``), a private size-capped tmpfs as its working directory and no
+environment from the caller. Inside, a supervisor (`mrt_fast._sandbox_boot`)
+forks the program, which drops to its own user id (when the caller is root) and
+sets ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``,
+``RLIMIT_NOFILE`` and ``RLIMIT_CORE`` before any of its code runs; the
+supervisor reports the exit status and CPU time on a pipe the program never
+holds. A seccomp filter (`mrt_fast._seccomp`, compiled by libseccomp where it is
+installed) refuses nested user namespaces, ptrace, keyrings, bpf, io_uring,
+mounts and the like.
 
-* CPU time: ``RLIMIT_CPU`` (the kernel sends SIGXCPU, then SIGKILL);
-* memory: ``RLIMIT_AS`` (allocations beyond it fail: Python raises MemoryError);
-* output: stdout/stderr go to files capped by ``RLIMIT_FSIZE``;
-* wall clock: the parent kills the child's whole process group after ``timeout_s``;
-* no core dumps (``RLIMIT_CORE`` 0).
+The caller reads stdout and stderr through pipes with a byte cap and a wall
+clock deadline; at the deadline, or when the cap is passed, it kills the pid
+namespace's init, which takes every process of the namespace with it (a
+``fork`` + ``setsid`` child included), and waits until it is gone.
 
-Network: when the ``unshare`` tool can make a network namespace here
-(``unshare -n``, or ``unshare -rn`` for an unprivileged user), the child runs in
-a fresh one with no interfaces but loopback down, so nothing is reachable. In
-every case the child also runs under a Python audit hook that raises
-``PermissionError`` on socket creation/connection/name lookup and on starting
-processes (subprocess, os.system, exec*, fork, spawn), so the block holds where
-namespaces are unavailable too. The program runs as ``python -I`` (isolated:
-no user site, no PYTHON* variables).
+Status labels (`STATUSES`), decided from how the run ended, never from what it
+printed:
+
+* ``timeout``: the wall clock deadline passed (the caller killed it);
+* ``output_limit``: stdout + stderr passed ``output_mb`` (the caller killed it);
+* ``cpu_limit``: killed by ``SIGXCPU``, or by ``SIGKILL`` after using its CPU time;
+* ``memory_limit``: a ``MemoryError`` (an allocation refused under
+  ``RLIMIT_AS``) reached the top level;
+* ``error``: any other non-zero exit or signal, or no report from the supervisor;
+* ``passed`` / ``failed``: exit code 0, and the output matches the expected one
+  (``passed``) or not (``failed``); ``passed`` when no expected output is given.
+
+Without bubblewrap (or where it cannot create the namespaces) `run_program`
+refuses with `SandboxUnavailableError`, unless the caller opts in to running
+generated code with no isolation: ``isolation="none-i-understand"`` or the
+environment variable ``MRT_SANDBOX_ISOLATION=none-i-understand``. See
+docs/sandbox.md for the threat model.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import math
 import os
-import resource
+import random
+import select
+import selectors
 import shutil
 import signal
 import subprocess
@@ -31,131 +54,439 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from .errors import MrtInputError
+from ._seccomp import compile_filter
+from .errors import MrtInputError, SandboxUnavailableError
 
-_BOOT = r'''
-import sys
-_BLOCKED_NET = {"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
-                "socket.gethostbyname", "socket.gethostbyaddr", "socket.sendto", "socket.sendmsg"}
-_BLOCKED_PROC = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-                 "os.forkpty", "pty.spawn"}
-def _hook(event, args):
-    if event in _BLOCKED_NET:
-        raise PermissionError("network access is blocked in the sandbox (%s)" % event)
-    if event in _BLOCKED_PROC:
-        raise PermissionError("starting processes is blocked in the sandbox (%s)" % event)
-sys.addaudithook(_hook)
-del _hook
-import runpy
-sys.argv = ["program.py"]
-runpy.run_path("program.py", run_name="__main__")
-'''
+STATUSES = ("passed", "failed", "error", "timeout", "cpu_limit", "memory_limit", "output_limit")
+BWRAP = "bwrap"
+UNISOLATED = "none-i-understand"
+ISOLATIONS = (BWRAP, UNISOLATED)
+ENV_ISOLATION = "MRT_SANDBOX_ISOLATION"
 
-STATUSES = ("ok", "error", "timeout", "cpu_limit", "memory_limit", "output_limit")
+_BOOT = Path(__file__).with_name("_sandbox_boot.py")
+MEMORY_EXIT = 86  # the same codes as in _sandbox_boot
+SETUP_EXIT = 85
+_WORKDIR = "/sandbox"  # the private tmpfs; /tmp links to it unless the interpreter lives under /tmp
+_BOOT_IN_SANDBOX = "/.sandbox/boot.py"
+_MIN_BWRAP = (0, 8, 0)
+_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
 @dataclass
 class ExecResult:
-    """What a sandboxed run did. ``status``: ok | error | timeout | cpu_limit | memory_limit | output_limit."""
+    """What a sandboxed run did.
+
+    ``status``: one of `STATUSES`. ``returncode``: the program's exit code, or
+    minus the signal that ended it; ``None`` when the caller killed the run or
+    the supervisor did not report. ``cpu_s``: CPU time of the program and its
+    reaped descendants (``None`` without a report). ``isolation``: ``"bwrap"``
+    or ``"none-i-understand"``.
+    """
 
     status: str
     returncode: int | None
     stdout: str
     stderr: str
     wall_s: float
-    network_namespace: bool
+    isolation: str
+    cpu_s: float | None = None
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == "passed"
+
+    @property
+    def network_namespace(self) -> bool:
+        return self.isolation == BWRAP
 
 
-@functools.lru_cache(maxsize=1)
-def network_namespace_prefix() -> tuple[str, ...]:
-    """The command prefix that runs a child in a new network namespace here, or () if none works."""
-    exe = shutil.which("unshare")
-    if not exe:
-        return ()
-    for flags in (("-n",), ("-rn",)):
-        try:
-            r = subprocess.run([exe, *flags, "true"], capture_output=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if r.returncode == 0:
-            return (exe, *flags)
-    return ()
+# ------------------------------------------------------------------ isolation choice
+
+
+def _bwrap_exe() -> str | None:
+    return shutil.which("bwrap") or (
+        "/usr/bin/bwrap" if os.access("/usr/bin/bwrap", os.X_OK) else None)
+
+
+def resolve_isolation(isolation: str | None = None) -> str:
+    """The isolation mode to use: the argument, else ``$MRT_SANDBOX_ISOLATION``, else ``"bwrap"``."""
+    mode = isolation if isolation is not None else (os.environ.get(ENV_ISOLATION) or BWRAP)
+    if mode not in ISOLATIONS:
+        raise MrtInputError(f"isolation must be one of {list(ISOLATIONS)}, got {mode!r}")
+    return mode
+
+
+@functools.lru_cache(maxsize=None)
+def _bwrap_problem_cached(exe: str | None, python: str) -> str | None:
+    if exe is None:
+        return "the bwrap executable (bubblewrap) is not on PATH"
+    try:
+        v = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout.split()
+        version = tuple(int(x) for x in v[-1].split(".")[:3])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        version = None
+    if version is not None and version < _MIN_BWRAP:
+        return (f"bubblewrap {'.'.join(map(str, _MIN_BWRAP))} or newer is needed "
+                f"(--disable-userns, --size), found {'.'.join(map(str, version))}")
+    try:
+        r = _run_bwrap(exe, "print('ok')", "", python=python, timeout_s=30.0, cpu_s=10,
+                       memory_bytes=512 << 20, output_bytes=1 << 16, disk_bytes=1 << 20, max_processes=16)
+    except OSError as e:
+        return f"bwrap could not be started: {e}"
+    if r.status != "passed" or r.stdout.strip() != "ok":
+        why = (r.stderr.strip().splitlines() or [f"status {r.status}"])[-1]
+        return f"bwrap cannot create the sandbox here ({why[:300]})"
+    return None
+
+
+def bwrap_problem(python: str | None = None) -> str | None:
+    """Why bubblewrap cannot isolate programs here, or ``None`` when it can (checked once per interpreter)."""
+    return _bwrap_problem_cached(_bwrap_exe(), python or sys.executable)
+
+
+def require_isolation(isolation: str | None = None, python: str | None = None) -> str:
+    """The usable isolation mode, or `SandboxUnavailableError` (before any program runs)."""
+    mode = resolve_isolation(isolation)
+    if mode == BWRAP:
+        why = bwrap_problem(python)
+        if why is not None:
+            raise SandboxUnavailableError(
+                f"refusing to run generated code: {why}. Install bubblewrap (Debian/Ubuntu: "
+                f"`apt-get install bubblewrap`), or opt in to running it with no isolation at all "
+                f"with isolation={UNISOLATED!r} or {ENV_ISOLATION}={UNISOLATED} (see docs/sandbox.md)")
+    return mode
+
+
+# ------------------------------------------------------------------ running
 
 
 def run_program(
     code: str,
     stdin: str = "",
     *,
+    expected_output: str | None = None,
     timeout_s: float = 10.0,
     cpu_s: int = 5,
     memory_mb: int = 512,
-    output_mb: int = 16,
+    output_mb: float = 16,
+    disk_mb: int = 64,
+    max_processes: int = 32,
     python: str | None = None,
-    use_namespace: bool = True,
+    isolation: str | None = None,
 ) -> ExecResult:
-    """Run Python source ``code`` with ``stdin`` in the sandbox; never raises for what the program does."""
-    if not isinstance(code, str):
-        raise MrtInputError(f"code must be a str, got {type(code).__name__}")
-    if timeout_s <= 0 or cpu_s < 1 or memory_mb < 16 or output_mb < 1:
-        raise MrtInputError("timeout_s > 0, cpu_s >= 1, memory_mb >= 16 and output_mb >= 1 are required")
+    """Run Python source ``code`` with ``stdin`` in the sandbox; never raises for what the program does.
+
+    ``expected_output``: when given, an exit code 0 gives ``passed`` only if the
+    output matches it (`outputs_match`), else ``failed``. ``output_mb`` caps
+    stdout + stderr together; ``disk_mb`` is the size of the private working
+    directory; ``max_processes`` counts processes and threads. Raises
+    `SandboxUnavailableError` when bubblewrap cannot be used and the caller has
+    not opted in to ``isolation="none-i-understand"``.
+    """
+    if not isinstance(code, str) or not isinstance(stdin, str):
+        raise MrtInputError(f"code and stdin must be str, got {type(code).__name__} and {type(stdin).__name__}")
+    if expected_output is not None and not isinstance(expected_output, str):
+        raise MrtInputError(f"expected_output must be a str, got {type(expected_output).__name__}")
+    for name, v, lo in (("timeout_s", timeout_s, 0), ("cpu_s", cpu_s, 1), ("memory_mb", memory_mb, 32),
+                        ("output_mb", output_mb, 0), ("disk_mb", disk_mb, 1), ("max_processes", max_processes, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo \
+                or (lo == 0 and v == 0):
+            raise MrtInputError(f"{name} must be a finite number {'>' if lo == 0 else '>='} {lo}, got {v!r}")
+    if int(cpu_s) != cpu_s or int(max_processes) != max_processes:
+        raise MrtInputError("cpu_s and max_processes must be whole numbers")
     python = python or sys.executable
-    prefix = network_namespace_prefix() if use_namespace else ()
-    mem = int(memory_mb) * 1024 * 1024
-    fsize = int(output_mb) * 1024 * 1024
-
-    def limits():  # runs in the child between fork and exec
-        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu_s), int(cpu_s) + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    with tempfile.TemporaryDirectory(prefix="mrt-sandbox-") as d:
-        with open(os.path.join(d, "program.py"), "w") as f:
-            f.write(code)
-        with open(os.path.join(d, "_boot.py"), "w") as f:
-            f.write(_BOOT)
-        with open(os.path.join(d, "stdin"), "w") as f:
-            f.write(stdin)
-        env = {"PATH": "/usr/bin:/bin", "HOME": d, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-        t0 = time.monotonic()
-        with open(os.path.join(d, "stdin")) as fin, open(os.path.join(d, "stdout"), "wb") as fout, \
-                open(os.path.join(d, "stderr"), "wb") as ferr:
-            proc = subprocess.Popen(
-                [*prefix, python, "-I", "_boot.py"], cwd=d, env=env, stdin=fin, stdout=fout, stderr=ferr,
-                preexec_fn=limits, start_new_session=True,
-            )
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-        wall = time.monotonic() - t0
-        out = open(os.path.join(d, "stdout"), "rb").read().decode("utf-8", "replace")
-        err = open(os.path.join(d, "stderr"), "rb").read().decode("utf-8", "replace")
-    rc = proc.returncode
-    if timed_out:
-        status = "timeout"
-    elif rc in (-signal.SIGXCPU, -signal.SIGKILL) and wall >= 0.5 * cpu_s:
-        status = "cpu_limit"
-    elif rc == -signal.SIGXFSZ:
-        status = "output_limit"
-    elif rc != 0 and "MemoryError" in err:
-        status = "memory_limit"
-    elif rc == 0:
-        status = "ok"
+    if not os.path.isabs(python):
+        python = shutil.which(python) or os.path.abspath(python)
+    mode = require_isolation(isolation, python)
+    limits = dict(timeout_s=float(timeout_s), cpu_s=int(cpu_s), memory_bytes=int(memory_mb * (1 << 20)),
+                  output_bytes=max(1, int(output_mb * (1 << 20))), disk_bytes=int(disk_mb * (1 << 20)),
+                  max_processes=int(max_processes))
+    if mode == BWRAP:
+        r = _run_bwrap(_bwrap_exe(), code, stdin, python=python, **limits)
     else:
-        status = "error"
-    return ExecResult(status, rc, out, err, wall, bool(prefix))
+        r = _run_unisolated(code, stdin, python=python, **limits)
+    if r.status == "passed" and expected_output is not None and not outputs_match(r.stdout, expected_output):
+        r.status = "failed"
+    return r
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _under(path: str, root: str) -> bool:
+    return os.path.commonpath([path, root]) == root
+
+
+def _interpreter_dirs(python: str) -> list[tuple[str, str]]:
+    """(source, destination) directories the interpreter needs, besides /usr and /lib*."""
+    def prefix_of(exe: str) -> str:  # PREFIX/bin/python -> PREFIX; anywhere else only its own directory
+        d = os.path.dirname(exe)
+        return os.path.dirname(d) if os.path.basename(d) == "bin" else d
+
+    cands = [prefix_of(python), prefix_of(os.path.realpath(python))]
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        cands += [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    out: list[tuple[str, str]] = []
+    for d in cands:
+        d = os.path.abspath(d)
+        real = os.path.realpath(d)
+        for dest in (real, d):
+            if dest == "/" or _under(dest, "/usr") or any(_under(dest, o) for _, o in out):
+                continue
+            out = [(s, o) for s, o in out if not _under(o, dest)] + [(real, dest)]
+    return out
+
+
+def _bwrap_argv(exe: str, python: str, *, privileged: bool, disk_bytes: int, code_fd: int, boot_fd: int,
+                info_fd: int, seccomp_fd: int | None, config: dict) -> list[str]:
+    a = [exe, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+         "--die-with-parent", "--new-session", "--hostname", "sandbox", "--cap-drop", "ALL"]
+    if privileged:  # the supervisor drops the program to its own user id: keep only what that needs
+        a += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        a += ["--unshare-user", "--disable-userns"]
+    a += ["--ro-bind", "/usr", "/usr"]
+    for d in _SYSTEM_DIRS:
+        if os.path.islink(d):
+            a += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            a += ["--ro-bind", d, d]
+    made: set[str] = set()
+    dirs = _interpreter_dirs(python)
+    if any(_under(dest, _WORKDIR) for _, dest in dirs):
+        raise SandboxUnavailableError(f"the interpreter {python} lies under {_WORKDIR}, the sandbox's working directory")
+    for src, dest in dirs:
+        parents = []
+        p = os.path.dirname(dest)
+        while p != "/" and p not in made:
+            parents.append(p)
+            p = os.path.dirname(p)
+        for p in reversed(parents):  # world-readable parents, whatever the host's modes are
+            a += ["--perms", "0755", "--dir", p]
+            made.add(p)
+        a += ["--ro-bind", src, dest]
+    a += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+          "--perms", "1777", "--size", str(disk_bytes), "--tmpfs", _WORKDIR,
+          *(() if any(_under(dest, "/tmp") for _, dest in dirs) else ("--symlink", _WORKDIR, "/tmp")),
+          "--perms", "0644", "--file", str(code_fd), f"{_WORKDIR}/program.py",
+          "--perms", "0444", "--ro-bind-data", str(boot_fd), _BOOT_IN_SANDBOX,
+          "--remount-ro", "/", "--chdir", _WORKDIR, "--info-fd", str(info_fd), "--clearenv",
+          "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", _WORKDIR, "--setenv", "LANG", "C.UTF-8",
+          "--setenv", "TMPDIR", _WORKDIR]
+    if seccomp_fd is not None:
+        a += ["--seccomp", str(seccomp_fd)]
+    a += ["--", python, "-I", "-B", _BOOT_IN_SANDBOX, json.dumps(config)]
+    return a
+
+
+def _run_bwrap(exe: str, code: str, stdin: str, *, python: str, timeout_s: float, cpu_s: int,
+               memory_bytes: int, output_bytes: int, disk_bytes: int, max_processes: int) -> ExecResult:
+    privileged = os.geteuid() == 0
+    rng = random.SystemRandom()
+    # a user id of its own for the program (so RLIMIT_NPROC counts only it) and another for the supervisor
+    uid = rng.randrange(1 << 20, 1 << 30) * 2 if privileged else None
+    fds: list[int] = []
+    try:
+        code_fd = _memfd("program", code.encode("utf-8", "surrogateescape"))
+        fds.append(code_fd)
+        boot_fd = _memfd("boot", _BOOT.read_bytes())
+        fds.append(boot_fd)
+        stdin_fd = _memfd("stdin", stdin.encode("utf-8", "surrogateescape"))
+        fds.append(stdin_fd)
+        info_r, info_w = os.pipe()
+        fds += [info_r, info_w]
+        report_r, report_w = os.pipe()
+        fds += [report_r, report_w]
+        config = dict(report_fd=report_w, uid=uid, supervisor_uid=None if uid is None else uid + 1,
+                      cpu_s=cpu_s, memory_bytes=memory_bytes, file_bytes=disk_bytes, max_processes=max_processes,
+                      audit_hook=False)
+        flt = compile_filter()
+        seccomp_fd = None if flt is None else _memfd("seccomp", flt)
+        data_fds = (code_fd, boot_fd) + (() if seccomp_fd is None else (seccomp_fd,))
+        fds += data_fds[2:]
+        argv = _bwrap_argv(exe, python, privileged=privileged, disk_bytes=disk_bytes, code_fd=code_fd,
+                           boot_fd=boot_fd, info_fd=info_w, seccomp_fd=seccomp_fd, config=config)
+        return _supervise(argv, stdin_fd=stdin_fd, pass_fds=(*data_fds, info_w, report_w),
+                          close_after_start=(*data_fds, info_w, report_w), report_r=report_r,
+                          info_r=info_r, cwd="/", timeout_s=timeout_s, cpu_s=cpu_s, output_bytes=output_bytes,
+                          isolation=BWRAP)
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _run_unisolated(code: str, stdin: str, *, python: str, timeout_s: float, cpu_s: int, memory_bytes: int,
+                    output_bytes: int, disk_bytes: int, max_processes: int) -> ExecResult:
+    d = tempfile.mkdtemp(prefix="mrt-sandbox-")
+    fds: list[int] = []
+    try:
+        with open(os.path.join(d, "program.py"), "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(code)
+        stdin_fd = _memfd("stdin", stdin.encode("utf-8", "surrogateescape"))
+        fds.append(stdin_fd)
+        report_r, report_w = os.pipe()
+        fds += [report_r, report_w]
+        config = dict(report_fd=report_w, uid=None, supervisor_uid=None, cpu_s=cpu_s, memory_bytes=memory_bytes,
+                      file_bytes=disk_bytes, max_processes=max_processes, audit_hook=True)
+        argv = [python, "-I", "-B", str(_BOOT), json.dumps(config)]
+        return _supervise(argv, stdin_fd=stdin_fd, pass_fds=(report_w,), close_after_start=(report_w,),
+                          report_r=report_r, info_r=None, cwd=d, timeout_s=timeout_s, cpu_s=cpu_s,
+                          output_bytes=output_bytes, isolation=UNISOLATED, home=d)
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+
+
+def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_start: tuple, report_r: int,
+               info_r: int | None, cwd: str, timeout_s: float, cpu_s: int, output_bytes: int, isolation: str,
+               home: str | None = None) -> ExecResult:
+    """Start ``argv``, read its output with a cap and a deadline, kill everything at the end, label the run."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    own = [out_r, out_w, err_r, err_w]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if home is not None:
+        env["HOME"] = env["TMPDIR"] = home
+    init_pidfd: int | None = None
+    sel = selectors.DefaultSelector()
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    try:
+        proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, pass_fds=pass_fds, cwd=cwd,
+                                env=env, start_new_session=True, close_fds=True)
+        for fd in (out_w, err_w, *close_after_start):
+            os.close(fd)
+        own.remove(out_w)
+        own.remove(err_w)
+        bufs = {out_r: bytearray(), err_r: bytearray()}
+        total = 0
+        report = bytearray()
+        info = bytearray()
+        for fd in (out_r, err_r, report_r) + ((info_r,) if info_r is not None else ()):
+            sel.register(fd, selectors.EVENT_READ)
+        killed = None
+        grace = False
+        while sel.get_map() and killed is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                killed = None if grace else "timeout"
+                break
+            for key, _ in sel.select(left):
+                fd = key.fd
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(fd)
+                    if fd == report_r and not grace:
+                        # the program has ended: a descendant that still holds its output
+                        # gets a moment to finish writing, not the whole deadline
+                        grace = True
+                        deadline = min(deadline, time.monotonic() + 1.0)
+                    continue
+                if fd in bufs:
+                    keep = max(0, output_bytes - total)
+                    bufs[fd] += chunk[:keep]
+                    total += len(chunk)
+                    if total > output_bytes:
+                        killed = "output_limit"
+                        break
+                elif fd == report_r:
+                    if len(report) < 1 << 16:
+                        report += chunk
+                else:
+                    info += chunk
+                    if init_pidfd is None:
+                        try:
+                            init_pidfd = _pidfd(int(json.loads(bytes(info))["child-pid"]))
+                        except (ValueError, KeyError, TypeError):
+                            pass  # not all of it yet
+        if killed is not None or sel.get_map():
+            _kill(proc, init_pidfd)
+        else:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                killed = "timeout"
+                _kill(proc, init_pidfd)
+            else:
+                _reap_namespace(proc, init_pidfd)
+        wall = time.monotonic() - t0
+    finally:
+        sel.close()
+        for fd in own:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if init_pidfd is not None:
+            os.close(init_pidfd)
+    stdout = bytes(bufs[out_r]).decode("utf-8", "replace")
+    stderr = bytes(bufs[err_r]).decode("utf-8", "replace")
+    if killed is not None:
+        return ExecResult(killed, None, stdout, stderr, wall, isolation)
+    try:
+        rep = json.loads(bytes(report).decode())
+        code, sig, cpu = rep["exit_code"], rep["signal"], float(rep["cpu_s"])
+    except (ValueError, KeyError, TypeError):
+        return ExecResult("error", None, stdout, stderr, wall, isolation)
+    if sig is not None:
+        hard_cpu = sig == signal.SIGKILL and cpu >= cpu_s
+        status = "cpu_limit" if (sig == signal.SIGXCPU or hard_cpu) else "error"
+        return ExecResult(status, -sig, stdout, stderr, wall, isolation, cpu)
+    status = "passed" if code == 0 else "memory_limit" if code == MEMORY_EXIT else "error"
+    return ExecResult(status, code, stdout, stderr, wall, isolation, cpu)
+
+
+def _kill(proc: subprocess.Popen, init_pidfd: int | None) -> None:
+    """SIGKILL the pid namespace's init (which ends every process in it) and the process group; wait."""
+    if init_pidfd is not None:
+        try:
+            signal.pidfd_send_signal(init_pidfd, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    _reap_namespace(proc, init_pidfd)
+
+
+def _reap_namespace(proc: subprocess.Popen, init_pidfd: int | None) -> None:
+    """Kill the namespace's init (bubblewrap has exited: nothing in it is needed any more) and return
+    only once it is gone, which is once every process of the namespace is gone."""
+    if init_pidfd is None:
+        return
+    try:
+        signal.pidfd_send_signal(init_pidfd, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+    select.select([init_pidfd], [], [], 10.0)
+
+
+# ------------------------------------------------------------------ judging
 
 
 def outputs_match(got: str, expected: str) -> bool:
@@ -165,17 +496,19 @@ def outputs_match(got: str, expected: str) -> bool:
 
 
 def passes_tests(code: str, tests: list, **limits) -> bool:
-    """True when the program prints the expected output on every test.
+    """True when the program prints the expected output on every test (status ``passed`` each time).
 
     ``tests``: a list of ``{"input": str, "output": str}`` dicts or ``(input, output)`` pairs.
-    Stops at the first failure.
+    Stops at the first failure. ``limits``: keyword arguments of `run_program`.
     """
     if not tests:
         raise MrtInputError("passes_tests needs at least one test")
     for t in tests:
-        inp, exp = (t["input"], t["output"]) if isinstance(t, dict) else t
-        r = run_program(code, inp, **limits)
-        if not (r.ok and outputs_match(r.stdout, exp)):
+        try:
+            inp, exp = (t["input"], t["output"]) if isinstance(t, dict) else t
+        except (KeyError, TypeError, ValueError):
+            raise MrtInputError(f"a test must be {{'input': str, 'output': str}} or (input, output), got {t!r:.200}")
+        if not run_program(code, str(inp), expected_output=str(exp), **limits).ok:
             return False
     return True
 

@@ -171,7 +171,7 @@ def _said_of_table(e: MrtInputError, keys: pl.Series, by: str, columns: dict) ->
 
 def select(
     table: Any,
-    k: int,
+    k: int | str,
     method: str = "grades",
     *,
     by: str = "prompt_id",
@@ -193,8 +193,10 @@ def select(
     ----------
     table : polars.DataFrame | pyarrow.Table | pandas.DataFrame
         One row per candidate response.
-    k : int
-        Candidates kept per pool (prompt). Pools with n <= k are kept whole and
+    k : int | str
+        Candidates kept per pool (prompt), or the name of an integer column
+        holding each pool's K (constant within a pool, >= 1; e.g. from
+        `VarianceReport.allocate`). Pools with n <= K are kept whole and
         reported (a :class:`SmallPoolWarning` and ``report.n_small_pools``).
     method : str
         ``"random"`` (``"rkon"``), ``"top"`` (``"bkon"``), ``"diverse"``
@@ -238,6 +240,14 @@ def select(
     per-row weight that keeps the weighted estimate unbiased).
     """
     t0 = time.perf_counter()
+    if isinstance(k, str):  # a per-pool K column
+        from .per_pool_k import select_k_column
+
+        return select_k_column(
+            select, table, k, method, by=by, return_report=return_report, embedding=embedding, reward=reward,
+            mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel, seed=seed, candidate_key=candidate_key,
+            optimizer=optimizer,
+        )
     k = _check_k(k)
     if not isinstance(method, str) or method.lower() not in METHODS:
         raise MrtInputError(f"method must be one of {sorted(METHODS)}, got {method!r}")

@@ -7,10 +7,9 @@ code on a few sentences, the models are randomly initialised Llama blocks
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-import numpy as np
+from .embedders import HashingEmbedder  # noqa: F401  (re-exported for tests)
 
 #: a few sentences the tiny tokenizer is trained on (and tiny data sets draw from)
 CORPUS = [
@@ -102,31 +101,6 @@ def save_tiny_models(directory: str | Path, seed: int = 0) -> dict[str, Path]:
         model.save_pretrained(paths[key])
         tok.save_pretrained(paths[key])
     return paths
-
-
-class HashingEmbedder:
-    """Deterministic bag-of-character-trigrams embedder: a stand-in for MiniLM in tests.
-
-    Callable on a list of strings, returns an (n, dim) float32 array of unit rows
-    (an all-zero hash, e.g. for the empty string, gets a fixed unit vector).
-    """
-
-    def __init__(self, dim: int = 64):
-        self.dim = dim
-
-    def __call__(self, texts: list[str]) -> np.ndarray:
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for r, t in enumerate(texts):
-            s = f"  {t.lower()} "
-            for i in range(len(s) - 2):
-                h = int.from_bytes(hashlib.blake2b(s[i : i + 3].encode(), digest_size=4).digest(), "little")
-                out[r, h % self.dim] += 1.0 if (h >> 31) & 1 else -1.0
-            n = np.linalg.norm(out[r])
-            if n == 0:
-                out[r, 0] = 1.0
-            else:
-                out[r] /= n
-        return out
 
 
 def tiny_prompt_table(n_prompts: int = 4, with_reference: bool = True, offset: int = 0):

@@ -10,7 +10,9 @@ i.e. a token-mean per response (prompt tokens masked with label -100, the
 response's EOS scored), averaged over the prompt's responses, then over prompts:
 a prompt with 4 kept responses weighs exactly as much as one with 1.
 
-Optimisation: the N = sum_i K_i (prompt, response) pairs are shuffled (seeded)
+Optimisation (transformers' `Trainer` with a loss of our own; TRL's
+`SFTTrainer` has no per-example weights): the N = sum_i K_i (prompt, response)
+pairs are shuffled (seeded)
 each epoch and cut into micro-batches of ``batch_size``; ``grad_accum``
 micro-batches make one optimizer step over M = batch_size * grad_accum pairs.
 Each pair carries the weight w_ij = N / (N_p * K_i) (mean weight 1), and an
@@ -23,11 +25,14 @@ w_ij = 1 and this is the plain mean of response losses). Training runs a fixed
 number of optimizer steps ``max_steps`` whatever the data size (the paper's
 matched-step design: small-K runs see their data for more epochs); the data
 iterator cycles through epochs, and the last, partial epoch is the only
-incomplete one.
+incomplete one. On several processes (DDP, FSDP) each optimizer step draws
+M x world_size pairs from the same stream and the gradients are averaged, the
+same objective over larger steps.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -39,7 +44,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._llm import load_causal_lm, load_tokenizer, pick_device, prompt_ids, response_ids
+from ._llm import load_causal_lm, load_tokenizer, pick_device
+from .loss import build_example, collate, sequence_losses  # noqa: F401  (the one definition of l_ij)
 from .io import as_polars, require_columns
 from .errors import MrtInputError
 
@@ -70,6 +76,11 @@ class TrainConfig:
     dtype: str = "float32"
     log_every: int = 1
     gradient_checkpointing: bool = False
+    log_pair_losses: bool = False  # also log each pair's loss l_ij (row index -> loss) at every logged step
+    save_steps: int | None = None  # write a checkpoint every save_steps optimizer steps (None: only the adapter)
+    save_total_limit: int | None = 2  # checkpoints kept
+    resume: Any = "auto"  # "auto": continue from the last checkpoint in output_dir/checkpoints if any; True; False
+    report_to: list[str] = field(default_factory=list)  # transformers loggers: "tensorboard", "wandb", ...
 
     def validate(self) -> None:
         for name in ("lora_r", "batch_size", "grad_accum", "max_steps", "max_length", "log_every"):
@@ -81,6 +92,10 @@ class TrainConfig:
             raise MrtInputError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not self.target_modules:
             raise MrtInputError("target_modules is empty")
+        if self.save_steps is not None and self.save_steps < 1:
+            raise MrtInputError(f"save_steps must be >= 1 or None, got {self.save_steps}")
+        if self.resume not in ("auto", True, False):
+            raise MrtInputError(f"resume must be 'auto', true or false, got {self.resume!r}")
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "TrainConfig":
@@ -107,25 +122,27 @@ class TrainResult:
 # ------------------------------------------------------------------ data
 
 
-def build_example(tokenizer, prompt: str, response: str, max_length: int, prompt_format: str = "auto") -> dict:
-    """input_ids and labels of one pair: prompt labels -100, response (+EOS) labels = its ids."""
-    p = prompt_ids(tokenizer, prompt, prompt_format)
-    r = response_ids(tokenizer, response)
-    if len(r) >= max_length:
-        r = r[: max_length - 1]  # at least one prompt token stays so the first response token is predicted
-    p = p[-(max_length - len(r)) :] if p else p
-    if not p:
-        raise MrtInputError(f"prompt {prompt[:40]!r} tokenizes to nothing: the first response token has no context")
-    return {"input_ids": p + r, "labels": [-100] * len(p) + r}
-
-
-def pair_weights(prompt_ids_: list[Any], per_prompt: bool = True) -> np.ndarray:
-    """w_ij = N / (N_p K_i) for each pair (mean 1); all ones when per_prompt is False."""
-    keys, inverse, counts = np.unique(np.asarray([str(k) for k in prompt_ids_]), return_inverse=True, return_counts=True)
-    if not per_prompt:
-        return np.ones(len(inverse))
-    n, n_p = len(inverse), len(keys)
-    return n / (n_p * counts[inverse].astype(np.float64))
+def pair_weights(prompt_ids_: Any, per_prompt: bool = True, weight: Any = None) -> np.ndarray:
+    """w_ij = N / (N_p K_i) for each pair (mean 1; all ones when ``per_prompt`` is False),
+    times ``weight`` (e.g. the stratified selector's per-row weight) when given."""
+    ids = prompt_ids_ if isinstance(prompt_ids_, pl.Series) else pl.Series("p", list(prompt_ids_), strict=False)
+    if ids.dtype == pl.Object:
+        ids = pl.Series("p", [str(x) for x in ids.to_list()])
+    n = len(ids)
+    if per_prompt and n:
+        f = ids.alias("p").to_frame().select(pl.len().over("p").alias("k"), pl.col("p").n_unique().alias("np"))
+        w = n / (f["np"].cast(pl.Float64) * f["k"].cast(pl.Float64)).to_numpy()
+    else:
+        w = np.ones(n)
+    if weight is not None:
+        wt = np.asarray(weight, dtype=np.float64)
+        if wt.shape != (n,):
+            raise MrtInputError(f"weight has shape {wt.shape}, expected ({n},)")
+        if not np.all(np.isfinite(wt)) or np.any(wt < 0):
+            bad = int(np.nonzero(~(np.isfinite(wt) & (wt >= 0)))[0][0])
+            raise MrtInputError(f"weight must be finite and >= 0; row {bad} is {wt[bad]}", column="weight", row=bad)
+        w = w * wt
+    return w
 
 
 def mrt_objective(losses: np.ndarray, prompt_ids_: list[Any]) -> float:
@@ -134,42 +151,12 @@ def mrt_objective(losses: np.ndarray, prompt_ids_: list[Any]) -> float:
     return float(np.mean(losses * pair_weights(prompt_ids_)))
 
 
-def collate(examples: list[dict], pad_id: int):
-    import torch
-
-    width = max(len(e["input_ids"]) for e in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for r, e in enumerate(examples):
-        n = len(e["input_ids"])
-        ids[r, :n] = torch.tensor(e["input_ids"])
-        labels[r, :n] = torch.tensor(e["labels"])
-        mask[r, :n] = 1
-    return ids, mask, labels
-
-
-def sequence_losses(logits, labels):
-    """Per-sequence token-mean cross-entropy over positions whose label is not -100.
-
-    logits (B, T, V) predict the next token: logits[:, t] is scored against labels[:, t + 1].
-    Returns (losses (B,), token counts (B,)).
-    """
-    import torch
-
-    shift_logits = logits[:, :-1].float()
-    shift_labels = labels[:, 1:]
-    mask = shift_labels != -100
-    tok = torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.shape[-1]),
-        shift_labels.clamp_min(0).reshape(-1),
-        reduction="none",
-    ).view(shift_labels.shape)
-    tok = tok * mask
-    counts = mask.sum(dim=1)
-    if (counts == 0).any():
-        raise MrtInputError("a training pair has no response token to score")
-    return tok.sum(dim=1) / counts, counts
+def pair_stream(n_pairs: int, need: int, seed: int) -> np.ndarray:
+    """The first ``need`` pair indices of concatenated seeded epoch permutations."""
+    if n_pairs < 1:
+        raise MrtInputError("no training pairs")
+    rng = np.random.default_rng(seed)
+    return np.concatenate([rng.permutation(n_pairs) for _ in range(math.ceil(need / n_pairs))])[:need]
 
 
 def step_schedule(n_pairs: int, batch_size: int, grad_accum: int, max_steps: int, seed: int) -> list[list[list[int]]]:
@@ -177,12 +164,8 @@ def step_schedule(n_pairs: int, batch_size: int, grad_accum: int, max_steps: int
 
     Epochs of a seeded shuffle are concatenated until max_steps * batch_size * grad_accum pairs are drawn.
     """
-    if n_pairs < 1:
-        raise MrtInputError("no training pairs")
     per_step = batch_size * grad_accum
-    need = max_steps * per_step
-    rng = np.random.default_rng(seed)
-    stream = np.concatenate([rng.permutation(n_pairs) for _ in range(math.ceil(need / n_pairs))])[:need]
+    stream = pair_stream(n_pairs, max_steps * per_step, seed)
     return [
         [stream[s * per_step + a * batch_size : s * per_step + (a + 1) * batch_size].tolist() for a in range(grad_accum)]
         for s in range(max_steps)
@@ -213,19 +196,29 @@ def train(
     by: str = "prompt_id",
     prompt: str = "prompt",
     response: str = "response",
+    weight: str | None = "weight",
     progress: bool = True,
+    callbacks: list | None = None,
     **overrides,
 ) -> TrainResult:
     """Fine-tune a LoRA adapter on the kept (prompt, response) pairs of ``data``.
 
-    Writes ``output_dir/adapter`` (peft adapter + tokenizer), ``train_log.jsonl``
-    (step, loss, lr, epoch) and ``train_config.json``. Keyword overrides set
-    `TrainConfig` fields.
+    Runs on transformers' `Trainer` (accelerate underneath: multi-GPU with
+    ``accelerate launch``/``torchrun``, gradient checkpointing, the usual
+    loggers through ``report_to``) with a loss that keeps the objective of
+    the module docstring exactly. Writes ``output_dir/adapter`` (peft adapter
+    + tokenizer), ``train_log.jsonl`` (step, loss, lr, epoch, grad_norm),
+    ``train_config.json`` and, with ``save_steps``, checkpoints under
+    ``output_dir/checkpoints`` from which a stopped run resumes
+    (``resume="auto"``) to the same adapter. Keyword overrides set
+    `TrainConfig` fields. A ``weight`` column (the stratified selector's
+    unbiasing weights), when present, multiplies each pair's weight.
+    ``callbacks``: extra transformers `TrainerCallback` objects.
     """
     import torch
     from peft import LoraConfig, get_peft_model
-    from tqdm.auto import tqdm
-    from transformers import get_scheduler
+    from transformers import TrainingArguments
+    from transformers.trainer_utils import get_last_checkpoint
 
     cfg = config or TrainConfig()
     if overrides:
@@ -238,7 +231,21 @@ def train(
     device = pick_device(cfg.device)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = out / "checkpoints"
     t0 = time.time()
+
+    # resume: the last checkpoint, when its run had the same settings and data
+    fingerprint = {k: v for k, v in asdict(cfg).items() if k not in ("resume", "report_to", "log_every", "device")}
+    fingerprint.update(n_pairs=df.height, data_hash=int(df.select(by, prompt, response).hash_rows().sum()))
+    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() and cfg.resume else None
+    if cfg.resume is True and last is None:
+        raise MrtInputError(f"resume=True but there is no checkpoint in {ckpt_dir}")
+    fp_file = ckpt_dir / "run.json"
+    if last is not None:
+        old = json.loads(fp_file.read_text()) if fp_file.exists() else None
+        if old != json.loads(json.dumps(fingerprint, default=str)):
+            raise MrtInputError(f"{ckpt_dir} holds checkpoints of a run with other settings or data: "
+                                "remove it or use another output directory")
 
     torch.manual_seed(cfg.seed)
     base = load_causal_lm(model, device=device, dtype=cfg.dtype)
@@ -252,55 +259,145 @@ def train(
     if cfg.gradient_checkpointing:
         net.gradient_checkpointing_enable()
         net.enable_input_require_grads()
-    net.train()
 
     examples = [build_example(tok, p, r, cfg.max_length, cfg.prompt_format)
                 for p, r in zip(df[prompt].to_list(), df[response].to_list())]
-    pids = df[by].to_list()
-    weights = torch.tensor(pair_weights(pids, cfg.per_prompt_weighting), dtype=torch.float32)
-    schedule = step_schedule(len(examples), cfg.batch_size, cfg.grad_accum, cfg.max_steps, cfg.seed)
-    m = cfg.batch_size * cfg.grad_accum
+    wcol = df[weight].cast(pl.Float64).to_numpy() if weight is not None and weight in df.columns else None
+    weights = pair_weights(df[by], cfg.per_prompt_weighting, wcol)
+    dataset = _Pairs(examples, weights)
 
-    params = [p for p in net.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    sched = get_scheduler(cfg.lr_scheduler, opt, num_warmup_steps=int(cfg.warmup_ratio * cfg.max_steps),
-                          num_training_steps=cfg.max_steps)
-    log: list[dict] = []
-    logf = open(out / "train_log.jsonl", "w")
-    seen = 0
-    try:
-        for step, micro in enumerate(tqdm(schedule, desc="training", disable=not progress, leave=False), start=1):
-            opt.zero_grad(set_to_none=True)
-            step_loss = 0.0
-            for idx in micro:
-                ids, mask, labels = collate([examples[i] for i in idx], tok.pad_token_id)
-                ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
-                logits = net(input_ids=ids, attention_mask=mask).logits
-                losses, _ = sequence_losses(logits, labels)
-                loss = (losses * weights[idx].to(device)).sum() / m
-                loss.backward()
-                step_loss += float(loss.detach())
-                seen += len(idx)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm) if cfg.max_grad_norm else None
-            lr = sched.get_last_lr()[0]
-            opt.step()
-            sched.step()
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                rec = {"step": step, "loss": step_loss, "lr": lr, "epoch": seen / len(examples)}
-                if grad_norm is not None:
-                    rec["grad_norm"] = float(grad_norm)
-                log.append(rec)
-                logf.write(json.dumps(rec) + "\n")
-                logf.flush()
-    finally:
-        logf.close()
+    args = TrainingArguments(
+        output_dir=str(ckpt_dir), per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum, max_steps=cfg.max_steps, learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler, warmup_steps=int(cfg.warmup_ratio * cfg.max_steps),
+        weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm or 0.0, logging_steps=cfg.log_every,
+        save_strategy="steps" if cfg.save_steps else "no", save_steps=cfg.save_steps or 500,
+        save_total_limit=cfg.save_total_limit, seed=cfg.seed, report_to=list(cfg.report_to),
+        remove_unused_columns=False, use_cpu=device == "cpu", disable_tqdm=not progress,
+        dataloader_pin_memory=False, optim="adamw_torch",
+    )
+    if cfg.save_steps:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        fp_file.write_text(json.dumps(fingerprint, default=str))
+    log_f = out / "train_log.jsonl"
+    resumed_at = int(Path(last).name.rsplit("-", 1)[-1]) if last else 0
+    kept_log = []
+    if last and log_f.exists():  # records written after the checkpoint are redone
+        kept_log = [json.loads(x) for x in log_f.read_text().splitlines() if x.strip()]
+        kept_log = [r for r in kept_log if r["step"] <= resumed_at]
+    log_f.write_text("".join(json.dumps(r) + "\n" for r in kept_log))
+
+    trainer = _trainer_class()(model=net, args=args, train_dataset=dataset, data_collator=_Collator(tok.pad_token_id),
+                          callbacks=list(callbacks or []))
+    trainer.mrt_setup(cfg, len(examples), log_f)
+    trainer.train(resume_from_checkpoint=last)
 
     adapter = out / "adapter"
     net.save_pretrained(adapter)
     tok.save_pretrained(adapter)
+    log = [json.loads(x) for x in log_f.read_text().splitlines() if x.strip()]
+    epochs = trainer.pairs_seen(cfg.max_steps) / len(examples)
     meta = {**asdict(cfg), "target_modules_used": targets, "n_pairs": len(examples),
-            "n_prompts": int(df[by].n_unique()), "epochs": seen / len(examples),
+            "n_prompts": int(df[by].n_unique()), "epochs": epochs, "resumed_from_step": resumed_at,
             "base_model": str(model) if isinstance(model, (str, os.PathLike)) else type(model).__name__}
     (out / "train_config.json").write_text(json.dumps(meta, indent=2, default=str))
-    return TrainResult(out, adapter, cfg.max_steps, len(examples), meta["n_prompts"], seen / len(examples), log,
-                       time.time() - t0)
+    return TrainResult(out, adapter, cfg.max_steps, len(examples), meta["n_prompts"], epochs, log, time.time() - t0)
+
+
+class _Pairs:
+    """The training examples as a map-style dataset: input_ids, labels, weight, index."""
+
+    def __init__(self, examples: list[dict], weights: np.ndarray):
+        self.examples, self.weights = examples, weights
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> dict:
+        return {**self.examples[i], "weight": float(self.weights[i]), "index": int(i)}
+
+
+class _Collator:
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, batch: list[dict]) -> dict:
+        import torch
+
+        ids, mask, labels = collate(batch, self.pad_id)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels,
+                "weight": torch.tensor([b["weight"] for b in batch], dtype=torch.float32),
+                "index": torch.tensor([b["index"] for b in batch], dtype=torch.long)}
+
+
+@functools.lru_cache(maxsize=None)
+def _trainer_class():
+    from transformers import Trainer, TrainerCallback
+
+    class _Log(TrainerCallback):
+        """Writes train_log.jsonl with the exact weighted loss of each logged step."""
+
+        def __init__(self, trainer):
+            self.trainer = trainer
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            t = self.trainer
+            if logs is None or "loss" not in logs or t._step_of != state.global_step - 1:
+                return
+            rec = {"step": state.global_step, "loss": t._step_loss, "lr": t._step_lr,
+                   "epoch": t.pairs_seen(state.global_step) / t._n_pairs}
+            if logs.get("grad_norm") is not None:
+                rec["grad_norm"] = float(logs["grad_norm"])
+            if t._cfg.log_pair_losses:
+                rec["pair_losses"] = {str(i): v for i, v in sorted(t._pair_log.items())}
+            with open(t._log_f, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    class MrtTrainer(Trainer):
+        """`Trainer` whose loss is the multi-response objective: per micro-batch sum_m w_m l_m / batch_size,
+        divided by the accumulation steps by `Trainer` itself, so a step minimises (1/M) sum w_m l_m."""
+
+        loss_is_scaled_for_ga = False
+
+        def mrt_setup(self, cfg, n_pairs: int, log_f: Path) -> None:
+            self._cfg, self._n_pairs, self._log_f = cfg, n_pairs, log_f
+            self.model_accepts_loss_kwargs = False  # older transformers: divide by the accumulation steps too
+            self._step_of, self._step_loss, self._step_lr, self._pair_log = -1, 0.0, 0.0, {}
+            self.add_callback(_Log(self))
+
+        def pairs_seen(self, steps: int) -> int:
+            return steps * self._cfg.batch_size * self._cfg.grad_accum * self.args.world_size
+
+        def _get_train_sampler(self, train_dataset=None):
+            return _StreamSampler(pair_stream(len(self.train_dataset), self.pairs_seen(self.args.max_steps),
+                                              self._cfg.seed))
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            w = inputs.pop("weight")
+            idx = inputs.pop("index")
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)
+            losses, _ = sequence_losses(outputs.logits, labels)
+            loss = (losses * w.to(losses.device)).sum() / self._cfg.batch_size
+            if self._step_of != self.state.global_step:  # first micro-batch of a new optimizer step
+                self._step_of, self._step_loss, self._pair_log = self.state.global_step, 0.0, {}
+                self._step_lr = float(self.lr_scheduler.get_last_lr()[0]) if self.lr_scheduler else 0.0
+            self._step_loss += float(loss.detach()) / self._cfg.grad_accum
+            if self._cfg.log_pair_losses:
+                self._pair_log.update(zip(idx.tolist(), losses.detach().double().cpu().tolist()))
+            return (loss, outputs) if return_outputs else loss
+
+    return MrtTrainer
+
+
+class _StreamSampler:
+    """Yields a fixed index stream (seeded epoch permutations): the same pairs, in the same order, on a resume."""
+
+    def __init__(self, stream: np.ndarray):
+        self.stream = stream
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def __iter__(self):
+        return iter(self.stream.tolist())

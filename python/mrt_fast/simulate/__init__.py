@@ -8,7 +8,9 @@ each experiment is also its own function:
 * :func:`cost_budget` — Fig 1(b), test NLL vs K at a fixed prompt + response budget;
 * :func:`selector_emse` — Fig 1(c), bias^2 + Tr Cov of each selector's gradient;
 * :func:`topk_pool_sweep` — top-K bias as the candidate pool grows;
-* :func:`token_transformer` — the ranking again with a small causal transformer.
+* :func:`token_transformer` — the ranking again with a small causal transformer;
+* :func:`per_prompt_k` — per-prompt K (Neyman allocation from a noisy pilot) vs uniform K;
+* :func:`interval_coverage` — coverage of the advisor's bootstrap intervals and of the Bernstein bound.
 
 Needs the ``torch`` extra (CPU is enough).
 """
@@ -20,6 +22,8 @@ import time
 from pathlib import Path
 
 from ._estimate import decompose, k_star
+from ._coverage import interval_coverage
+from ._per_prompt_k import per_prompt_k
 from ._mdn_experiments import PAPER_BUDGET_MIN, PAPER_K_STAR, PAPER_VARIANCE, cost_budget, variance_law
 from ._selectors import selector_emse, topk_pool_sweep
 from ._tokens import token_transformer
@@ -27,7 +31,7 @@ from .report import comparison_rows, plot_all
 
 __all__ = [
     "PAPER_BUDGET_MIN", "PAPER_K_STAR", "PAPER_VARIANCE", "comparison_rows", "cost_budget", "decompose",
-    "k_star", "plot_all", "run", "selector_emse", "token_transformer", "topk_pool_sweep", "variance_law",
+    "interval_coverage", "k_star", "per_prompt_k", "plot_all", "run", "selector_emse", "token_transformer", "topk_pool_sweep", "variance_law",
 ]
 
 #: experiment sizes: the paper's for the full run, a small version for tests
@@ -37,6 +41,8 @@ FULL = {
     "selector_emse": {},
     "topk_pool_sweep": {},
     "token_transformer": {},
+    "per_prompt_k": {},
+    "interval_coverage": {},
 }
 QUICK = {
     "variance_law": {"trials": 100, "est_prompts": 100, "est_responses": 50},
@@ -44,6 +50,8 @@ QUICK = {
     "selector_emse": {"n_prompts": 8, "pools": 60, "target_responses": 300},
     "topk_pool_sweep": {"n_prompts": 8, "pools": 40, "ns": (8, 32, 128), "target_responses": 300},
     "token_transformer": {"ks": (1, 4), "selectors": ("random", "top", "grades"), "n_prompts": 64, "steps": 120},
+    "per_prompt_k": {"n_prompts": 60, "spreads": (0.0, 1.0), "pilots": (2, 8), "trials": 8},
+    "interval_coverage": {"n_prompts": (20, 200), "trials": 20, "n_boot": 200},
 }
 
 
@@ -63,6 +71,8 @@ def run(quick: bool = False, out: str | Path | None = None, seed: int = 0, threa
         ("selector_emse", selector_emse),
         ("topk_pool_sweep", topk_pool_sweep),
         ("token_transformer", token_transformer),
+        ("per_prompt_k", per_prompt_k),
+        ("interval_coverage", interval_coverage),
     ]
     for name, fn in steps:
         if progress is not None:

@@ -179,4 +179,22 @@ def plot_all(res: dict, out: Path) -> list[Path]:
         ax.set_title("(e) token transformer")
         ax.legend(fontsize=7)
         save(fig, "fig_e_transformer.png")
+    pk = res.get("per_prompt_k")
+    if pk:
+        fig, ax = plt.subplots(figsize=(4.6, 3.2))
+        rows = [r for r in pk["rows"] if r["v_x_over_v_y"] == 0]
+        pilots = sorted({r["pilot"] for r in rows})
+        for i, n0 in enumerate(pilots):
+            sub = sorted((r for r in rows if r["pilot"] == n0), key=lambda r: r["cv_sigma"])
+            cv = [r["cv_sigma"] for r in sub]
+            ax.plot(cv, [r["gain_shrunk"] for r in sub], "o-", color=f"C{i}", label=f"pilot {n0}, shrunk")
+            ax.plot(cv, [r["gain_raw"] for r in sub], "x:", color=f"C{i}", label=f"pilot {n0}, raw")
+        sub = sorted((r for r in rows if r["pilot"] == pilots[-1]), key=lambda r: r["cv_sigma"])
+        ax.plot([r["cv_sigma"] for r in sub], [r["gain_oracle"] for r in sub], "k--", label="true sigma")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xlabel("CV of the prompts' within-prompt sd")
+        ax.set_ylabel("Var(uniform K) / Var(per-prompt K)")
+        ax.set_title(f"(f) per-prompt K, Np={pk['n_prompts']}, R={pk['n_prompts'] * pk['k']}")
+        ax.legend(fontsize=6)
+        save(fig, "fig_f_per_prompt_k.png")
     return paths

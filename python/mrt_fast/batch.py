@@ -1,0 +1,939 @@
+"""Selection over datasets larger than memory: one read, bounded memory, resumable.
+
+The rows of a dataset (one row per candidate) are partitioned by a digest of
+their prompt id into buckets; every pool lands whole in one bucket. When the
+dataset fits in the memory limit there is one bucket and nothing is spilled;
+otherwise the buckets are written (Arrow IPC files, fed by polars' streaming
+engine) into a temporary folder beside the output in one pass over the
+input, and each
+bucket is then selected in memory, several at a time where memory allows.
+Bucket ``i`` becomes part ``i`` of the output dataset (``part-00000.parquet``
+..., with a ``_manifest.json``), written atomically, so a killed job resumes
+with the missing parts only.
+
+In the grouped layout (one row per prompt, list columns, as vLLM returns the
+completions of a prompt) the pools are already together: parts are runs of
+consecutive rows, read straight from the input, nothing is spilled.
+
+The pieces other engines reuse: :func:`bucket_of` (which bucket a prompt id
+goes to), :class:`Options` (the job's parameters), :func:`select_frame` (one
+bucket or part in memory -> its kept rows), :func:`write_part` and
+:mod:`mrt_fast.manifest` (parts and the manifest).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import resource
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import polars as pl
+
+from . import io as _io
+from ._tables import pool_keys
+from .errors import MrtInputError
+from .manifest import MANIFEST as MANIFEST_NAME
+from .manifest import Manifest, part_path, prepare_output
+
+ROW = "__row"  # global row index of the input (file order, then row order)
+BUCKET = "__bucket"
+FIRST = "__first"  # first global row of a pool (orders pools like the in-memory result)
+#: peak memory of selecting a bucket, as a multiple of its in-memory (Arrow) size
+WORK_FACTOR = 3.0
+#: buckets are planned this much smaller than the budget (hash buckets differ in size)
+SLACK = 1.3
+SPILL_DIR = "_spill"
+
+
+# --------------------------------------------------------------------------- buckets
+
+def bucket_of(prompt_ids: pl.Series, n_buckets: int) -> np.ndarray:
+    """The bucket (0 .. n_buckets - 1) of each prompt id: ``pool_keys(id) % n_buckets``,
+    the digest that seeds the per-pool random draws. A null id gets bucket
+    ``n_buckets`` (never mixed with a real pool)."""
+    n = int(n_buckets)
+    if n < 1:
+        raise MrtInputError(f"n_buckets must be >= 1, got {n_buckets}")
+    s = prompt_ids
+    nulls = s.null_count()
+    if nulls:
+        mask = s.is_null().to_numpy()
+        keys = pool_keys(s.fill_null(s.drop_nulls().head(1)) if nulls < len(s) else s.cast(pl.Int64).fill_null(0))
+        out = (keys % np.uint64(n)).astype(np.uint32)
+        out[mask] = n
+        return out
+    return (pool_keys(s) % np.uint64(n)).astype(np.uint32)
+
+
+# --------------------------------------------------------------------------- memory
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory(value: Any) -> int:
+    """Bytes from ``2GB``, ``512MiB``, ``1.5g`` or a number of bytes."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise MrtInputError(f"memory limit {value!r}: expected a size such as 2GB, 512MiB or 1500000000")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n < 64 * 2**20:
+        raise MrtInputError(f"memory limit {value!r} is below 64 MiB")
+    return n
+
+
+def available_memory() -> int:
+    """Memory available to this process: MemAvailable, capped by a cgroup limit."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            avail = 4 * 2**30
+    try:
+        raw = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if raw != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+            avail = min(avail, int(raw) - used)
+    except (OSError, ValueError):
+        pass
+    return max(int(avail), 256 * 2**20)
+
+
+def default_memory_limit() -> int:
+    """Half of the memory available now."""
+    return available_memory() // 2
+
+
+def rss() -> int:
+    """Resident memory of this process now (bytes)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return peak_rss()
+
+
+def peak_rss() -> int:
+    """Peak resident memory of this process so far (bytes)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+# --------------------------------------------------------------------------- the job
+
+
+@dataclass
+class Options:
+    """The parameters of a selection job (everything its result depends on)."""
+
+    k: int | str  # an int, or the name of an integer column holding each pool's K
+    method: str = "grades"
+    by: str = "prompt_id"
+    embedding: str = "embedding"
+    reward: str = "reward"
+    mode: str = "mode"
+    alpha: float = 0.75
+    k_max: int | None = None
+    kernel: str = "shift"
+    n_modes: int | None = None
+    seed: int = 0
+    layout: str = "auto"  # auto | rows | grouped (auto resolved by `resolve_layout`)
+    candidate_columns: list[str] | None = None  # grouped: list columns holding one value per candidate
+
+    def __post_init__(self) -> None:
+        from .select import METHODS, _check_k
+
+        if isinstance(self.k, str):
+            if not self.k:
+                raise MrtInputError("k must be an integer >= 1 or the name of a column holding each pool's K")
+        else:
+            self.k = _check_k(self.k)
+        if not isinstance(self.method, str) or self.method.lower() not in METHODS:
+            raise MrtInputError(f"method must be one of {sorted(METHODS)}, got {self.method!r}")
+        self.method = METHODS[self.method.lower()]
+        if self.layout not in ("auto", "rows", "grouped"):
+            raise MrtInputError(f"layout must be 'auto', 'rows' or 'grouped', got {self.layout!r}")
+        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) or self.seed < 0:
+            raise MrtInputError(f"seed must be an integer >= 0, got {self.seed!r}")
+
+    def parameters(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["alpha"] = float(d["alpha"])
+        return d
+
+    def needed(self, names: list[str]) -> list[tuple[str, str]]:
+        """(column, role) pairs the input must have."""
+        from .select import FACILITY_METHODS
+
+        m = self.method
+        out = [(self.by, "prompt id")]
+        if isinstance(self.k, str):
+            out.append((self.k, "per-prompt K"))
+        compute_modes = m == "stratified" and self.mode not in names
+        if m in FACILITY_METHODS or compute_modes:
+            out.append((self.embedding, "embedding"))
+        if m == "top" or (m == "grades" and (self.alpha > 0 or self.k_max is not None)):
+            out.append((self.reward, "reward"))
+        for c in self.candidate_columns or []:
+            out.append((c, "candidate column"))
+        return out
+
+    def resolve_layout(self, schema: pl.Schema) -> str:
+        """``rows`` or ``grouped``: grouped when the embedding holds a list of
+        vectors or the reward/mode column holds lists."""
+        if self.layout != "auto":
+            return self.layout
+        emb = schema.get(self.embedding)
+        if isinstance(emb, (pl.List, pl.Array)) and isinstance(emb.inner, (pl.List, pl.Array)):
+            return "grouped"
+        for c in (self.reward, self.mode):
+            if isinstance(schema.get(c), (pl.List, pl.Array)):
+                return "grouped"
+        return "rows"
+
+    def list_columns(self, schema: pl.Schema) -> list[str]:
+        """Grouped layout: the per-candidate (list) columns."""
+        if self.candidate_columns is not None:
+            cols = list(self.candidate_columns)
+        else:
+            cols = [c for c, t in schema.items() if isinstance(t, (pl.List, pl.Array)) and c != self.by]
+        bad = [c for c in cols if not isinstance(schema.get(c), (pl.List, pl.Array))]
+        if bad:
+            raise MrtInputError(f"grouped layout: column(s) {bad} must hold one list per prompt, "
+                                f"got {[str(schema.get(c)) for c in bad]}", column=bad[0])
+        if not cols:
+            raise MrtInputError("grouped layout: the table has no list column (one list of candidates per prompt)")
+        return cols
+
+
+# --------------------------------------------------------------------------- one bucket
+
+
+def select_frame(df: pl.DataFrame, opts: Options, *, layout: str = "rows", first: bool = False,
+                 list_columns: list[str] | None = None):
+    """Select one bucket (or part) held in memory; returns ``(kept, SelectionReport)``.
+
+    Rows layout: ``df`` holds whole pools; a ``__row`` column (global row
+    index), if present, orders the candidates and is dropped from the result
+    unless ``first`` asks for ``__first`` (the pool's first global row) to
+    order pools across buckets. Grouped layout: one row per prompt, the
+    ``list_columns`` exploded to candidates, selected, and gathered back into
+    lists (with ``pick_rank``/``gain``/``weight`` lists).
+    """
+    from .select import SmallPoolWarning, select
+
+    if layout == "grouped":
+        return _select_grouped(df, opts, list_columns or opts.list_columns(df.schema))
+    if ROW in df.columns and not df[ROW].is_sorted():
+        df = df.sort(ROW)
+    df = _io.decode_embedding(df, opts.embedding)
+    if opts.method == "stratified" and opts.mode not in df.columns:
+        from .modes import pool_modes
+
+        df = pool_modes(df, by=opts.by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes, seed=opts.seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        kept, rep = select(df, opts.k, opts.method, by=opts.by, embedding=opts.embedding, reward=opts.reward,
+                           mode=opts.mode, alpha=opts.alpha, k_max=opts.k_max, kernel=opts.kernel, seed=opts.seed,
+                           return_report=True)
+    if ROW in kept.columns:
+        if first:
+            f = df.group_by(opts.by).agg(pl.col(ROW).min().alias(FIRST))
+            kept = kept.join(f, on=opts.by, how="left", maintain_order="left")
+        kept = kept.drop(ROW)
+    return kept, rep
+
+
+def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
+    from .select import SmallPoolWarning, select
+
+    by = opts.by
+    if df[by].null_count():
+        first = int(df[by].is_null().arg_true()[0])
+        raise MrtInputError(f"column {by!r} has {df[by].null_count()} null prompt id(s), the first at row {first}",
+                            column=by, row=first)
+    if df[by].n_unique() != df.height:
+        dup = df.filter(df[by].is_duplicated())[by][0]
+        raise MrtInputError(f"grouped layout: prompt id {dup!r} is on more than one row "
+                            "(the grouped layout holds one row per prompt)", pool=dup, column=by)
+    lens = df.select([pl.col(c).list.len().alias(c) if isinstance(df.schema[c], pl.List)
+                      else pl.col(c).arr.len().alias(c) for c in lists])
+    ref = lens[lists[0]]
+    for c in lists[1:]:
+        bad = (lens[c] != ref).fill_null(True) | lens[c].is_null()
+        if bad.any():
+            i = int(bad.arg_true()[0])
+            raise MrtInputError(
+                f"grouped layout: prompt {df[by][i]!r} has {lens[c][i]} values in {c!r} but {ref[i]} in {lists[0]!r} "
+                "(name the per-candidate list columns with candidate_columns / --candidate-columns)",
+                pool=df[by][i], column=c, row=i)
+    empty = (ref.fill_null(0) == 0)
+    n_empty = int(empty.sum())
+    if n_empty:
+        i = int(empty.arg_true()[0])
+        raise MrtInputError(f"grouped layout: {n_empty} prompt(s) have no candidates in {lists[0]!r}, "
+                            f"the first {df[by][i]!r} at row {i}", pool=df[by][i], column=lists[0], row=i)
+    flat = df.select([by, *lists]).explode(lists)
+    flat = _io.decode_embedding(flat, opts.embedding)
+    if opts.method == "stratified" and opts.mode not in flat.columns:
+        from .modes import pool_modes
+
+        flat = pool_modes(flat, by=by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes, seed=opts.seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        kept, rep = select(flat, opts.k, opts.method, by=by, embedding=opts.embedding, reward=opts.reward,
+                           mode=opts.mode, alpha=opts.alpha, k_max=opts.k_max, kernel=opts.kernel, seed=opts.seed,
+                           return_report=True)
+    added = [c for c in kept.columns if c not in flat.columns]
+    agg = kept.group_by(by, maintain_order=True).agg([pl.col(c) for c in lists + added
+                                                       if c in kept.columns])
+    scalars = [c for c in df.columns if c not in lists]
+    out = df.select(scalars).join(agg, on=by, how="left", maintain_order="left")
+    out = out.with_columns([pl.col(c).cast(df.schema[c]) for c in lists if isinstance(df.schema[c], pl.List)])
+    return out.select([c for c in df.columns] + [c for c in added if c != by]), rep
+
+
+def write_part(df: pl.DataFrame, out_dir: Path, i: int) -> int:
+    """Write part ``i`` of a dataset atomically; returns its row count."""
+    _io.write_parquet_atomic(df, part_path(out_dir, i))
+    return df.height
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class BatchReport:
+    """What a `select_dataset` run did."""
+
+    output: str
+    layout: str
+    method: str
+    k: int
+    n_parts: int
+    parts_done_now: int
+    n_input_rows: int
+    n_pools: int
+    n_candidates: int
+    n_kept: int
+    n_small_pools: int
+    modes_missed: int
+    mean_ratio: float | None
+    spilled: bool
+    resumed: bool
+    already_done: bool
+    memory_limit: int
+    peak_rss: int
+    seconds: float
+    workers: int = 1
+    n_out_rows: int = 0  # rows written: kept candidates (rows layout) or prompts (grouped layout)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.n_input_rows / self.seconds if self.seconds > 0 else float("nan")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["rows_per_second"] = self.rows_per_second
+        return d
+
+
+class _Totals:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pools = self.cands = self.kept = self.small = self.missed = 0
+        self.ratio_sum = 0.0
+        self.ratio_n = 0
+
+    def add(self, rep) -> None:
+        with self.lock:
+            self.pools += rep.n_pools
+            self.cands += rep.n_candidates
+            self.kept += rep.n_kept
+            self.small += rep.n_small_pools
+            self.missed += rep.modes_missed
+            r = rep.approximation_ratio
+            if r is not None and len(r):
+                self.ratio_sum += float(np.sum(r))
+                self.ratio_n += len(r)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """A rich bar by rows (both phases), or nothing."""
+
+    def __init__(self, enabled: Any, total: int | None):
+        self.prog = None
+        self.task = None
+        if not enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        class RowsPerSecond(ProgressColumn):
+            def render(self, task):  # noqa: D401
+                s = task.finished_speed or task.speed
+                return Text("" if s is None else f"{s:,.0f} rows/s")
+
+        console = enabled if hasattr(enabled, "print") else None
+        self.prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                             RowsPerSecond(), TimeElapsedColumn(), console=console, transient=True)
+        self.prog.start()
+        self.task = self.prog.add_task("reading", total=total)
+
+    def phase(self, name: str) -> None:
+        if self.prog is not None:
+            self.prog.update(self.task, description=name)
+
+    def total(self, n: int) -> None:
+        if self.prog is not None:
+            self.prog.update(self.task, total=n)
+
+    def advance(self, n: int) -> None:
+        if self.prog is not None:
+            self.prog.advance(self.task, n)
+
+    def close(self) -> None:
+        if self.prog is not None:
+            self.prog.stop()
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
+          on_rows: Callable[[int], None] | None = None, batch_rows: int = 200_000) -> int:
+    """Partition the dataset into ``n_buckets`` Arrow IPC files ``spill_dir/bucket-NNNNN.arrow``
+    in one streaming pass (polars' streaming engine reads, each batch is cut by
+    bucket with one stable sort, Arrow writes). Every row keeps its global row
+    index ``__row``. Rows with a null prompt id go to bucket ``n_buckets``;
+    returns how many there are. Memory: one batch, whatever ``n_buckets``."""
+    import pyarrow.ipc as ipc
+
+    spill_dir = Path(spill_dir)
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    writers: dict[int, Any] = {}
+    nulls = 0
+    try:
+        for df in ds.scan(row_index=ROW).collect_batches(chunk_size=batch_rows):
+            if df.height == 0:
+                continue
+            b = bucket_of(df[by], n_buckets)
+            nulls += df[by].null_count()
+            order = np.argsort(b, kind="stable")
+            cuts = np.searchsorted(b[order], np.arange(n_buckets + 2))
+            t = df[pl.Series(order, dtype=pl.get_index_type())].to_arrow()
+            for i in np.flatnonzero(np.diff(cuts)):
+                sl = t.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
+                w = writers.get(int(i))
+                if w is None:
+                    w = writers[int(i)] = ipc.new_file(str(bucket_path(spill_dir, int(i))), sl.schema)
+                w.write_table(sl)
+            if on_rows is not None:
+                on_rows(df.height)
+    except MrtInputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - find the file at fault, else report polars' words
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+    finally:
+        for w in writers.values():
+            w.close()
+    return nulls
+
+
+def _batch_rows(total_bytes: int, n_rows: int | None, limit: int) -> int:
+    """Rows per batch of the spill pass: a batch and its copies take a small share of the limit."""
+    if not n_rows:
+        return 100_000
+    row_bytes = max(1.0, total_bytes / n_rows)
+    return int(min(200_000, max(5_000, limit / 16 / row_bytes)))
+
+
+def bucket_path(spill_dir: Path, i: int) -> Path:
+    return Path(spill_dir) / f"bucket-{i:05d}.arrow"
+
+
+def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None) -> pl.DataFrame:
+    """Bucket ``i`` of a spill (rows in input order); empty (with ``schema``) if no row went there."""
+    import pyarrow.ipc as ipc
+
+    f = bucket_path(spill_dir, i)
+    if not f.exists():
+        return pl.DataFrame(schema=schema) if schema is not None else pl.DataFrame()
+    with ipc.open_file(str(f)) as r:
+        t = r.read_all()
+    df = pl.from_arrow(t)
+    if not df[ROW].is_sorted():
+        df = df.sort(ROW)
+    return df  # type: ignore[return-value]
+
+
+def _plan(total_bytes: int, limit: int, workers: int | None) -> tuple[int, int]:
+    """(n_buckets, workers) for an input of ``total_bytes`` under ``limit``."""
+    base = rss()
+    budget = max(limit - base, limit // 4)
+    need = WORK_FACTOR * total_bytes
+    if need <= budget:
+        return 1, 1
+    cpus = os.cpu_count() or 1
+    w = max(1, min(cpus, 4) if workers is None else int(workers))
+    n = max(2, math.ceil(need * SLACK * w / budget))
+    return n, w
+
+
+def _describe_command(opts: Options) -> str:
+    return f"select_dataset(k={opts.k}, method={opts.method!r})"
+
+
+def select_dataset(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    k: int,
+    method: str = "grades",
+    *,
+    by: str = "prompt_id",
+    embedding: str = "embedding",
+    reward: str = "reward",
+    mode: str = "mode",
+    alpha: float = 0.75,
+    k_max: int | None = None,
+    kernel: str = "shift",
+    n_modes: int | None = None,
+    seed: int = 0,
+    layout: str = "auto",
+    candidate_columns: list[str] | None = None,
+    memory_limit: Any = None,
+    workers: int | None = None,
+    rows_per_bucket: int | None = None,
+    overwrite: bool = False,
+    progress: Any = False,
+    command: str | None = None,
+    _n_parts: int | None = None,
+    _fail_after: int | None = None,
+) -> BatchReport:
+    """Keep K candidates per prompt of a dataset, in bounded memory; resumable.
+
+    ``source``: a file, a directory of Parquet/JSONL files (hive partitions
+    included) or a glob. ``output``: a directory (any name without a table suffix) that gets
+    ``part-00000.parquet`` ... and ``_manifest.json``, or a file
+    (``.parquet``/``.jsonl``/``.csv``) holding every kept row. The kept rows
+    are those of :func:`mrt_fast.select` on the whole table (the options mean
+    the same); a file output also has its order. ``memory_limit`` (bytes or
+    ``"2GB"``; default half the available memory) bounds the peak memory.
+    ``layout``: ``"rows"`` (one row per candidate), ``"grouped"`` (one row per
+    prompt, list columns) or ``"auto"``. Re-running an unfinished directory
+    output finishes it; a finished one is left as it is
+    (``report.already_done``); another job's directory is refused unless
+    ``overwrite``. ``workers``: buckets selected at once (default: as memory
+    and cores allow). ``rows_per_bucket``: plan buckets of about this many
+    input rows instead of from the memory limit. ``progress``: True or a rich
+    Console for a progress bar by rows.
+    """
+    t0 = time.perf_counter()
+    opts = Options(k=k, method=method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
+                   kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, candidate_columns=candidate_columns)
+    from .select import _check_common
+
+    _check_common(0.0 if opts.method == "diverse" else alpha, 1e-6, opts.k, k_max, kernel)
+    limit = default_memory_limit() if memory_limit is None else parse_memory(memory_limit)
+    out = Path(output)
+    ds = _io.discover(source)
+    if _io.output_inside_input(out, ds):
+        raise MrtInputError(f"output {str(out)!r} is the input or inside it; write it elsewhere")
+    first_schema = _io.file_schema(ds.files[0], ds.fmt)
+    names = list(first_schema.names()) + _io.hive_columns(ds)
+    schema = ds.check_columns(opts.needed(names))
+    lay = opts.resolve_layout(schema)
+    lists = opts.list_columns(schema) if lay == "grouped" else None
+    to_dir = out.is_dir() or out.suffix.lower() not in _io.FORMATS
+    if not to_dir:
+        parent = out.parent if str(out.parent) else Path(".")
+        if not parent.is_dir():
+            raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+    params = {**opts.parameters(), "layout": lay}
+    fp = ds.fingerprint()
+    state, man = ("new", None)
+    if to_dir:
+        state, man = prepare_output(out, params, fp, overwrite=overwrite)
+    counts = ds.row_counts()
+    n_rows = sum(counts) if counts is not None else None
+    rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
+                      n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0, n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=False,
+                      resumed=state == "resume", already_done=state == "done", memory_limit=limit, peak_rss=0,
+                      seconds=0.0)
+    if state == "done":
+        assert man is not None
+        rep.n_parts = man.n_parts
+        rep.n_kept = rep.n_out_rows = man.rows
+        rep.peak_rss = peak_rss()
+        rep.seconds = time.perf_counter() - t0
+        return rep
+    created = to_dir and state == "new"
+    try:
+        return _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers,
+                        rows_per_bucket, progress, command, rep, t0, _n_parts, _fail_after)
+    except MrtInputError:
+        # bad input found before any part was committed: leave no half-made directory behind
+        if created and out.is_dir() and not any(out.glob("part-*.parquet")):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers, rows_per_bucket,
+             progress, command, rep, t0, _n_parts, _fail_after):
+    if lay == "grouped":
+        if rows_per_bucket is not None:
+            _n_parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_bucket))
+        return _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, progress, command, rep, t0,
+                            _n_parts, _fail_after)
+    total_bytes = ds.memory_bytes()
+    n_buckets, w = _plan(total_bytes, limit, workers)
+    if rows_per_bucket is not None:
+        _n_parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_bucket))
+    if _n_parts is not None:
+        n_buckets = int(_n_parts)
+        w = max(1, int(workers or 1))
+    if man is not None:
+        n_buckets = man.n_parts
+    rep.workers = w
+    if to_dir:
+        out.mkdir(exist_ok=True)
+        if man is None:
+            man = Manifest(command=command or _describe_command(opts), parameters=params,
+                           input={"source": ds.source, "files": len(ds.files), "fingerprint": fp,
+                                  "rows": n_rows}, n_parts=n_buckets, layout=lay)
+            man.write(out)
+    tot = _Totals()
+    bar = _Progress(progress, None if n_rows is None else (n_rows if n_buckets == 1 else 2 * n_rows))
+    try:
+        if n_buckets == 1:
+            bar.phase("reading")
+            df = _read_all(ds)
+            _check_nulls(df, opts.by, ds)
+            rep.n_input_rows = df.height
+            bar.total(df.height)
+            bar.phase(f"{opts.method}-{opts.k}")
+            kept, r = select_frame(df, opts)
+            del df
+            tot.add(r)
+            if to_dir:
+                assert man is not None
+                _finish_part(kept, out, 0, man, _fail_after, [0])
+            else:
+                _write_file(kept, out)
+            bar.advance(r.n_candidates)
+            rep.n_parts = 1
+            rep.parts_done_now = 1
+        else:
+            rep.spilled = True
+            rep.n_parts = n_buckets
+            todo = man.missing_parts(out) if man is not None else list(range(n_buckets))
+            if to_dir:
+                spill_dir = out / SPILL_DIR
+            else:
+                parent = out.parent if str(out.parent) else Path(".")
+                remove_stale_spills(parent, out.name)
+                spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-{os.getpid()}-", dir=parent))
+            try:
+                done_marker = spill_dir / "_complete"
+                if not (done_marker.exists() and done_marker.read_text() == f"{fp} {n_buckets}"):
+                    shutil.rmtree(spill_dir, ignore_errors=True)
+                    bar.phase("partitioning")
+                    seen = [0]
+
+                    def on_rows(n: int) -> None:
+                        seen[0] += n
+                        bar.advance(n)
+
+                    nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows,
+                                  batch_rows=_batch_rows(total_bytes, n_rows, limit))
+                    if nulls:
+                        nb = read_bucket(spill_dir, n_buckets)
+                        f, r0 = ds.locate(int(nb[ROW].min()))
+                        raise MrtInputError(
+                            f"column {opts.by!r} has {nulls} null prompt id(s), the first in {str(f)!r} at row {r0}; "
+                            "give every row a prompt id", column=opts.by, row=r0)
+                    if n_rows is None:
+                        n_rows = seen[0]
+                        rep.n_input_rows = n_rows
+                        bar.total(2 * n_rows)
+                    done_marker.write_text(f"{fp} {n_buckets}")
+                else:
+                    bar.advance(n_rows or 0)
+                for i in range(n_buckets):
+                    if i not in todo:
+                        bucket_path(spill_dir, i).unlink(missing_ok=True)
+                bar.phase(f"{opts.method}-{opts.k} by bucket")
+                empty = pl.DataFrame(schema={ROW: pl.get_index_type(), **dict(schema)})
+                parts_dir = spill_dir / "parts"
+                if not to_dir:
+                    parts_dir.mkdir(exist_ok=True)
+                written = [0]
+
+                def one(i: int) -> None:
+                    df = read_bucket(spill_dir, i, empty.schema)
+                    if df.height == 0:
+                        kept = _empty_output(ds, opts, to_dir)
+                    else:
+                        kept, r = select_frame(df, opts, first=not to_dir)
+                        tot.add(r)
+                    n = df.height
+                    del df
+                    if to_dir:
+                        _finish_part(kept, out, i, man, _fail_after, written)
+                    else:
+                        _io.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
+                    bucket_path(spill_dir, i).unlink(missing_ok=True)
+                    bar.advance(n)
+
+                _run_all(one, todo, w)
+                rep.parts_done_now = len(todo)
+                if not to_dir:
+                    files = sorted(parts_dir.glob("*.parquet"))
+                    kept = pl.read_parquet([str(f) for f in files]) if files else pl.DataFrame()
+                    if FIRST in kept.columns:
+                        kept = kept.sort([FIRST, "pick_rank"]).drop(FIRST)
+                    _write_file(kept, out)
+            finally:
+                if not to_dir:
+                    shutil.rmtree(spill_dir, ignore_errors=True)
+            if to_dir:
+                shutil.rmtree(spill_dir, ignore_errors=True)
+        if to_dir:
+            assert man is not None
+            man.done = True
+            man.finished = time.time()
+            man.write(out)
+            rep.n_kept = man.rows
+        else:
+            rep.n_kept = tot.kept
+        rep.n_out_rows = rep.n_kept
+    finally:
+        bar.close()
+    rep.n_pools, rep.n_candidates, rep.n_small_pools, rep.modes_missed = tot.pools, tot.cands, tot.small, tot.missed
+    rep.mean_ratio = tot.ratio_sum / tot.ratio_n if tot.ratio_n else None
+    rep.peak_rss = peak_rss()
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def remove_stale_spills(directory: Path, name: str) -> int:
+    """Delete ``.NAME.spill-PID-*`` folders of file outputs whose process is gone (a kill -9)."""
+    n = 0
+    for d in Path(directory).glob(f".{name}.spill-*"):
+        m = re.match(rf"^\.{re.escape(name)}\.spill-(\d+)-", d.name)
+        if not m or not d.is_dir():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        n += 1
+    return n
+
+
+def _run_all(one: Callable[[int], None], todo: list[int], workers: int) -> None:
+    """``one(i)`` for every part, ``workers`` at a time (threads: the core, polars and Arrow release the GIL)."""
+    from .select import SmallPoolWarning
+
+    # the warnings filter is process-wide: set once here, not per thread (catch_warnings is not thread-safe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        if workers > 1 and len(todo) > 1:
+            with ThreadPoolExecutor(max_workers=workers) as ex:
+                futures = [ex.submit(one, i) for i in todo]
+                try:
+                    for f in futures:
+                        f.result()
+                except BaseException:
+                    for f in futures:  # stop at the first failure: parts not started are not started
+                        f.cancel()
+                    raise
+        else:
+            for i in todo:
+                one(i)
+
+
+def _count_rows(ds: _io.Dataset, known: int | None) -> int:
+    if known is not None:
+        return known
+    try:
+        return int(ds.scan().select(pl.len()).collect().item())
+    except Exception as e:  # noqa: BLE001
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+
+
+_manifest_lock = threading.Lock()
+
+
+def _finish_part(kept: pl.DataFrame, out: Path, i: int, man: Manifest | None, fail_after: int | None,
+                 written: list[int]) -> None:
+    n = write_part(kept, out, i)
+    with _manifest_lock:
+        assert man is not None
+        man.record(i, n)
+        man.write(out)
+        written[0] += 1
+        if fail_after is not None and written[0] >= fail_after:
+            raise _SimulatedKill(f"stopped after {written[0]} part(s)")
+
+
+class _SimulatedKill(RuntimeError):
+    """Raised by the test hook ``_fail_after`` (a job killed after N parts)."""
+
+
+def _read_all(ds: _io.Dataset) -> pl.DataFrame:
+    try:
+        return ds.scan().collect()
+    except MrtInputError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+
+
+def _check_nulls(df: pl.DataFrame, by: str, ds: _io.Dataset) -> None:
+    n = df[by].null_count()
+    if n:
+        row = int(df[by].is_null().arg_true()[0])
+        f, r0 = ds.locate(row)
+        raise MrtInputError(f"column {by!r} has {n} null prompt id(s), the first in {str(f)!r} at row {r0}; "
+                            "give every row a prompt id", column=by, row=r0)
+
+
+def _empty_output(ds: _io.Dataset, opts: Options, to_dir: bool) -> pl.DataFrame:
+    """The kept rows of an empty bucket: no rows, the output's columns."""
+    df = ds.scan().head(0).collect()
+    cols = {c: t for c, t in df.schema.items()}
+    if opts.method == "stratified" and opts.mode not in cols:
+        cols[opts.mode] = pl.Int64  # computed modes come before what select adds
+    cols["pick_rank"] = pl.Int32
+    if opts.method in ("diverse", "grades"):
+        cols["gain"] = pl.Float64
+    if opts.method == "stratified":
+        cols["weight"] = pl.Float64
+    if not to_dir:
+        cols[FIRST] = pl.get_index_type()
+    return pl.DataFrame(schema=cols)
+
+
+def _write_file(df: pl.DataFrame, out: Path) -> None:
+    with _io.AtomicWriter(out) as wr:
+        wr.write(df)
+        wr.commit()
+
+
+def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, progress, command, rep, t0,
+                 n_parts_override, fail_after):
+    """Grouped layout: parts are runs of consecutive prompts (rows); nothing is shuffled."""
+    counts = ds.row_counts()
+    lf = ds.scan()
+    try:
+        if counts is None:
+            n_rows = int(lf.select(pl.len()).collect().item())
+        else:
+            n_rows = sum(counts)
+        nulls = int(lf.select(pl.col(opts.by).null_count()).collect().item())
+    except Exception as e:  # noqa: BLE001
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+    if nulls:
+        ids = lf.select(pl.col(opts.by).is_null().arg_true().first()).collect().item()
+        f, r0 = ds.locate(int(ids))
+        raise MrtInputError(f"column {opts.by!r} has {nulls} null prompt id(s), the first in {str(f)!r} at row {r0}; "
+                            "give every row a prompt id", column=opts.by, row=r0)
+    if n_rows == 0:
+        raise MrtInputError(f"{ds.source!r} has no rows: there is nothing to select from")
+    rep.n_input_rows = n_rows
+    total_bytes = ds.memory_bytes()
+    n_parts, w = _plan(total_bytes, limit, workers)
+    if n_parts_override is not None:
+        n_parts, w = int(n_parts_override), max(1, int(workers or 1))
+    n_parts = max(1, min(n_parts, n_rows))
+    per = math.ceil(n_rows / n_parts)
+    n_parts = math.ceil(n_rows / per)
+    if man is not None:
+        n_parts, per = man.n_parts, int(man.rows_per_part or per)
+    rep.n_parts = n_parts
+    rep.workers = w
+    if to_dir:
+        out.mkdir(exist_ok=True)
+        if man is None:
+            man = Manifest(command=command or _describe_command(opts), parameters=params,
+                           input={"source": ds.source, "files": len(ds.files), "fingerprint": fp, "rows": n_rows},
+                           n_parts=n_parts, layout="grouped", rows_per_part=per)
+            man.write(out)
+    todo = man.missing_parts(out) if man is not None else list(range(n_parts))
+    tot = _Totals()
+    bar = _Progress(progress, n_rows)
+    bar.phase(f"{opts.method}-{opts.k} by part")
+    results: dict[int, pl.DataFrame] = {}
+    written = [0]
+
+    def one(i: int) -> None:
+        try:
+            df = lf.slice(i * per, per).collect()
+        except Exception as e:  # noqa: BLE001
+            ds.find_unreadable()
+            raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+        kept, r = select_frame(df, opts, layout="grouped", list_columns=lists)
+        tot.add(r)
+        if to_dir:
+            _finish_part(kept, out, i, man, fail_after, written)
+        else:
+            results[i] = kept
+        bar.advance(df.height)
+
+    try:
+        if to_dir:
+            bar.advance(n_rows - sum(min(per, n_rows - i * per) for i in todo))
+        _run_all(one, todo, w)
+        if to_dir:
+            man.done = True
+            man.finished = time.time()
+            man.write(out)
+            rep.n_out_rows = man.rows
+        else:
+            res = pl.concat([results[i] for i in sorted(results)])
+            _write_file(res, out)
+            rep.n_out_rows = res.height
+        rep.n_kept = tot.kept
+    finally:
+        bar.close()
+    rep.parts_done_now = len(todo)
+    rep.n_pools, rep.n_candidates, rep.n_small_pools, rep.modes_missed = tot.pools, tot.cands, tot.small, tot.missed
+    rep.mean_ratio = tot.ratio_sum / tot.ratio_n if tot.ratio_n else None
+    rep.peak_rss = peak_rss()
+    rep.seconds = time.perf_counter() - t0
+    return rep

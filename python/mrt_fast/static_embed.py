@@ -1,0 +1,273 @@
+"""A static embedding model distilled from a sentence transformer, on first use.
+
+The method is model2vec's distillation (Tulkens & van Dongen, "Model2Vec:
+fast state-of-the-art static embeddings", 2024; the ``model2vec`` package's
+``distill``), done here with torch and NumPy so that it runs offline on the
+bundled all-MiniLM-L6-v2 and with the transformers version installed:
+
+1. every token of the source model's vocabulary (less ``[unused*]``) goes
+   through the transformer alone, as ``[CLS] token [SEP]``; its vector is the
+   mean of the output hidden states;
+2. PCA of those vectors to ``pca_dims`` dimensions (centred, eigenvectors of
+   the covariance, sign fixed so that each component's largest score is
+   positive);
+3. each token's vector is scaled by a SIF weight ``a / (a + p)`` where ``p`` is
+   the token's Zipf probability estimated from its rank in the vocabulary.
+
+Inference tokenises a batch with the model's fast (Rust) tokenizer, without
+special tokens, sums the rows of the token vectors of each text
+(``np.add.reduceat``) and L2-normalises: there is no network to run.
+
+The distilled vectors, the tokenizer and how they were made are kept in one
+``.npz`` file under the embedding cache directory, named after the source
+model's weight hash and the distillation parameters, written atomically. A
+second call (or process) loads it in well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import MrtInputError
+
+#: names that select the static tier distilled from the bundled MiniLM
+STATIC_ALIASES = frozenset({"static", "static-minilm", "minilm-static"})
+#: ``static:PATH`` distils from a local sentence-transformers directory instead
+STATIC_PREFIX = "static:"
+PCA_DIMS = 256
+SIF_COEFFICIENT = 1e-4
+#: tokens per text read at inference (the rest of a longer text is dropped)
+MAX_TOKENS = 512
+#: version of the file layout and of the distillation steps (part of the file name)
+FORMAT_VERSION = 1
+_REMOVE = re.compile(r"\[unused\d+\]")
+
+
+def is_static(model) -> bool:
+    """Whether ``model`` names the static tier."""
+    return model is not None and (str(model) in STATIC_ALIASES or str(model).startswith(STATIC_PREFIX))
+
+
+def _source(model) -> tuple[Path, str, str]:
+    """(source model directory, source weights sha256, readable name) of a static model name."""
+    from .embed import MINILM_WEIGHTS_SHA256, minilm_path, sha256_file
+
+    s = str(model)
+    if s in STATIC_ALIASES:
+        return minilm_path(), MINILM_WEIGHTS_SHA256, "all-MiniLM-L6-v2"
+    p = Path(s[len(STATIC_PREFIX):]).expanduser()
+    if not p.is_dir():
+        raise MrtInputError(f"static model source {str(p)!r} is not a local sentence-transformers model directory")
+    weights = [p / n for n in ("model.safetensors", "pytorch_model.bin") if (p / n).is_file()]
+    if not weights or not (p / "tokenizer.json").is_file():
+        raise MrtInputError(
+            f"static model source {str(p)!r} needs model.safetensors (or pytorch_model.bin) and tokenizer.json"
+        )
+    return p, sha256_file(weights[0]), p.resolve().name
+
+
+@dataclass
+class StaticModel:
+    """Token vectors (vocabulary x dim, float32) and the tokenizer that indexes them."""
+
+    vectors: np.ndarray
+    tokenizer_json: str
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from tokenizers import Tokenizer
+
+        self.vectors = np.ascontiguousarray(self.vectors, dtype=np.float32)
+        tok = Tokenizer.from_str(self.tokenizer_json)
+        tok.no_padding()
+        tok.enable_truncation(MAX_TOKENS)
+        self._tok = tok
+        unk = self.meta.get("unk_id")
+        self._unk = int(unk) if unk is not None else 0
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    @property
+    def model_id(self) -> str:
+        """Identity of the vectors, for the embedding cache (source hash and distillation parameters)."""
+        m = self.meta
+        return (f"static:{m['source_name']}@{m['source_sha256'][:16]}/pca{m['pca_dims']}-sif{m['sif_coefficient']:g}"
+                f"-v{m['format']}")
+
+    def token_ids(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(flat token ids, start offset of each text) of a batch; a text without tokens gets ``[UNK]``."""
+        enc = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)(list(texts), add_special_tokens=False)
+        ids = [e.ids or [self._unk] for e in enc]
+        lens = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
+        starts = np.zeros(len(ids), dtype=np.int64)
+        np.cumsum(lens[:-1], out=starts[1:])
+        flat = np.fromiter((t for i in ids for t in i), dtype=np.int64, count=int(lens.sum()))
+        return flat, starts
+
+    def encode(self, texts: Sequence[str], batch_size: int = 4096) -> np.ndarray:
+        """Unit-norm float32 embeddings, shape (len(texts), dim)."""
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for s in range(0, len(texts), batch_size):
+            flat, starts = self.token_ids(texts[s : s + batch_size])
+            v = np.add.reduceat(self.vectors[flat], starts, axis=0)
+            n = np.linalg.norm(v, axis=1, keepdims=True)
+            n[n == 0] = 1.0
+            out[s : s + len(starts)] = v / n
+        return out
+
+
+def static_path(model, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the distilled model of ``model`` is (or will be) stored."""
+    from .embed import default_cache_dir
+
+    _, sha, name = _source(model)
+    root = Path(cache_dir) if cache_dir not in (None, False, True) else default_cache_dir()
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return root / "static" / f"{safe}-{sha[:16]}-pca{PCA_DIMS}-sif{SIF_COEFFICIENT:g}-v{FORMAT_VERSION}.npz"
+
+
+_LOADED: dict[str, StaticModel] = {}
+
+
+def load_static(model="static", cache_dir: str | os.PathLike | None = None, *, device: str | None = None,
+                progress: bool = True) -> StaticModel:
+    """The static model, from its file if it exists, else distilled now and saved (atomically)."""
+    path = static_path(model, cache_dir)
+    key = str(path)
+    if key in _LOADED:
+        return _LOADED[key]
+    m = _read(path)
+    if m is None:
+        src, sha, name = _source(model)
+        m = distill(src, source_sha256=sha, source_name=name, device=device, progress=progress)
+        _write(m, path)
+    _LOADED[key] = m
+    return m
+
+
+def _read(path: Path) -> StaticModel | None:
+    """The model in ``path``; ``None`` if it is missing or unreadable (then it is distilled again)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            vectors = z["vectors"]
+            tok = bytes(z["tokenizer"]).decode()
+        digest = hashlib.sha256(vectors.tobytes()).hexdigest()
+        if meta.get("format") != FORMAT_VERSION or meta.get("vectors_sha256") != digest:
+            return None
+        return StaticModel(vectors, tok, meta)
+    except Exception:  # noqa: BLE001 - a damaged file is rebuilt, not trusted
+        return None
+
+
+def _write(m: StaticModel, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, vectors=m.vectors, tokenizer=np.frombuffer(m.tokenizer_json.encode(), dtype=np.uint8),
+                         meta=np.frombuffer(json.dumps(m.meta).encode(), dtype=np.uint8))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise MrtInputError(f"cannot save the static embedding model to {str(path)!r}: {e}") from None
+
+
+def sif_weights(n: int, sif_coefficient: float = SIF_COEFFICIENT) -> np.ndarray:
+    """``a / (a + p_r)`` with ``p_r`` the Zipf probability of rank ``r`` (1/(r+1), normalised), r = 1..n."""
+    inv = 1.0 / np.arange(2, n + 2, dtype=np.float64)
+    p = inv / inv.sum()
+    return sif_coefficient / (sif_coefficient + p)
+
+
+def pca(x: np.ndarray, dims: int) -> np.ndarray:
+    """Scores of ``x`` on its first ``dims`` principal components (float64 covariance, fixed signs)."""
+    x = np.asarray(x, dtype=np.float64)
+    xc = x - x.mean(axis=0)
+    cov = (xc.T @ xc) / max(len(x) - 1, 1)
+    vals, vecs = np.linalg.eigh(cov)
+    comps = vecs[:, ::-1][:, : min(dims, x.shape[1])]
+    scores = xc @ comps
+    big = np.argmax(np.abs(scores), axis=0)
+    signs = np.sign(scores[big, np.arange(scores.shape[1])])
+    signs[signs == 0] = 1.0
+    return scores * signs
+
+
+def distill(src: str | os.PathLike, *, source_sha256: str, source_name: str, pca_dims: int = PCA_DIMS,
+            sif_coefficient: float = SIF_COEFFICIENT, device: str | None = None, batch_size: int = 1024,
+            progress: bool = True) -> StaticModel:
+    """Distil a static model from the sentence transformer in directory ``src`` (offline)."""
+    try:
+        import torch
+        from transformers import AutoModel
+    except ImportError:
+        raise MrtInputError("distilling the static model needs torch and transformers (pip install 'mrt_fast[embed]')") \
+            from None
+    from tqdm.auto import tqdm
+
+    from .device import resolve_device
+
+    src = Path(src)
+    tok_json = (src / "tokenizer.json").read_text(encoding="utf-8")
+    vocab: dict[str, int] = json.loads(tok_json)["model"]["vocab"]
+    special = json.loads(tok_json).get("added_tokens", [])
+    by_content = {t["content"]: t["id"] for t in special}
+    cls_id, sep_id = by_content.get("[CLS]"), by_content.get("[SEP]")
+    unk_id = by_content.get("[UNK]")
+    n_vocab = max(vocab.values()) + 1
+    keep = np.array(sorted(i for t, i in vocab.items() if not _REMOVE.fullmatch(t)), dtype=np.int64)
+    dev = resolve_device(device)
+    import logging
+    import warnings
+
+    level = logging.getLogger("transformers").level
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            net = AutoModel.from_pretrained(str(src), local_files_only=True).to(dev).eval()
+    except Exception as e:  # noqa: BLE001
+        raise MrtInputError(f"cannot load {str(src)!r} to distil a static model: {type(e).__name__}: {e}") from None
+    finally:
+        logging.getLogger("transformers").setLevel(level)
+    pre = [cls_id] if cls_id is not None else []
+    post = [sep_id] if sep_id is not None else []
+    seq = np.array([[*pre, int(t), *post] for t in keep], dtype=np.int64)
+    out = np.empty((len(keep), net.config.hidden_size), dtype=np.float32)
+    with torch.inference_mode(), tqdm(total=len(keep), desc="distilling static embeddings", unit="token",
+                                      disable=not progress) as bar:
+        for s in range(0, len(seq), batch_size):
+            ids = torch.from_numpy(seq[s : s + batch_size]).to(dev)
+            h = net(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
+            out[s : s + len(ids)] = h.last_hidden_state.float().mean(dim=1).cpu().numpy()
+            bar.update(len(ids))
+    out = np.nan_to_num(out)
+    red = pca(out, pca_dims) * sif_weights(len(keep), sif_coefficient)[:, None]
+    vectors = np.zeros((n_vocab, red.shape[1]), dtype=np.float32)
+    vectors[keep] = red.astype(np.float32)
+    meta = {
+        "format": FORMAT_VERSION, "method": "model2vec distillation (mean pooling, PCA, Zipf SIF weights)",
+        "source_name": source_name, "source_sha256": source_sha256, "pca_dims": int(red.shape[1]),
+        "sif_coefficient": float(sif_coefficient), "vocab_size": int(n_vocab), "tokens_distilled": int(len(keep)),
+        "unk_id": unk_id, "max_tokens": MAX_TOKENS, "vectors_sha256": hashlib.sha256(vectors.tobytes()).hexdigest(),
+    }
+    return StaticModel(vectors, tok_json, meta)

@@ -1,0 +1,493 @@
+"""select_dataset / `mrt select` on datasets: the in-memory result, in bounded
+memory, resumable, with bad input named."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import mrt_fast
+from mrt_fast import MrtInputError
+from mrt_fast import batch
+from mrt_fast.batch import bucket_of, select_dataset
+from mrt_fast.cli import app
+from mrt_fast.manifest import Manifest, part_path
+
+runner = CliRunner()
+
+
+def make_rows(n_pools: int, seed: int = 0, dim: int = 4, str_ids: bool = False, max_pool: int = 12) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, max_pool + 1, n_pools)
+    ids = np.repeat(np.arange(n_pools) * 7 + 3, sizes)
+    n = len(ids)
+    df = pl.DataFrame({
+        "prompt_id": [f"p{i}" for i in ids] if str_ids else ids,
+        "reward": rng.standard_normal(n).round(3),
+        "mode": rng.integers(0, 3, n),
+        "embedding": rng.standard_normal((n, dim)).astype(np.float32).tolist(),
+        "text": [f"r{i}" for i in range(n)],
+    }).with_columns(pl.col("embedding").cast(pl.List(pl.Float32)))
+    return df.sample(fraction=1.0, shuffle=True, seed=seed + 1)
+
+
+def cut(df: pl.DataFrame, d: Path, n_files: int, seed: int = 0, fmt: str = "parquet") -> list[Path]:
+    """Rows cut into n_files files (random sizes, possibly empty) named in order."""
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.integers(0, df.height + 1, n_files - 1))
+    bounds = [0, *cuts.tolist(), df.height]
+    files = []
+    for i in range(n_files):
+        f = d / f"f{i:03d}.{fmt}"
+        part = df[bounds[i]:bounds[i + 1]]
+        part.write_parquet(f) if fmt == "parquet" else part.write_ndjson(f)
+        files.append(f)
+    return files
+
+
+def ref_select(df, k, method, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return mrt_fast.select(df, k, method, **kw)
+
+
+def read_dir(out: Path) -> pl.DataFrame:
+    return pl.read_parquet(sorted(str(p) for p in out.glob("part-*.parquet")))
+
+
+def by_pool(df: pl.DataFrame) -> pl.DataFrame:
+    return df.sort(["prompt_id", "pick_rank"])
+
+
+# --------------------------------------------------------------------------- equal to in memory
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n_pools=st.integers(1, 30),
+    seed=st.integers(0, 10_000),
+    n_files=st.integers(1, 5),
+    n_parts=st.integers(1, 7),
+    method=st.sampled_from(["random", "top", "grades", "diverse", "stratified"]),
+    k=st.integers(1, 5),
+    str_ids=st.booleans(),
+    workers=st.integers(1, 2),
+    limit_mib=st.one_of(st.none(), st.integers(64, 4096)),
+)
+def test_equals_select_on_the_whole_table(tmp_path_factory, n_pools, seed, n_files, n_parts, method, k, str_ids,
+                                          workers, limit_mib):
+    tmp = tmp_path_factory.mktemp("eq")
+    df = make_rows(n_pools, seed, str_ids=str_ids)
+    cut(df, tmp / "in", n_files, seed)
+    ref = ref_select(df, k, method, seed=seed % 7)
+    # a file output: the same rows in the same order, buckets planned from rows or from a memory limit
+    # (the tiny tables are made to look big: each byte costs 2e5 bytes of work)
+    with mock.patch.object(batch, "WORK_FACTOR", 2e5):
+        rep = select_dataset(tmp / "in", tmp / "out.parquet", k, method, seed=seed % 7, workers=workers,
+                             rows_per_bucket=None if limit_mib else max(1, df.height // n_parts),
+                             memory_limit=f"{limit_mib}MiB" if limit_mib else None)
+    got = pl.read_parquet(tmp / "out.parquet")
+    assert got.equals(ref), (rep, got, ref)
+    # a dataset output: the same rows per pool, in pick order, each pool in one part
+    select_dataset(str(tmp / "in" / "*.parquet"), tmp / "out", k, method, seed=seed % 7, _n_parts=n_parts,
+                   workers=workers)
+    got = read_dir(tmp / "out")
+    assert by_pool(got).equals(by_pool(ref))
+    m = Manifest.read(tmp / "out")
+    assert m.done and m.n_parts == n_parts and m.rows == ref.height
+    per_part = [pl.read_parquet(part_path(tmp / "out", i))["prompt_id"].unique() for i in range(n_parts)]
+    assert sum(len(p) for p in per_part) == ref["prompt_id"].n_unique()
+
+
+def test_memory_limit_chooses_buckets_and_keeps_the_result(tmp_path, monkeypatch):
+    df = make_rows(60, 3)
+    cut(df, tmp_path / "in", 3)
+    ref = ref_select(df, 3, "grades")
+    # a data set "bigger" than the limit: pretend every byte needs 10^5 bytes of work
+    monkeypatch.setattr(batch, "WORK_FACTOR", 1e5)
+    rep = select_dataset(tmp_path / "in", tmp_path / "out.parquet", 3, "grades", memory_limit="1GB")
+    assert rep.spilled and rep.n_parts > 1
+    assert pl.read_parquet(tmp_path / "out.parquet").equals(ref)
+    monkeypatch.setattr(batch, "WORK_FACTOR", 1.0)
+    rep = select_dataset(tmp_path / "in", tmp_path / "out2.parquet", 3, "grades", memory_limit="1GB")
+    assert not rep.spilled and rep.n_parts == 1
+    assert pl.read_parquet(tmp_path / "out2.parquet").equals(ref)
+
+
+def test_stratified_with_computed_modes(tmp_path):
+    from mrt_fast.modes import pool_modes
+
+    df = make_rows(40, 3, dim=8, max_pool=30).drop("mode")
+    cut(df, tmp_path / "in", 3)
+    ref = ref_select(pool_modes(df, by="prompt_id", embedding="embedding", out="mode", seed=0), 3, "stratified")
+    for n in (1, 4):
+        select_dataset(tmp_path / "in", tmp_path / f"o{n}.parquet", 3, "stratified", _n_parts=n)
+        assert pl.read_parquet(tmp_path / f"o{n}.parquet").equals(ref)
+
+
+@pytest.mark.parametrize("method", ["random", "top", "grades", "diverse", "stratified"])
+def test_empty_buckets_have_the_parts_schema(tmp_path, method):
+    df = make_rows(3, 2, max_pool=8).drop("mode")
+    cut(df, tmp_path / "in", 2)
+    select_dataset(tmp_path / "in", tmp_path / "o", 2, method, _n_parts=9)  # most buckets empty
+    schemas = {tuple(pl.read_parquet_schema(p).items()) for p in (tmp_path / "o").glob("part-*.parquet")}
+    assert len(schemas) == 1
+    assert pl.scan_parquet(str(tmp_path / "o" / "*.parquet")).collect().height == ref_select(df if method != "stratified"
+        else df.with_columns(pl.lit(0).alias("mode")), 2, method).height
+
+
+def test_bucket_of_is_the_pool_key_digest():
+    from mrt_fast._tables import pool_keys
+
+    s = pl.Series(["a", "b", None, "c"])
+    b = bucket_of(s, 5)
+    assert b[2] == 5  # nulls never share a real bucket
+    full = pool_keys(pl.Series(["a", "b", "c"])) % np.uint64(5)
+    assert b[[0, 1, 3]].tolist() == full.tolist()
+    ints = pl.Series([1, 2, 3, 2**40])
+    assert bucket_of(ints, 7).tolist() == (pool_keys(ints) % np.uint64(7)).tolist()
+
+
+@pytest.mark.parametrize("spec", ["2GB", "512MiB", "1.5g", 3_000_000_000])
+def test_parse_memory(spec):
+    assert batch.parse_memory(spec) >= 64 * 2**20
+
+
+@pytest.mark.parametrize("spec", ["lots", "2XB", "1MB", -5])
+def test_parse_memory_refuses(spec):
+    with pytest.raises(MrtInputError):
+        batch.parse_memory(spec)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def test_dirs_globs_jsonl_and_hive(tmp_path):
+    df = make_rows(25, 5)
+    ref = by_pool(ref_select(df, 2, "top"))
+    jf = cut(df, tmp_path / "j", 3, fmt="jsonl")
+    select_dataset(tmp_path / "j", tmp_path / "oj", 2, "top", _n_parts=3)
+    ref_j = by_pool(ref_select(pl.concat([pl.read_ndjson(f) for f in jf if f.stat().st_size]), 2, "top"))
+    assert by_pool(read_dir(tmp_path / "oj")).equals(ref_j)
+    # hive: split=a/ and split=b/ folders; the key becomes a column
+    h = tmp_path / "h"
+    a, b = df[: df.height // 2], df[df.height // 2:]
+    (h / "split=a").mkdir(parents=True)
+    (h / "split=b").mkdir(parents=True)
+    a.write_parquet(h / "split=a" / "x.parquet")
+    b.write_parquet(h / "split=b" / "x.parquet")
+    select_dataset(h, tmp_path / "oh", 2, "top", _n_parts=2)
+    got = by_pool(read_dir(tmp_path / "oh"))
+    assert "split" in got.columns
+    assert got.select(ref.columns).equals(ref)
+    # a quoted glob across folders
+    select_dataset(str(h / "*" / "*.parquet"), tmp_path / "og.parquet", 2, "top")
+    assert by_pool(pl.read_parquet(tmp_path / "og.parquet")).select(ref.columns).equals(ref)
+
+
+def test_grouped_layout_in_and_out(tmp_path):
+    rows = make_rows(20, 9, max_pool=10).sort("prompt_id", maintain_order=True)
+    grouped = rows.group_by("prompt_id", maintain_order=True).agg(
+        pl.col("text").alias("responses"), pl.col("reward"), pl.col("embedding"), pl.col("mode"))
+    grouped = grouped.with_columns(pl.lit("the prompt").alias("prompt"))
+    cut(grouped, tmp_path / "g", 3)
+    ref = ref_select(rows.rename({"text": "responses"}), 3, "grades")
+    for n_parts in (1, 4):
+        out = tmp_path / f"out{n_parts}"
+        rep = select_dataset(tmp_path / "g", out, 3, "grades", _n_parts=n_parts)
+        assert rep.layout == "grouped"
+        got = read_dir(out)
+        assert got.height == grouped.height  # one row per prompt
+        assert got.schema["embedding"] == grouped.schema["embedding"]
+        assert got["prompt"].to_list() == ["the prompt"] * got.height
+        flat = got.drop("prompt").explode(["responses", "reward", "embedding", "mode", "pick_rank", "gain"])
+        assert by_pool(flat).equals(by_pool(ref).select(flat.columns))
+    # a file output in the grouped layout keeps the input's prompt order
+    select_dataset(tmp_path / "g", tmp_path / "g.parquet", 3, "grades", _n_parts=2)
+    assert pl.read_parquet(tmp_path / "g.parquet")["prompt_id"].to_list() == grouped["prompt_id"].to_list()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_pools=st.integers(1, 25), seed=st.integers(0, 1000), n_files=st.integers(1, 4), n_parts=st.integers(1, 6),
+       method=st.sampled_from(["random", "top", "grades", "stratified"]), k=st.integers(1, 4))
+def test_grouped_equals_select_on_the_rows(tmp_path_factory, n_pools, seed, n_files, n_parts, method, k):
+    tmp = tmp_path_factory.mktemp("grouped")
+    rows = make_rows(n_pools, seed).sort("prompt_id", maintain_order=True)
+    g = rows.group_by("prompt_id", maintain_order=True).agg(pl.col("text"), pl.col("reward"), pl.col("embedding"),
+                                                             pl.col("mode"))
+    g = g.sample(fraction=1.0, shuffle=True, seed=seed)
+    cut(g, tmp / "g", n_files, seed)
+    ref = ref_select(g.explode(["text", "reward", "embedding", "mode"]), k, method, seed=seed)
+    select_dataset(tmp / "g", tmp / "out.parquet", k, method, seed=seed, _n_parts=n_parts, layout="grouped")
+    got = pl.read_parquet(tmp / "out.parquet")
+    assert got["prompt_id"].to_list() == g["prompt_id"].to_list()
+    lists = [c for c in got.columns if c != "prompt_id"]
+    assert got.explode(lists).equals(ref.select(got.columns))
+
+
+def test_grouped_layout_refuses_ragged_lists(tmp_path):
+    g = pl.DataFrame({"prompt_id": [1, 2], "reward": [[1.0, 2.0], [3.0]], "responses": [["a", "b"], ["c", "d"]]})
+    g.write_parquet(tmp_path / "g.parquet")
+    with pytest.raises(MrtInputError, match="prompt 2 has 2 values in 'responses'"):
+        select_dataset(tmp_path / "g.parquet", tmp_path / "o", 1, "top")
+    assert not (tmp_path / "o").exists()
+    # a per-prompt list column is left alone once the per-candidate ones are named
+    g = pl.DataFrame({"prompt_id": [1, 2], "reward": [[1.0, 2.0], [3.0]], "responses": [["a", "b"], ["c"]],
+                      "tests": [["t1"], ["t2", "t3"]]})
+    g.write_parquet(tmp_path / "g2.parquet")
+    r = runner.invoke(app, ["select", str(tmp_path / "g2.parquet"), str(tmp_path / "o2.parquet"), "--k", "1",
+                            "--method", "top", "--candidate-columns", "reward,responses"])
+    assert r.exit_code == 0, r.output
+    got = pl.read_parquet(tmp_path / "o2.parquet")
+    assert got["responses"].to_list() == [["b"], ["c"]] and got["tests"].to_list() == [["t1"], ["t2", "t3"]]
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def test_resume_after_a_kill_gives_byte_identical_parts(tmp_path):
+    df = make_rows(80, 11)
+    cut(df, tmp_path / "in", 4)
+    select_dataset(tmp_path / "in", tmp_path / "full", 3, "grades", _n_parts=6)
+    with pytest.raises(batch._SimulatedKill):
+        select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades", _n_parts=6, _fail_after=2)
+    m = Manifest.read(tmp_path / "part")
+    assert not m.done and len(m.parts) == 2
+    # a half-written temp file is never read and is cleaned
+    import subprocess, sys
+
+    from mrt_fast.io import temp_name
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # what a kill -9 mid-write leaves: a temp file whose writer is gone
+    (tmp_path / "part" / temp_name("part-00005.parquet", dead.pid)).write_bytes(b"half")
+    rep = select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades", _n_parts=6)
+    assert rep.resumed and rep.parts_done_now == 4
+    for i in range(6):
+        assert part_path(tmp_path / "part", i).read_bytes() == part_path(tmp_path / "full", i).read_bytes()
+    assert not list((tmp_path / "part").glob(".*.tmp"))
+    assert not (tmp_path / "part" / batch.SPILL_DIR).exists()
+    # finished: says so, does nothing
+    rep = select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades")
+    assert rep.already_done and rep.parts_done_now == 0
+    r = runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "part"), "--k", "3"])
+    assert r.exit_code == 0 and "already complete" in r.output
+
+
+def test_stale_spill_of_a_killed_file_output_is_removed(tmp_path):
+    df = make_rows(10, 1)
+    cut(df, tmp_path / "in", 2)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".o.parquet.spill-{dead.pid}-abc"
+    (stale / "parts").mkdir(parents=True)
+    live = tmp_path / f".o.parquet.spill-{os.getpid()}-abc"
+    live.mkdir()
+    select_dataset(tmp_path / "in", tmp_path / "o.parquet", 2, "random", _n_parts=2)
+    assert not stale.exists() and live.exists()
+
+
+def test_resume_grouped(tmp_path):
+    rows = make_rows(30, 2)
+    g = rows.group_by("prompt_id", maintain_order=True).agg(pl.col("reward"), pl.col("embedding"))
+    cut(g, tmp_path / "g", 2)
+    select_dataset(tmp_path / "g", tmp_path / "full", 2, "grades", _n_parts=5)
+    with pytest.raises(batch._SimulatedKill):
+        select_dataset(tmp_path / "g", tmp_path / "part", 2, "grades", _n_parts=5, _fail_after=3)
+    select_dataset(tmp_path / "g", tmp_path / "part", 2, "grades")
+    for i in range(5):
+        assert part_path(tmp_path / "part", i).read_bytes() == part_path(tmp_path / "full", i).read_bytes()
+
+
+def _cli(*args):
+    return [sys.executable, "-m", "mrt_fast.cli", "select", *map(str, args)]
+
+
+@pytest.mark.slow
+def test_sigkill_at_any_moment_then_rerun(tmp_path):
+    df = make_rows(1000, 4, dim=16, max_pool=30)
+    cut(df, tmp_path / "in", 4)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def cmd(out):
+        return _cli(tmp_path / "in", out, "--k", "4", "--chunk-rows", "1500")
+
+    subprocess.run(cmd(tmp_path / "full"), check=True, env=env, capture_output=True)
+    n_parts = Manifest.read(tmp_path / "full").n_parts
+    assert n_parts > 5
+    unfinished = 0
+    # kill once the job has started writing, once the spill is complete, once a part is written
+    for j, when in enumerate([Path(batch.MANIFEST_NAME), Path(batch.SPILL_DIR) / "_complete", Path("part-00002.parquet")]):
+        out = tmp_path / f"killed{j}"
+        p = subprocess.Popen(cmd(out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        t0 = time.time()
+        while not (out / when).exists() and p.poll() is None and time.time() - t0 < 60:
+            time.sleep(0.002)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        unfinished += not (Manifest.read(out) and Manifest.read(out).done)
+        r = subprocess.run(cmd(out), env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        for i in range(n_parts):
+            assert part_path(out, i).read_bytes() == part_path(tmp_path / "full", i).read_bytes()
+        assert Manifest.read(out).done and not (out / batch.SPILL_DIR).exists()
+    assert unfinished >= 2  # the kills did land mid-run
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_refusals_and_overwrite(tmp_path):
+    df = make_rows(20, 1)
+    files = cut(df, tmp_path / "in", 2)
+    select_dataset(tmp_path / "in", tmp_path / "o", 2, "random", _n_parts=2)
+    with pytest.raises(MrtInputError, match=r"another job: its parameters differ \(k: 2 -> 3\)"):
+        select_dataset(tmp_path / "in", tmp_path / "o", 3, "random")
+    r = runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o"), "--k", "3", "--method", "random"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "--overwrite" in r.output
+    os.utime(files[0], ns=(1, 1))  # the input changed
+    with pytest.raises(MrtInputError, match="the input changed"):
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "random")
+    rep = select_dataset(tmp_path / "in", tmp_path / "o", 3, "random", overwrite=True)
+    assert rep.n_kept == ref_select(df, 3, "random").height
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x.txt").write_text("mine")
+    with pytest.raises(MrtInputError, match="not empty and has no _manifest.json"):
+        select_dataset(tmp_path / "in", tmp_path / "busy", 2, "random")
+
+
+def test_output_inside_input_refused(tmp_path):
+    df = make_rows(5, 1)
+    cut(df, tmp_path / "in", 1)
+    for out in (tmp_path / "in", tmp_path / "in" / "sub", tmp_path / "in" / "f000.parquet"):
+        with pytest.raises(MrtInputError, match="is the input or inside it"):
+            select_dataset(tmp_path / "in", out, 1, "random")
+    with pytest.raises(MrtInputError, match="is the input or inside it"):
+        select_dataset(str(tmp_path / "in" / "*.parquet"), tmp_path / "in" / "out.parquet", 1, "random")
+    with pytest.raises(MrtInputError, match="is the input or inside it"):
+        select_dataset(str(tmp_path / "**" / "*.parquet"), tmp_path / "in" / "deeper" / "out", 1, "random")
+    # beside the files a glob names (not matched by it) is fine
+    rep = select_dataset(str(tmp_path / "in" / "*.parquet"), tmp_path / "in" / "kept", 1, "random")
+    assert rep.n_kept == 5
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("n_parts", [1, 3])
+def test_null_prompt_ids_are_counted_and_refused(tmp_path, n_parts):
+    df = make_rows(40, 6).with_row_index("i").with_columns(
+        pl.when(pl.col("i") % 50 == 7).then(None).otherwise(pl.col("prompt_id")).alias("prompt_id")).drop("i")
+    n_null = df["prompt_id"].null_count()
+    assert n_null > 1
+    cut(df, tmp_path / "in", 3)
+    with pytest.raises(MrtInputError, match=f"has {n_null} null prompt id\\(s\\), the first in '.*f00.\\.parquet'"):
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "random", _n_parts=n_parts)
+    assert not (tmp_path / "o").exists()
+    r = runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o.parquet"), "--k", "2",
+                            "--method", "random", "--chunk-rows", "50"])
+    assert r.exit_code == 2 and "null prompt id" in r.output and not (tmp_path / "o.parquet").exists()
+
+
+@pytest.mark.parametrize("n_parts", [1, 3])
+def test_corrupt_file_is_named_before_any_output(tmp_path, n_parts):
+    df = make_rows(30, 2)
+    files = cut(df, tmp_path / "in", 3)
+    data = files[1].read_bytes()
+    files[1].write_bytes(data[: len(data) // 2] + b"\0" * 64 + data[len(data) // 2 + 64:])  # damaged pages
+    files[2].write_bytes(b"not parquet at all")
+    with pytest.raises(MrtInputError, match="f002.parquet"):
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
+    assert not (tmp_path / "o").exists()  # nothing committed, nothing left behind
+    files[2].unlink()
+    with pytest.raises(MrtInputError, match="f001.parquet"):
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(MrtInputError, match="f001.parquet"):
+        select_dataset(tmp_path / "in", tmp_path / "o.parquet", 2, "grades", _n_parts=n_parts)
+    assert not (tmp_path / "o.parquet").exists() and not list(tmp_path.glob(".o.parquet*"))
+    files[1].unlink()  # once fixed, the same command runs
+    rep = select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
+    assert rep.n_kept == ref_select(pl.read_parquet(files[0]), 2, "grades").height
+
+
+def test_missing_column_names_the_file(tmp_path):
+    df = make_rows(20, 2)
+    files = cut(df, tmp_path / "in", 3)
+    pl.read_parquet(files[1]).drop("embedding").write_parquet(files[1])
+    with pytest.raises(MrtInputError, match=r"column 'embedding' \(embedding\) not found in '.*f001.parquet'"):
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades")
+    r = runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o"), "--k", "2"])
+    assert r.exit_code == 2 and "f001.parquet" in r.output
+
+
+@pytest.mark.parametrize("source", ["missing.parquet", "empty_dir", "*.nothing"])
+def test_no_input(tmp_path, source, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty_dir").mkdir()
+    r = runner.invoke(app, ["select", source, "o", "--k", "2"])
+    assert r.exit_code == 2 and r.output.startswith("error:") and r.output.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- diagnose
+
+
+def _losses(n_prompts=60, seed=0):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(2, 9, n_prompts)
+    ids = np.repeat(np.arange(n_prompts), sizes)
+    return pl.DataFrame({"prompt_id": ids, "loss": rng.gamma(2.0, 1.0, len(ids)) + np.repeat(
+        rng.standard_normal(n_prompts), sizes)}).sample(fraction=1.0, shuffle=True, seed=seed)
+
+
+def test_diagnose_dataset_equals_the_whole_table(tmp_path):
+    from mrt_fast.diagnose import variance_budget_dataset
+    from mrt_fast.variance import variance_budget
+
+    df = _losses()
+    cut(df, tmp_path / "in", 4)
+    a = variance_budget(df, n_boot=50).to_dict()
+    b = variance_budget_dataset(tmp_path / "in", n_boot=50, batch_rows=37).to_dict()
+    for key in ("v_x", "v_y_given_x", "k_star", "n_prompts"):
+        if key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-9), key
+    assert a.keys() == b.keys()
+
+
+def test_diagnose_bad_inputs_one_line_exit_2(tmp_path):
+    df = _losses()
+    cut(df, tmp_path / "in", 2)
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    df.head(0).write_parquet(tmp_path / "zero.parquet")
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 garbage")
+    (tmp_path / "nothing").mkdir()
+    cases = [
+        [str(tmp_path / "nothing")],
+        [str(tmp_path / "empty.parquet")],
+        [str(tmp_path / "zero.parquet")],
+        [str(tmp_path / "bad.parquet")],
+        [str(tmp_path / "in"), "--json", str(tmp_path / "no" / "r.json")],
+        [str(tmp_path / "in"), "--plot", str(tmp_path / "no" / "r.png")],
+    ]
+    for args in cases:
+        r = runner.invoke(app, ["diagnose", *args, "--n-boot", "0"])
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output.startswith("error:") and r.output.count("\n") == 1, (args, r.output)
+    r = runner.invoke(app, ["diagnose", str(tmp_path / "in"), "--n-boot", "0", "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    assert "k_star" in json.loads((tmp_path / "r.json").read_text()) or json.loads((tmp_path / "r.json").read_text())
