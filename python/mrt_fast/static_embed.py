@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -176,17 +175,13 @@ def _read(path: Path) -> StaticModel | None:
 def _write(m: StaticModel, path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, vectors=m.vectors, tokenizer=np.frombuffer(m.tokenizer_json.encode(), dtype=np.uint8),
-                         meta=np.frombuffer(json.dumps(m.meta).encode(), dtype=np.uint8))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        from .io import atomic_path
+
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, vectors=m.vectors, tokenizer=np.frombuffer(m.tokenizer_json.encode(), dtype=np.uint8),
+                     meta=np.frombuffer(json.dumps(m.meta).encode(), dtype=np.uint8))
+            f.flush()
+            os.fsync(f.fileno())
     except OSError as e:
         raise MrtInputError(f"cannot save the static embedding model to {str(path)!r}: {e}") from None
 
