@@ -816,7 +816,7 @@ class _SimulatedKill(RuntimeError):
 
 def _read_all(ds: _io.Dataset) -> pl.DataFrame:
     try:
-        return ds.scan().collect()
+        return ds.read()
     except MrtInputError:
         raise
     except Exception as e:  # noqa: BLE001
