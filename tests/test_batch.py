@@ -491,3 +491,31 @@ def test_diagnose_bad_inputs_one_line_exit_2(tmp_path):
     r = runner.invoke(app, ["diagnose", str(tmp_path / "in"), "--n-boot", "0", "--json", str(tmp_path / "r.json")])
     assert r.exit_code == 0, r.output
     assert "k_star" in json.loads((tmp_path / "r.json").read_text()) or json.loads((tmp_path / "r.json").read_text())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6), narrow=st.integers(-1, 5), seed=st.integers(0, 99))
+def test_dataset_read_equals_one_scan(tmp_path_factory, sizes, narrow, seed):
+    """`Dataset.read` (files decoded by several threads) gives the rows of one scan, in order,
+    and a dataset one scan cannot read (a file whose id column has another type) fails the same way."""
+    from mrt_fast import io as _io
+
+    d = tmp_path_factory.mktemp("read")
+    rng = np.random.default_rng(seed)
+    start = 0
+    for j, n in enumerate(sizes):
+        ids = pl.Series("prompt_id", rng.integers(0, 5, n), dtype=pl.Int32 if j == narrow else pl.Int64)
+        pl.DataFrame({"prompt_id": ids, "v": np.arange(start, start + n, dtype=np.float64),
+                      "embedding": rng.standard_normal((n, 3)).astype(np.float32).tolist()},
+                     schema_overrides={"embedding": pl.List(pl.Float32)}).write_parquet(d / f"f{j:02d}.parquet")
+        start += n
+    ds = _io.discover(d)
+    try:
+        want = ds.scan().collect()
+    except Exception as e:  # noqa: BLE001
+        with pytest.raises(type(e)):
+            ds.read()
+        return
+    got = ds.read()
+    assert got.schema == want.schema
+    assert got.equals(want)

@@ -121,18 +121,23 @@ def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups
         # fast path: every prompt's rows already contiguous (the usual layout)
         s = df[by]
         starts = s.ne_missing(s.shift(1)).arg_true()
-        run_keys = s.gather(starts)
-        if run_keys.n_unique() == len(run_keys):
+        # when runs are as many as half the rows the table is shuffled: counting
+        # distinct run keys would only delay the general grouping below
+        run_keys = s.gather(starts) if 2 * len(starts) <= df.height else None
+        if run_keys is not None and run_keys.n_unique() == len(run_keys):
             offsets = np.empty(len(starts) + 1, dtype=np.uint64)
             offsets[:-1] = starts.to_numpy()
             offsets[-1] = df.height
             rows = np.arange(df.height, dtype=np.uint64)
             return Groups(keys=run_keys, offsets=offsets, rows=rows, identity=True)
+    # only the key columns: adding the row index to the whole frame would copy
+    # every column of a frame read in several chunks (the embeddings included)
+    keys = df.select([by] if candidate_key is None else [by, candidate_key])
     idx = pl.int_range(pl.len(), dtype=pl.UInt64).alias("__row")
     agg = pl.col("__row")
     if candidate_key is not None:
         agg = agg.sort_by(candidate_key)
-    g = df.with_columns(idx).group_by(by, maintain_order=True).agg(agg)
+    g = keys.with_columns(idx).group_by(by, maintain_order=True).agg(agg)
     sizes = g["__row"].list.len().to_numpy().astype(np.uint64)
     offsets = np.zeros(len(sizes) + 1, dtype=np.uint64)
     np.cumsum(sizes, out=offsets[1:])

@@ -481,13 +481,14 @@ def bucket_path(spill_dir: Path, i: int) -> Path:
 
 def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None) -> pl.DataFrame:
     """Bucket ``i`` of a spill (rows in input order); empty (with ``schema``) if no row went there."""
+    import pyarrow as pa
     import pyarrow.ipc as ipc
 
     f = bucket_path(spill_dir, i)
     if not f.exists():
         return pl.DataFrame(schema=schema) if schema is not None else pl.DataFrame()
-    with ipc.open_file(str(f)) as r:
-        t = r.read_all()
+    # memory-mapped: the record batches are read in place (no copy into the heap)
+    t = ipc.open_file(pa.memory_map(str(f))).read_all()
     df = pl.from_arrow(t)
     if not df[ROW].is_sorted():
         df = df.sort(ROW)
@@ -815,7 +816,7 @@ class _SimulatedKill(RuntimeError):
 
 def _read_all(ds: _io.Dataset) -> pl.DataFrame:
     try:
-        return ds.scan().collect()
+        return ds.read()
     except MrtInputError:
         raise
     except Exception as e:  # noqa: BLE001

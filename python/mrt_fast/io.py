@@ -385,6 +385,27 @@ class Dataset:
             raise MrtInputError(f"cannot read {self.source!r}: {_one_line(e)}") from None
         return lf
 
+    def read(self) -> pl.DataFrame:
+        """Every row in memory, in dataset order. Parquet files without hive
+        partitions are decoded by several threads at once, one run of
+        consecutive files each (polars decodes a multi-file scan largely on one
+        core); anything else, or a dataset that fails that way, is one scan,
+        which also gives the error a bad dataset should get."""
+        n = min(len(self.files), pl.thread_pool_size(), os.cpu_count() or 1)
+        if self.fmt == "parquet" and not self.hive and n > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            files = [str(f) for f in self.files]
+            cuts = [round(i * len(files) / n) for i in range(n + 1)]
+            runs = [files[cuts[i]:cuts[i + 1]] for i in range(n)]
+            try:
+                with ThreadPoolExecutor(max_workers=n) as ex:
+                    parts = list(ex.map(lambda fs: pl.scan_parquet(fs, glob=False).collect(), runs))
+                return pl.concat(parts, how="vertical", rechunk=False)
+            except Exception:  # noqa: BLE001 - the single scan below reports it
+                pass
+        return self.scan().collect()
+
     def schema(self) -> pl.Schema:
         """The schema shared by every file (checked file by file, so a corrupt file
         or one lacking a column is named)."""

@@ -290,6 +290,11 @@ def _select(
     if candidate_key is not None:
         require(cols, candidate_key, "candidate key")
         need.append(candidate_key)
+    if kind == "polars" and embedding in need and table[embedding].n_chunks() > 1:
+        # one contiguous copy of the embeddings (a table read from several files
+        # comes in chunks): the core reads it in place and the kept rows are
+        # gathered from it without another copy of the whole column
+        table = table.with_columns(table[embedding].rechunk())
     df = to_polars(table, kind, list(dict.fromkeys(need)))
     g = group(df, by, candidate_key)
     rows = None if g.identity else g.rows
