@@ -36,8 +36,12 @@ SECTIONS = [
      "`python bench/bench_batch.py` (see docs/batch.md)."),
     ("ray_bench", "The Ray Data engine against the local engine",
      "`python bench/bench_ray.py` (see docs/distributed.md)."),
-    ("embed_bench", "Embedding throughput and quality",
+    ("embed_bench", "Embedding throughput and quality (20,000 texts)",
      "`python bench/bench_embed.py` (see docs/embeddings.md)."),
+    ("embed_bench_4000", "Embedding throughput and quality (4,000 texts, quiet machine)",
+     "`python bench/bench_embed.py --n 4000 --out bench/results/embed_bench_4000.json` (see docs/embeddings.md)."),
+    ("sandbox_overhead", "Sandbox start-up overhead",
+     "`python bench/sandbox_overhead.py --repeats 30` (see docs/sandbox.md)."),
 ]
 
 
@@ -49,30 +53,64 @@ def _cell(v) -> str:
     return str(v).replace("|", "/")
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+    """Nested records become dotted columns; lists of numbers and of records are left out."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif not isinstance(v, list):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def _table(rows: list[dict]) -> str:
+    rows = [_flat(r) for r in rows]
     cols: list[str] = []
     for r in rows:
         for c in r:
-            if c not in cols and not isinstance(r[c], (dict, list)):
+            if c not in cols:
                 cols.append(c)
     out = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     out += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(out)
 
 
+def _records(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(r, dict) for r in v)
+
+
+def _subtables(name: str, rows: list[dict]) -> list[str]:
+    """Lists of records inside records (e.g. per-stage times of one run), one table each."""
+    parts = []
+    for r in rows:
+        label = next((str(r[c]) for c in ("name", "case", "candidates", "layout") if c in r), "")
+        for k, v in r.items():
+            if _records(v):
+                title = " ".join(x for x in (name, label) if x)
+                parts.append(f"**{title}: {k}**\n\n{_table(v)}")
+    return parts
+
+
 def _render_json(obj) -> str:
-    """A generic rendering: lists of records become tables, the rest key: value lines."""
-    if isinstance(obj, list) and obj and all(isinstance(r, dict) for r in obj):
-        return _table(obj)
+    """A generic rendering: records become tables, nested records dotted columns, the rest key: value lines."""
+    if _records(obj):
+        return "\n\n".join([_table(obj), *_subtables("", obj)])
     if isinstance(obj, dict):
-        parts, scalars = [], []
+        scalars, parts, named = [], [], []
         for k, v in obj.items():
-            if isinstance(v, list) and v and all(isinstance(r, dict) for r in v):
-                parts.append(f"**{k}**\n\n{_table(v)}")
-            elif isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
-                parts.append(f"**{k}**\n\n{_table([{'name': n, **x} for n, x in v.items()])}")
-            else:
+            if _records(v):
+                parts += [f"**{k}**\n\n{_table(v)}", *_subtables(k, v)]
+            elif isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()) and k != "machine":
+                rows = [{"name": n, **x} for n, x in v.items()]
+                parts += [f"**{k}**\n\n{_table(rows)}", *_subtables(k, rows)]
+            elif isinstance(v, dict) and k != "machine":
+                named.append({"name": k, **v})
+            elif not isinstance(v, list):
                 scalars.append(f"- {k}: {_cell(v)}")
+        if named:
+            parts.insert(0, f"{_table(named)}")
+            parts[1:1] = _subtables("", named)
         return "\n\n".join(([("\n".join(scalars))] if scalars else []) + parts)
     return f"```\n{json.dumps(obj, indent=1, default=str)}\n```"
 
