@@ -519,3 +519,22 @@ def test_dataset_read_equals_one_scan(tmp_path_factory, sizes, narrow, seed):
     got = ds.read()
     assert got.schema == want.schema
     assert got.equals(want)
+
+
+def test_select_dataset_takes_a_k_column(tmp_path):
+    """k may name an integer column holding each pool's K, as in mrt_fast.select."""
+    import mrt_fast
+
+    rng = np.random.default_rng(3)
+    n = 240
+    df = pl.DataFrame({"prompt_id": np.repeat(np.arange(24), 10), "reward": rng.random(n),
+                       "embedding": rng.normal(size=(n, 8)).astype(np.float32),
+                       "k": np.repeat(rng.integers(1, 6, 24), 10)})
+    df.slice(0, 120).write_parquet(tmp_path / "a.parquet")
+    df.slice(120).write_parquet(tmp_path / "b.parquet")
+    mrt_fast.select_dataset(str(tmp_path / "*.parquet"), tmp_path / "out", "k", "grades", memory_limit="1GB")
+    got = pl.read_parquet(tmp_path / "out" / "*.parquet").sort("prompt_id", "pick_rank")
+    want = mrt_fast.select(df, "k", "grades").sort("prompt_id", "pick_rank")
+    assert got.select(want.columns).equals(want)
+    assert got.group_by("prompt_id").len().sort("prompt_id")["len"].to_list() == \
+        df.group_by("prompt_id").agg(pl.col("k").first()).sort("prompt_id")["k"].to_list()

@@ -515,7 +515,7 @@ def _describe_command(opts: Options) -> str:
 def select_dataset(
     source: str | os.PathLike,
     output: str | os.PathLike,
-    k: int,
+    k: int | str,
     method: str = "grades",
     *,
     by: str = "prompt_id",
