@@ -212,6 +212,15 @@ def run_program(
     return r
 
 
+def _close_all(fds: list[int]) -> None:
+    """Close every descriptor, ignoring those already closed."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def _memfd(name: str, data: bytes) -> int:
     fd = os.memfd_create(name, 0)
     view = memoryview(data)
@@ -320,11 +329,7 @@ def _run_bwrap(exe: str, code: str, stdin: str, *, python: str, timeout_s: float
                           info_r=info_r, cwd="/", timeout_s=timeout_s, cpu_s=cpu_s, output_bytes=output_bytes,
                           isolation=BWRAP)
     finally:
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_all(fds)
 
 
 def _run_unisolated(code: str, stdin: str, *, python: str, timeout_s: float, cpu_s: int, memory_bytes: int,
@@ -345,11 +350,7 @@ def _run_unisolated(code: str, stdin: str, *, python: str, timeout_s: float, cpu
                           report_r=report_r, info_r=None, cwd=d, timeout_s=timeout_s, cpu_s=cpu_s,
                           output_bytes=output_bytes, isolation=UNISOLATED, home=d)
     finally:
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_all(fds)
         shutil.rmtree(d, ignore_errors=True)
 
 
