@@ -308,7 +308,8 @@ def bootstrap_intervals(count, mean, m2, *, n_boot: int, rng, cp: float, cr: flo
 
     calib = None
     if "calibrated" in methods and resample == "exact" and p >= 3:
-        calib = (n_inner, np.random.default_rng(rng.integers(2**63)), (float(vy0), float(vm0 - leak0), phi0))
+        # a child stream: the first-level draws stay those of the other methods
+        calib = (n_inner, rng.spawn(1)[0], (float(vy0), float(vm0 - leak0), phi0))
     draws = _exact_draws(a, b, g, n_boot, rng, scales, calib) if resample == "exact" else _normal_draws(
         p, mu, cov, n_boot, rng)
     vx_b, vy_b, phi_b = (np.empty(n_boot) for _ in range(3))
@@ -384,7 +385,10 @@ def bootstrap_intervals(count, mean, m2, *, n_boot: int, rng, cp: float, cr: flo
 def _bca(stat_b, stat0, loo, tail):
     """BCa interval of a statistic from its resamples, its observed value and its leave-one-out values."""
     v = np.where(np.isnan(stat_b), -np.inf, stat_b)
-    share = (np.sum(v < stat0) + 0.5 * np.sum(v == stat0)) / len(v)
+    fin = v[np.isfinite(v)]
+    # resamples equal to the observed value up to rounding are ties (a rescaled loss gives the same share)
+    tol = 1e-10 * max(abs(stat0) if math.isfinite(stat0) else 0.0, float(np.max(np.abs(fin))) if len(fin) else 0.0)
+    share = (np.sum(v < stat0 - tol) + 0.5 * np.sum(np.abs(v - stat0) <= tol)) / len(v)
     share = min(max(share, 0.5 / len(v)), 1.0 - 0.5 / len(v))
     z0 = _ND.inv_cdf(share)
     loo = loo[np.isfinite(loo)]
