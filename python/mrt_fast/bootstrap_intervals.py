@@ -19,15 +19,16 @@ Interval methods (``INTERVALS``):
   (Hesterberg 2015);
 * ``bca``: bias-corrected and accelerated (Efron 1987), the acceleration from
   the leave-one-prompt-out jackknife;
-* ``studentized``: bootstrap-t on variance-stabilising scales: log V_y|x,
-  ``log(V_x + leak_hat)`` (V_x shifted by the observed leak, so defined where the
-  estimate of V_x is 0 or below) and ``log1p(c phi)`` with ``c = V_y|x_hat / leak_hat``
-  (equal to ``log(vm / leak)`` on the observed data: the log of the one-way
-  ANOVA F statistic, exactly pivotal for normal losses with equal K). Each
-  resample is studentized by its own leave-one-prompt-out jackknife standard
-  error, in closed form from the resample's sums (O(P) per resample, no
-  refit), and the interval is ``theta_hat - q_{1-a} se_hat, theta_hat - q_a se_hat``
-  with q the quantiles of the resamples' t = (theta* - theta_hat) / se*.
+* ``studentized``: bootstrap-t on two variance-stabilising scales: log V_y|x and
+  ``psi = log(vm / leak)``, the log of the one-way ANOVA F statistic (defined
+  also where the estimate of V_x is 0 or below; for normal losses with equal K,
+  F / (1 + K V_x / V_y|x) is exactly F-distributed, so psi is pivotal). Its
+  interval maps onto phi's by ``phi = expm1(psi) / c``, ``c = V_y|x_hat / leak_hat``,
+  and V_x's interval is ``V_y|x_hat`` times phi's. Each resample is studentized
+  by its own leave-one-prompt-out jackknife standard error, in closed form from
+  the resample's sums (O(P) per resample, no refit), and the interval is
+  ``theta_hat - q_{1-a} se_hat, theta_hat - q_a se_hat`` with q the quantiles of
+  the resamples' t = (theta* - theta_hat) / se*.
 
 Resampling: ``exact`` draws the prompts (in the order given: callers pass them
 in key-hash order, so a seed gives the same intervals for any row order);
@@ -141,20 +142,19 @@ def _ratio_of_phi(phi):
 
 
 class _Scales:
-    """The studentized method's two scales, fixed monotone transforms with constants from the observed
-    data: log V_y|x and psi = log1p(c phi), c = V_y|x_hat / leak_hat."""
+    """The studentized method's two scales: log V_y|x and psi = log(vm / leak), the log of the one-way
+    ANOVA F statistic, whose parameter log(1 + V_x / E leak) maps onto phi = V_x / V_y|x as
+    phi = expm1(psi) / c with c = V_y|x_hat / leak_hat (c = K with equal K)."""
 
     def __init__(self, vy0: float, leak0: float):
         self.c = vy0 / leak0
         self.floor = 1e-12 * vy0
+        self.leak_floor = 1e-12 * leak0
 
     def of(self, vy, leak, vm):
-        """(log V_y|x, log1p(c phi)), their arguments clipped just above the poles."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_vy = np.log(np.maximum(vy, self.floor))
-            arg = np.where(vy > 0, self.c * (vm - leak) / np.where(vy > 0, vy, 1.0), 0.0)
-            t_phi = np.log1p(np.maximum(arg, 1e-12 - 1.0))
-        return t_vy, t_phi
+        """(log V_y|x, log(vm / leak)), their arguments clipped just above 0."""
+        leak = np.maximum(leak, self.leak_floor)
+        return np.log(np.maximum(vy, self.floor)), np.log(np.maximum(vm, 1e-12 * leak) / leak)
 
     def back(self, t_vy, t_phi):
         """V_y|x and phi from the two scales."""

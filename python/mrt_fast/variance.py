@@ -751,7 +751,7 @@ def variance_budget(
     statistics from their large-sample normal law (time independent of the
     prompt count); "auto" (default) is exact up to 5e7 draws.
     `interval`: how the resamples become intervals (`mrt_fast.bootstrap_intervals`):
-    "studentized" (bootstrap-t on log V_y|x and log1p(c V_x / V_y|x), with
+    "studentized" (bootstrap-t on log V_y|x and on the log of the ANOVA F = vm / leak, with
     leave-one-prompt-out jackknife standard errors; the ratio, K* and k_best
     follow from V_x / V_y|x's interval), "bca", "calibrated" (double
     bootstrap; n_boot x 200 resamples), "expanded" or "percentile". "auto"
