@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mrt_fast import MrtInputError, variance_budget
-from mrt_fast.bootstrap_intervals import INTERVALS, bootstrap_intervals, k_best_of_ratio
+from mrt_fast.bootstrap_intervals import INTERVALS, VX_SHIFTED_LOG_PROMPTS, bootstrap_intervals, k_best_of_ratio
 from mrt_fast.variance import best_integer_k
 
 NAMES = ("v_x", "v_y_given_x", "ratio", "k_star", "k_best")
@@ -32,7 +32,7 @@ def _point(rep, name):
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**31), p=st.integers(4, 40), k_hi=st.integers(2, 6),
+@given(seed=st.integers(0, 2**31), p=st.integers(4, 130), k_hi=st.integers(2, 6),
        method=st.sampled_from(METHODS))
 def test_interval_holds_the_point_estimate(seed, p, k_hi, method):
     rep = variance_budget(_data(seed, p, k_hi), n_boot=60, seed=1, interval=method)
@@ -84,10 +84,12 @@ def test_intervals_do_not_depend_on_row_order_and_follow_the_seed(seed, p, metho
         assert b.ci[name] == pytest.approx(a.ci[name], rel=1e-9) and c.ci[name] == a.ci[name]
 
 
-def test_studentized_equals_a_brute_force_bootstrap_t():
-    """The closed-form jackknife inside each resample against explicit leave-one-out loops."""
+@pytest.mark.parametrize("p, n_boot", [(7, 40), (VX_SHIFTED_LOG_PROMPTS + 3, 12)])
+def test_studentized_equals_a_brute_force_bootstrap_t(p, n_boot):
+    """The closed-form jackknife inside each resample against explicit leave-one-out loops (V_x both
+    ways: V_y|x_hat times phi's interval over few prompts, its own scale over many)."""
     rng = np.random.default_rng(4)
-    p, n_boot, level = 7, 40, 0.9
+    level = 0.9
     count = rng.integers(2, 6, size=p)
     mean = rng.normal(size=p)
     m2 = rng.gamma(2.0, size=p) * (count - 1)
@@ -95,33 +97,33 @@ def test_studentized_equals_a_brute_force_bootstrap_t():
                                        k_max=64, level=level, methods=("studentized",))
     assert used == {"studentized": "studentized"}
     s2 = m2 / (count - 1)
+    vy0, leak0 = s2.mean(), (s2 / count).mean()
 
     def stats(ix):
         vy, leak, vm = s2[ix].mean(), (s2 / count)[ix].mean(), mean[ix].var(ddof=1)
-        return np.array([math.log(vy), math.log(vm / leak)])
+        return np.array([math.log(vy), math.log(vm / leak), math.log(vm - leak + leak0)])
 
     def se(ix):
         loo = np.array([stats(np.delete(ix, j)) for j in range(len(ix))])
         return np.sqrt((len(ix) - 1) / len(ix) * ((loo - loo.mean(axis=0)) ** 2).sum(axis=0))
 
     all_ix = np.arange(p)
-    vy0, leak0 = s2.mean(), (s2 / count).mean()
     th0, se0 = stats(all_ix), se(all_ix)
-    r = np.random.default_rng(9)
-    idx = r.integers(0, p, size=(n_boot, p))
+    idx = np.random.default_rng(9).integers(0, p, size=(n_boot, p))
     t = np.array([(stats(ix) - th0) / se(ix) for ix in idx])
     a = (1 - level) / 2
     q = np.quantile(t, [a, 1 - a], axis=0, method="inverted_cdf")
     lo, hi = th0 - q[1] * se0, th0 - q[0] * se0
-    c = vy0 / leak0
     vy_iv = np.exp([lo[0], hi[0]])
-    phi_iv = np.expm1([lo[1], hi[1]]) / c
+    phi_iv = np.expm1([lo[1], hi[1]]) / (vy0 / leak0)
     ci = got["studentized"]
     vx0 = max(mean.var(ddof=1) - leak0, 0.0)
-    want_vy = (min(vy_iv[0], vy0), max(vy_iv[1], vy0))
-    assert ci["v_y_given_x"] == pytest.approx(want_vy, rel=1e-9)
-    want_vx = (min(max(vy0 * phi_iv[0], 0.0), vx0), max(max(vy0 * phi_iv[1], 0.0), vx0))
-    assert ci["v_x"] == pytest.approx(want_vx, rel=1e-9, abs=1e-12)
+    assert ci["v_y_given_x"] == pytest.approx((min(vy_iv[0], vy0), max(vy_iv[1], vy0)), rel=1e-9)
+    if p < VX_SHIFTED_LOG_PROMPTS:
+        vx_iv = np.maximum(vy0 * phi_iv, 0.0)
+    else:
+        vx_iv = np.maximum(np.exp([lo[2], hi[2]]) - leak0, 0.0)
+    assert ci["v_x"] == pytest.approx((min(vx_iv[0], vx0), max(vx_iv[1], vx0)), rel=1e-9, abs=1e-12)
     ratio0 = vy0 / vx0 if vx0 > 0 else math.inf
     r_lo = 1 / phi_iv[1] if phi_iv[1] > 0 else math.inf
     r_hi = 1 / phi_iv[0] if phi_iv[0] > 0 else math.inf

@@ -19,12 +19,15 @@ Interval methods (``INTERVALS``):
   (Hesterberg 2015);
 * ``bca``: bias-corrected and accelerated (Efron 1987), the acceleration from
   the leave-one-prompt-out jackknife;
-* ``studentized``: bootstrap-t on two variance-stabilising scales: log V_y|x and
+* ``studentized``: bootstrap-t on variance-stabilising scales: log V_y|x and
   ``psi = log(vm / leak)``, the log of the one-way ANOVA F statistic (defined
   also where the estimate of V_x is 0 or below; for normal losses with equal K,
   F / (1 + K V_x / V_y|x) is exactly F-distributed, so psi is pivotal). Its
-  interval maps onto phi's by ``phi = expm1(psi) / c``, ``c = V_y|x_hat / leak_hat``,
-  and V_x's interval is ``V_y|x_hat`` times phi's. Each resample is studentized
+  interval maps onto phi's by ``phi = expm1(psi) / c``, ``c = V_y|x_hat / leak_hat``.
+  V_x: below ``VX_SHIFTED_LOG_PROMPTS`` prompts, ``V_y|x_hat`` times phi's interval
+  (which covers better over few prompts); from there on, bootstrap-t on
+  ``log(V_x + leak_hat)`` (which is right asymptotically; ``V_y|x_hat`` times phi's
+  interval is too wide for normal losses and too narrow for skewed ones). Each resample is studentized
   by its own leave-one-prompt-out jackknife standard error, in closed form from
   the resample's sums (O(P) per resample, no refit), and the interval is
   ``theta_hat - q_{1-a} se_hat, theta_hat - q_a se_hat`` with q the quantiles of
@@ -52,6 +55,9 @@ INTERVALS = ("auto", "studentized", "calibrated", "bca", "expanded", "percentile
 #: the quantities every method reports
 NAMES = ("v_x", "v_y_given_x", "ratio", "k_star", "k_best")
 _ND = NormalDist()
+#: from this many prompts on, the studentized V_x interval is its own (on log(V_x + leak_hat)); below,
+#: V_y|x_hat times phi's interval (measured in docs/interval_coverage.md)
+VX_SHIFTED_LOG_PROMPTS = 100
 
 
 # --------------------------------------------------------------------------- expanded tail
@@ -142,24 +148,27 @@ def _ratio_of_phi(phi):
 
 
 class _Scales:
-    """The studentized method's two scales: log V_y|x and psi = log(vm / leak), the log of the one-way
+    """The studentized method's three scales: log V_y|x; psi = log(vm / leak), the log of the one-way
     ANOVA F statistic, whose parameter log(1 + V_x / E leak) maps onto phi = V_x / V_y|x as
-    phi = expm1(psi) / c with c = V_y|x_hat / leak_hat (c = K with equal K)."""
+    phi = expm1(psi) / c with c = V_y|x_hat / leak_hat (c = K with equal K); and log(V_x + leak_hat)
+    (V_x shifted by the observed leak, so defined where the estimate of V_x is 0 or below)."""
 
     def __init__(self, vy0: float, leak0: float):
         self.c = vy0 / leak0
+        self.leak0 = leak0
         self.floor = 1e-12 * vy0
         self.leak_floor = 1e-12 * leak0
 
     def of(self, vy, leak, vm):
-        """(log V_y|x, log(vm / leak)), their arguments clipped just above 0."""
-        leak = np.maximum(leak, self.leak_floor)
-        return np.log(np.maximum(vy, self.floor)), np.log(np.maximum(vm, 1e-12 * leak) / leak)
+        """(log V_y|x, log(vm / leak), log(vm - leak + leak_hat)), their arguments clipped just above 0."""
+        lk = np.maximum(leak, self.leak_floor)
+        return (np.log(np.maximum(vy, self.floor)), np.log(np.maximum(vm, 1e-12 * lk) / lk),
+                np.log(np.maximum(vm - leak + self.leak0, self.leak_floor)))
 
-    def back(self, t_vy, t_phi):
-        """V_y|x and phi from the two scales."""
+    def back(self, t_vy, t_phi, t_vx):
+        """V_y|x, phi and V_x (clipped at 0) from the three scales."""
         with np.errstate(over="ignore"):
-            return np.exp(t_vy), np.expm1(t_phi) / self.c
+            return np.exp(t_vy), np.expm1(t_phi) / self.c, np.maximum(np.exp(t_vx) - self.leak0, 0.0)
 
 
 # --------------------------------------------------------------------------- resampling
@@ -313,7 +322,7 @@ def bootstrap_intervals(count, mean, m2, *, n_boot: int, rng, cp: float, cr: flo
     draws = _exact_draws(a, b, g, n_boot, rng, scales, calib) if resample == "exact" else _normal_draws(
         p, mu, cov, n_boot, rng)
     vx_b, vy_b, phi_b = (np.empty(n_boot) for _ in range(3))
-    t_b = np.empty((2, n_boot)) if scales is not None else None
+    t_b = np.empty((3, n_boot)) if scales is not None else None
     raw_b = np.empty(n_boot)
     u_b = np.empty((3, n_boot)) if calib is not None else None
     b0 = 0
@@ -348,14 +357,15 @@ def bootstrap_intervals(count, mean, m2, *, n_boot: int, rng, cp: float, cr: flo
         elif m == "studentized":
             a_ = (1.0 - level) / 2.0
             ivs = []
-            for i in range(2):
+            for i in range(3):
                 q_lo, q_hi = np.quantile(t_b[i], [a_, 1.0 - a_], method="inverted_cdf")
                 ivs.append((theta0[i] - q_hi * se0[i], theta0[i] - q_lo * se0[i]))
-            (vy_lo, phi_lo), (vy_hi, phi_hi) = (
-                (float(x) for x in scales.back(np.float64(ivs[0][j]), np.float64(ivs[1][j]))) for j in (0, 1))
-            # V_x = V_y|x phi: phi's interval at the observed V_y|x (V_y|x is the better determined factor)
-            vx_iv = (max(float(vy0) * phi_lo, 0.0), max(float(vy0) * phi_hi, 0.0))
-            ci = _mapped(vx_iv, (vy_lo, vy_hi), (phi_lo, phi_hi), cp, cr, k_max)
+            (vy_lo, phi_lo, vx_lo), (vy_hi, phi_hi, vx_hi) = (
+                tuple(float(x) for x in scales.back(*(np.float64(iv[j]) for iv in ivs))) for j in (0, 1))
+            if p < VX_SHIFTED_LOG_PROMPTS:
+                # V_x = V_y|x phi: phi's interval at the observed V_y|x (covers better over few prompts)
+                vx_lo, vx_hi = max(float(vy0) * phi_lo, 0.0), max(float(vy0) * phi_hi, 0.0)
+            ci = _mapped((vx_lo, vx_hi), (vy_lo, vy_hi), (phi_lo, phi_hi), cp, cr, k_max)
             mm = m
         elif m == "calibrated":
             a_ = (1.0 - level) / 2.0
