@@ -73,7 +73,7 @@ def _draw(rng, setting, n_prompts, k, a, b, v_x, v_y):
 
 def interval_coverage(
     seed: int = 0,
-    n_prompts: tuple = (20, 50, 200, 1000),
+    n_prompts: tuple = (10, 20, 50, 200, 1000),
     k: int = 4,
     settings: tuple = ("bernoulli", "normal"),
     trials: int = 200,
@@ -145,4 +145,20 @@ def markdown_table(res: dict, bernstein: bool = True) -> str:
         if bernstein:
             line += f" {pct(r.get('bernstein_true'))} | {pct(r.get('bernstein_estimated'))} |"
         lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def comparison_table(res: dict, quantity: str = "k_star") -> str:
+    """One quantity's coverage, a column per method (the first method's share of infinite K* upper
+    ends last), a line per setting and Np."""
+    methods = list(res["methods"])
+    head = "| setting | Np | " + " | ".join(methods) + f" | K* upper = inf ({methods[0]}) |"
+    sep = "|---|---:|" + "---:|" * (len(methods) + 1)
+    rows: dict = {}
+    for r in res["rows"]:
+        rows.setdefault((r["setting"], r["n_prompts"]), {})[r["method"]] = r
+    lines = [head, sep]
+    for (setting, n), by in rows.items():
+        cells = [f"{100 * by[m][f'cover_{quantity}']:.1f}%" for m in methods]
+        lines.append(f"| {setting} | {n} | " + " | ".join(cells) + f" | {100 * by[methods[0]]['k_star_upper_inf']:.1f}% |")
     return "\n".join(lines) + "\n"
