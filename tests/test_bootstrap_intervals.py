@@ -195,3 +195,26 @@ def test_coverage_beats_the_expanded_percentile_over_few_prompts():
             assert new["cover_v_y_given_x"] >= 0.88
             assert old["cover_v_x"] < new["cover_v_x"], (old, new)
         assert rows[(setting, 10, "expanded")]["cover_v_x"] < 0.88
+
+
+def test_cli_interval_option(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+
+    df = _data(6, 30, 4)
+    df.write_parquet(tmp_path / "losses.parquet")
+    runner = CliRunner()
+    for method in ("bca", "expanded"):
+        out = tmp_path / f"{method}.json"
+        r = runner.invoke(app, ["diagnose", str(tmp_path / "losses.parquet"), "--n-boot", "80", "--interval", method,
+                                "--json", str(out)])
+        assert r.exit_code == 0, r.output
+        d = json.loads(out.read_text())
+        assert d["interval"] == method
+        want = variance_budget(df, n_boot=80, interval=method).ci["k_star"]
+        assert d["ci"]["k_star"][0] == pytest.approx(want[0], rel=1e-9)
+    r = runner.invoke(app, ["diagnose", str(tmp_path / "losses.parquet"), "--interval", "wild"])
+    assert r.exit_code != 0 and "interval must be one of" in r.output
