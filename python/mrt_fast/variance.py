@@ -349,7 +349,7 @@ def _bootstrap_method(method: str, p: int, n_boot: int) -> str:
 
 
 def _interval_method(interval: str) -> str:
-    if interval not in INTERVALS:
+    if not isinstance(interval, str) or interval not in INTERVALS:
         raise MrtInputError(f"interval must be one of {INTERVALS}, got {interval!r}")
     return interval
 

@@ -160,5 +160,6 @@ def comparison_table(res: dict, quantity: str = "k_star") -> str:
     lines = [head, sep]
     for (setting, n), by in rows.items():
         cells = [f"{100 * by[m][f'cover_{quantity}']:.1f}%" for m in methods]
-        lines.append(f"| {setting} | {n} | " + " | ".join(cells) + f" | {100 * by[methods[0]]['k_star_upper_inf']:.1f}% |")
+        inf_hi = 100 * by[methods[0]]["k_star_upper_inf"]
+        lines.append(f"| {setting} | {n} | " + " | ".join(cells) + f" | {inf_hi:.1f}% |")
     return "\n".join(lines) + "\n"
