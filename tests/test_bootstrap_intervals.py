@@ -73,6 +73,19 @@ def test_intervals_are_equivariant_to_the_loss_scale(seed, p, a, shift, method):
             assert g == pytest.approx(r * f, rel=1e-6, abs=1e-9 * a * a), (name, ref.ci[name], got.ci[name])
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31), p=st.integers(4, 130), lo_level=st.floats(0.5, 0.9),
+       method=st.sampled_from(("studentized", "bca", "expanded", "percentile")))
+def test_a_lower_level_gives_a_nested_interval(seed, p, lo_level, method):
+    """On the same resamples, the interval at a lower confidence level lies inside the one at 95%."""
+    df = _data(seed, p, 4)
+    wide = variance_budget(df, n_boot=80, seed=5, interval=method)
+    narrow = variance_budget(df, n_boot=80, seed=5, interval=method, ci_level=lo_level)
+    for name in NAMES:
+        (a, b), (c, d) = wide.ci[name], narrow.ci[name]
+        assert a <= c * (1 + 1e-12) and d <= b * (1 + 1e-12), (name, wide.ci[name], narrow.ci[name])
+
+
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**31), p=st.integers(4, 30), method=st.sampled_from(METHODS))
 def test_intervals_do_not_depend_on_row_order_and_follow_the_seed(seed, p, method):
