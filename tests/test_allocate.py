@@ -158,9 +158,9 @@ def test_interval_coverage_simulation_runs_and_is_sane():
     from mrt_fast.simulate import interval_coverage
     from mrt_fast.simulate._coverage import markdown_table
 
-    res = interval_coverage(n_prompts=(30,), trials=12, n_boot=100, seed=3)
+    res = interval_coverage(n_prompts=(30,), trials=12, n_boot=100, seed=3, methods=("studentized",))
     b, nrm = res["rows"]
-    assert b["setting"] == "bernoulli" and nrm["setting"] == "normal"
+    assert b["setting"] == "bernoulli" and nrm["setting"] == "normal" and b["method"] == "studentized"
     for r in res["rows"]:
         for c in ("cover_v_x", "cover_v_y_given_x", "cover_ratio", "cover_k_star"):
             assert 0.0 <= r[c] <= 1.0

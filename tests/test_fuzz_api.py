@@ -692,10 +692,12 @@ def _is_real(v):
     costs=st.sampled_from([(1.0, 1.0), (2, 0.5), (0.0, 1.0), (1.0, -1.0), (np.inf, 1.0), (None, 1.0), (True, 1.0)]),
     k_grid=st.sampled_from([(1, 2, 4), [1], np.array([1, 3]), (), (0, 1), (1.5,), None, "12", (2**70,)]),
     bootstrap=st.sampled_from(["auto", "exact", "normal", "x", None]),
+    interval=st.sampled_from(["auto", "studentized", "bca", "calibrated", "expanded", "percentile", "x", None,
+                              np.array(["auto", "bca"])]),
     cols=st.sampled_from([("prompt_id", "loss"), ("loss", "loss"), ("nope", "loss"), ("prompt_id", "nope")]),
 )
 def test_variance_budget_arguments_are_checked(k_max, n_boot, seed, delta, budget, loss_bound, costs, k_grid,
-                                               bootstrap, cols):
+                                               bootstrap, interval, cols):
     df = pl.DataFrame({"prompt_id": [1, 1, 2, 2, 3, 3], "loss": [1.0, 2.0, 3.0, 5.0, 2.0, 2.5]})
     ok = (
         _is_int(k_max, 1) and _is_int(n_boot, 0, 2**31 - 1) and _is_int(seed, 0)
@@ -706,11 +708,13 @@ def test_variance_budget_arguments_are_checked(k_max, n_boot, seed, delta, budge
         and k_grid is not None and not isinstance(k_grid, str) and len(k_grid) > 0
         and all(_is_int(k, 1, 2**62) for k in k_grid)
         and bootstrap in ("auto", "exact", "normal")
+        and isinstance(interval, str) and interval in ("auto", "studentized", "bca", "calibrated", "expanded", "percentile")
         and cols == ("prompt_id", "loss")
     )
     got = outcome(lambda: variance_budget(df, by=cols[0], loss=cols[1], k_max=k_max, n_boot=n_boot, seed=seed,
                                           delta=delta, budget=budget, loss_bound=loss_bound, cost_prompt=costs[0],
-                                          cost_response=costs[1], k_grid=k_grid, bootstrap=bootstrap))
+                                          cost_response=costs[1], k_grid=k_grid, bootstrap=bootstrap,
+                                          interval=interval))
     expect("valid" if ok else "invalid", got, locals())
 
 

@@ -251,6 +251,10 @@ def diagnose_cmd(
     bootstrap: str = typer.Option(
         "auto", help="exact (resample prompts), normal (large-sample law of the resample means) or auto."
     ),
+    interval: str = typer.Option(
+        "auto", help="Interval method: studentized, bca, calibrated, expanded, percentile or auto "
+        "(studentized; expanded with the normal approximation)."
+    ),
     json_out: Path = typer.Option(None, "--json", help="Write the report as JSON here (inf as the string \"inf\")."),
     plot: Path = typer.Option(None, "--plot", help="Write the variance-vs-K plot here (.png)."),
     allocate: int = typer.Option(None, "--allocate", help="Per-prompt K for this total of responses (Neyman "
@@ -286,7 +290,8 @@ def diagnose_cmd(
                 if not os.access(parent, os.W_OK):
                     raise MrtInputError(f"{what} {str(p)!r}: cannot write to {str(parent)!r}")
         opts = dict(by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
-                    k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap)
+                    k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap,
+                    interval=interval)
         if allocate is not None:
             # per-prompt K names each prompt: the (id, loss) columns are read into memory
             from .io import discover

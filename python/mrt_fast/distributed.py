@@ -465,7 +465,7 @@ def variance_budget(ds: Any, *, by: str = "prompt_id", loss: str = "loss", layou
     (equal to the local one up to floating-point rounding, exactly equal
     where no prompt is split across blocks). `options` are those of
     `variance_budget` (costs, k_grid, k_max, budget, n_prompts, delta,
-    loss_bound, n_boot, seed, ci_level, bootstrap)."""
+    loss_bound, n_boot, seed, ci_level, bootstrap, interval)."""
     _ray()
     from ._tables import require
     from .variance import VarianceAccumulator, report_from_accumulator

@@ -30,6 +30,7 @@ import polars as pl
 from . import _grades_core as core
 from .errors import MrtInputError
 from ._tables import _pandas_column, columns_of, pool_keys, require, table_kind, to_polars
+from .bootstrap_intervals import INTERVALS, _t_quantile, bootstrap_intervals, expanded_tail  # noqa: F401
 
 __all__ = [
     "VarianceAccumulator",
@@ -347,140 +348,36 @@ def _bootstrap_method(method: str, p: int, n_boot: int) -> str:
     return method
 
 
-def _exact_sums(count, mean, m2, n_boot, rng):
-    """Per resample: mean s^2, mean s^2/K and the ddof=1 variance of the
-    prompt means over P prompts drawn with replacement, in batches of
-    resamples."""
-    p = len(count)
-    n = count.astype(np.float64)
-    s2 = m2 / (n - 1.0)
-    s2k = s2 / n
-    step = max(1, min(n_boot, 4_000_000 // max(p, 1)))
-    for b0 in range(0, n_boot, step):
-        idx = rng.integers(0, p, size=(min(n_boot, b0 + step) - b0, p))
-        yield s2[idx].mean(axis=1), s2k[idx].mean(axis=1), mean[idx].var(axis=1, ddof=1)
+def _interval_method(interval: str) -> str:
+    if not isinstance(interval, str) or interval not in INTERVALS:
+        raise MrtInputError(f"interval must be one of {INTERVALS}, got {interval!r}")
+    return interval
 
 
-def _normal_sums(p, mu, cov, n_boot, rng):
-    """The same three statistics per resample, from the resample's mean of the
-    per-prompt vector (s^2, s^2/K, g - gbar, (g - gbar)^2) drawn from the
-    normal law with the vector's mean `mu` and covariance `cov` / P (the
-    core's `used_moments`), which is what the exact resample mean tends to as
-    P grows (central limit theorem); the statistics are then the same
-    functions of it, so their intervals keep the skew that the ratio and K*
-    add."""
-    cov = np.asarray(cov, dtype=np.float64) / p  # of the resample means
-    w, q = np.linalg.eigh(cov)
-    root = q * np.sqrt(np.clip(w, 0.0, None))  # cov = root @ root.T, also when singular
-    m = np.asarray(mu, dtype=np.float64) + rng.standard_normal((n_boot, 4)) @ root.T
-    # means of non-negative values stay non-negative (a far tail draw at few prompts)
-    m[:, [0, 1, 3]] = np.maximum(m[:, [0, 1, 3]], 0.0)
-    yield m[:, 0], m[:, 1], np.maximum(m[:, 3] - m[:, 2] ** 2, 0.0) * (p / (p - 1.0))
-
-
-def _bootstrap(core_acc, p, gbar, *, n_boot, seed, cp, cr, k_max, level, method="auto"):
-    """Percentile intervals over the P prompts with two or more responses of
-    a core accumulator (`gbar`: its summary's grand mean), resampled with
-    replacement: `exact` draws the
-    prompts (taken in key-hash order, so a seed gives the same intervals for
-    any row order), `normal` draws the resample means from their
-    large-sample law (no list of prompts at all). Returns the intervals, the
-    share of resamples with V_x = 0 and the method used."""
+def _bootstrap(core_acc, p, gbar, *, n_boot, seed, cp, cr, k_max, level, method="auto", interval="auto"):
+    """Intervals over the P prompts with two or more responses of a core accumulator (`gbar`: its
+    summary's grand mean), resampled with replacement: `exact` draws the prompts (taken in key-hash
+    order, so a seed gives the same intervals for any row order), `normal` draws the resample means
+    from their large-sample law (no list of prompts at all). `interval="auto"` is the studentized
+    (bootstrap-t) interval where prompts are resampled and the expanded percentile interval with
+    the normal approximation (see `mrt_fast.bootstrap_intervals`). Returns the intervals, the share
+    of resamples with V_x = 0, the resampling and the interval method used."""
     method = _bootstrap_method(method, p, n_boot)
+    want = _interval_method(interval)
+    if want == "auto":
+        want = "studentized" if method == "exact" else "expanded"
     rng = np.random.default_rng(seed)
+    kw = dict(n_boot=n_boot, rng=rng, cp=cp, cr=cr, k_max=k_max, level=level, methods=(want,))
     if method == "exact":
         pp = core_acc.used_stats()
-        sums = _exact_sums(pp["count"], pp["mean"], pp["m2"], n_boot, rng)
+        ci, frac_zero, used = bootstrap_intervals(pp["count"], pp["mean"], pp["m2"], **kw)
     else:
         try:
-            n, mu, cov = core_acc.used_moments(gbar)
+            moments = core_acc.used_moments(gbar)
         except ValueError as e:
             raise MrtInputError(str(e)) from None
-        sums = _normal_sums(n, mu, cov, n_boot, rng)
-    out = {name: np.empty(n_boot) for name in ("v_x", "v_y_given_x", "ratio", "k_star", "k_best")}
-    b0 = 0
-    for vy, leak, vm in sums:
-        b1 = b0 + len(vy)
-        vx = np.maximum(0.0, vm - leak)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(vx > 0, vy / vx, np.where(vy > 0, np.inf, np.nan))
-        ks = np.sqrt(ratio * (cp / cr))
-        out["v_x"][b0:b1] = vx
-        out["v_y_given_x"][b0:b1] = vy
-        out["ratio"][b0:b1] = ratio
-        out["k_star"][b0:b1] = ks
-        out["k_best"][b0:b1] = _k_best_vec(vx, vy, ks, cp, cr, k_max)
-        b0 = b1
-    a = expanded_tail(level, p)
-    ci = {}
-    for name, v in out.items():
-        v = np.where(np.isnan(v), np.inf if name != "v_x" else 0.0, v)  # nan only when every loss is equal
-        lo, hi = np.quantile(v, [a, 1.0 - a], method="inverted_cdf")
-        ci[name] = (float(lo), float(hi))
-    frac_zero = float(np.mean(out["v_x"] == 0.0))
-    return ci, frac_zero, method
-
-
-def _t_abs_prob(t: float, df: int) -> float:
-    """P(|T| < t) for Student's t with integer df, by the finite series of Abramowitz & Stegun 26.7.3-4."""
-    th = math.atan(t / math.sqrt(df))
-    c2, term, acc = math.cos(th) ** 2, 1.0, 1.0
-    if df % 2 == 0:
-        for k in range(2, df, 2):
-            term *= c2 * (k - 1) / k
-            acc += term
-        return math.sin(th) * acc
-    if df == 1:
-        return 2 * th / math.pi
-    term = acc = math.cos(th)
-    for k in range(3, df, 2):
-        term *= c2 * (k - 1) / k
-        acc += term
-    return 2 / math.pi * (th + math.sin(th) * acc)
-
-
-def _t_quantile(q: float, df: float) -> float:
-    """Student-t quantile for 0.5 <= q < 1: exact (bisection on the t distribution) below 30 degrees of
-    freedom, the Cornish-Fisher expansion around the normal quantile above (relative error below 1e-5)."""
-    from statistics import NormalDist
-
-    z = NormalDist().inv_cdf(q)
-    if df < 30 and float(df).is_integer():
-        lo, hi, target = 0.0, max(1.0, z), 2 * q - 1
-        while _t_abs_prob(hi, int(df)) < target:
-            hi *= 2
-        for _ in range(100):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if _t_abs_prob(mid, int(df)) < target else (lo, mid)
-        return 0.5 * (lo + hi)
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
-    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
-
-
-def expanded_tail(level: float, p: int) -> float:
-    """Tail probability of the expanded percentile interval (Hesterberg 2015) over p resampled prompts:
-    Phi(-sqrt(p / (p - 1)) t_{p-1, (1 + level)/2}) instead of (1 - level) / 2. A plain percentile
-    bootstrap over few prompts is too narrow (about 90% coverage at p = 20 for a nominal 95%);
-    the expansion brings it back and vanishes as p grows."""
-    if p < 3:
-        return (1.0 - level) / 2.0
-    t = _t_quantile((1.0 + level) / 2.0, p - 1.0)
-    return 0.5 * math.erfc(math.sqrt(p / (p - 1.0)) * t / math.sqrt(2.0))  # Phi(-x) without cancellation
-
-
-def _k_best_vec(vx, vy, ks, cp, cr, k_max):
-    ks = np.where(np.isnan(ks), 1.0, ks)
-    fin = np.isfinite(ks)
-    kk = np.where(fin, ks, 1.0)
-    lo = np.clip(np.floor(kk), 1, k_max)
-    hi = np.clip(np.ceil(kk), 1, k_max)
-    f_lo = (vx + vy / lo) * (cp + lo * cr)
-    f_hi = (vx + vy / hi) * (cp + hi * cr)
-    best = np.where(f_lo <= f_hi, lo, hi)
-    return np.where(fin, best, float(k_max))
+        ci, frac_zero, used = bootstrap_intervals(None, None, None, resample="normal", moments=moments, **kw)
+    return ci[want], frac_zero, method, used[want]
 
 
 # --------------------------------------------------------------------------- report
@@ -535,6 +432,7 @@ class VarianceReport:
     n_boot: int
     seed: int
     bootstrap: str = "none"
+    interval: str = "none"
     ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     predicted: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)
@@ -563,7 +461,7 @@ class VarianceReport:
             if name not in self.ci:
                 return ""
             lo, hi = self.ci[name]
-            return f"  [{f(lo)}, {f(hi)}] ({self.ci_level:.0%} bootstrap, {self.bootstrap})"
+            return f"  [{f(lo)}, {f(hi)}] ({self.ci_level:.0%} {self.interval} bootstrap, {self.bootstrap})"
 
         lines = [
             "VarianceReport(",
@@ -684,6 +582,7 @@ def report_from_accumulator(
     seed: int = 0,
     ci_level: float = 0.95,
     bootstrap: str = "auto",
+    interval: str = "auto",
 ) -> VarianceReport:
     """The diagnosis from per-prompt statistics (see `variance_budget`)."""
     cp, cr = _check_costs(cost_prompt, cost_response)
@@ -700,6 +599,7 @@ def report_from_accumulator(
     n_boot = _int_arg(n_boot, "n_boot", 0, 2**31 - 1)
     seed = _int_arg(seed, "seed", 0)
     _bootstrap_method(bootstrap, 0, 0)
+    _interval_method(interval)
     if budget is not None and (not _real(budget) or not math.isfinite(budget) or budget <= 0):
         raise MrtInputError(f"budget must be a positive finite number, got {budget!r}")
     if loss_bound is not None and (not _real(loss_bound) or not math.isfinite(loss_bound) or loss_bound < 0):
@@ -752,10 +652,10 @@ def report_from_accumulator(
         notes.append("no loss_bound given: Bernstein bounds omitted")
 
     ci: dict[str, tuple[float, float]] = {}
-    method = "none"
+    method = used = "none"
     if n_boot > 0:
         p_used = int(s["n_used_prompts"])
-        ci, frac0, method = _bootstrap(
+        ci, frac0, method, used = _bootstrap(
             acc._core,
             p_used,
             float(s["grand_mean"]),
@@ -766,6 +666,7 @@ def report_from_accumulator(
             k_max=k_max,
             level=ci_level,
             method=bootstrap,
+            interval=interval,
         )
         if method == "normal":
             why = (
@@ -776,6 +677,9 @@ def report_from_accumulator(
             notes.append(
                 f"intervals from the normal approximation of the bootstrap ({why}; bootstrap='exact' resamples the prompts)"
             )
+        if interval not in ("auto", used):
+            notes.append(f"interval={interval!r} needs the prompts resampled and at least 4 of them with "
+                         f"V_y|x > 0: {used} intervals instead")
         if frac0 > 0:
             notes.append(f"V_x was 0 in {frac0:.1%} of bootstrap resamples (K* infinite there)")
 
@@ -805,6 +709,7 @@ def report_from_accumulator(
         n_boot=int(n_boot),
         seed=int(seed),
         bootstrap=method,
+        interval=used,
         ci=ci,
         predicted=pl.DataFrame(cols),
         notes=notes,
@@ -828,6 +733,7 @@ def variance_budget(
     seed: int = 0,
     ci_level: float = 0.95,
     bootstrap: str = "auto",
+    interval: str = "auto",
 ) -> VarianceReport:
     """Estimate V_x and V_y|x from a table of per-response losses and say how
     many responses per prompt the budget law recommends.
@@ -839,12 +745,18 @@ def variance_budget(
     `budget`: B, to tabulate Np = floor(B / (C_p + K C_r)) and the variance it
     buys. `loss_bound`: B_loss of the Bernstein bound (losses in [0, B_loss]);
     None uses the observed range max - min of the loss column (noted).
-    `n_boot`, `seed`, `ci_level`: seeded bootstrap over prompts, expanded percentile intervals
-    (`expanded_tail`: wider over few prompts, the plain percentile interval over many).
+    `n_boot`, `seed`, `ci_level`: seeded bootstrap over prompts.
     `bootstrap`: "exact" resamples the prompts (time grows as prompts x
     n_boot); "normal" draws each resample's means of the per-prompt
     statistics from their large-sample normal law (time independent of the
     prompt count); "auto" (default) is exact up to 5e7 draws.
+    `interval`: how the resamples become intervals (`mrt_fast.bootstrap_intervals`):
+    "studentized" (bootstrap-t on log V_y|x and on the log of the ANOVA F = vm / leak, with
+    leave-one-prompt-out jackknife standard errors; the ratio, K* and k_best
+    follow from V_x / V_y|x's interval), "bca", "calibrated" (double
+    bootstrap; n_boot x 200 resamples), "expanded" or "percentile". "auto"
+    (default): studentized where prompts are resampled, expanded with the
+    normal approximation. Measured coverage: docs/interval_coverage.md.
     """
     df = _frame(table, by, loss)
     x = _loss_column(df, loss)
@@ -868,6 +780,7 @@ def variance_budget(
         seed=seed,
         ci_level=ci_level,
         bootstrap=bootstrap,
+        interval=interval,
     )
     rep.notes.extend(notes_extra)
     rep._pilot = (df[by], x)
