@@ -12,7 +12,12 @@ bundled all-MiniLM-L6-v2 and with the transformers version installed:
    the covariance, sign fixed so that each component's largest score is
    positive);
 3. each token's vector is scaled by a SIF weight ``a / (a + p)`` where ``p`` is
-   the token's Zipf probability estimated from its rank in the vocabulary.
+   the token's Zipf probability estimated from its rank in the vocabulary;
+4. the vectors are then fitted to the source model's own sentence embeddings
+   (mean-pooled, normalised) of ``TRAIN_TEXTS`` texts read from the docstrings
+   of installed packages (:mod:`mrt_fast.static_corpus`,
+   :mod:`mrt_fast.static_train`, after model2vec's "tokenlearn"); embedding
+   that corpus with the source model is most of the first use's cost.
 
 Inference tokenises a batch with the model's fast (Rust) tokenizer, without
 special tokens, sums the rows of the token vectors of each text
@@ -46,8 +51,12 @@ PCA_DIMS = 256
 SIF_COEFFICIENT = 1e-4
 #: tokens per text read at inference (the rest of a longer text is dropped)
 MAX_TOKENS = 512
+#: corpus texts the token vectors are fitted on (0: distillation only)
+TRAIN_TEXTS = 16_000
+#: tokens per corpus text read by the source model when embedding the corpus
+TRAIN_MAX_TOKENS = 256
 #: version of the file layout and of the distillation steps (part of the file name)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _REMOVE = re.compile(r"\[unused\d+\]")
 
 
@@ -102,7 +111,7 @@ class StaticModel:
         """Identity of the vectors, for the embedding cache (source hash and distillation parameters)."""
         m = self.meta
         return (f"static:{m['source_name']}@{m['source_sha256'][:16]}/pca{m['pca_dims']}-sif{m['sif_coefficient']:g}"
-                f"-v{m['format']}")
+                f"-tl{m.get('train_texts', 0)}-v{m['format']}")
 
     def token_ids(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(flat token ids, start offset of each text) of a batch; a text without tokens gets ``[UNK]``."""
@@ -133,7 +142,7 @@ def static_path(model, cache_dir: str | os.PathLike | None = None) -> Path:
     _, sha, name = _source(model)
     root = Path(cache_dir) if cache_dir not in (None, False, True) else default_cache_dir()
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-    return root / "static" / f"{safe}-{sha[:16]}-pca{PCA_DIMS}-sif{SIF_COEFFICIENT:g}-v{FORMAT_VERSION}.npz"
+    return root / "static" / f"{safe}-{sha[:16]}-pca{PCA_DIMS}-sif{SIF_COEFFICIENT:g}-tl{TRAIN_TEXTS}-v{FORMAT_VERSION}.npz"
 
 
 _LOADED: dict[str, StaticModel] = {}
@@ -149,7 +158,8 @@ def load_static(model="static", cache_dir: str | os.PathLike | None = None, *, d
     m = _read(path)
     if m is None:
         src, sha, name = _source(model)
-        m = distill(src, source_sha256=sha, source_name=name, device=device, progress=progress)
+        m = distill(src, source_sha256=sha, source_name=name, device=device, progress=progress,
+                    train_texts=TRAIN_TEXTS)
         _write(m, path)
     _LOADED[key] = m
     return m
@@ -209,7 +219,7 @@ def pca(x: np.ndarray, dims: int) -> np.ndarray:
 
 def distill(src: str | os.PathLike, *, source_sha256: str, source_name: str, pca_dims: int = PCA_DIMS,
             sif_coefficient: float = SIF_COEFFICIENT, device: str | None = None, batch_size: int = 1024,
-            progress: bool = True) -> StaticModel:
+            progress: bool = True, train_texts: int = 0, seed: int = 0) -> StaticModel:
     """Distil a static model from the sentence transformer in directory ``src`` (offline)."""
     try:
         import torch
@@ -259,10 +269,72 @@ def distill(src: str | os.PathLike, *, source_sha256: str, source_name: str, pca
     red = pca(out, pca_dims) * sif_weights(len(keep), sif_coefficient)[:, None]
     vectors = np.zeros((n_vocab, red.shape[1]), dtype=np.float32)
     vectors[keep] = red.astype(np.float32)
+    fit: dict = {"train_texts": 0}
+    if train_texts:
+        vectors, fit = _fit_to_corpus(net, dev, tok_json, vectors, train_texts, seed=seed, progress=progress)
     meta = {
-        "format": FORMAT_VERSION, "method": "model2vec distillation (mean pooling, PCA, Zipf SIF weights)",
+        "format": FORMAT_VERSION, "method": "model2vec distillation (mean pooling, PCA, Zipf SIF weights)"
+        + (", token vectors fitted to the source's sentence embeddings of a corpus (tokenlearn)" if train_texts else ""),
+        **fit,
         "source_name": source_name, "source_sha256": source_sha256, "pca_dims": int(red.shape[1]),
         "sif_coefficient": float(sif_coefficient), "vocab_size": int(n_vocab), "tokens_distilled": int(len(keep)),
         "unk_id": unk_id, "max_tokens": MAX_TOKENS, "vectors_sha256": hashlib.sha256(vectors.tobytes()).hexdigest(),
     }
     return StaticModel(vectors, tok_json, meta)
+
+
+def source_sentence_embeddings(net, dev, tok_json: str, texts: Sequence[str], *, max_tokens: int = TRAIN_MAX_TOKENS,
+                               batch_size: int = 64, progress: bool = True) -> np.ndarray:
+    """The source model's sentence embeddings of ``texts``: mean of the output states over the tokens, normalised.
+
+    This is all-MiniLM-L6-v2's own pipeline (sentence-transformers: mean pooling, then normalisation),
+    with texts cut at ``max_tokens`` tokens (its ``max_seq_length``); batches are sorted by length.
+    """
+    import torch
+    from tokenizers import Tokenizer
+    from tqdm.auto import tqdm
+
+    tok = Tokenizer.from_str(tok_json)
+    limit = min(max_tokens, int(getattr(net.config, "max_position_embeddings", max_tokens)))
+    tok.enable_truncation(limit)
+    tok.no_padding()
+    enc = [e.ids for e in getattr(tok, "encode_batch_fast", tok.encode_batch)(list(texts), add_special_tokens=True)]
+    order = np.argsort([-len(e) for e in enc], kind="stable")
+    out = np.empty((len(texts), net.config.hidden_size), dtype=np.float32)
+    with torch.inference_mode(), tqdm(total=len(texts), desc="embedding the fitting corpus", unit="text",
+                                      disable=not progress) as bar:
+        for s in range(0, len(order), batch_size):
+            rows = order[s : s + batch_size]
+            width = max(len(enc[i]) for i in rows)
+            ids = np.zeros((len(rows), width), dtype=np.int64)
+            mask = np.zeros((len(rows), width), dtype=np.int64)
+            for j, i in enumerate(rows):
+                ids[j, : len(enc[i])] = enc[i]
+                mask[j, : len(enc[i])] = 1
+            ids_t, mask_t = torch.from_numpy(ids).to(dev), torch.from_numpy(mask).to(dev)
+            h = net(input_ids=ids_t, attention_mask=mask_t, token_type_ids=torch.zeros_like(ids_t)).last_hidden_state
+            m = mask_t.unsqueeze(-1).to(h.dtype)
+            v = (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+            out[rows] = torch.nn.functional.normalize(v.float(), dim=1).cpu().numpy()
+            bar.update(len(rows))
+    return out
+
+
+def _fit_to_corpus(net, dev, tok_json: str, vectors: np.ndarray, n_texts: int, *, seed: int,
+                   progress: bool) -> tuple[np.ndarray, dict]:
+    """Vectors fitted on ``n_texts`` corpus texts, and what to record of the fit."""
+    from .static_corpus import corpus_texts
+    from .static_train import fit_token_vectors
+
+    texts = corpus_texts(n_texts)
+    if len(texts) < 100:
+        raise MrtInputError(
+            f"fitting the static model needs at least 100 texts from the installed packages' docstrings; found {len(texts)}"
+        )
+    y = source_sentence_embeddings(net, dev, tok_json, texts, progress=progress)
+    m = StaticModel(vectors, tok_json, {})
+    flat, starts = m.token_ids(texts)
+    fitted, report = fit_token_vectors(vectors, flat, starts, y, seed=seed, progress=progress)
+    digest = hashlib.sha256("\n".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
+    return fitted, {"train_texts": int(n_texts), "train_texts_found": len(texts), "train_corpus_sha256": digest,
+                    "fit": report.as_dict()}
