@@ -17,11 +17,13 @@ bundled all-MiniLM-L6-v2 and with the transformers version installed:
    (mean-pooled, normalised) of ``TRAIN_TEXTS`` texts read from the docstrings
    of installed packages (:mod:`mrt_fast.static_corpus`,
    :mod:`mrt_fast.static_train`, after model2vec's "tokenlearn"); embedding
-   that corpus with the source model is most of the first use's cost.
+   that corpus with the source model is most of the first use's cost;
+5. the mean static embedding of the corpus is kept as a centre.
 
 Inference tokenises a batch with the model's fast (Rust) tokenizer, without
 special tokens, sums the rows of the token vectors of each text
-(``np.add.reduceat``) and L2-normalises: there is no network to run.
+(``np.add.reduceat``), L2-normalises, subtracts the centre and normalises
+again: there is no network to run.
 
 The distilled vectors, the tokenizer and how they were made are kept in one
 ``.npz`` file under the embedding cache directory, named after the source
@@ -55,6 +57,8 @@ MAX_TOKENS = 512
 TRAIN_TEXTS = 16_000
 #: tokens per corpus text read by the source model when embedding the corpus
 TRAIN_MAX_TOKENS = 256
+#: subtract the mean static embedding of the corpus from each embedding (then normalise again)
+CENTER = True
 #: version of the file layout and of the distillation steps (part of the file name)
 FORMAT_VERSION = 2
 _REMOVE = re.compile(r"\[unused\d+\]")
@@ -90,11 +94,15 @@ class StaticModel:
     vectors: np.ndarray
     tokenizer_json: str
     meta: dict = field(default_factory=dict)
+    #: subtracted from each normalised sum before the final normalisation (``None``: nothing)
+    center: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         from tokenizers import Tokenizer
 
         self.vectors = np.ascontiguousarray(self.vectors, dtype=np.float32)
+        if self.center is not None:
+            self.center = np.ascontiguousarray(self.center, dtype=np.float32).reshape(self.vectors.shape[1])
         tok = Tokenizer.from_str(self.tokenizer_json)
         tok.no_padding()
         tok.enable_truncation(MAX_TOKENS)
@@ -131,7 +139,13 @@ class StaticModel:
             v = np.add.reduceat(self.vectors[flat], starts, axis=0)
             n = np.linalg.norm(v, axis=1, keepdims=True)
             n[n == 0] = 1.0
-            out[s : s + len(starts)] = v / n
+            v /= n
+            if self.center is not None:
+                v -= self.center
+                n = np.linalg.norm(v, axis=1, keepdims=True)
+                n[n == 0] = 1.0
+                v /= n
+            out[s : s + len(starts)] = v
         return out
 
 
@@ -174,10 +188,11 @@ def _read(path: Path) -> StaticModel | None:
             meta = json.loads(bytes(z["meta"]).decode())
             vectors = z["vectors"]
             tok = bytes(z["tokenizer"]).decode()
-        digest = hashlib.sha256(vectors.tobytes()).hexdigest()
+            center = z["center"] if "center" in z.files else None
+        digest = _digest(vectors, center)
         if meta.get("format") != FORMAT_VERSION or meta.get("vectors_sha256") != digest:
             return None
-        return StaticModel(vectors, tok, meta)
+        return StaticModel(vectors, tok, meta, center)
     except Exception:  # noqa: BLE001 - a damaged file is rebuilt, not trusted
         return None
 
@@ -188,12 +203,21 @@ def _write(m: StaticModel, path: Path) -> None:
         from .io import atomic_path
 
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            extra = {"center": m.center} if m.center is not None else {}
             np.savez(f, vectors=m.vectors, tokenizer=np.frombuffer(m.tokenizer_json.encode(), dtype=np.uint8),
-                     meta=np.frombuffer(json.dumps(m.meta).encode(), dtype=np.uint8))
+                     meta=np.frombuffer(json.dumps(m.meta).encode(), dtype=np.uint8), **extra)
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
         raise MrtInputError(f"cannot save the static embedding model to {str(path)!r}: {e}") from None
+
+
+def _digest(vectors: np.ndarray, center: np.ndarray | None) -> str:
+    """sha256 of the vectors (and of the centre, when there is one)."""
+    h = hashlib.sha256(np.ascontiguousarray(vectors, dtype=np.float32).tobytes())
+    if center is not None:
+        h.update(np.ascontiguousarray(center, dtype=np.float32).tobytes())
+    return h.hexdigest()
 
 
 def sif_weights(n: int, sif_coefficient: float = SIF_COEFFICIENT) -> np.ndarray:
@@ -270,17 +294,18 @@ def distill(src: str | os.PathLike, *, source_sha256: str, source_name: str, pca
     vectors = np.zeros((n_vocab, red.shape[1]), dtype=np.float32)
     vectors[keep] = red.astype(np.float32)
     fit: dict = {"train_texts": 0}
+    center = None
     if train_texts:
-        vectors, fit = _fit_to_corpus(net, dev, tok_json, vectors, train_texts, seed=seed, progress=progress)
+        vectors, center, fit = _fit_to_corpus(net, dev, tok_json, vectors, train_texts, seed=seed, progress=progress)
     meta = {
         "format": FORMAT_VERSION, "method": "model2vec distillation (mean pooling, PCA, Zipf SIF weights)"
         + (", token vectors fitted to the source's sentence embeddings of a corpus (tokenlearn)" if train_texts else ""),
         **fit,
         "source_name": source_name, "source_sha256": source_sha256, "pca_dims": int(red.shape[1]),
         "sif_coefficient": float(sif_coefficient), "vocab_size": int(n_vocab), "tokens_distilled": int(len(keep)),
-        "unk_id": unk_id, "max_tokens": MAX_TOKENS, "vectors_sha256": hashlib.sha256(vectors.tobytes()).hexdigest(),
+        "unk_id": unk_id, "max_tokens": MAX_TOKENS, "vectors_sha256": _digest(vectors, center),
     }
-    return StaticModel(vectors, tok_json, meta)
+    return StaticModel(vectors, tok_json, meta, center)
 
 
 def source_sentence_embeddings(net, dev, tok_json: str, texts: Sequence[str], *, max_tokens: int = TRAIN_MAX_TOKENS,
@@ -321,8 +346,8 @@ def source_sentence_embeddings(net, dev, tok_json: str, texts: Sequence[str], *,
 
 
 def _fit_to_corpus(net, dev, tok_json: str, vectors: np.ndarray, n_texts: int, *, seed: int,
-                   progress: bool) -> tuple[np.ndarray, dict]:
-    """Vectors fitted on ``n_texts`` corpus texts, and what to record of the fit."""
+                   progress: bool) -> tuple[np.ndarray, np.ndarray | None, dict]:
+    """Vectors fitted on ``n_texts`` corpus texts, their centre (or ``None``), and what to record of the fit."""
     from .static_corpus import corpus_texts
     from .static_train import fit_token_vectors
 
@@ -335,6 +360,9 @@ def _fit_to_corpus(net, dev, tok_json: str, vectors: np.ndarray, n_texts: int, *
     m = StaticModel(vectors, tok_json, {})
     flat, starts = m.token_ids(texts)
     fitted, report = fit_token_vectors(vectors, flat, starts, y, seed=seed, progress=progress)
+    center = None
+    if CENTER:
+        center = StaticModel(fitted, tok_json, {}).encode(texts).astype(np.float64).mean(axis=0).astype(np.float32)
     digest = hashlib.sha256("\n".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
-    return fitted, {"train_texts": int(n_texts), "train_texts_found": len(texts), "train_corpus_sha256": digest,
+    return fitted, center, {"train_texts": int(n_texts), "train_texts_found": len(texts), "train_corpus_sha256": digest,
                     "fit": report.as_dict()}
