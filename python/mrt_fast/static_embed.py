@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -54,7 +55,7 @@ SIF_COEFFICIENT = 1e-4
 #: tokens per text read at inference (the rest of a longer text is dropped)
 MAX_TOKENS = 512
 #: corpus texts the token vectors are fitted on (0: distillation only)
-TRAIN_TEXTS = 16_000
+TRAIN_TEXTS = 8_000
 #: tokens per corpus text read by the source model when embedding the corpus
 TRAIN_MAX_TOKENS = 256
 #: subtract the mean static embedding of the corpus from each embedding (then normalise again)
@@ -351,6 +352,8 @@ def _fit_to_corpus(net, dev, tok_json: str, vectors: np.ndarray, n_texts: int, *
     from .static_corpus import corpus_texts
     from .static_train import fit_token_vectors
 
+    if progress:
+        print(f"reading {n_texts} texts from installed packages' docstrings to fit the static model", file=sys.stderr)
     texts = corpus_texts(n_texts)
     if len(texts) < 100:
         raise MrtInputError(

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RIDGE = 1e-2
-EPOCHS = 8
+RIDGE = 1e-5
+EPOCHS = 4
 LEARNING_RATE = 3e-3
 BATCH_SIZE = 128
 VAL_FRACTION = 0.1
