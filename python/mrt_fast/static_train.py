@@ -87,8 +87,7 @@ def _subset(flat: np.ndarray, starts: np.ndarray, rows: np.ndarray) -> tuple[np.
 
 def fit_token_vectors(vectors: np.ndarray, flat: np.ndarray, starts: np.ndarray, y: np.ndarray, *,
                       epochs: int = EPOCHS, lr: float = LEARNING_RATE, batch_size: int = BATCH_SIZE,
-                      ridge: float = RIDGE, val_fraction: float = VAL_FRACTION, seed: int = 0, sim_weight: float = 0.0,
-                      nce_weight: float = 0.0, temperature: float = 0.05, anchor: float = 0.0,
+                      ridge: float = RIDGE, val_fraction: float = VAL_FRACTION, seed: int = 0,
                       progress: bool = True) -> tuple[np.ndarray, FitReport]:
     """Token vectors fitted so that each text's summed, normalised vector approaches its row of ``y``.
 
@@ -122,7 +121,6 @@ def fit_token_vectors(vectors: np.ndarray, flat: np.ndarray, starts: np.ndarray,
     torch.manual_seed(seed)
     emb = torch.nn.EmbeddingBag.from_pretrained(torch.tensor(vectors, dtype=torch.float32), freeze=False, mode="sum")
     opt = torch.optim.Adam(emb.parameters(), lr=lr)
-    init = emb.weight.detach().clone()
     ends_tr = np.append(str_[1:], len(ftr))
     tt = torch.tensor(t[tr_rows], dtype=torch.float32)
     best, best_epoch, best_w = loss1, 0, vectors.astype(np.float32)
@@ -137,19 +135,7 @@ def fit_token_vectors(vectors: np.ndarray, flat: np.ndarray, starts: np.ndarray,
                 offs = np.zeros(len(b), dtype=np.int64)
                 np.cumsum(lens[:-1], out=offs[1:])
                 out = emb(torch.from_numpy(ids), torch.from_numpy(offs))
-                yb = tt[b]
-                loss = (1.0 - torch.nn.functional.cosine_similarity(out, yb, dim=1)).mean()
-                if nce_weight:
-                    logits = torch.nn.functional.normalize(out, dim=1) @ torch.nn.functional.normalize(yb, dim=1).T
-                    loss = loss + nce_weight * torch.nn.functional.cross_entropy(
-                        logits / temperature, torch.arange(len(b)))
-                if anchor:
-                    u = torch.from_numpy(np.unique(ids))
-                    loss = loss + anchor * ((emb.weight[u] - init[u]) ** 2).sum(dim=1).mean()
-                if sim_weight:
-                    xn = torch.nn.functional.normalize(out, dim=1)
-                    yn = torch.nn.functional.normalize(yb, dim=1)
-                    loss = loss + sim_weight * ((xn @ xn.T - yn @ yn.T) ** 2).mean()
+                loss = (1.0 - torch.nn.functional.cosine_similarity(out, tt[b], dim=1)).mean()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
