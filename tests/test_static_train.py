@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.embed  # torch comes with the embed extra
 
 from mrt_fast.static_corpus import corpus_texts, docstring_paragraphs  # noqa: E402
 from mrt_fast.static_train import cosine_loss, fit_token_vectors, target_basis  # noqa: E402
