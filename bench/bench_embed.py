@@ -21,6 +21,7 @@ larger sets built from text Python ships (``embed_corpus``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -130,6 +131,16 @@ def main() -> None:
             xf = sm.encode(df["response"].to_list())
             rows += quality_rows(name, df, xr, xf)
         res["quality"] = rows
+        if sm.meta.get("train_texts"):
+            # the fitting corpus and the evaluation sets share no text
+            from mrt_fast.static_corpus import corpus_texts
+
+            shown = {t for df in sets.values() for t in df["response"].to_list()}
+            corpus = corpus_texts(sm.meta["train_texts"])
+            digest = hashlib.sha256("\n".join(corpus).encode("utf-8", "surrogatepass")).hexdigest()
+            res["fitting_corpus"] = {"texts": len(corpus), "same_as_model": digest == sm.meta["train_corpus_sha256"],
+                                     "texts_also_in_evaluation_sets": len(shown & set(corpus))}
+            print("fitting corpus:", res["fitting_corpus"], flush=True)
         big = [r for r in rows if r["dataset"] != "mosaic"]
         res["quality_summary"] = {
             "worst_coverage_gap": min(r["coverage_gap"] for r in rows),

@@ -201,6 +201,16 @@ def test_demo_reduced(tmp_path):
 # ------------------------------------------------------------- static tier, device, output column
 
 
+@pytest.fixture(scope="module", autouse=True)
+def small_fitting_corpus():
+    """The static tier is fitted on 300 corpus texts here, not thousands (the fit itself is tested elsewhere)."""
+    from mrt_fast import static_embed
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(static_embed, "TRAIN_TEXTS", 300)
+        yield
+
+
 @pytest.fixture(scope="module")
 def tiny_source(tmp_path_factory):
     """A one-layer BERT (random, seeded) with the bundled MiniLM tokenizer: a static source that distils in seconds."""
@@ -257,6 +267,35 @@ def test_static_distillation_is_deterministic_and_cached(tiny_source, tmp_path, 
 
 
 @pytest.mark.embed
+def test_static_model_is_fitted_and_its_cache_versioned(tiny_source, static_cache, monkeypatch):
+    from mrt_fast import static_embed
+
+    name = f"static:{tiny_source}"
+    m = static_embed.load_static(name, static_cache)
+    fit = m.meta["fit"]
+    # fitted on the corpus: lower held-out loss than the linear map alone, recorded with the corpus' hash
+    assert m.meta["train_texts"] == 300 and m.meta["train_texts_found"] == 300
+    assert fit["texts_train"] + fit["texts_heldout"] == 300 and fit["loss_trained"] < fit["loss_linear"]
+    assert len(m.meta["train_corpus_sha256"]) == 64 and "-tl300-v2" in m.model_id
+    assert m.center is not None and m.center.shape == (m.dim,)
+    # the corpus size and the format are in the file name: another size or version is another file
+    path = static_embed.static_path(name, static_cache)
+    assert path.name.endswith(f"-tl300-v{static_embed.FORMAT_VERSION}.npz")
+    monkeypatch.setattr(static_embed, "TRAIN_TEXTS", 301)
+    assert static_embed.static_path(name, static_cache) != path
+    monkeypatch.undo()
+    # a file of an older format under the current name is not trusted: it is distilled again
+    old = static_embed.StaticModel(m.vectors, m.tokenizer_json, {**m.meta, "format": 1})
+    calls = []
+    monkeypatch.setattr(static_embed, "distill", lambda *a, **k: calls.append(k) or m)
+    with monkeypatch.context() as mp:
+        mp.setattr(static_embed, "_LOADED", {})
+        static_embed._write(old, path)
+        assert static_embed.load_static(name, static_cache) is m and len(calls) == 1
+        assert calls[0]["train_texts"] == 300
+
+
+@pytest.mark.embed
 def test_static_name_is_the_bundled_minilm():
     from mrt_fast.embed import MINILM_WEIGHTS_SHA256
     from mrt_fast.static_embed import is_static, static_path
@@ -279,6 +318,9 @@ def test_static_embedding_is_the_normalised_mean_of_token_vectors(tiny_source_ca
         ids = m._tok.encode(t, add_special_tokens=False).ids or [m._unk]
         want = m.vectors[ids].astype(np.float64).mean(axis=0)
         want /= np.linalg.norm(want)
+        if m.center is not None:  # the corpus' mean embedding is taken off, then the row normalised again
+            want = want - m.center
+            want /= np.linalg.norm(want)
         np.testing.assert_allclose(got[i], want, atol=1e-5)
         # a text's embedding does not depend on its batch
         np.testing.assert_array_equal(m.encode([t])[0], got[i])
