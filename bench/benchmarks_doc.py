@@ -38,8 +38,10 @@ SECTIONS = [
      "`python bench/bench_ray.py` (see docs/distributed.md)."),
     ("embed_bench", "Embedding throughput and quality (20,000 texts)",
      "`python bench/bench_embed.py` (see docs/embeddings.md)."),
-    ("embed_bench_4000", "Embedding throughput and quality (4,000 texts, quiet machine)",
-     "`python bench/bench_embed.py --n 4000 --out bench/results/embed_bench_4000.json` (see docs/embeddings.md)."),
+    ("static_ab", "The static tier against MiniLM encode, alternating blocks",
+     "`python bench/bench_static_ab.py --threads 2` (see docs/embeddings.md)."),
+    ("interval_bench", "Bootstrap interval cost by number of prompts",
+     "`python bench/bench_intervals.py` (see docs/interval_coverage.md)."),
     ("sandbox_overhead", "Sandbox start-up overhead",
      "`python bench/sandbox_overhead.py --repeats 30` (see docs/sandbox.md)."),
 ]
