@@ -579,7 +579,7 @@ def test_spill_by_arrow_threads_equals_the_scan(tmp_path_factory, n_pools, seed,
     assert batch.spill(ds, tmp / "one", n_buckets, "prompt_id", batch_rows=batch_rows, threads=1) == 0
     assert batch.spill(ds, tmp / "two", n_buckets, "prompt_id", batch_rows=batch_rows, threads=2) == 0
     schema = pl.Schema({batch.ROW: pl.get_index_type(), **dict(df.schema)})
-    buf: list = [None]
+    buf: list = [[None], [None]]
     total = 0
     for i in range(n_buckets):
         a = batch.read_bucket(tmp / "one", i, schema)
@@ -613,3 +613,28 @@ def test_select_dataset_takes_a_k_column(tmp_path):
     assert got.select(want.columns).equals(want)
     assert got.group_by("prompt_id").len().sort("prompt_id")["len"].to_list() == \
         df.group_by("prompt_id").agg(pl.col("k").first()).sort("prompt_id")["k"].to_list()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunks=st.lists(st.binary(min_size=0, max_size=9000), min_size=0, max_size=12),
+       staging=st.integers(1, 3), direct=st.booleans())
+def test_direct_files_read_back_what_was_written(tmp_path_factory, chunks, staging, direct):
+    """Spill files written through aligned staging blocks (O_DIRECT where the file system takes it,
+    buffered I/O where it does not) read back byte for byte, several into one reused buffer."""
+    from mrt_fast import direct_io
+
+    d = tmp_path_factory.mktemp("direct")
+    with mock.patch.object(direct_io.os, "O_DIRECT", getattr(os, "O_DIRECT", 0) if direct else 0, create=True):
+        paths = []
+        for j in range(2):
+            p = d / f"f{j}.bin"
+            with direct_io.DirectWriter(p, staging * 4096) as w:
+                for c in chunks[j::2]:
+                    assert w.write(c) == len(c)
+            paths.append(p)
+        want = [b"".join(chunks[0::2]), b"".join(chunks[1::2])]
+        assert [p.read_bytes() for p in paths] == want
+        buf: list = [None]
+        for _ in range(2):  # the second read reuses the buffer
+            got = direct_io.read_files(paths, buf)
+            assert [bytes(g) for g in got] == want

@@ -23,6 +23,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .io import Dataset
 
 
+#: a column chunk is read through a 1 MiB buffer, not whole: the memory of a
+#: batch stays a batch, not a row group of every column
+READ_OPTIONS = {"buffer_size": 1 << 20, "pre_buffer": False}
+
+
 @dataclass
 class Piece:
     """Row groups ``row_groups`` of ``path``; their first row is global row ``start``."""
@@ -95,7 +100,7 @@ def iter_run(run: list[Piece], columns: list[str] | None, batch_rows: int) -> It
 
     for p in run:
         pos = p.start
-        for b in pq.ParquetFile(p.path).iter_batches(batch_size=batch_rows, row_groups=p.row_groups,
+        for b in pq.ParquetFile(p.path, **READ_OPTIONS).iter_batches(batch_size=batch_rows, row_groups=p.row_groups,
                                                      columns=columns, use_threads=False):
             yield pos, b
             pos += b.num_rows

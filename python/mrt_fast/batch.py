@@ -447,13 +447,15 @@ def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
     spill_dir = Path(spill_dir)
     spill_dir.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
+    # every open bucket file stages its writes in an aligned block: 1 MiB, less when there are many
+    staging = int(min(1 << 20, max(64 << 10, (64 << 20) // max(1, (n_buckets + 1) * max(1, threads)))))
     try:
         schema = arrow_schema(ds) if threads > 1 else None
         runs = plan_runs(ds, threads) if schema is not None else []
         if runs and pa_index_type() == np.uint32 and runs[-1][-1].start + runs[-1][-1].rows >= 2**32:
             runs = []  # more rows than polars' row index holds: its scan says so
         if len(runs) < 2:
-            with _BucketWriters(spill_dir, n_buckets, 0) as w:
+            with _BucketWriters(spill_dir, n_buckets, 0, staging) as w:
                 for df in ds.scan(row_index=ROW).collect_batches(chunk_size=batch_rows):
                     if df.height == 0:
                         continue
@@ -465,7 +467,7 @@ def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
         by_i = schema.names.index(by)
 
         def one(t: int) -> int:
-            with _BucketWriters(spill_dir, n_buckets, t) as w:
+            with _BucketWriters(spill_dir, n_buckets, t, staging) as w:
                 for pos, b in iter_run(runs[t], None, batch_rows):
                     row = pa.array(np.arange(pos, pos + b.num_rows, dtype=idx))
                     rb = pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
@@ -490,11 +492,13 @@ def pa_index_type() -> type:
 
 
 class _BucketWriters:
-    """One thread's bucket files: each batch cut by bucket (one stable sort), the slices appended."""
+    """One thread's bucket files: each batch cut by bucket (one stable sort), the slices appended
+    (Arrow IPC files written around the page cache, :mod:`mrt_fast.direct_io`)."""
 
-    def __init__(self, spill_dir: Path, n_buckets: int, tag: int):
-        self.dir, self.n, self.tag = spill_dir, n_buckets, tag
+    def __init__(self, spill_dir: Path, n_buckets: int, tag: int, staging: int = 1 << 20):
+        self.dir, self.n, self.tag, self.staging = spill_dir, n_buckets, tag, staging
         self.writers: dict[int, Any] = {}
+        self.sinks: list[Any] = []
         self.nulls = 0
 
     def add(self, t, ids: pl.Series) -> None:
@@ -509,16 +513,23 @@ class _BucketWriters:
             sl = t.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
             w = self.writers.get(int(i))
             if w is None:
-                w = self.writers[int(i)] = ipc.new_file(str(self.dir / f"bucket-{int(i):05d}.{self.tag}.arrow"),
-                                                         sl.schema)
+                from .direct_io import DirectWriter
+
+                sink = DirectWriter(self.dir / f"bucket-{int(i):05d}.{self.tag}.arrow", self.staging)
+                self.sinks.append(sink)
+                w = self.writers[int(i)] = ipc.new_file(sink, sl.schema)
             w.write(sl)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
-        for w in self.writers.values():
-            w.close()
+        try:
+            for w in self.writers.values():
+                w.close()
+        finally:
+            for sink in self.sinks:
+                sink.close()
 
 
 def _batch_rows(total_bytes: int, n_rows: int | None, limit: int, n_buckets: int = 1) -> int:
@@ -543,28 +554,34 @@ def bucket_files(spill_dir: Path, i: int) -> list[Path]:
 
 
 def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None, embedding: str | None = None,
-                buffer: list | None = None) -> pl.DataFrame:
+                buffers: list | None = None) -> pl.DataFrame:
     """Bucket ``i`` of a spill (rows in input order); empty (with ``schema``) if no row went there.
 
-    The files are memory-mapped: the record batches are read in place. With
-    ``embedding`` naming a column of float32 vectors, that column is copied
-    into one contiguous buffer (:mod:`mrt_fast.contiguous`) the selection
-    core reads in place; ``buffer`` (a one-item list) keeps that buffer for
-    the next bucket of the same caller, which must be done with this frame
-    by then."""
+    The files are read straight into one buffer (:mod:`mrt_fast.direct_io`)
+    and their record batches used in place. With ``embedding`` naming a
+    column of float32 vectors, that column is copied into one contiguous
+    matrix (:mod:`mrt_fast.contiguous`) the selection core reads in place.
+    ``buffers`` (``[[None], [None]]``, then kept by the caller) holds both
+    buffers for the caller's next bucket, which must not come before the
+    caller is done with this frame."""
     import pyarrow.ipc as ipc
+
+    from .direct_io import read_files
 
     files = bucket_files(spill_dir, i)
     if not files:
         return pl.DataFrame(schema=schema) if schema is not None else pl.DataFrame()
+    if buffers is None:
+        buffers = [[None], [None]]
+    raw = read_files(files, buffers[0])
     batches = []
-    for f in files:
-        r = ipc.open_file(pa.memory_map(str(f)))
+    for mv in raw:
+        r = ipc.open_file(pa.py_buffer(mv))
         batches.extend(r.get_batch(j) for j in range(r.num_record_batches))
     t = pa.Table.from_batches(batches)
     df = None
     if embedding is not None and embedding in t.column_names and t.num_rows:
-        df = _with_contiguous(t, embedding, schema, buffer)
+        df = _with_contiguous(t, embedding, schema, buffers[1])
     if df is None:
         df = pl.from_arrow(t)
     if not df[ROW].is_sorted():
@@ -801,11 +818,11 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                     parts_dir.mkdir(exist_ok=True)
                 written = [0]
                 emb = opts.embedding if opts.uses_embedding(list(schema.names())) else None
-                buffers = threading.local()  # each worker's embedding buffer, reused bucket after bucket
+                buffers = threading.local()  # each worker's buffers, reused bucket after bucket
 
                 def one(i: int) -> None:
                     if not hasattr(buffers, "b"):
-                        buffers.b = [None]
+                        buffers.b = [[None], [None]]
                     df = read_bucket(spill_dir, i, empty.schema, emb, buffers.b)
                     if df.height == 0:
                         kept = _empty_output(ds, opts, to_dir)
