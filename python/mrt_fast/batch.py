@@ -508,7 +508,7 @@ class _BucketWriters:
         self.nulls += ids.null_count()
         order = np.argsort(b, kind="stable")
         cuts = np.searchsorted(b[order], np.arange(self.n + 2))
-        t = t.take(pa.array(order))
+        t = _take(t, pa.array(order))
         for i in np.flatnonzero(np.diff(cuts)):
             sl = t.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
             w = self.writers.get(int(i))
@@ -530,6 +530,26 @@ class _BucketWriters:
         finally:
             for sink in self.sinks:
                 sink.close()
+
+
+def _take(t, idx):
+    """``t.take(idx)`` (a record batch or table); a column of float vectors of one
+    length is taken as fixed-size lists (a block copy per row, about ten times
+    faster than Arrow's take of variable lists) and given its type back."""
+    cols = []
+    for f, c in zip(t.schema, t.columns):
+        typ = f.type
+        if (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_floating(typ.value_type) \
+                and c.null_count == 0 and len(c):
+            first = c.chunk(0) if isinstance(c, pa.ChunkedArray) else c
+            d = len(first[0]) if len(first) else 0
+            try:
+                cols.append(c.cast(pa.list_(typ.value_type, d)).take(idx).cast(typ))
+                continue
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, IndexError):
+                pass  # vectors of several lengths: the general take
+        cols.append(c.take(idx))
+    return type(t).from_arrays(cols, schema=t.schema)
 
 
 def _batch_rows(total_bytes: int, n_rows: int | None, limit: int, n_buckets: int = 1) -> int:
