@@ -644,7 +644,8 @@ def _plan(total_bytes: int, limit: int, workers: int | None) -> tuple[int, int]:
     if need <= budget:
         return 1, 1
     cpus = os.cpu_count() or 1
-    w = max(1, min(cpus, 4) if workers is None else int(workers))
+    # one worker more than the cores (up to 4), as a worker waits on the disk while it reads its bucket
+    w = max(1, min(cpus + (cpus > 1), 4) if workers is None else int(workers))
     n = max(2, math.ceil(need * SLACK * w / budget))
     return n, w
 
