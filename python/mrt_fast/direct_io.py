@@ -19,6 +19,8 @@ import mmap
 import os
 from pathlib import Path
 
+import numpy as np
+
 #: alignment of O_DIRECT offsets, lengths and buffers (a page; covers 512 B and 4 KiB sectors)
 ALIGN = 4096
 
@@ -58,16 +60,17 @@ class DirectWriter:
         self.path = str(path)
         self.fd, self.direct = _open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         self.buf = aligned(max(ALIGN, _round_up(staging)))
+        self.arr = np.frombuffer(self.buf, dtype=np.uint8)  # NumPy copies into it without the GIL
         self.fill = 0
         self.size = 0
         self.closed = False
 
     def write(self, data) -> int:
-        mv = memoryview(data).cast("B")
+        mv = np.frombuffer(data, dtype=np.uint8)
         n, pos, cap = len(mv), 0, len(self.buf)
         while pos < n:
             k = min(n - pos, cap - self.fill)
-            self.buf[self.fill:self.fill + k] = mv[pos:pos + k]
+            self.arr[self.fill:self.fill + k] = mv[pos:pos + k]
             self.fill += k
             pos += k
             if self.fill == cap:
@@ -104,6 +107,7 @@ class DirectWriter:
                 os.ftruncate(self.fd, self.size)
         finally:
             os.close(self.fd)
+            del self.arr
             self.buf.release()
 
     def __enter__(self):
