@@ -16,8 +16,8 @@ Results (ratios to the floor, seconds per million rows, peak RSS against the
 limit) go to ``bench/results/batch_bench.json``. The datasets are deleted
 afterwards unless ``--keep``.
 
-    python bench/bench_batch.py --sizes 4e6,16e6
-    python bench/bench_batch.py --sizes 40e6 --files 16 --memory-limit 2GB
+    python bench/bench_batch.py --sizes 4e6,16e6,40e6   # the documented run (17 GB of data)
+    python bench/bench_batch.py --sizes 4e6              # a quick one
 """
 
 from __future__ import annotations
