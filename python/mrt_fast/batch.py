@@ -2,10 +2,12 @@
 
 The rows of a dataset (one row per candidate) are partitioned by a digest of
 their prompt id into buckets; every pool lands whole in one bucket. When the
-dataset fits in the memory limit there is one bucket and nothing is spilled;
-otherwise the buckets are written (Arrow IPC files, fed by polars' streaming
-engine) into a temporary folder beside the output in one pass over the
-input, and each
+dataset fits in the memory limit there is one bucket and nothing is spilled
+(the embedding vectors are decoded straight into the one matrix the core
+reads, :mod:`mrt_fast.contiguous`); otherwise the buckets are written (Arrow
+IPC files, written and read around the page cache, :mod:`mrt_fast.direct_io`)
+into a temporary folder beside the output in one pass over the input, read by
+Arrow threads over runs of row groups (:mod:`mrt_fast.arrow_runs`), and each
 bucket is then selected in memory, several at a time where memory allows.
 Bucket ``i`` becomes part ``i`` of the output dataset (``part-00000.parquet``
 ..., with a ``_manifest.json``), written atomically, so a killed job resumes
@@ -617,7 +619,7 @@ def _with_contiguous(t, name: str, schema: pl.Schema | None, buffer: list | None
     if dtype is None or not polars_vector_type(dtype) or not is_float_vectors(col.type):
         return None
     c0 = col.chunk(0)
-    if c0.null_count or c0[0].values is None:
+    if not len(c0) or c0.null_count or c0[0].values is None:
         return None
     d = len(c0[0])
     n = t.num_rows
