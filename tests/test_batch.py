@@ -642,3 +642,34 @@ def test_direct_files_read_back_what_was_written(tmp_path_factory, chunks, stagi
         for _ in range(2):  # the second read reuses the buffer
             got = direct_io.read_files(paths, buf)
             assert [bytes(g) for g in got] == want
+
+
+def test_direct_files_carry_on_when_the_device_refuses_direct_io(tmp_path, monkeypatch):
+    """A write or read refused as unaligned (EINVAL: a device with larger blocks) is retried without
+    O_DIRECT, and the bytes are the same."""
+    import errno
+
+    from mrt_fast import direct_io
+
+    real_write, real_readv = os.write, os.readv
+    refused = {"write": 0, "read": 0}
+
+    def write(fd, data):
+        if not refused["write"]:
+            refused["write"] += 1
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    def readv(fd, bufs):
+        if not refused["read"]:
+            refused["read"] += 1
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_readv(fd, bufs)
+
+    data = os.urandom(3 * 4096 + 123)
+    monkeypatch.setattr(direct_io.os, "write", write)
+    monkeypatch.setattr(direct_io.os, "readv", readv)
+    with direct_io.DirectWriter(tmp_path / "f.bin", 4096) as w:
+        w.write(data)
+    (got,) = direct_io.read_files([tmp_path / "f.bin"])
+    assert bytes(got) == data and refused == {"write": 1, "read": 1}

@@ -554,14 +554,16 @@ def _take(t, idx):
     return type(t).from_arrays(cols, schema=t.schema)
 
 
-def _batch_rows(total_bytes: int, n_rows: int | None, limit: int, n_buckets: int = 1) -> int:
+def _batch_rows(total_bytes: int, n_rows: int | None, limit: int, n_buckets: int = 1, threads: int = 1) -> int:
     """Rows per batch of the spill pass: about 4096 rows per bucket (fewer,
-    larger record batches), yet a batch and its copies take a small share of
-    the limit (small batches reuse the same memory, large ones touch new)."""
+    larger record batches), yet the batches of all threads and their copies
+    take a small share of the limit (small batches reuse the same memory,
+    large ones touch new)."""
     if not n_rows:
         return 100_000
     row_bytes = max(1.0, total_bytes / n_rows)
-    return int(min(200_000, max(16_384, 4096 * n_buckets), max(5_000, limit / 16 / row_bytes)))
+    cap = limit / 16 / max(1, threads) / row_bytes
+    return int(min(200_000, max(16_384, 4096 * n_buckets), max(5_000, cap)))
 
 
 def _drop_bucket(spill_dir: Path, i: int) -> None:
@@ -817,7 +819,7 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                         bar.advance(n)
 
                     nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows,
-                                  batch_rows=_batch_rows(total_bytes, n_rows, limit, n_buckets), threads=w)
+                                  batch_rows=_batch_rows(total_bytes, n_rows, limit, n_buckets, w), threads=w)
                     if nulls:
                         nb = read_bucket(spill_dir, n_buckets)
                         f, r0 = ds.locate(int(nb[ROW].min()))

@@ -45,10 +45,23 @@ def _open(path: str, flags: int) -> tuple[int, bool]:
     return os.open(path, flags | os.O_CLOEXEC, 0o644), False
 
 
-def _write_all(fd: int, mv: memoryview) -> None:
+def _buffered(fd: int) -> None:
+    """Turn ``O_DIRECT`` off on an open file (a device whose blocks are larger than ``ALIGN``)."""
+    import fcntl
+
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~getattr(os, "O_DIRECT", 0))
+
+
+def _write_all(fd: int, mv) -> None:
     off = 0
     while off < len(mv):
-        off += os.write(fd, mv[off:])
+        try:
+            off += os.write(fd, mv[off:])
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            _buffered(fd)  # refused as unaligned: carry on without O_DIRECT
+            off += os.write(fd, mv[off:])
 
 
 class DirectWriter:
@@ -136,7 +149,13 @@ def read_files(paths: list[Path], buffer: list | None = None) -> list[memoryview
         try:
             got, end = 0, _round_up(size)
             while got < size:
-                n = os.readv(fd, [buf[off + got:off + end]])
+                try:
+                    n = os.readv(fd, [buf[off + got:off + end]])
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    _buffered(fd)
+                    n = os.readv(fd, [buf[off + got:off + end]])
                 if n <= 0:
                     break
                 got += n
