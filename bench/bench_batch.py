@@ -3,7 +3,8 @@
 For each size (candidates), builds a dataset of Parquet files (64-d float32
 embeddings, a float64 reward, int64 prompt ids, pools of 8 to 128 candidates,
 rows shuffled across the files), then measures, each in its own process
-(wall time and peak RSS from ``os.wait4``):
+(wall time and peak RSS from ``os.wait4``), after one untimed read of its
+files so that every run finds them in the page cache:
 
 * floor: polars reading the same files and writing as many rows as the
   selection keeps (``scan_parquet(...).filter(...).sink_parquet(...)`` of
@@ -12,12 +13,13 @@ rows shuffled across the files), then measures, each in its own process
   the input fits in (when the machine has that much memory), and with the
   spill limit (``--memory-limit``, default 2GB) that forces buckets on disk.
 
-Results (ratios to the floor, seconds per million rows, peak RSS against the
+Every case and the floor run ``--repeats`` (2) rounds, interleaved; means
+are reported. Results (ratios to the floor, seconds per million rows, peak RSS against the
 limit) go to ``bench/results/batch_bench.json``. The datasets are deleted
 afterwards unless ``--keep``.
 
-    python bench/bench_batch.py --sizes 4e6,16e6
-    python bench/bench_batch.py --sizes 40e6 --files 16 --memory-limit 2GB
+    python bench/bench_batch.py --sizes 4e6,16e6,40e6   # the documented run (17 GB of data)
+    python bench/bench_batch.py --sizes 4e6              # a quick one
 """
 
 from __future__ import annotations
@@ -74,6 +76,17 @@ def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 
         w.close()
 
 
+def warm(d: Path) -> float:
+    """Read every file of a dataset once, untimed, so that every measured run
+    (selection and floor alike) finds it in the page cache; returns seconds."""
+    t0 = time.perf_counter()
+    for f in sorted(d.glob("*.parquet")):
+        with open(f, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
+    return time.perf_counter() - t0
+
+
 def measure(cmd: list[str], env: dict) -> dict:
     """Run a command; wall seconds and peak RSS of that process."""
     t0 = time.perf_counter()
@@ -123,6 +136,7 @@ def main() -> None:
     ap.add_argument("--method", default="grades")
     ap.add_argument("--workdir", default=None, help="where datasets go (default: a temp dir under bench/)")
     ap.add_argument("--keep", action="store_true", help="keep the datasets")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of every case and the floor (means reported)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "batch_bench.json"))
     args = ap.parse_args()
 
@@ -146,36 +160,49 @@ def main() -> None:
             mem_bytes = sum(pq.ParquetFile(f).metadata.row_group(i).total_byte_size
                             for f in d.glob("*.parquet") for i in range(pq.ParquetFile(f).metadata.num_row_groups))
             row = {"candidates": size, "files": args.files, "input_bytes": data_bytes, "arrow_bytes": mem_bytes,
-                   "generate_seconds": gen}
+                   "generate_seconds": gen, "warm_read_seconds": warm(d)}
             print(f"== {size:,} candidates, {data_bytes / 1e9:.2f} GB on disk", flush=True)
-            runs = {}
             fit_limit = int(WORK_FACTOR * mem_bytes * 1.1 + 1e9)
             do_fit = args.fit == "yes" or (args.fit == "auto" and fit_limit < 0.5 * available())
             cases = ([("fit", fit_limit)] if do_fit else []) + [("spill", spill_limit)]
             n_kept = None
-            for name, limit in cases:
-                out = work / f"out_{name}_{size}"
-                shutil.rmtree(out, ignore_errors=True)
-                cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(args.k),
-                       "--method", args.method, "--memory-limit", str(limit)]
-                r = measure(cmd, env)
-                man = json.loads((out / "_manifest.json").read_text())
-                n_kept = sum(man["parts"].values())
-                r.update(limit_bytes=limit, parts=man["n_parts"], kept=n_kept,
-                         rss_over_limit_bytes=r["peak_rss_bytes"] - limit)
-                runs[name] = r
-                shutil.rmtree(out, ignore_errors=True)
-                print(f"   mrt select ({name}, limit {limit / 1e9:.2f} GB): {r['seconds']:.1f} s, "
-                      f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB, {man['n_parts']} part(s)", flush=True)
-            stride = max(1, round(size / n_kept))
+            per_case: dict[str, list] = {name: [] for name, _ in cases}
             floors = []
-            for _ in range(2):  # the floor runs twice; its mean is the reference
+            # rounds of every case then the floor: each is measured as often, in the same conditions
+            # (a VM hands out memory a process has not touched before slowly at first)
+            for _ in range(args.repeats):
+                for name, limit in cases:
+                    out = work / f"out_{name}_{size}"
+                    shutil.rmtree(out, ignore_errors=True)
+                    cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(args.k),
+                           "--method", args.method, "--memory-limit", str(limit)]
+                    r = measure(cmd, env)
+                    man = json.loads((out / "_manifest.json").read_text())
+                    n_kept = sum(man["parts"].values())
+                    r.update(limit_bytes=limit, parts=man["n_parts"], kept=n_kept)
+                    per_case[name].append(r)
+                    shutil.rmtree(out, ignore_errors=True)
+                    print(f"   mrt select ({name}, limit {limit / 1e9:.2f} GB): {r['seconds']:.1f} s, "
+                          f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB, {man['n_parts']} part(s)", flush=True)
+                stride = max(1, round(size / n_kept))
                 fo = work / f"floor_{size}.parquet"
                 floors.append(measure([sys.executable, "-c", FLOOR, str(d), str(fo), str(stride)], env))
                 fo.unlink(missing_ok=True)
+                print(f"   floor (scan_parquet -> sink_parquet of {size // stride:,} rows): "
+                      f"{floors[-1]['seconds']:.1f} s", flush=True)
+            runs = {}
+            for name, rs in per_case.items():  # the mean of the rounds; the peak RSS of all
+                r = dict(rs[0])
+                r["seconds"] = float(np.mean([x["seconds"] for x in rs]))
+                r["cpu_seconds"] = float(np.mean([x["cpu_seconds"] for x in rs]))
+                r["peak_rss_bytes"] = max(x["peak_rss_bytes"] for x in rs)
+                r["runs_seconds"] = [x["seconds"] for x in rs]
+                r["rss_over_limit_bytes"] = r["peak_rss_bytes"] - r["limit_bytes"]
+                runs[name] = r
             floor = float(np.mean([f["seconds"] for f in floors]))
             floor_cpu = float(np.mean([f["cpu_seconds"] for f in floors]))
-            print(f"   floor (scan_parquet -> sink_parquet of {size // stride:,} rows): {floor:.1f} s", flush=True)
+            print(f"   mean: floor {floor:.1f} s; " + ", ".join(f"{n} {np.mean(r['runs_seconds']):.1f} s"
+                                                            for n, r in runs.items()), flush=True)
             row["floor_seconds"] = floor
             row["floor_runs"] = [f["seconds"] for f in floors]
             row["floor_cpu_seconds"] = floor_cpu
@@ -197,7 +224,7 @@ def main() -> None:
         row["runs"]["spill"]["per_row_vs_smallest"] = row["runs"]["spill"]["seconds_per_million_rows"] / base
     doc = {
         "what": "mrt select (GRADES) over a dataset vs the polars read+write floor",
-        "k": args.k, "method": args.method, "spill_limit_bytes": spill_limit,
+        "k": args.k, "method": args.method, "spill_limit_bytes": spill_limit, "repeats": args.repeats,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_avg_at_start": load0, "load_avg_at_end": os.getloadavg(),
                     "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},

@@ -117,6 +117,35 @@ def _render_json(obj) -> str:
     return f"```\n{json.dumps(obj, indent=1, default=str)}\n```"
 
 
+def _render_batch(doc: dict) -> str:
+    """bench_batch.py's results: one row per (dataset size, case)."""
+    m = doc.get("machine", {})
+    head = [f"- method: {doc.get('method')}, K = {doc.get('k')}; spill memory limit "
+            f"{doc.get('spill_limit_bytes', 0) / 1e9:.2f} GB; {m.get('cpus')} CPUs, "
+            f"{m.get('mem_total_bytes', 0) / 2**30:.1f} GiB RAM; load average at start "
+            f"{_cell((m.get('load_avg_at_start') or [None])[0])}, at end {_cell((m.get('load_avg_at_end') or [None])[0])}",
+            "- ratio = wall / floor (floor: polars `scan_parquet(...).sink_parquet(...)` of the same files, "
+            "writing as many rows as the selection keeps; the mean of two runs); targets: <= 1.5 (fit), "
+            "<= 2.5 (spill); s per M rows at the largest size within 1.2x of the smallest (per-row vs smallest); "
+            "peak RSS <= limit + 300 MB", ""]
+    cols = ["candidates", "case", "input GB", "wall s", "floor s", "ratio", "parts", "peak RSS GB", "limit GB",
+            "RSS - limit GB", "s per M rows", "per-row vs smallest"]
+    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    for row in doc.get("results", []):
+        for case, r in row.get("runs", {}).items():
+            vals = [f"{row['candidates']:,}", case, f"{row.get('input_bytes', 0) / 1e9:.2f}", f"{r['seconds']:.2f}",
+                    f"{row['floor_seconds']:.2f}", f"{r['ratio_to_floor']:.2f}", str(r.get("parts", "")),
+                    f"{r['peak_rss_bytes'] / 1e9:.2f}", f"{r['limit_bytes'] / 1e9:.2f}",
+                    f"{r['rss_over_limit_bytes'] / 1e9:+.2f}", f"{r['seconds_per_million_rows']:.2f}",
+                    f"{r['per_row_vs_smallest']:.2f}" if "per_row_vs_smallest" in r else "-"]
+            lines.append("| " + " | ".join(vals) + " |")
+    return "\n".join(head + lines)
+
+
+#: result files with a rendering of their own (the rest get the generic one)
+RENDERERS = {"batch_bench": _render_batch}
+
+
 def _load(path: Path):
     if path.suffix == ".jsonl":
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -151,7 +180,7 @@ def render() -> str:
             out += [ln[1:] if ln.startswith("## ") else ln for ln in body]  # demote headings one level
         else:
             p = files.get(".json") or files.get(".jsonl")
-            out.append(_render_json(_load(p)))
+            out.append(RENDERERS.get(s, _render_json)(_load(p)))
         out.append("")
         out.append(f"Source: `bench/results/{sorted(p.name for p in stems[s])[0]}`.")
     return "\n".join(out).rstrip() + "\n"

@@ -519,6 +519,85 @@ def test_dataset_read_equals_one_scan(tmp_path_factory, sizes, narrow, seed):
     got = ds.read()
     assert got.schema == want.schema
     assert got.equals(want)
+    # the embeddings decoded straight into one buffer: the same table, that column in one chunk
+    got = ds.read(contiguous="embedding")
+    assert got.schema == want.schema and got.equals(want)
+    assert got["embedding"].n_chunks() == 1 or narrow >= 0 or not want.height
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 60), min_size=1, max_size=5), fault=st.sampled_from(["", "ragged", "null", "hole"]),
+       array=st.booleans(), group_rows=st.integers(3, 50), seed=st.integers(0, 99))
+def test_contiguous_read_equals_one_scan(tmp_path_factory, sizes, fault, array, group_rows, seed):
+    """Embeddings decoded into one buffer: the rows of one scan; vectors that are ragged or hold nulls
+    are read the ordinary way (and so reported by select as before)."""
+    from mrt_fast import io as _io
+
+    d = tmp_path_factory.mktemp("contig")
+    rng = np.random.default_rng(seed)
+    for j, n in enumerate(sizes):
+        emb = rng.standard_normal((n, 3)).astype(np.float32).tolist()
+        if n and fault == "ragged" and j == len(sizes) - 1:
+            emb[-1] = emb[-1][:2]
+        if n and fault == "null":
+            emb[n // 2] = None
+        if n and fault == "hole":
+            emb[0][1] = None
+        t = pl.DataFrame({"prompt_id": rng.integers(0, 5, n), "embedding": emb},
+                         schema_overrides={"embedding": pl.List(pl.Float32)})
+        if array and fault != "ragged":
+            t = t.with_columns(pl.col("embedding").cast(pl.Array(pl.Float32, 3)))
+        t.write_parquet(d / f"f{j:02d}.parquet", row_group_size=group_rows)
+    ds = _io.discover(d)
+    want = ds.scan().collect()
+    got = ds.read(contiguous="embedding")
+    assert got.schema == want.schema and got.equals(want)
+    if not fault and want.height:
+        assert got["embedding"].n_chunks() == 1
+        x = got["embedding"].to_numpy() if array else np.stack(got["embedding"].to_list())
+        assert np.array_equal(x, np.stack(want["embedding"].to_list()))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_pools=st.integers(1, 40), seed=st.integers(0, 999), n_files=st.integers(1, 4), n_buckets=st.integers(1, 6),
+       group_rows=st.integers(2, 40), batch_rows=st.integers(1, 50), str_ids=st.booleans(), ragged=st.booleans())
+def test_spill_by_arrow_threads_equals_the_scan(tmp_path_factory, n_pools, seed, n_files, n_buckets, group_rows,
+                                                 batch_rows, str_ids, ragged):
+    """The spill pass read by two Arrow threads (runs of row groups) gives every bucket the rows the
+    one-thread polars scan gives it, in input order, with the same types; a bucket read with its
+    embeddings in one reused buffer is the same frame."""
+    tmp = tmp_path_factory.mktemp("spill")
+    df = make_rows(n_pools, seed, str_ids=str_ids)
+    if ragged:  # one vector shorter than the rest: spilled all the same, left to select to refuse
+        emb = df["embedding"].to_list()
+        emb[len(emb) // 2] = emb[len(emb) // 2][:2]
+        df = df.with_columns(pl.Series("embedding", emb, dtype=pl.List(pl.Float32)))
+    (tmp / "in").mkdir()
+    bounds = np.sort(np.random.default_rng(seed).integers(0, df.height + 1, n_files - 1)).tolist()
+    for i, (a, b) in enumerate(zip([0, *bounds], [*bounds, df.height])):
+        df[a:b].write_parquet(tmp / "in" / f"f{i}.parquet", row_group_size=group_rows)
+    ds = mrt_fast.io.discover(tmp / "in")
+    from mrt_fast.arrow_runs import arrow_schema
+
+    assert arrow_schema(ds) is not None  # the two-thread pass reads by Arrow
+    assert batch.spill(ds, tmp / "one", n_buckets, "prompt_id", batch_rows=batch_rows, threads=1) == 0
+    assert batch.spill(ds, tmp / "two", n_buckets, "prompt_id", batch_rows=batch_rows, threads=2) == 0
+    schema = pl.Schema({batch.ROW: pl.get_index_type(), **dict(df.schema)})
+    buf: list = [[None], [None]]
+    total = 0
+    for i in range(n_buckets):
+        a = batch.read_bucket(tmp / "one", i, schema)
+        b = batch.read_bucket(tmp / "two", i, schema)
+        c = batch.read_bucket(tmp / "two", i, schema, "embedding", buf)
+        assert a.schema == b.schema == c.schema == schema
+        assert a.equals(b) and a.equals(c)
+        assert a[batch.ROW].is_sorted()
+        if c.height and not ragged:
+            assert c["embedding"].n_chunks() == 1
+        want = bucket_of(df["prompt_id"], n_buckets) == i
+        assert sorted(a["prompt_id"].to_list()) == sorted(df.filter(pl.Series(want))["prompt_id"].to_list())
+        total += a.height
+    assert total == df.height
 
 
 def test_select_dataset_takes_a_k_column(tmp_path):
@@ -538,3 +617,59 @@ def test_select_dataset_takes_a_k_column(tmp_path):
     assert got.select(want.columns).equals(want)
     assert got.group_by("prompt_id").len().sort("prompt_id")["len"].to_list() == \
         df.group_by("prompt_id").agg(pl.col("k").first()).sort("prompt_id")["k"].to_list()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunks=st.lists(st.binary(min_size=0, max_size=9000), min_size=0, max_size=12),
+       staging=st.integers(1, 3), direct=st.booleans())
+def test_direct_files_read_back_what_was_written(tmp_path_factory, chunks, staging, direct):
+    """Spill files written through aligned staging blocks (O_DIRECT where the file system takes it,
+    buffered I/O where it does not) read back byte for byte, several into one reused buffer."""
+    from mrt_fast import direct_io
+
+    d = tmp_path_factory.mktemp("direct")
+    with mock.patch.object(direct_io.os, "O_DIRECT", getattr(os, "O_DIRECT", 0) if direct else 0, create=True):
+        paths = []
+        for j in range(2):
+            p = d / f"f{j}.bin"
+            with direct_io.DirectWriter(p, staging * 4096) as w:
+                for c in chunks[j::2]:
+                    assert w.write(c) == len(c)
+            paths.append(p)
+        want = [b"".join(chunks[0::2]), b"".join(chunks[1::2])]
+        assert [p.read_bytes() for p in paths] == want
+        buf: list = [None]
+        for _ in range(2):  # the second read reuses the buffer
+            got = direct_io.read_files(paths, buf)
+            assert [bytes(g) for g in got] == want
+
+
+def test_direct_files_carry_on_when_the_device_refuses_direct_io(tmp_path, monkeypatch):
+    """A write or read refused as unaligned (EINVAL: a device with larger blocks) is retried without
+    O_DIRECT, and the bytes are the same."""
+    import errno
+
+    from mrt_fast import direct_io
+
+    real_write, real_readv = os.write, os.readv
+    refused = {"write": 0, "read": 0}
+
+    def write(fd, data):
+        if not refused["write"]:
+            refused["write"] += 1
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    def readv(fd, bufs):
+        if not refused["read"]:
+            refused["read"] += 1
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_readv(fd, bufs)
+
+    data = os.urandom(3 * 4096 + 123)
+    monkeypatch.setattr(direct_io.os, "write", write)
+    monkeypatch.setattr(direct_io.os, "readv", readv)
+    with direct_io.DirectWriter(tmp_path / "f.bin", 4096) as w:
+        w.write(data)
+    (got,) = direct_io.read_files([tmp_path / "f.bin"])
+    assert bytes(got) == data and refused == {"write": 1, "read": 1}

@@ -2,10 +2,12 @@
 
 The rows of a dataset (one row per candidate) are partitioned by a digest of
 their prompt id into buckets; every pool lands whole in one bucket. When the
-dataset fits in the memory limit there is one bucket and nothing is spilled;
-otherwise the buckets are written (Arrow IPC files, fed by polars' streaming
-engine) into a temporary folder beside the output in one pass over the
-input, and each
+dataset fits in the memory limit there is one bucket and nothing is spilled
+(the embedding vectors are decoded straight into the one matrix the core
+reads, :mod:`mrt_fast.contiguous`); otherwise the buckets are written (Arrow
+IPC files, written and read around the page cache, :mod:`mrt_fast.direct_io`)
+into a temporary folder beside the output in one pass over the input, read by
+Arrow threads over runs of row groups (:mod:`mrt_fast.arrow_runs`), and each
 bucket is then selected in memory, several at a time where memory allows.
 Bucket ``i`` becomes part ``i`` of the output dataset (``part-00000.parquet``
 ..., with a ``_manifest.json``), written atomically, so a killed job resumes
@@ -39,6 +41,7 @@ from typing import Any, Callable
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from . import io as _io
 from ._tables import pool_keys
@@ -183,16 +186,19 @@ class Options:
         d["alpha"] = float(d["alpha"])
         return d
 
-    def needed(self, names: list[str]) -> list[tuple[str, str]]:
-        """(column, role) pairs the input must have."""
+    def uses_embedding(self, names: list[str]) -> bool:
+        """Whether selection reads the embedding column (facility location, or modes to compute)."""
         from .select import FACILITY_METHODS
 
+        return self.method in FACILITY_METHODS or (self.method == "stratified" and self.mode not in names)
+
+    def needed(self, names: list[str]) -> list[tuple[str, str]]:
+        """(column, role) pairs the input must have."""
         m = self.method
         out = [(self.by, "prompt id")]
         if isinstance(self.k, str):
             out.append((self.k, "per-prompt K"))
-        compute_modes = m == "stratified" and self.mode not in names
-        if m in FACILITY_METHODS or compute_modes:
+        if self.uses_embedding(names):
             out.append((self.embedding, "embedding"))
         if m == "top" or (m == "grades" and (self.alpha > 0 or self.k_max is not None)):
             out.append((self.reward, "reward"))
@@ -427,72 +433,211 @@ class _Progress:
 
 
 def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
-          on_rows: Callable[[int], None] | None = None, batch_rows: int = 200_000) -> int:
-    """Partition the dataset into ``n_buckets`` Arrow IPC files ``spill_dir/bucket-NNNNN.arrow``
-    in one streaming pass (polars' streaming engine reads, each batch is cut by
-    bucket with one stable sort, Arrow writes). Every row keeps its global row
-    index ``__row``. Rows with a null prompt id go to bucket ``n_buckets``;
-    returns how many there are. Memory: one batch, whatever ``n_buckets``."""
-    import pyarrow.ipc as ipc
+          on_rows: Callable[[int], None] | None = None, batch_rows: int = 200_000, threads: int = 1) -> int:
+    """Partition the dataset into ``n_buckets`` buckets of Arrow IPC files
+    ``spill_dir/bucket-NNNNN.T.arrow`` in one pass. Every row keeps its global
+    row index ``__row``; each batch is cut by bucket with one stable sort.
+    A Parquet dataset Arrow reads as polars would (:mod:`mrt_fast.arrow_runs`)
+    is read by ``threads`` threads, one run of row groups each, thread ``T``
+    writing files ``.T``: the files of a bucket, in ``T`` order, hold its
+    rows in input order. Any other dataset is read by polars' streaming
+    engine (one thread, files ``.0``). Rows with a null prompt id go to
+    bucket ``n_buckets``; returns how many there are. Memory: two batches per
+    thread, whatever ``n_buckets``."""
+    from .arrow_runs import arrow_schema, iter_run, plan_runs
 
     spill_dir = Path(spill_dir)
     spill_dir.mkdir(parents=True, exist_ok=True)
-    writers: dict[int, Any] = {}
-    nulls = 0
+    lock = threading.Lock()
+    # every open bucket file stages its writes in an aligned block: 1 MiB, less when there are many
+    staging = int(min(1 << 20, max(64 << 10, (64 << 20) // max(1, (n_buckets + 1) * max(1, threads)))))
     try:
-        for df in ds.scan(row_index=ROW).collect_batches(chunk_size=batch_rows):
-            if df.height == 0:
-                continue
-            b = bucket_of(df[by], n_buckets)
-            nulls += df[by].null_count()
-            order = np.argsort(b, kind="stable")
-            cuts = np.searchsorted(b[order], np.arange(n_buckets + 2))
-            t = df[pl.Series(order, dtype=pl.get_index_type())].to_arrow()
-            for i in np.flatnonzero(np.diff(cuts)):
-                sl = t.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
-                w = writers.get(int(i))
-                if w is None:
-                    w = writers[int(i)] = ipc.new_file(str(bucket_path(spill_dir, int(i))), sl.schema)
-                w.write_table(sl)
-            if on_rows is not None:
-                on_rows(df.height)
+        schema = arrow_schema(ds) if threads > 1 else None
+        runs = plan_runs(ds, threads) if schema is not None else []
+        if runs and pa_index_type() == np.uint32 and runs[-1][-1].start + runs[-1][-1].rows >= 2**32:
+            runs = []  # more rows than polars' row index holds: its scan says so
+        if len(runs) < 2:
+            with _BucketWriters(spill_dir, n_buckets, 0, staging) as w:
+                for df in ds.scan(row_index=ROW).collect_batches(chunk_size=batch_rows):
+                    if df.height == 0:
+                        continue
+                    w.add(df.to_arrow(), df[by])
+                    if on_rows is not None:
+                        on_rows(df.height)
+                return w.nulls
+        idx = pa_index_type()
+        by_i = schema.names.index(by)
+
+        def one(t: int) -> int:
+            with _BucketWriters(spill_dir, n_buckets, t, staging) as w:
+                for pos, b in iter_run(runs[t], None, batch_rows):
+                    row = pa.array(np.arange(pos, pos + b.num_rows, dtype=idx))
+                    rb = pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
+                    w.add(rb, pl.Series(by, b.column(by_i)))
+                    if on_rows is not None:
+                        with lock:
+                            on_rows(b.num_rows)
+                return w.nulls
+
+        with ThreadPoolExecutor(max_workers=len(runs)) as ex:
+            return sum(ex.map(one, range(len(runs))))
     except MrtInputError:
         raise
     except Exception as e:  # noqa: BLE001 - find the file at fault, else report polars' words
         ds.find_unreadable()
         raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
-    finally:
-        for w in writers.values():
-            w.close()
-    return nulls
 
 
-def _batch_rows(total_bytes: int, n_rows: int | None, limit: int) -> int:
-    """Rows per batch of the spill pass: a batch and its copies take a small share of the limit."""
+def pa_index_type() -> type:
+    """NumPy type of polars' row index (``__row``)."""
+    return np.uint64 if pl.get_index_type() == pl.UInt64 else np.uint32
+
+
+class _BucketWriters:
+    """One thread's bucket files: each batch cut by bucket (one stable sort), the slices appended
+    (Arrow IPC files written around the page cache, :mod:`mrt_fast.direct_io`)."""
+
+    def __init__(self, spill_dir: Path, n_buckets: int, tag: int, staging: int = 1 << 20):
+        self.dir, self.n, self.tag, self.staging = spill_dir, n_buckets, tag, staging
+        self.writers: dict[int, Any] = {}
+        self.sinks: list[Any] = []
+        self.nulls = 0
+
+    def add(self, t, ids: pl.Series) -> None:
+        import pyarrow.ipc as ipc
+
+        b = bucket_of(ids, self.n)
+        self.nulls += ids.null_count()
+        order = np.argsort(b, kind="stable")
+        cuts = np.searchsorted(b[order], np.arange(self.n + 2))
+        t = _take(t, pa.array(order))
+        for i in np.flatnonzero(np.diff(cuts)):
+            sl = t.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
+            w = self.writers.get(int(i))
+            if w is None:
+                from .direct_io import DirectWriter
+
+                sink = DirectWriter(self.dir / f"bucket-{int(i):05d}.{self.tag}.arrow", self.staging)
+                self.sinks.append(sink)
+                w = self.writers[int(i)] = ipc.new_file(sink, sl.schema)
+            w.write(sl)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            for w in self.writers.values():
+                w.close()
+        finally:
+            for sink in self.sinks:
+                sink.close()
+
+
+def _take(t, idx):
+    """``t.take(idx)`` (a record batch or table); a column of float vectors of one
+    length is taken as fixed-size lists (a block copy per row, about ten times
+    faster than Arrow's take of variable lists) and given its type back."""
+    cols = []
+    for f, c in zip(t.schema, t.columns):
+        typ = f.type
+        if (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_floating(typ.value_type) \
+                and c.null_count == 0 and len(c):
+            first = c.chunk(0) if isinstance(c, pa.ChunkedArray) else c
+            d = len(first[0]) if len(first) else 0
+            try:
+                cols.append(c.cast(pa.list_(typ.value_type, d)).take(idx).cast(typ))
+                continue
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, IndexError):
+                pass  # vectors of several lengths: the general take
+        cols.append(c.take(idx))
+    return type(t).from_arrays(cols, schema=t.schema)
+
+
+def _batch_rows(total_bytes: int, n_rows: int | None, limit: int, n_buckets: int = 1, threads: int = 1) -> int:
+    """Rows per batch of the spill pass: about 4096 rows per bucket (fewer,
+    larger record batches), yet the batches of all threads and their copies
+    take a small share of the limit (small batches reuse the same memory,
+    large ones touch new)."""
     if not n_rows:
         return 100_000
     row_bytes = max(1.0, total_bytes / n_rows)
-    return int(min(200_000, max(5_000, limit / 16 / row_bytes)))
+    cap = limit / 16 / max(1, threads) / row_bytes
+    return int(min(200_000, max(16_384, 4096 * n_buckets), max(5_000, cap)))
 
 
-def bucket_path(spill_dir: Path, i: int) -> Path:
-    return Path(spill_dir) / f"bucket-{i:05d}.arrow"
+def _drop_bucket(spill_dir: Path, i: int) -> None:
+    for f in bucket_files(spill_dir, i):
+        f.unlink(missing_ok=True)
 
 
-def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None) -> pl.DataFrame:
-    """Bucket ``i`` of a spill (rows in input order); empty (with ``schema``) if no row went there."""
-    import pyarrow as pa
+def bucket_files(spill_dir: Path, i: int) -> list[Path]:
+    """The spill files of bucket ``i``, in the order their rows come in the input."""
+    fs = Path(spill_dir).glob(f"bucket-{i:05d}.*.arrow")
+    return sorted(fs, key=lambda f: int(f.name.split(".")[1]))
+
+
+def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None, embedding: str | None = None,
+                buffers: list | None = None) -> pl.DataFrame:
+    """Bucket ``i`` of a spill (rows in input order); empty (with ``schema``) if no row went there.
+
+    The files are read straight into one buffer (:mod:`mrt_fast.direct_io`)
+    and their record batches used in place. With ``embedding`` naming a
+    column of float32 vectors, that column is copied into one contiguous
+    matrix (:mod:`mrt_fast.contiguous`) the selection core reads in place.
+    ``buffers`` (``[[None], [None]]``, then kept by the caller) holds both
+    buffers for the caller's next bucket, which must not come before the
+    caller is done with this frame."""
     import pyarrow.ipc as ipc
 
-    f = bucket_path(spill_dir, i)
-    if not f.exists():
+    from .direct_io import read_files
+
+    files = bucket_files(spill_dir, i)
+    if not files:
         return pl.DataFrame(schema=schema) if schema is not None else pl.DataFrame()
-    # memory-mapped: the record batches are read in place (no copy into the heap)
-    t = ipc.open_file(pa.memory_map(str(f))).read_all()
-    df = pl.from_arrow(t)
+    if buffers is None:
+        buffers = [[None], [None]]
+    raw = read_files(files, buffers[0])
+    batches = []
+    for mv in raw:
+        r = ipc.open_file(pa.py_buffer(mv))
+        batches.extend(r.get_batch(j) for j in range(r.num_record_batches))
+    t = pa.Table.from_batches(batches)
+    df = None
+    if embedding is not None and embedding in t.column_names and t.num_rows:
+        df = _with_contiguous(t, embedding, schema, buffers[1])
+    if df is None:
+        df = pl.from_arrow(t)
     if not df[ROW].is_sorted():
         df = df.sort(ROW)
     return df  # type: ignore[return-value]
+
+
+def _with_contiguous(t, name: str, schema: pl.Schema | None, buffer: list | None) -> pl.DataFrame | None:
+    from .contiguous import Irregular, from_chunks, is_float_vectors, matrix, polars_vector_type
+
+    col = t.column(name)
+    dtype = schema.get(name) if schema is not None else None
+    if dtype is None or not polars_vector_type(dtype) or not is_float_vectors(col.type):
+        return None
+    c0 = col.chunk(0)
+    if not len(c0) or c0.null_count or c0[0].values is None:
+        return None
+    d = len(c0[0])
+    n = t.num_rows
+    if d == 0:
+        return None
+    buf = buffer[0] if buffer and buffer[0] is not None else None
+    if buf is None or buf.shape[0] < n or buf.shape[1] != d:
+        buf = matrix(n + n // 4, d)  # room for the next, somewhat larger bucket
+        if buffer is not None:
+            buffer[:] = [buf]
+    try:
+        s = from_chunks(col.chunks, n, d, name, dtype, out=buf)
+    except Irregular:
+        return None
+    rest = pl.from_arrow(t.drop_columns([name]))
+    return rest.with_columns(s).select(t.column_names)  # type: ignore[union-attr]
 
 
 def _plan(total_bytes: int, limit: int, workers: int | None) -> tuple[int, int]:
@@ -503,7 +648,8 @@ def _plan(total_bytes: int, limit: int, workers: int | None) -> tuple[int, int]:
     if need <= budget:
         return 1, 1
     cpus = os.cpu_count() or 1
-    w = max(1, min(cpus, 4) if workers is None else int(workers))
+    # one worker more than the cores (up to 4), as a worker waits on the disk while it reads its bucket
+    w = max(1, min(cpus + (cpus > 1), 4) if workers is None else int(workers))
     n = max(2, math.ceil(need * SLACK * w / budget))
     return n, w
 
@@ -635,7 +781,7 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
     try:
         if n_buckets == 1:
             bar.phase("reading")
-            df = _read_all(ds)
+            df = _read_all(ds, opts.embedding if opts.uses_embedding(list(schema.names())) else None)
             _check_nulls(df, opts.by, ds)
             rep.n_input_rows = df.height
             bar.total(df.height)
@@ -673,7 +819,7 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                         bar.advance(n)
 
                     nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows,
-                                  batch_rows=_batch_rows(total_bytes, n_rows, limit))
+                                  batch_rows=_batch_rows(total_bytes, n_rows, limit, n_buckets, w), threads=w)
                     if nulls:
                         nb = read_bucket(spill_dir, n_buckets)
                         f, r0 = ds.locate(int(nb[ROW].min()))
@@ -689,16 +835,20 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                     bar.advance(n_rows or 0)
                 for i in range(n_buckets):
                     if i not in todo:
-                        bucket_path(spill_dir, i).unlink(missing_ok=True)
+                        _drop_bucket(spill_dir, i)
                 bar.phase(f"{opts.method}-{opts.k} by bucket")
                 empty = pl.DataFrame(schema={ROW: pl.get_index_type(), **dict(schema)})
                 parts_dir = spill_dir / "parts"
                 if not to_dir:
                     parts_dir.mkdir(exist_ok=True)
                 written = [0]
+                emb = opts.embedding if opts.uses_embedding(list(schema.names())) else None
+                buffers = threading.local()  # each worker's buffers, reused bucket after bucket
 
                 def one(i: int) -> None:
-                    df = read_bucket(spill_dir, i, empty.schema)
+                    if not hasattr(buffers, "b"):
+                        buffers.b = [[None], [None]]
+                    df = read_bucket(spill_dir, i, empty.schema, emb, buffers.b)
                     if df.height == 0:
                         kept = _empty_output(ds, opts, to_dir)
                     else:
@@ -710,7 +860,8 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                         _finish_part(kept, out, i, man, _fail_after, written)
                     else:
                         _io.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
-                    bucket_path(spill_dir, i).unlink(missing_ok=True)
+                    del kept
+                    _drop_bucket(spill_dir, i)
                     bar.advance(n)
 
                 _run_all(one, todo, w)
@@ -814,9 +965,9 @@ class _SimulatedKill(RuntimeError):
     """Raised by the test hook ``_fail_after`` (a job killed after N parts)."""
 
 
-def _read_all(ds: _io.Dataset) -> pl.DataFrame:
+def _read_all(ds: _io.Dataset, embedding: str | None = None) -> pl.DataFrame:
     try:
-        return ds.read()
+        return ds.read(contiguous=embedding)
     except MrtInputError:
         raise
     except Exception as e:  # noqa: BLE001

@@ -385,12 +385,24 @@ class Dataset:
             raise MrtInputError(f"cannot read {self.source!r}: {_one_line(e)}") from None
         return lf
 
-    def read(self) -> pl.DataFrame:
+    def read(self, contiguous: str | None = None) -> pl.DataFrame:
         """Every row in memory, in dataset order. Parquet files without hive
         partitions are decoded by several threads at once, one run of
         consecutive files each (polars decodes a multi-file scan largely on one
         core); anything else, or a dataset that fails that way, is one scan,
-        which also gives the error a bad dataset should get."""
+        which also gives the error a bad dataset should get.
+
+        ``contiguous`` names an embedding column (float32 vectors of one
+        length, no nulls) to be delivered as one chunk, rows back to back:
+        each file's vectors are decoded straight into their place in one
+        buffer (:mod:`mrt_fast.contiguous`), so the column is never held
+        twice. A column that is not like that is read as any other."""
+        if contiguous is not None:
+            from .contiguous import read_contiguous
+
+            df = read_contiguous(self, contiguous)
+            if df is not None:
+                return df
         n = min(len(self.files), pl.thread_pool_size(), os.cpu_count() or 1)
         if self.fmt == "parquet" and not self.hive and n > 1:
             from concurrent.futures import ThreadPoolExecutor
