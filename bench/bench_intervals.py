@@ -24,11 +24,12 @@ import json
 import math
 import os
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from bench_variance import best_of  # the same timing rule as the variance bench
 
 from mrt_fast import variance_budget
 
@@ -40,15 +41,6 @@ def frame(n_prompts: int, k: int, seed: int) -> pl.DataFrame:
     ids = np.repeat(np.arange(n_prompts, dtype=np.int64), k)
     x = rng.normal(0.0, math.sqrt(0.05), n_prompts)[ids] + rng.normal(0.0, math.sqrt(0.2), len(ids))
     return pl.DataFrame({"prompt_id": ids, "loss": x})
-
-
-def best_of(f, repeat: int):
-    best, out = math.inf, None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = f()
-        best = min(best, time.perf_counter() - t)
-    return best, out
 
 
 def main() -> None:
