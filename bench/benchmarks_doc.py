@@ -142,8 +142,40 @@ def _render_batch(doc: dict) -> str:
     return "\n".join(head + lines)
 
 
+def _render_embed(doc: dict) -> str:
+    """bench_embed.py's results: throughput against encode, then the quality table."""
+    m = doc.get("machine", {})
+    tok = doc.get("tokens_per_text", {})
+    sm = doc.get("static_model", {})
+    head = [f"- {doc.get('n_texts', 0):,} texts, {_cell(tok.get('mean'))} tokens per text on average "
+            f"(p5 {_cell(tok.get('p5'))}, p95 {_cell(tok.get('p95'))}); {m.get('cpus')} CPUs, torch threads "
+            f"{m.get('torch_threads')}; load average at start {_cell((m.get('load_avg_start') or [None])[0])}, "
+            f"at end {_cell((m.get('load_avg_end') or [None])[0])}",
+            f"- static model: `{sm.get('model_id')}`, {sm.get('dim')} dimensions, {_cell(sm.get('file_mb'))} MB",
+            f"- `mrt embed` (MiniLM) against `encode`: max abs difference {_cell(doc.get('mrt_vs_encode_max_abs_diff'))}",
+            "- targets: " + ", ".join(f"{k}: {'met' if v else 'not met'}" for k, v in doc.get("targets", {}).items()),
+            ""]
+    ratio = doc.get("ratio_to_encode", {})
+    lines = ["| path | texts/s | x encode |", "| --- | ---: | ---: |"]
+    for name, tps in doc.get("texts_per_second", {}).items():
+        lines.append(f"| {name} | {tps:,.1f} | {ratio.get(name, float('nan')):.2f} |")
+    q = doc.get("quality") or []
+    if q:
+        qs = doc.get("quality_summary", {})
+        lines += ["", "**quality** (selected with the static tier vs with MiniLM, both scored by MiniLM; "
+                  f"same ranking everywhere: {qs.get('same_ranking_everywhere')}, within 2% everywhere: "
+                  f"{qs.get('within_2pct_everywhere')})", "",
+                  "| data set | pools | texts | K | selector | coverage, MiniLM picks | coverage, static picks | gap "
+                  "| same ranking |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+        for r in q:
+            lines.append(f"| {r['dataset']} | {r['pools']} | {r['texts']} | {r['k']} | {r['selector']} | "
+                         f"{r['coverage_minilm']:.4f} | {r['coverage_fast']:.4f} | {100 * r['coverage_gap']:+.2f}% | "
+                         f"{'yes' if r['same_ranking'] else 'no'} |")
+    return "\n".join(head + lines)
+
+
 #: result files with a rendering of their own (the rest get the generic one)
-RENDERERS = {"batch_bench": _render_batch}
+RENDERERS = {"batch_bench": _render_batch, "embed_bench": _render_embed}
 
 
 def _load(path: Path):
