@@ -2,7 +2,7 @@
 PY ?= python3
 PIP := $(PY) -m pip
 # extras installed by `make setup`; the test suite covers all of them
-EXTRAS ?= dev,embed,train,bench,ray
+EXTRAS ?= dev,embed,int8,train,bench,ray
 export OMP_NUM_THREADS ?= 2
 export MKL_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false

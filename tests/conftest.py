@@ -17,7 +17,7 @@ def _has(mod: str) -> bool:
 def pytest_collection_modifyitems(config, items):
     """Skip marked tests whose optional stack is missing (never silently pass)."""
     needs = {"torch": ["torch"], "train": ["torch", "transformers", "peft"], "embed": ["sentence_transformers", "faiss"],
-             "ray": ["ray"]}
+             "int8": ["onnxruntime", "onnx", "torch", "transformers"], "ray": ["ray"]}
     gpu = False
     if _has("torch"):
         try:
@@ -32,3 +32,22 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=f"needs the {mark!r} extra"))
         if item.get_closest_marker("gpu") and not gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture(scope="session")
+def tiny_source(tmp_path_factory):
+    """A one-layer BERT (random, seeded) with the bundled MiniLM tokenizer: a model source that builds in seconds."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from mrt_fast.embed import minilm_path
+
+    d = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64)
+    BertModel(cfg).save_pretrained(d)
+    shutil.copy(minilm_path() / "tokenizer.json", d / "tokenizer.json")
+    return d

@@ -211,25 +211,6 @@ def small_fitting_corpus():
         yield
 
 
-@pytest.fixture(scope="module")
-def tiny_source(tmp_path_factory):
-    """A one-layer BERT (random, seeded) with the bundled MiniLM tokenizer: a static source that distils in seconds."""
-    import shutil
-
-    import torch
-    from transformers import BertConfig, BertModel
-
-    from mrt_fast.embed import minilm_path
-
-    d = tmp_path_factory.mktemp("tiny_bert")
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64)
-    BertModel(cfg).save_pretrained(d)
-    shutil.copy(minilm_path() / "tokenizer.json", d / "tokenizer.json")
-    return d
-
-
 def _fresh_static():
     from mrt_fast import static_embed
 

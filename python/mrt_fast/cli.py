@@ -69,8 +69,8 @@ def embed_cmd(
     column: str = typer.Option("embedding", help="Name of the embedding column written."),
     overwrite_column: bool = typer.Option(False, "--overwrite-column",
                                           help="Allow the embedding to replace an existing column of that name."),
-    model: Optional[str] = typer.Option(None, help="static (fast CPU tier distilled from MiniLM on first use), a "
-                                        "sentence-transformers model name or local directory "
+    model: Optional[str] = typer.Option(None, help="static (fast CPU tier distilled from MiniLM on first use), "
+                                        "int8 (MiniLM quantized, on onnxruntime), a sentence-transformers model name or local directory "
                                         "(default: bundled all-MiniLM-L6-v2, offline)."),
     device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda."),
     processes: int = typer.Option(1, help="CPU worker processes for a transformer model."),

