@@ -8,10 +8,15 @@ Throughput, on the same ``--n`` texts of mixed length (``embed_corpus.mixed_text
   embedding cache (reads, hashes, sorts by length, embeds, caches, writes);
 * ``mrt embed --model static``: the same command with the static tier;
 * ``static encode``: the static model alone on the list of texts;
+* ``mrt embed --model int8`` and ``int8 encode``: MiniLM quantized to int8 on
+  onnxruntime, through the CLI (cold cache) and alone;
 * ``--processes`` 1 vs 2 for MiniLM on the first ``--n-processes`` texts.
 
-The model is loaded (and the static model distilled, timed once) before any
-timing. Quality: ``embed_quality`` on the bundled MOSAIC examples and two
+The MiniLM, int8 and ``encode`` rows run on the same blocks of texts, in an
+order that rotates from block to block, so a drift of the machine's speed
+hits each alike. The models are loaded (the static model distilled and the
+int8 model exported, each timed once) before any timing. Quality:
+``embed_quality`` for each fast tier, on the bundled MOSAIC examples and two
 larger sets built from text Python ships (``embed_corpus``).
 
     python bench/bench_embed.py              # 20,000 texts (tens of minutes on 2 cores)
@@ -55,6 +60,7 @@ def main() -> None:
     from mrt_fast.cli import app
     from mrt_fast.demo import load_examples
     from mrt_fast.embed import embed_texts, load_model
+    from mrt_fast.int8_embed import int8_path, load_int8
     from mrt_fast.static_embed import load_static, static_path
 
     torch.set_num_threads(a.threads)
@@ -79,6 +85,15 @@ def main() -> None:
     sm = load_static("static", a.cache_dir, progress=False)
     res["static_model"] = {"seconds": time.perf_counter() - t, "distilled_now": fresh, "file_mb": spath.stat().st_size / 1e6,
                            "dim": sm.dim, "model_id": sm.model_id}
+    import mrt_fast.int8_embed as ie
+
+    ipath = int8_path("int8", a.cache_dir)
+    fresh = not ipath.exists()
+    ie._LOADED.clear()
+    t = time.perf_counter()
+    im = load_int8("int8", a.cache_dir, progress=False)
+    res["int8_model"] = {"seconds": time.perf_counter() - t, "built_now": fresh, "file_mb": ipath.stat().st_size / 1e6,
+                         "dim": im.dim, "model_id": im.model_id, "onnxruntime": im.meta.get("onnxruntime")}
     t = time.perf_counter()
     m = load_model(None, "cpu")
     res["minilm_load_seconds"] = time.perf_counter() - t
@@ -122,15 +137,18 @@ def main() -> None:
     if not a.no_quality:
         from embed_quality import markdown, quality_rows
 
-        rows = []
+        rows: list[dict] = []
+        rows8: list[dict] = []
         sets = {"mosaic": load_examples().select("prompt_id", "response", "reward"), "pydoc": pydoc_pools(),
                 "docstrings": docstring_pools()}
         for name, df in sets.items():
             df = df.sort("prompt_id", maintain_order=True)
             xr = embed_texts(df["response"].to_list(), None, cache_dir=False, device="cpu", progress=False)
             xf = sm.encode(df["response"].to_list())
-            rows += quality_rows(name, df, xr, xf)
+            rows += quality_rows(name, df, xr, xf, tier="static")
+            rows8 += quality_rows(name, df, xr, im.encode(df["response"].to_list()), tier="int8")
         res["quality"] = rows
+        res["quality_int8"] = rows8
         if sm.meta.get("train_texts"):
             # the fitting corpus and the evaluation sets share no text
             from mrt_fast.static_corpus import corpus_texts
@@ -141,39 +159,59 @@ def main() -> None:
             res["fitting_corpus"] = {"texts": len(corpus), "same_as_model": digest == sm.meta["train_corpus_sha256"],
                                      "texts_also_in_evaluation_sets": len(shown & set(corpus))}
             print("fitting corpus:", res["fitting_corpus"], flush=True)
-        big = [r for r in rows if r["dataset"] != "mosaic"]
-        res["quality_summary"] = {
-            "worst_coverage_gap": min(r["coverage_gap"] for r in rows),
-            "worst_gap_by_selector": {s: min(r["coverage_gap"] for r in big if r["selector"] == s)
-                                      for s in ("random", "top", "diverse", "grades", "stratified")},
-            "same_ranking_everywhere": all(r["same_ranking"] for r in rows),
-            "within_2pct_everywhere": all(r["coverage_gap"] >= -0.02 for r in rows),
-        }
-        print(markdown(rows), flush=True)
+        for key, rs in (("quality_summary", rows), ("quality_summary_int8", rows8)):
+            res[key] = {
+                "worst_coverage_gap": min(r["coverage_gap"] for r in rs),
+                "worst_gap_by_selector": {s: min(r["coverage_gap"] for r in rs if r["selector"] == s)
+                                          for s in ("random", "top", "diverse", "grades", "stratified")},
+                "same_ranking_everywhere": all(r["same_ranking"] for r in rs),
+                "separated_pairs_reversed": sum(len(r["separated_pairs_reversed"]) for r in rs
+                                                if r["selector"] == "random"),
+                "separated_pairs": sum(len(r["pairs_separated_by_minilm"]) for r in rs if r["selector"] == "random"),
+                "within_2pct_everywhere": all(r["coverage_gap"] >= -0.02 for r in rs),
+            }
+            print(markdown(rs), flush=True)
         save()
 
-    # MiniLM: encode and mrt embed on the same blocks, alternating which goes first (load drifts on a shared machine)
-    spent = {"encode": 0.0, "mrt": 0.0}
+    # MiniLM, int8 and encode on the same blocks, the order rotating (load drifts on a shared machine)
+    kinds = ("encode", "mrt", "mrt_int8", "int8")
+    # int8 through the CLI: a fresh cache directory holding a copy of the model (each block's texts are new to it)
+    import shutil
+
+    cache8 = tmp / "cache-int8"
+    (cache8 / "int8").mkdir(parents=True)
+    for f in (ipath, ipath.with_suffix(".json")):
+        shutil.copy(f, cache8 / "int8" / f.name)
+    spent = dict.fromkeys(kinds, 0.0)
     done = 0
-    diffs = []
+    diffs, cos8 = [], []
     for b, s in enumerate(range(0, a.n, a.block)):
         rows_b = list(range(s, min(s + a.block, a.n)))
-        for which in (("encode", "mrt") if b % 2 == 0 else ("mrt", "encode")):
+        for which in kinds[b % len(kinds):] + kinds[: b % len(kinds)]:
+            t0 = time.perf_counter()
             if which == "encode":
-                t0 = time.perf_counter()
                 x_st = m.encode([texts[i] for i in rows_b], batch_size=64, normalize_embeddings=True,
                                 convert_to_numpy=True, show_progress_bar=False)
-                spent["encode"] += time.perf_counter() - t0
+            elif which == "int8":
+                im.encode([texts[i] for i in rows_b])
             else:
-                dt, out_b = cli(None, rows_b)
-                spent["mrt"] += dt
+                _, out_b = cli(None if which == "mrt" else "int8", rows_b, None if which == "mrt" else str(cache8))
+            spent[which] += time.perf_counter() - t0
+            if which == "mrt":
                 x_mrt = pl.read_parquet(out_b)["embedding"].to_numpy()
+            elif which == "mrt_int8":
+                x_8 = pl.read_parquet(out_b)["embedding"].to_numpy()
         diffs.append(float(np.abs(x_mrt - x_st).max()))
+        cos8.append(np.sum(x_8 * x_st, axis=1))
         done += len(rows_b)
         rates["encode (sentence-transformers, MiniLM)"] = done / spent["encode"]
         rates["mrt embed (MiniLM)"] = done / spent["mrt"]
+        rates["mrt embed --model int8"] = done / spent["mrt_int8"]
+        rates["int8 encode (library call)"] = done / spent["int8"]
         res["minilm_texts_done"] = done
         res["mrt_vs_encode_max_abs_diff"] = max(diffs)
+        c8 = np.concatenate(cos8)
+        res["int8_vs_encode_cosine"] = {"min": float(c8.min()), "p1": float(np.percentile(c8, 1)), "mean": float(c8.mean())}
         floor = rates["encode (sentence-transformers, MiniLM)"]
         res["ratio_to_encode"] = {k: v / floor for k, v in rates.items()}
         res["targets"] = {
@@ -181,7 +219,8 @@ def main() -> None:
             "static >= 20x encode": rates["mrt embed --model static"] >= 20 * floor,
         }
         save()
-        print(f"{done}/{a.n}: encode {floor:.1f}, mrt embed {rates['mrt embed (MiniLM)']:.1f} texts/s", flush=True)
+        print(f"{done}/{a.n}: encode {floor:.1f}, mrt embed {rates['mrt embed (MiniLM)']:.1f}, "
+              f"int8 {rates['mrt embed --model int8']:.1f} texts/s", flush=True)
 
     if a.n_processes:
         sub = texts[: a.n_processes]
