@@ -152,6 +152,11 @@ def _render_embed(doc: dict) -> str:
             f"{m.get('torch_threads')}; load average at start {_cell((m.get('load_avg_start') or [None])[0])}, "
             f"at end {_cell((m.get('load_avg_end') or [None])[0])}",
             f"- static model: `{sm.get('model_id')}`, {sm.get('dim')} dimensions, {_cell(sm.get('file_mb'))} MB",
+            *([f"- int8 model: `{doc['int8_model'].get('model_id')}`, {_cell(doc['int8_model'].get('file_mb'))} MB, "
+               f"onnxruntime {doc['int8_model'].get('onnxruntime')}; cosine to `encode` over the texts: "
+               f"mean {_cell(doc.get('int8_vs_encode_cosine', {}).get('mean'))}, "
+               f"1st percentile {_cell(doc.get('int8_vs_encode_cosine', {}).get('p1'))}, "
+               f"min {_cell(doc.get('int8_vs_encode_cosine', {}).get('min'))}"] if doc.get("int8_model") else []),
             f"- `mrt embed` (MiniLM) against `encode`: max abs difference {_cell(doc.get('mrt_vs_encode_max_abs_diff'))}",
             "- targets: " + ", ".join(f"{k}: {'met' if v else 'not met'}" for k, v in doc.get("targets", {}).items()),
             ""]
@@ -159,18 +164,27 @@ def _render_embed(doc: dict) -> str:
     lines = ["| path | texts/s | x encode |", "| --- | ---: | ---: |"]
     for name, tps in doc.get("texts_per_second", {}).items():
         lines.append(f"| {name} | {tps:,.1f} | {ratio.get(name, float('nan')):.2f} |")
-    q = doc.get("quality") or []
-    if q:
-        qs = doc.get("quality_summary", {})
-        lines += ["", "**quality** (selected with the static tier vs with MiniLM, both scored by MiniLM; "
-                  f"same ranking everywhere: {qs.get('same_ranking_everywhere')}, within 2% everywhere: "
-                  f"{qs.get('within_2pct_everywhere')})", "",
-                  "| data set | pools | texts | K | selector | coverage, MiniLM picks | coverage, static picks | gap "
-                  "| same ranking |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+    for key, skey, tier in (("quality", "quality_summary", "static"), ("quality_int8", "quality_summary_int8", "int8")):
+        q = doc.get(key) or []
+        if not q:
+            continue
+        qs = doc.get(skey, {})
+        lines += ["", f"**quality, {tier} tier** (selected with the {tier} tier vs with MiniLM, both scored by MiniLM; "
+                  f"gap interval: 95% paired bootstrap over pools; within 2% everywhere: "
+                  f"{qs.get('within_2pct_everywhere')}; same strict ranking everywhere: "
+                  f"{qs.get('same_ranking_everywhere')}; selector pairs separated by MiniLM's picks that the "
+                  f"{tier} tier reverses: {qs.get('separated_pairs_reversed')} of {qs.get('separated_pairs')})", "",
+                  f"| data set | pools | texts | K | selector | coverage, MiniLM picks | coverage, {tier} picks | gap "
+                  "| gap 95% CI | same ranking | separated pairs reversed |",
+                  "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | --- | --- |"]
         for r in q:
+            ci = r.get("coverage_gap_ci95")
+            ci_s = f"[{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}]" if ci else ""
+            sep = r.get("pairs_separated_by_minilm")
+            sep_s = f"{len(r.get('separated_pairs_reversed', []))} of {len(sep)}" if sep is not None else ""
             lines.append(f"| {r['dataset']} | {r['pools']} | {r['texts']} | {r['k']} | {r['selector']} | "
                          f"{r['coverage_minilm']:.4f} | {r['coverage_fast']:.4f} | {100 * r['coverage_gap']:+.2f}% | "
-                         f"{'yes' if r['same_ranking'] else 'no'} |")
+                         f"{ci_s} | {'yes' if r['same_ranking'] else 'no'} | {sep_s} |")
     return "\n".join(head + lines)
 
 

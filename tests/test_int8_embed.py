@@ -51,9 +51,23 @@ def test_built_once_recorded_and_rebuilt_when_damaged(tiny_source, tmp_path, mon
     from mrt_fast import int8_embed
     from mrt_fast.embed import sha256_file
 
+    import subprocess
+    import sys
+
+    from mrt_fast.io import temp_name
+
     name = f"int8:{tiny_source}"
-    m = int8_embed.load_int8(name, tmp_path, progress=False)
     path = int8_embed.int8_path(name, tmp_path)
+    # what a build killed half-way leaves: temp files of a dead process, removed by the next build
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path.parent.mkdir(parents=True)
+    stale = [path.parent / temp_name(p, pid=dead.pid) for p in (path, path.with_name(path.stem + ".fp32.onnx"))]
+    for f in stale:
+        f.write_bytes(b"half")
+    m = int8_embed.load_int8(name, tmp_path, progress=False)
+    assert not any(f.exists() for f in stale)
+    assert sorted(f.name for f in path.parent.iterdir()) == sorted([path.name, path.with_suffix(".json").name])
     assert path.is_file() and sha256_file(tiny_source / "model.safetensors")[:16] in path.name
     meta = json.loads(path.with_suffix(".json").read_text())
     assert meta["onnx_sha256"] == sha256_file(path) and meta["dim"] == 32 and meta["max_tokens"] == 64

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -241,10 +240,11 @@ def build(src: Path, path: Path, *, source_sha256: str, source_name: str, progre
     ids = ids.clamp(max=net.config.vocab_size - 1)
     mask = (torch.arange(6)[None, :] < torch.tensor([[4], [6]])).long()
     names = ["input_ids", "attention_mask", "token_type_ids"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".int8-") as tmp:
-        fp32 = Path(tmp) / "fp32.onnx"
-        try:
+    # both files are written under temp names that a later build cleans if this process is killed
+    fp32_path = path.with_name(path.stem + ".fp32.onnx")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(fp32_path) as fp32:
             with warnings.catch_warnings(), torch.inference_mode():
                 warnings.simplefilter("ignore")
                 torch.onnx.export(
@@ -260,10 +260,12 @@ def build(src: Path, path: Path, *, source_sha256: str, source_name: str, progre
                     quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=True)
             finally:
                 root.setLevel(root_level)
-        except MrtInputError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise MrtInputError(f"cannot export {source_name} to an int8 ONNX model: {type(e).__name__}: {e}") from None
+    except MrtInputError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise MrtInputError(f"cannot export {source_name} to an int8 ONNX model: {type(e).__name__}: {e}") from None
+    finally:
+        fp32_path.unlink(missing_ok=True)
     import onnxruntime
 
     meta = {
