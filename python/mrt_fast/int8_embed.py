@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -103,18 +102,15 @@ class Int8Model:
 
     def encode(self, texts: Sequence[str], batch_size: int = MAX_BATCH) -> np.ndarray:
         """Unit-norm float32 embeddings, shape (len(texts), dim); batches of at most :data:`MAX_BATCH`."""
+        from .embed import padded_batch
+
         batch_size = max(1, min(int(batch_size), MAX_BATCH))
         enc = [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=True)]
         order = np.argsort([-len(e) for e in enc], kind="stable")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for s in range(0, len(order), batch_size):
             rows = order[s : s + batch_size]
-            width = max(len(enc[i]) for i in rows)
-            ids = np.zeros((len(rows), width), dtype=np.int64)
-            mask = np.zeros((len(rows), width), dtype=np.int64)
-            for j, i in enumerate(rows):
-                ids[j, : len(enc[i])] = enc[i]
-                mask[j, : len(enc[i])] = 1
+            ids, mask = padded_batch(enc, rows)
             feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
             h = self._session.run(None, {k: v for k, v in feed.items() if k in self._inputs})[0]
             m = mask[..., None].astype(np.float32)
@@ -126,31 +122,17 @@ class Int8Model:
 
 
 def _source(model) -> tuple[Path, str, str]:
-    """(source model directory, source weights sha256, readable name) of an int8 model name."""
-    from .embed import MINILM_WEIGHTS_SHA256, minilm_path, sha256_file
+    """(source model directory, source weights sha256, readable name) of a int8 model name."""
+    from .embed import tier_source
 
-    s = str(model)
-    if s in INT8_ALIASES:
-        return minilm_path(), MINILM_WEIGHTS_SHA256, "all-MiniLM-L6-v2"
-    p = Path(s[len(INT8_PREFIX):]).expanduser()
-    if not p.is_dir():
-        raise MrtInputError(f"int8 model source {str(p)!r} is not a local sentence-transformers model directory")
-    weights = [p / n for n in ("model.safetensors", "pytorch_model.bin") if (p / n).is_file()]
-    if not weights or not (p / "tokenizer.json").is_file():
-        raise MrtInputError(
-            f"int8 model source {str(p)!r} needs model.safetensors (or pytorch_model.bin) and tokenizer.json"
-        )
-    return p, sha256_file(weights[0]), p.resolve().name
+    return tier_source(model, INT8_ALIASES, INT8_PREFIX, "int8")
 
 
 def int8_path(model, cache_dir: str | os.PathLike | None = None) -> Path:
     """Where the quantized model of ``model`` is (or will be) stored."""
-    from .embed import default_cache_dir
+    from .embed import tier_path
 
-    _, sha, name = _source(model)
-    root = Path(cache_dir) if cache_dir not in (None, False, True) else default_cache_dir()
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-    return root / "int8" / f"{safe}-{sha[:16]}-qint8-v{FORMAT_VERSION}.onnx"
+    return tier_path(model, INT8_ALIASES, INT8_PREFIX, "int8", cache_dir, f"qint8-v{FORMAT_VERSION}.onnx")
 
 
 _LOADED: dict[str, Int8Model] = {}

@@ -72,20 +72,9 @@ def is_static(model) -> bool:
 
 def _source(model) -> tuple[Path, str, str]:
     """(source model directory, source weights sha256, readable name) of a static model name."""
-    from .embed import MINILM_WEIGHTS_SHA256, minilm_path, sha256_file
+    from .embed import tier_source
 
-    s = str(model)
-    if s in STATIC_ALIASES:
-        return minilm_path(), MINILM_WEIGHTS_SHA256, "all-MiniLM-L6-v2"
-    p = Path(s[len(STATIC_PREFIX):]).expanduser()
-    if not p.is_dir():
-        raise MrtInputError(f"static model source {str(p)!r} is not a local sentence-transformers model directory")
-    weights = [p / n for n in ("model.safetensors", "pytorch_model.bin") if (p / n).is_file()]
-    if not weights or not (p / "tokenizer.json").is_file():
-        raise MrtInputError(
-            f"static model source {str(p)!r} needs model.safetensors (or pytorch_model.bin) and tokenizer.json"
-        )
-    return p, sha256_file(weights[0]), p.resolve().name
+    return tier_source(model, STATIC_ALIASES, STATIC_PREFIX, "static")
 
 
 @dataclass
@@ -152,12 +141,10 @@ class StaticModel:
 
 def static_path(model, cache_dir: str | os.PathLike | None = None) -> Path:
     """Where the distilled model of ``model`` is (or will be) stored."""
-    from .embed import default_cache_dir
+    from .embed import tier_path
 
-    _, sha, name = _source(model)
-    root = Path(cache_dir) if cache_dir not in (None, False, True) else default_cache_dir()
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-    return root / "static" / f"{safe}-{sha[:16]}-pca{PCA_DIMS}-sif{SIF_COEFFICIENT:g}-tl{TRAIN_TEXTS}-v{FORMAT_VERSION}.npz"
+    return tier_path(model, STATIC_ALIASES, STATIC_PREFIX, "static", cache_dir,
+                     f"pca{PCA_DIMS}-sif{SIF_COEFFICIENT:g}-tl{TRAIN_TEXTS}-v{FORMAT_VERSION}.npz")
 
 
 _LOADED: dict[str, StaticModel] = {}
@@ -320,6 +307,8 @@ def source_sentence_embeddings(net, dev, tok_json: str, texts: Sequence[str], *,
     from tokenizers import Tokenizer
     from tqdm.auto import tqdm
 
+    from .embed import padded_batch
+
     tok = Tokenizer.from_str(tok_json)
     limit = min(max_tokens, int(getattr(net.config, "max_position_embeddings", max_tokens)))
     tok.enable_truncation(limit)
@@ -331,12 +320,7 @@ def source_sentence_embeddings(net, dev, tok_json: str, texts: Sequence[str], *,
                                       disable=not progress) as bar:
         for s in range(0, len(order), batch_size):
             rows = order[s : s + batch_size]
-            width = max(len(enc[i]) for i in rows)
-            ids = np.zeros((len(rows), width), dtype=np.int64)
-            mask = np.zeros((len(rows), width), dtype=np.int64)
-            for j, i in enumerate(rows):
-                ids[j, : len(enc[i])] = enc[i]
-                mask[j, : len(enc[i])] = 1
+            ids, mask = padded_batch(enc, rows)
             ids_t, mask_t = torch.from_numpy(ids).to(dev), torch.from_numpy(mask).to(dev)
             h = net(input_ids=ids_t, attention_mask=mask_t, token_type_ids=torch.zeros_like(ids_t)).last_hidden_state
             m = mask_t.unsqueeze(-1).to(h.dtype)
