@@ -122,7 +122,7 @@ class Int8Model:
 
 
 def _source(model) -> tuple[Path, str, str]:
-    """(source model directory, source weights sha256, readable name) of a int8 model name."""
+    """(source model directory, source weights sha256, readable name) of an int8 model name."""
     from .embed import tier_source
 
     return tier_source(model, INT8_ALIASES, INT8_PREFIX, "int8")
