@@ -16,7 +16,7 @@ The MiniLM, int8 and ``encode`` rows run on the same blocks of texts, in an
 order that rotates from block to block, so a drift of the machine's speed
 hits each alike. The models are loaded (the static model distilled and the
 int8 model exported, each timed once) before any timing. Quality:
-``embed_quality`` for each fast tier, on the bundled MOSAIC examples and two
+``mrt_fast.embed_quality`` for each fast tier, on the bundled MOSAIC examples and two
 larger sets built from text Python ships (``embed_corpus``).
 
     python bench/bench_embed.py              # 20,000 texts (tens of minutes on 2 cores)
@@ -133,7 +133,7 @@ def main() -> None:
     save()
 
     if not a.no_quality:
-        from embed_quality import markdown, quality_rows
+        from mrt_fast.embed_quality import markdown, quality_rows, summarize
 
         rows: list[dict] = []
         rows8: list[dict] = []
@@ -158,16 +158,7 @@ def main() -> None:
                                      "texts_also_in_evaluation_sets": len(shown & set(corpus))}
             print("fitting corpus:", res["fitting_corpus"], flush=True)
         for key, rs in (("quality_summary", rows), ("quality_summary_int8", rows8)):
-            res[key] = {
-                "worst_coverage_gap": min(r["coverage_gap"] for r in rs),
-                "worst_gap_by_selector": {s: min(r["coverage_gap"] for r in rs if r["selector"] == s)
-                                          for s in ("random", "top", "diverse", "grades", "stratified")},
-                "same_ranking_everywhere": all(r["same_ranking"] for r in rs),
-                "separated_pairs_reversed": sum(len(r["separated_pairs_reversed"]) for r in rs
-                                                if r["selector"] == "random"),
-                "separated_pairs": sum(len(r["pairs_separated_by_minilm"]) for r in rs if r["selector"] == "random"),
-                "within_2pct_everywhere": all(r["coverage_gap"] >= -0.02 for r in rs),
-            }
+            res[key] = summarize(rs)
             print(markdown(rs), flush=True)
         save()
 

@@ -171,7 +171,7 @@ def _render_embed(doc: dict) -> str:
         qs = doc.get(skey, {})
         lines += ["", f"**quality, {tier} tier** (selected with the {tier} tier vs with MiniLM, both scored by MiniLM; "
                   f"gap interval: 95% paired bootstrap over pools; within 2% everywhere: "
-                  f"{qs.get('within_2pct_everywhere')}; same strict ranking everywhere: "
+                  f"{qs.get('within_tolerance_everywhere')}; same strict ranking everywhere: "
                   f"{qs.get('same_ranking_everywhere')}; selector pairs separated by MiniLM's picks that the "
                   f"{tier} tier reverses: {qs.get('separated_pairs_reversed')} of {qs.get('separated_pairs')})", "",
                   f"| data set | pools | texts | K | selector | coverage, MiniLM picks | coverage, {tier} picks | gap "
@@ -180,10 +180,10 @@ def _render_embed(doc: dict) -> str:
         for r in q:
             ci = r.get("coverage_gap_ci95")
             ci_s = f"[{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}]" if ci else ""
-            sep = r.get("pairs_separated_by_minilm")
+            sep = r.get("pairs_separated_by_reference")
             sep_s = f"{len(r.get('separated_pairs_reversed', []))} of {len(sep)}" if sep is not None else ""
             lines.append(f"| {r['dataset']} | {r['pools']} | {r['texts']} | {r['k']} | {r['selector']} | "
-                         f"{r['coverage_minilm']:.4f} | {r['coverage_fast']:.4f} | {100 * r['coverage_gap']:+.2f}% | "
+                         f"{r['coverage_reference']:.4f} | {r['coverage_tier']:.4f} | {100 * r['coverage_gap']:+.2f}% | "
                          f"{ci_s} | {'yes' if r['same_ranking'] else 'no'} | {sep_s} |")
     return "\n".join(head + lines)
 

@@ -129,6 +129,71 @@ def embed_cmd(
                   highlight=False)
 
 
+@app.command("embed-quality")
+def embed_quality_cmd(
+    inp: str = typer.Argument(..., help="Your pools: a file (.parquet, .jsonl/.ndjson, .csv), a directory of "
+                              "Parquet/JSONL files or a quoted glob; scanned, a sample of pools is read."),
+    model: str = typer.Option("static", help="The embedding to judge: static, int8, a sentence-transformers "
+                              "model name or local directory."),
+    reference: Optional[str] = typer.Option(None, help="The embedding that chooses and scores as the reference "
+                                            "(default: bundled all-MiniLM-L6-v2)."),
+    text: str = typer.Option("response", help="Column holding the text."),
+    by: str = typer.Option("prompt_id", help="Prompt id column: one pool per value."),
+    reward: str = typer.Option("reward", help="Reward column, for top and grades (left out when absent)."),
+    k: str = typer.Option("2,4", "--k", help="K values to compare at, comma separated."),
+    pools: int = typer.Option(200, help="Pools in the sample (chosen by a seeded hash of the prompt id)."),
+    seed: int = typer.Option(0, help="Seed of the sample."),
+    tolerance: float = typer.Option(0.02, help="Coverage loss accepted, as a fraction of the reference's."),
+    device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Embedding cache directory (default: $MRT_CACHE_DIR or ~/.cache/mrt_fast)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows and the verdict as JSON here."),
+) -> None:
+    """What choosing with a fast embedding costs each selector, on a sample of your own pools."""
+    import json
+
+    from .embed_quality import compare_embeddings, summarize
+    from .errors import MrtInputError
+    from .io import check_output, write_text
+
+    with _user_errors():
+        try:
+            ks = [int(v) for v in k.split(",") if v.strip()]
+        except ValueError:
+            raise MrtInputError(f"--k must be integers separated by commas, got {k!r}") from None
+        if not 0 <= tolerance < 1:
+            raise MrtInputError(f"--tolerance must be in [0, 1), got {tolerance}")
+        if json_out is not None:
+            check_output(json_out, "--json", table=False)
+        df = compare_embeddings(inp, model, reference, text=text, by=by, reward=reward, ks=ks, pools=pools,
+                                seed=seed, cache_dir=False if no_cache else cache_dir, device=device)
+        rows = df.to_dicts()
+        verdict = summarize(rows, tolerance)
+    ref_name = reference or "MiniLM"
+    tab = Table(title=f"{model} vs {ref_name}: {rows[0]['pools']} pools, {rows[0]['texts']} texts, "
+                f"coverage scored by {ref_name}")
+    for c in ("K", "selector", f"coverage, {ref_name} picks", f"coverage, {model} picks", "gap", "gap 95% CI"):
+        tab.add_column(c, justify="left" if c == "selector" else "right")
+    for r in rows:
+        lo, hi = r["coverage_gap_ci95"]
+        tab.add_row(str(r["k"]), r["selector"], f"{r['coverage_reference']:.4f}", f"{r['coverage_tier']:.4f}",
+                    f"{100 * r['coverage_gap']:+.2f}%", f"[{100 * lo:+.2f}, {100 * hi:+.2f}]")
+    console.print(tab)
+    for kk in ks:
+        r = next(x for x in rows if x["k"] == kk)
+        rev = r["separated_pairs_reversed"]
+        console.print(f"K = {kk}: ranking {r['ranking_reference']} ({ref_name}), {r['ranking_tier']} ({model}); "
+                      f"{len(rev)} of {len(r['pairs_separated_by_reference'])} pairs that {ref_name} separates "
+                      f"reversed" + (f": {', '.join(rev)}" if rev else ""), soft_wrap=True, highlight=False)
+    worst = min(rows, key=lambda x: x["coverage_gap"])
+    console.print(f"worst gap {100 * worst['coverage_gap']:+.2f}% ({worst['selector']}, K = {worst['k']}); "
+                  f"every gap within {100 * tolerance:g}%: {'yes' if verdict['within_tolerance_everywhere'] else 'no'}",
+                  soft_wrap=True, highlight=False)
+    if json_out is not None:
+        write_text(json_out, json.dumps({"rows": rows, "verdict": verdict}, indent=1) + "\n")
+        console.print(f"wrote {json_out}", soft_wrap=True, highlight=False)
+
+
 @app.command("select")
 def select_cmd(
     inp: str = typer.Argument(..., help="Input: a file, a directory of Parquet/JSONL files (hive partitions "
