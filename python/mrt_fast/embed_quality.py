@@ -237,9 +237,10 @@ def sample_pools(data: Any, *, by: str = "prompt_id", pools: int = 200, seed: in
     h = pl.col(by).hash(seed=seed).alias("__mrt_h")
     lf = lf.select(want).with_row_index(_ROW)
     try:
-        chosen = lf.select(h).unique().sort("__mrt_h").head(pools)
-        out = (lf.with_columns(h).join(chosen, on="__mrt_h", how="semi")
-               .sort([by, _ROW]).drop("__mrt_h", _ROW).collect())
+        # two streamed passes: the smallest hashes, then the rows holding them
+        chosen = lf.select(h).unique().select(pl.col("__mrt_h").bottom_k(pools)).collect(engine="streaming")
+        out = (lf.filter(h.is_in(chosen["__mrt_h"].implode())).collect(engine="streaming")
+               .sort([by, _ROW]).drop(_ROW))
     except pl.exceptions.PolarsError as e:
         raise MrtInputError(f"cannot read {where}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     if out[by].null_count():
