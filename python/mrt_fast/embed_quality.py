@@ -107,9 +107,10 @@ def quality_rows(name: str, df: pl.DataFrame, x_ref: np.ndarray, x_tier: np.ndar
         methods = tuple(m for m in METHODS if m not in REWARD_METHODS or reward in df.columns)
     if len(x_ref) != df.height or len(x_tier) != df.height:
         raise MrtInputError(f"{df.height} rows but {len(x_ref)} reference and {len(x_tier)} tier embeddings")
-    df = df.drop(_ROW, strict=False).with_row_index(_ROW)
-    order = df.sort(by, maintain_order=True)[_ROW].to_numpy()
-    df = df.sort(by, maintain_order=True).drop(_ROW).with_row_index(_ROW)
+    # pools contiguous, each pool's rows in input order; _ROW then numbers the sorted rows
+    df = df.drop(_ROW, strict=False).with_row_index(_ROW).sort(by, maintain_order=True)
+    order = df[_ROW].to_numpy()
+    df = df.drop(_ROW).with_row_index(_ROW)
     x_ref, x_tier = np.asarray(x_ref)[order], np.asarray(x_tier)[order]
     n_pools = int(df[by].n_unique())
     draws = _draws(n_pools)
