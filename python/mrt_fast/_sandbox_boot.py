@@ -4,7 +4,10 @@ Run as ``python -I -B _sandbox_boot.py CONFIG_JSON`` with the generated program 
 ``program.py`` of the working directory and the report pipe on ``report_fd``.
 It is not imported by mrt_fast; `mrt_fast.sandbox` passes its source in.
 
-It forks once. The child becomes the generated program: it drops to the
+In the sandbox (``workdir`` in the config) it first mounts the working
+directory, a tmpfs with a size and an inode cap (bubblewrap's ``--tmpfs`` has no
+inode cap), copies the program into it, drops the capability that took, and
+loads the seccomp filter. Then it forks once. The child becomes the generated program: it drops to the
 program's own user id (when started as root), sets the resource limits and
 runs ``program.py`` as ``__main__``. The parent (the supervisor) waits for it
 with ``wait4`` and writes one JSON line to the report pipe: exit code or
@@ -42,6 +45,64 @@ def _drop_to(uid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
+def _libc():
+    import ctypes
+
+    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        import ctypes
+
+        e = ctypes.get_errno()
+        raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+
+def _mount_workdir(wd: dict) -> None:
+    """A private tmpfs of ``size`` bytes and ``nr_inodes`` files at ``target``, holding the program."""
+    ctypes, libc = _libc()
+    with open(wd["program"], "rb") as f:
+        code = f.read()
+    opts = "mode=1777,size=%d,nr_inodes=%d" % (int(wd["size"]), int(wd["nr_inodes"]))
+    ms_nosuid, ms_nodev = 2, 4
+    _check(libc.mount(b"tmpfs", wd["target"].encode(), b"tmpfs", ctypes.c_ulong(ms_nosuid | ms_nodev),
+                      opts.encode()), "mount tmpfs")
+    os.chdir(wd["target"])
+    fd = os.open("program.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(code)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def _keep_only_caps(caps: list) -> None:
+    """Effective and permitted capabilities become ``caps``; no inheritable or ambient ones."""
+    ctypes, libc = _libc()
+    _check(libc.prctl(47, 4, 0, 0, 0), "clear ambient capabilities")  # PR_CAP_AMBIENT, _CLEAR_ALL
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    for cap in caps:
+        data[3 * (cap // 32)] |= 1 << (cap % 32)  # effective
+        data[3 * (cap // 32) + 1] |= 1 << (cap % 32)  # permitted
+    _check(libc.capset(header, data), "capset")
+
+
+def _load_seccomp(path: str) -> None:
+    """Install the classic BPF filter in ``path`` (bubblewrap has set no_new_privs)."""
+    ctypes, libc = _libc()
+    with open(path, "rb") as f:
+        prog = f.read()
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    fprog = SockFprog(len(prog) // 8, prog)
+    _check(libc.prctl(22, 2, ctypes.byref(fprog), 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
 def _audit_hook() -> None:
     """Best-effort guard for the unisolated mode only (ctypes and other ways get past it)."""
     blocked_net = {"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
@@ -66,7 +127,8 @@ def _limits(cfg: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    nofile = int(cfg.get("max_files", 256))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 
@@ -126,6 +188,15 @@ def _run_program(cfg: dict) -> None:
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     report_fd = int(cfg["report_fd"])
+    if cfg.get("workdir"):
+        try:
+            _mount_workdir(cfg["workdir"])
+            _keep_only_caps(cfg["workdir"]["keep_caps"])
+            if cfg.get("seccomp"):
+                _load_seccomp(cfg["seccomp"])
+        except BaseException as e:  # noqa: BLE001
+            os.write(2, ("sandbox setup failed: %r\n" % (e,)).encode())
+            os._exit(SETUP_EXIT)
     # nothing but the standard streams and the report pipe goes on (bwrap's data fds included)
     os.closerange(3, report_fd)
     os.closerange(report_fd + 1, 1 << 16)

@@ -6,7 +6,9 @@ namespaces (``clone``/``unshare`` with ``CLONE_NEWUSER``; ``clone3`` fails with
 ``ENOSYS`` so that libc falls back to ``clone``), ``ptrace`` and cross-process
 memory access, keyrings, ``bpf``, ``perf_event_open``, ``userfaultfd``,
 ``io_uring``, mounts, module loading, ``kexec``, ``reboot``, ``swapon``,
-``acct``, ``quotactl``, ``syslog`` and ``setns``. System calls of another
+``acct``, ``quotactl``, ``syslog`` and ``setns``; and, for a run that has no memory
+cgroup, the shared memory that ``RLIMIT_AS`` does not count (``memfd_create``,
+``memfd_secret``, ``shmget``, ``shmat``, ``shmctl``). System calls of another
 architecture (32-bit entry points) kill the caller (libseccomp's default).
 
 `compile_filter` returns the classic BPF program for bubblewrap's ``--seccomp``,
@@ -29,6 +31,8 @@ DENIED = (
     "setns", "acct", "swapon", "swapoff", "reboot", "syslog", "quotactl", "name_to_handle_at",
     "open_by_handle_at", "lookup_dcookie",
 )
+# memory that RLIMIT_AS does not count: refused where no memory cgroup bounds it
+SHARED_MEMORY = ("memfd_create", "memfd_secret", "shmget", "shmat", "shmctl")
 CLONE_NEWUSER = 0x10000000
 _ACT_ALLOW = 0x7FFF0000
 _CMP_MASKED_EQ = 7
@@ -61,9 +65,13 @@ def _lib():
     return lib
 
 
-@functools.lru_cache(maxsize=1)
-def compile_filter() -> bytes | None:
-    """The filter as bytes of ``struct sock_filter``, or ``None`` without libseccomp."""
+@functools.lru_cache(maxsize=2)
+def compile_filter(deny_shared_memory: bool = False) -> bytes | None:
+    """The filter as bytes of ``struct sock_filter``, or ``None`` without libseccomp.
+
+    ``deny_shared_memory``: also refuse `SHARED_MEMORY` (memfd and System V shared
+    memory) with ``EPERM``, for runs whose memory no cgroup bounds.
+    """
     lib = _lib()
     if lib is None:
         return None
@@ -80,7 +88,7 @@ def compile_filter() -> bytes | None:
             if rc < 0:
                 raise OSError(-rc, f"seccomp_rule_add({name}): {os.strerror(-rc)}")
 
-        for name in DENIED:
+        for name in DENIED + (SHARED_MEMORY if deny_shared_memory else ()):
             rule(_act_errno(errno.EPERM), name)
         newuser = _ArgCmp(0, _CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER)
         rule(_act_errno(errno.EPERM), "clone", newuser)

@@ -45,6 +45,7 @@ import json
 import math
 import os
 import random
+import resource
 import select
 import selectors
 import shutil
@@ -58,6 +59,7 @@ from pathlib import Path
 
 from ._seccomp import compile_filter
 from .errors import MrtInputError, SandboxUnavailableError
+from .sandbox_cgroup import MemoryCgroup
 
 STATUSES = ("passed", "failed", "error", "timeout", "cpu_limit", "memory_limit", "output_limit")
 BWRAP = "bwrap"
@@ -70,6 +72,11 @@ MEMORY_EXIT = 86  # the same codes as in _sandbox_boot
 SETUP_EXIT = 85
 _WORKDIR = "/sandbox"  # the private tmpfs; /tmp links to it unless the interpreter lives under /tmp
 _BOOT_IN_SANDBOX = "/.sandbox/boot.py"
+_CODE_IN_SANDBOX = "/.sandbox/program.py"
+_FILTER_IN_SANDBOX = "/.sandbox/filter.bpf"
+_MIN_PROGRAM_MB = 24  # RLIMIT_AS an interpreter needs to start
+_CAP_SETGID, _CAP_SETUID = 6, 7
+_MAX_WAIT_S = 3600.0  # the longest single wait; a longer deadline is waited for in steps
 _MIN_BWRAP = (0, 8, 0)
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
@@ -82,7 +89,11 @@ class ExecResult:
     minus the signal that ended it; ``None`` when the caller killed the run or
     the supervisor did not report. ``cpu_s``: CPU time of the program and its
     reaped descendants (``None`` without a report). ``isolation``: ``"bwrap"``
-    or ``"none-i-understand"``.
+    or ``"none-i-understand"``. ``memory_bound``: ``"cgroup"`` when a memory
+    cgroup held the whole run to ``memory_mb``, ``"rlimit"`` when rlimits, the
+    tmpfs caps and the seccomp filter did (see docs/sandbox.md).
+    ``memory_peak_bytes``: the most the run's cgroup held at once (``None``
+    without a cgroup).
     """
 
     status: str
@@ -92,6 +103,8 @@ class ExecResult:
     wall_s: float
     isolation: str
     cpu_s: float | None = None
+    memory_bound: str = "rlimit"
+    memory_peak_bytes: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -171,7 +184,7 @@ def run_program(
     cpu_s: int = 5,
     memory_mb: int = 512,
     output_mb: float = 16,
-    disk_mb: int = 64,
+    disk_mb: int | None = None,
     max_processes: int = 32,
     python: str | None = None,
     isolation: str | None = None,
@@ -179,9 +192,11 @@ def run_program(
     """Run Python source ``code`` with ``stdin`` in the sandbox; never raises for what the program does.
 
     ``expected_output``: when given, an exit code 0 gives ``passed`` only if the
-    output matches it (`outputs_match`), else ``failed``. ``output_mb`` caps
-    stdout + stderr together; ``disk_mb`` is the size of the private working
-    directory; ``max_processes`` counts processes and threads. Raises
+    output matches it (`outputs_match`), else ``failed``. ``memory_mb`` bounds all
+    the memory of the run (see docs/sandbox.md); ``output_mb`` caps stdout +
+    stderr together; ``disk_mb`` (default ``min(64, memory_mb // 4)``) is the size
+    of the private working directory, a tmpfs counted in ``memory_mb``;
+    ``max_processes`` counts processes and threads. Raises
     `SandboxUnavailableError` when bubblewrap cannot be used and the caller has
     not opted in to ``isolation="none-i-understand"``.
     """
@@ -189,6 +204,11 @@ def run_program(
         raise MrtInputError(f"code and stdin must be str, got {type(code).__name__} and {type(stdin).__name__}")
     if expected_output is not None and not isinstance(expected_output, str):
         raise MrtInputError(f"expected_output must be a str, got {type(expected_output).__name__}")
+    _check_encodable("code", code)
+    _check_encodable("stdin", stdin)
+    if disk_mb is None and isinstance(memory_mb, (int, float)) and not isinstance(memory_mb, bool) \
+            and math.isfinite(memory_mb):
+        disk_mb = max(1, min(64, int(memory_mb) // 4))
     for name, v, lo in (("timeout_s", timeout_s, 0), ("cpu_s", cpu_s, 1), ("memory_mb", memory_mb, 32),
                         ("output_mb", output_mb, 0), ("disk_mb", disk_mb, 1), ("max_processes", max_processes, 1)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo \
@@ -196,6 +216,10 @@ def run_program(
             raise MrtInputError(f"{name} must be a finite number {'>' if lo == 0 else '>='} {lo}, got {v!r}")
     if int(cpu_s) != cpu_s or int(max_processes) != max_processes:
         raise MrtInputError("cpu_s and max_processes must be whole numbers")
+    if memory_mb - disk_mb < _MIN_PROGRAM_MB:
+        raise MrtInputError(
+            f"memory_mb={memory_mb!r} must exceed disk_mb={disk_mb!r} by at least {_MIN_PROGRAM_MB}: the working "
+            f"directory is a tmpfs, so its files count in memory_mb")
     python = python or sys.executable
     if not os.path.isabs(python):
         python = shutil.which(python) or os.path.abspath(python)
@@ -203,6 +227,7 @@ def run_program(
     limits = dict(timeout_s=float(timeout_s), cpu_s=int(cpu_s), memory_bytes=int(memory_mb * (1 << 20)),
                   output_bytes=max(1, int(output_mb * (1 << 20))), disk_bytes=int(disk_mb * (1 << 20)),
                   max_processes=int(max_processes))
+    _check_settable(limits, dict(cpu_s=cpu_s, memory_mb=memory_mb, disk_mb=disk_mb, max_processes=max_processes))
     if mode == BWRAP:
         r = _run_bwrap(_bwrap_exe(), code, stdin, python=python, **limits)
     else:
@@ -210,6 +235,53 @@ def run_program(
     if r.status == "passed" and expected_output is not None and not outputs_match(r.stdout, expected_output):
         r.status = "failed"
     return r
+
+
+def _check_encodable(name: str, text: str) -> None:
+    """Refuse text that has no UTF-8 bytes (a lone surrogate outside the ``surrogateescape`` range)."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise MrtInputError(f"{name} holds a lone surrogate {text[e.start]!r} at index {e.start}, which has "
+                            f"no UTF-8 bytes to pass to the program") from None
+
+
+_RLIM_MAX = (1 << 63) - 1  # what setrlimit takes short of RLIM_INFINITY
+
+
+def _rlimit_values(limits: dict) -> dict:
+    """Each rlimit the program gets (soft value; RLIMIT_CPU's hard value is one more)."""
+    return {resource.RLIMIT_CPU: limits["cpu_s"] + 1, resource.RLIMIT_AS: _program_memory(limits),
+            resource.RLIMIT_FSIZE: limits["disk_bytes"], resource.RLIMIT_NPROC: limits["max_processes"]}
+
+
+def _check_settable(limits: dict, given: dict) -> None:
+    """Refuse a limit the program's process could not set: above what setrlimit takes, or above this
+    process's hard limit, which the sandbox inherits and cannot raise."""
+    names = {resource.RLIMIT_CPU: ("cpu_s", "RLIMIT_CPU"), resource.RLIMIT_AS: ("memory_mb", "RLIMIT_AS"),
+             resource.RLIMIT_FSIZE: ("disk_mb", "RLIMIT_FSIZE"), resource.RLIMIT_NPROC: ("max_processes", "RLIMIT_NPROC")}
+    for res, value in _rlimit_values(limits).items():
+        arg, rname = names[res]
+        hard = resource.getrlimit(res)[1]
+        top = _RLIM_MAX if hard == resource.RLIM_INFINITY else min(hard, _RLIM_MAX)
+        if value > top:
+            raise MrtInputError(f"{arg}={given[arg]!r} cannot be set: it needs {rname} {value}, above the "
+                                f"{'hard limit ' if top == hard else 'largest value '}{top} allowed here")
+
+
+def _max_files() -> int:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return 256 if hard == resource.RLIM_INFINITY else min(256, hard)
+
+
+def _program_memory(limits: dict) -> int:
+    """RLIMIT_AS of each process of the program: memory_mb less the tmpfs it may fill."""
+    return limits["memory_bytes"] - limits["disk_bytes"]
+
+
+def _inode_cap(disk_bytes: int) -> int:
+    """Files the private tmpfs may hold (each costs the kernel about 1 KB)."""
+    return 1024 + disk_bytes // (64 << 10)
 
 
 def _close_all(fds: list[int]) -> None:
@@ -255,10 +327,13 @@ def _interpreter_dirs(python: str) -> list[tuple[str, str]]:
     return out
 
 
-def _bwrap_argv(exe: str, python: str, *, privileged: bool, disk_bytes: int, code_fd: int, boot_fd: int,
+def _bwrap_argv(exe: str, python: str, *, privileged: bool, code_fd: int, boot_fd: int,
                 info_fd: int, seccomp_fd: int | None, config: dict) -> list[str]:
+    """The bubblewrap command line. The supervisor mounts the working directory itself (a tmpfs with an
+    inode cap, which bubblewrap's ``--tmpfs`` lacks), then drops CAP_SYS_ADMIN and loads the filter."""
     a = [exe, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-         "--die-with-parent", "--new-session", "--hostname", "sandbox", "--cap-drop", "ALL"]
+         "--die-with-parent", "--new-session", "--hostname", "sandbox", "--cap-drop", "ALL",
+         "--cap-add", "CAP_SYS_ADMIN"]
     if privileged:  # the supervisor drops the program to its own user id: keep only what that needs
         a += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -283,16 +358,15 @@ def _bwrap_argv(exe: str, python: str, *, privileged: bool, disk_bytes: int, cod
             a += ["--perms", "0755", "--dir", p]
             made.add(p)
         a += ["--ro-bind", src, dest]
-    a += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-          "--perms", "1777", "--size", str(disk_bytes), "--tmpfs", _WORKDIR,
+    a += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--dir", _WORKDIR,
           *(() if any(_under(dest, "/tmp") for _, dest in dirs) else ("--symlink", _WORKDIR, "/tmp")),
-          "--perms", "0644", "--file", str(code_fd), f"{_WORKDIR}/program.py",
-          "--perms", "0444", "--ro-bind-data", str(boot_fd), _BOOT_IN_SANDBOX,
-          "--remount-ro", "/", "--chdir", _WORKDIR, "--info-fd", str(info_fd), "--clearenv",
+          "--perms", "0444", "--ro-bind-data", str(code_fd), _CODE_IN_SANDBOX,
+          "--perms", "0444", "--ro-bind-data", str(boot_fd), _BOOT_IN_SANDBOX]
+    if seccomp_fd is not None:
+        a += ["--perms", "0444", "--ro-bind-data", str(seccomp_fd), _FILTER_IN_SANDBOX]
+    a += ["--remount-ro", "/", "--chdir", "/", "--info-fd", str(info_fd), "--clearenv",
           "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", _WORKDIR, "--setenv", "LANG", "C.UTF-8",
           "--setenv", "TMPDIR", _WORKDIR]
-    if seccomp_fd is not None:
-        a += ["--seccomp", str(seccomp_fd)]
     a += ["--", python, "-I", "-B", _BOOT_IN_SANDBOX, json.dumps(config)]
     return a
 
@@ -304,6 +378,7 @@ def _run_bwrap(exe: str, code: str, stdin: str, *, python: str, timeout_s: float
     # a user id of its own for the program (so RLIMIT_NPROC counts only it) and another for the supervisor
     uid = rng.randrange(1 << 20, 1 << 30) * 2 if privileged else None
     fds: list[int] = []
+    cgroup = MemoryCgroup.create(memory_bytes)
     try:
         code_fd = _memfd("program", code.encode("utf-8", "surrogateescape"))
         fds.append(code_fd)
@@ -315,21 +390,41 @@ def _run_bwrap(exe: str, code: str, stdin: str, *, python: str, timeout_s: float
         fds += [info_r, info_w]
         report_r, report_w = os.pipe()
         fds += [report_r, report_w]
-        config = dict(report_fd=report_w, uid=uid, supervisor_uid=None if uid is None else uid + 1,
-                      cpu_s=cpu_s, memory_bytes=memory_bytes, file_bytes=disk_bytes, max_processes=max_processes,
-                      audit_hook=False)
-        flt = compile_filter()
+        # without a cgroup, shared memory that RLIMIT_AS does not count is refused
+        flt = compile_filter(deny_shared_memory=cgroup is None)
         seccomp_fd = None if flt is None else _memfd("seccomp", flt)
+        limits = dict(cpu_s=cpu_s, memory_bytes=memory_bytes, disk_bytes=disk_bytes, max_processes=max_processes)
+        workdir = dict(target=_WORKDIR, size=disk_bytes, nr_inodes=_inode_cap(disk_bytes), program=_CODE_IN_SANDBOX,
+                       keep_caps=[_CAP_SETGID, _CAP_SETUID] if privileged else [])
+        config = dict(report_fd=report_w, uid=uid, supervisor_uid=None if uid is None else uid + 1,
+                      cpu_s=cpu_s, memory_bytes=_program_memory(limits), file_bytes=disk_bytes,
+                      max_processes=max_processes, max_files=_max_files(), audit_hook=False, workdir=workdir,
+                      seccomp=None if seccomp_fd is None else _FILTER_IN_SANDBOX)
         data_fds = (code_fd, boot_fd) + (() if seccomp_fd is None else (seccomp_fd,))
         fds += data_fds[2:]
-        argv = _bwrap_argv(exe, python, privileged=privileged, disk_bytes=disk_bytes, code_fd=code_fd,
+        argv = _bwrap_argv(exe, python, privileged=privileged, code_fd=code_fd,
                            boot_fd=boot_fd, info_fd=info_w, seccomp_fd=seccomp_fd, config=config)
-        return _supervise(argv, stdin_fd=stdin_fd, pass_fds=(*data_fds, info_w, report_w),
-                          close_after_start=(*data_fds, info_w, report_w), report_r=report_r,
-                          info_r=info_r, cwd="/", timeout_s=timeout_s, cpu_s=cpu_s, output_bytes=output_bytes,
-                          isolation=BWRAP)
+        if cgroup is not None:
+            argv = cgroup.wrap(argv)
+        r = _supervise(argv, stdin_fd=stdin_fd, pass_fds=(*data_fds, info_w, report_w),
+                       close_after_start=(*data_fds, info_w, report_w), report_r=report_r,
+                       info_r=info_r, cwd="/", timeout_s=timeout_s, cpu_s=cpu_s, output_bytes=output_bytes,
+                       isolation=BWRAP)
+        if cgroup is not None:
+            _label_cgroup_run(r, cgroup)
+        return r
     finally:
         _close_all(fds)
+        if cgroup is not None:
+            cgroup.close()
+
+
+def _label_cgroup_run(r: ExecResult, cgroup: MemoryCgroup) -> None:
+    """Record the cgroup's peak; a run the kernel's OOM killer ended is ``memory_limit``."""
+    r.memory_bound = "cgroup"
+    r.memory_peak_bytes = cgroup.peak_bytes()
+    if r.status in ("error", "cpu_limit") and cgroup.oom_killed():
+        r.status = "memory_limit"
 
 
 def _run_unisolated(code: str, stdin: str, *, python: str, timeout_s: float, cpu_s: int, memory_bytes: int,
@@ -343,8 +438,10 @@ def _run_unisolated(code: str, stdin: str, *, python: str, timeout_s: float, cpu
         fds.append(stdin_fd)
         report_r, report_w = os.pipe()
         fds += [report_r, report_w]
-        config = dict(report_fd=report_w, uid=None, supervisor_uid=None, cpu_s=cpu_s, memory_bytes=memory_bytes,
-                      file_bytes=disk_bytes, max_processes=max_processes, audit_hook=True)
+        limits = dict(cpu_s=cpu_s, memory_bytes=memory_bytes, disk_bytes=disk_bytes, max_processes=max_processes)
+        config = dict(report_fd=report_w, uid=None, supervisor_uid=None, cpu_s=cpu_s,
+                      memory_bytes=_program_memory(limits), file_bytes=disk_bytes, max_processes=max_processes,
+                      max_files=_max_files(), audit_hook=True)
         argv = [python, "-I", "-B", str(_BOOT), json.dumps(config)]
         return _supervise(argv, stdin_fd=stdin_fd, pass_fds=(report_w,), close_after_start=(report_w,),
                           report_r=report_r, info_r=None, cwd=d, timeout_s=timeout_s, cpu_s=cpu_s,
@@ -395,7 +492,7 @@ def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_s
             if left <= 0:
                 killed = None if grace else "timeout"
                 break
-            for key, _ in sel.select(left):
+            for key, _ in sel.select(min(left, _MAX_WAIT_S)):
                 fd = key.fd
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
@@ -426,13 +523,11 @@ def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_s
         if killed is not None or sel.get_map():
             _kill(proc, init_pidfd)
         else:
-            try:
-                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            if _wait_until(proc, max(deadline, time.monotonic() + 1.0)):
+                _reap_namespace(proc, init_pidfd)
+            else:
                 killed = "timeout"
                 _kill(proc, init_pidfd)
-            else:
-                _reap_namespace(proc, init_pidfd)
         wall = time.monotonic() - t0
     finally:
         sel.close()
@@ -458,6 +553,18 @@ def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_s
         return ExecResult(status, -sig, stdout, stderr, wall, isolation, cpu)
     status = "passed" if code == 0 else "memory_limit" if code == MEMORY_EXIT else "error"
     return ExecResult(status, code, stdout, stderr, wall, isolation, cpu)
+
+
+def _wait_until(proc: subprocess.Popen, deadline: float) -> bool:
+    """Wait for ``proc`` until the monotonic ``deadline`` (any finite one); whether it ended."""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            proc.wait(timeout=max(0.0, min(left, _MAX_WAIT_S)))
+            return True
+        except subprocess.TimeoutExpired:
+            if left <= _MAX_WAIT_S:
+                return False
 
 
 def _kill(proc: subprocess.Popen, init_pidfd: int | None) -> None:
