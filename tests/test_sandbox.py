@@ -527,3 +527,235 @@ def test_another_interpreter_by_name_or_path():
     for python in ("python3", exe):
         r = run("import sys\nprint(sys.version_info[0])", python=python)
         assert r.status == "passed" and r.stdout == "3\n", (python, r.status, r.stderr[-300:])
+
+
+# ------------------------------------------------------------------ the memory bound
+
+
+@pytest.fixture(params=["cgroup", "rlimit"])
+def memory_mode(request, monkeypatch):
+    """Each memory test runs with a per-run memory cgroup (where one can be made) and without one."""
+    from mrt_fast import sandbox_cgroup
+
+    if request.param == "rlimit":
+        monkeypatch.setenv(sandbox_cgroup.ENV_CGROUP, "off")
+    else:
+        monkeypatch.delenv(sandbox_cgroup.ENV_CGROUP, raising=False)
+        if sandbox_cgroup.available() is None:
+            pytest.skip("no memory cgroup can be made here")
+    return request.param
+
+
+MEMORY_MB = 64
+# the program first holds what anonymous memory it can, then takes memory by one path,
+# printing the total it holds after each step; all of it stays held until the end
+HOLD_ANONYMOUS = """
+import ctypes, os, sys
+held = 0
+def report():
+    print("held", held, flush=True)
+print("start", flush=True)
+anon = []
+try:
+    while held < 300:
+        anon.append(b"\\1" * (8 << 20))
+        held += 8
+        report()
+except MemoryError:
+    pass
+del anon[2:]               # keep 16 MB, and room in the address space for what the path maps
+held = 8 * len(anon)
+report()
+"""
+MEMORY_PATHS = {
+    "anonymous": "",
+    "memfd": """
+chunk = b"\\2" * (8 << 20)
+fds = []
+while held < 600:
+    try:
+        fd = os.memfd_create("m%d" % len(fds), 0)
+        os.write(fd, chunk)
+    except OSError as e:
+        print("stopped", e, flush=True)
+        break
+    fds.append(fd)
+    held += 8
+    report()
+""",
+    "sysv_shm": """
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmdt.argtypes = [ctypes.c_void_p]
+while held < 600:
+    sid = libc.shmget(0, 8 << 20, 0o1600)          # IPC_PRIVATE, IPC_CREAT | 0600
+    p = libc.shmat(sid, None, 0) if sid >= 0 else None
+    if p in (None, ctypes.c_void_p(-1).value):
+        print("stopped", ctypes.get_errno(), flush=True)
+        break
+    ctypes.memset(p, 2, 8 << 20)
+    libc.shmdt(p)                                    # the segment stays, off the address space
+    held += 8
+    report()
+""",
+    "posix_shm": """
+chunk = b"\\2" * (8 << 20)
+n = 0
+while held < 600:
+    try:
+        fd = os.open("/dev/shm/m%d" % n, os.O_CREAT | os.O_RDWR, 0o600)
+        os.write(fd, chunk)
+    except OSError as e:
+        print("stopped", e, flush=True)
+        break
+    n += 1
+    held += 8
+    report()
+""",
+    "tmpfs_data": """
+chunk = b"\\2" * (8 << 20)
+n = 0
+while held < 600:
+    try:
+        with open("f%d" % n, "wb") as f:
+            f.write(chunk)
+    except OSError as e:
+        print("stopped", e, flush=True)
+        break
+    n += 1
+    held += 8
+    report()
+""",
+}
+
+
+def most_held_mb(stdout: str) -> int:
+    return max([int(line.split()[1]) for line in stdout.splitlines() if line.startswith("held ")] or [0])
+
+
+@needs_bwrap
+@pytest.mark.parametrize("path", sorted(MEMORY_PATHS))
+def test_memory_mb_bounds_each_kind_of_memory(path, memory_mode):
+    r = run(HOLD_ANONYMOUS + MEMORY_PATHS[path], memory_mb=MEMORY_MB, timeout_s=30)
+    assert r.memory_bound == memory_mode
+    assert r.stdout.startswith("start"), (r.status, r.stderr[-300:])
+    assert r.status in ("passed", "memory_limit"), (r.status, r.stderr[-300:])
+    held = most_held_mb(r.stdout)
+    # what it reports leaves out the interpreter's own memory: no margin on top
+    assert held <= MEMORY_MB, f"{path}: the program held {held} MB under memory_mb={MEMORY_MB}"
+    if memory_mode == "cgroup" and r.memory_peak_bytes is not None:
+        assert 0 < r.memory_peak_bytes <= MEMORY_MB << 20
+
+
+@needs_bwrap
+def test_tmpfs_inodes_are_capped(memory_mode):
+    r = run("""
+        n = 0
+        try:
+            while n < 300000:
+                open("f%d" % n, "w").close()
+                n += 1
+        except OSError as e:
+            print("stopped", e.errno)
+        print("files", n)
+    """, memory_mb=MEMORY_MB, timeout_s=60)
+    assert r.memory_bound == memory_mode and r.status == "passed", (r.status, r.stderr[-300:])
+    files = int(r.stdout.split()[-1])
+    assert "stopped 28" in r.stdout and files <= sb._inode_cap(MEMORY_MB // 4 << 20), r.stdout
+
+
+@needs_bwrap
+def test_memory_cgroup_bounds_all_processes_together(monkeypatch):
+    from mrt_fast import sandbox_cgroup
+
+    monkeypatch.delenv(sandbox_cgroup.ENV_CGROUP, raising=False)
+    if sandbox_cgroup.available() is None:
+        pytest.skip("no memory cgroup can be made here (without one, RLIMIT_AS is per process)")
+    # six processes each take 64 MB, well inside their own RLIMIT_AS, 384 MB in all
+    r = run("""
+        import os, sys, time
+        kids = []
+        for i in range(6):
+            pid = os.fork()
+            if pid == 0:
+                held = [b"\\1" * (8 << 20) for _ in range(8)]
+                print("child", i, "holds 64", flush=True)
+                time.sleep(3)
+                os._exit(0)
+            kids.append(pid)
+        died = [os.waitpid(pid, 0)[1] for pid in kids]
+        sys.exit(1 if any(os.WIFSIGNALED(s) for s in died) else 0)
+    """, memory_mb=128, max_processes=16, timeout_s=60)
+    assert r.memory_bound == "cgroup"
+    assert r.status == "memory_limit", (r.status, r.stdout, r.stderr[-300:])
+    assert r.memory_peak_bytes is None or r.memory_peak_bytes <= 128 << 20
+
+
+def test_memory_cgroup_switch_off(monkeypatch):
+    from mrt_fast import sandbox_cgroup
+
+    monkeypatch.setenv(sandbox_cgroup.ENV_CGROUP, "off")
+    assert sandbox_cgroup.available() is None and sandbox_cgroup.MemoryCgroup.create(64 << 20) is None
+
+
+# ------------------------------------------------------------------ inputs the sandbox cannot pass on
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "none-i-understand"])
+def test_lone_surrogates_are_refused_and_escaped_bytes_pass(isolation):
+    with pytest.raises(MrtInputError, match=r"^code holds a lone surrogate '\\ud800' at index 3,"):
+        sb.run_program("x='\ud800'", isolation=isolation)
+    with pytest.raises(MrtInputError, match=r"^stdin holds a lone surrogate '\\udfff' at index 2,"):
+        sb.run_program("print(input())", "ab\udfff", isolation=isolation)
+    if isolation == "bwrap" and WHY is not None:
+        pytest.skip(f"bubblewrap cannot isolate programs here: {WHY}")
+    # a surrogateescape'd byte is that byte, as before
+    r = run("import sys\nprint(sys.stdin.buffer.read().hex())", "a\udcff", isolation=isolation)
+    assert r.status == "passed" and r.stdout == "61ff\n", (r.status, r.stderr[-300:])
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "none-i-understand"])
+def test_a_huge_finite_timeout_is_just_a_long_deadline(isolation):
+    if isolation == "bwrap" and WHY is not None:
+        pytest.skip(f"bubblewrap cannot isolate programs here: {WHY}")
+    for timeout_s in (1e10, 1e300):
+        r = run("print(6 * 7)", timeout_s=timeout_s, isolation=isolation)
+        assert r.status == "passed" and r.stdout == "42\n", (timeout_s, r.status, r.stderr[-300:])
+
+
+def test_limits_that_cannot_be_set_are_refused():
+    for kw, name in ((dict(cpu_s=2**63), "cpu_s"), (dict(memory_mb=10**15), "memory_mb"),
+                     (dict(memory_mb=10**13 + 100, disk_mb=10**13), "disk_mb"), (dict(max_processes=2**64), "max_processes")):
+        with pytest.raises(MrtInputError, match=rf"^{name}=.* cannot be set"):
+            sb.run_program("print(1)", isolation="none-i-understand", **kw)
+    with pytest.raises(MrtInputError, match="memory_mb=40 must exceed disk_mb=30 by at least"):
+        sb.run_program("print(1)", memory_mb=40, disk_mb=30, isolation="none-i-understand")
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "none-i-understand"])
+def test_a_limit_above_the_callers_hard_limit_is_refused_not_an_error_label(isolation):
+    import mrt_fast
+
+    if isolation == "bwrap" and WHY is not None:
+        pytest.skip(f"bubblewrap cannot isolate programs here: {WHY}")
+    # a caller whose hard limits are lower than what it asks for: the sandbox inherits them
+    caller = textwrap.dedent(f"""
+        import resource
+        from mrt_fast import MrtInputError
+        from mrt_fast.sandbox import run_program
+        resource.setrlimit(resource.RLIMIT_NPROC, (1000, 1000))
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+        for kw in (dict(max_processes=2000), dict(memory_mb=8192)):
+            try:
+                print("ran", run_program("print(1)", isolation={isolation!r}, **kw).status)
+            except MrtInputError as e:
+                print("refused", e)
+        print("within", run_program("print(1)", isolation={isolation!r}, max_processes=16, memory_mb=256).status)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(mrt_fast.__file__)))
+    out = subprocess.run([sys.executable, "-c", caller], env=env, capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3, (out.stdout, out.stderr[-500:])
+    assert lines[0].startswith("refused max_processes=2000 cannot be set: it needs RLIMIT_NPROC 2000, above the hard limit 1000")
+    assert lines[1].startswith("refused memory_mb=8192 cannot be set: it needs RLIMIT_AS")
+    assert lines[2] == "within passed", out.stderr[-500:]
