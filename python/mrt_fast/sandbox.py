@@ -327,15 +327,15 @@ def _interpreter_dirs(python: str) -> list[tuple[str, str]]:
     return out
 
 
-def _bwrap_argv(exe: str, python: str, *, privileged: bool, code_fd: int, boot_fd: int,
+def _bwrap_argv(exe: str, python: str, *, privileged: bool, disk_bytes: int, code_fd: int, boot_fd: int,
                 info_fd: int, seccomp_fd: int | None, config: dict) -> list[str]:
-    """The bubblewrap command line. The supervisor mounts the working directory itself (a tmpfs with an
-    inode cap, which bubblewrap's ``--tmpfs`` lacks), then drops CAP_SYS_ADMIN and loads the filter."""
+    """The bubblewrap command line. A root caller's supervisor mounts the working directory itself (a
+    tmpfs with an inode cap, which bubblewrap's ``--tmpfs`` lacks), then drops CAP_SYS_ADMIN and loads
+    the filter; otherwise bubblewrap mounts it (size only) and loads the filter."""
     a = [exe, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-         "--die-with-parent", "--new-session", "--hostname", "sandbox", "--cap-drop", "ALL",
-         "--cap-add", "CAP_SYS_ADMIN"]
+         "--die-with-parent", "--new-session", "--hostname", "sandbox", "--cap-drop", "ALL"]
     if privileged:  # the supervisor drops the program to its own user id: keep only what that needs
-        a += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        a += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SYS_ADMIN"]
     else:
         a += ["--unshare-user", "--disable-userns"]
     a += ["--ro-bind", "/usr", "/usr"]
@@ -358,13 +358,19 @@ def _bwrap_argv(exe: str, python: str, *, privileged: bool, code_fd: int, boot_f
             a += ["--perms", "0755", "--dir", p]
             made.add(p)
         a += ["--ro-bind", src, dest]
-    a += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--dir", _WORKDIR,
-          *(() if any(_under(dest, "/tmp") for _, dest in dirs) else ("--symlink", _WORKDIR, "/tmp")),
-          "--perms", "0444", "--ro-bind-data", str(code_fd), _CODE_IN_SANDBOX,
-          "--perms", "0444", "--ro-bind-data", str(boot_fd), _BOOT_IN_SANDBOX]
-    if seccomp_fd is not None:
-        a += ["--perms", "0444", "--ro-bind-data", str(seccomp_fd), _FILTER_IN_SANDBOX]
-    a += ["--remount-ro", "/", "--chdir", "/", "--info-fd", str(info_fd), "--clearenv",
+    a += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    if privileged:
+        a += ["--dir", _WORKDIR, "--perms", "0444", "--ro-bind-data", str(code_fd), _CODE_IN_SANDBOX]
+        if seccomp_fd is not None:
+            a += ["--perms", "0444", "--ro-bind-data", str(seccomp_fd), _FILTER_IN_SANDBOX]
+    else:
+        a += ["--perms", "1777", "--size", str(disk_bytes), "--tmpfs", _WORKDIR,
+              "--perms", "0644", "--file", str(code_fd), f"{_WORKDIR}/program.py"]
+        if seccomp_fd is not None:
+            a += ["--seccomp", str(seccomp_fd)]
+    a += [*(() if any(_under(dest, "/tmp") for _, dest in dirs) else ("--symlink", _WORKDIR, "/tmp")),
+          "--perms", "0444", "--ro-bind-data", str(boot_fd), _BOOT_IN_SANDBOX,
+          "--remount-ro", "/", "--chdir", _WORKDIR, "--info-fd", str(info_fd), "--clearenv",
           "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", _WORKDIR, "--setenv", "LANG", "C.UTF-8",
           "--setenv", "TMPDIR", _WORKDIR]
     a += ["--", python, "-I", "-B", _BOOT_IN_SANDBOX, json.dumps(config)]
@@ -395,14 +401,15 @@ def _run_bwrap(exe: str, code: str, stdin: str, *, python: str, timeout_s: float
         seccomp_fd = None if flt is None else _memfd("seccomp", flt)
         limits = dict(cpu_s=cpu_s, memory_bytes=memory_bytes, disk_bytes=disk_bytes, max_processes=max_processes)
         workdir = dict(target=_WORKDIR, size=disk_bytes, nr_inodes=_inode_cap(disk_bytes), program=_CODE_IN_SANDBOX,
-                       keep_caps=[_CAP_SETGID, _CAP_SETUID] if privileged else [])
+                       keep_caps=[_CAP_SETGID, _CAP_SETUID])
         config = dict(report_fd=report_w, uid=uid, supervisor_uid=None if uid is None else uid + 1,
                       cpu_s=cpu_s, memory_bytes=_program_memory(limits), file_bytes=disk_bytes,
-                      max_processes=max_processes, max_files=_max_files(), audit_hook=False, workdir=workdir,
-                      seccomp=None if seccomp_fd is None else _FILTER_IN_SANDBOX)
+                      max_processes=max_processes, max_files=_max_files(), audit_hook=False,
+                      workdir=workdir if privileged else None,
+                      seccomp=_FILTER_IN_SANDBOX if privileged and seccomp_fd is not None else None)
         data_fds = (code_fd, boot_fd) + (() if seccomp_fd is None else (seccomp_fd,))
         fds += data_fds[2:]
-        argv = _bwrap_argv(exe, python, privileged=privileged, code_fd=code_fd,
+        argv = _bwrap_argv(exe, python, privileged=privileged, disk_bytes=disk_bytes, code_fd=code_fd,
                            boot_fd=boot_fd, info_fd=info_w, seccomp_fd=seccomp_fd, config=config)
         if cgroup is not None:
             argv = cgroup.wrap(argv)
