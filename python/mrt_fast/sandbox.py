@@ -8,7 +8,9 @@ read-only view of ``/usr``, ``/lib*`` and the interpreter's prefix, a fresh
 environment from the caller. Inside, a supervisor (`mrt_fast._sandbox_boot`)
 forks the program, which drops to its own user id (when the caller is root) and
 sets ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``,
-``RLIMIT_NOFILE`` and ``RLIMIT_CORE`` before any of its code runs; the
+``RLIMIT_NOFILE`` and ``RLIMIT_CORE`` before any of its code runs (where the
+caller may make one, a per-run memory cgroup holds the whole run to
+``memory_mb``; without one, seccomp refuses memfd and System V shared memory); the
 supervisor reports the exit status and CPU time on a pipe the program never
 holds. A seccomp filter (`mrt_fast._seccomp`, compiled by libseccomp where it is
 installed) refuses nested user namespaces, ptrace, keyrings, bpf, io_uring,
@@ -26,7 +28,7 @@ printed:
 * ``output_limit``: stdout + stderr passed ``output_mb`` (the caller killed it);
 * ``cpu_limit``: killed by ``SIGXCPU``, or by ``SIGKILL`` after using its CPU time;
 * ``memory_limit``: a ``MemoryError`` (an allocation refused under
-  ``RLIMIT_AS``) reached the top level;
+  ``RLIMIT_AS``) reached the top level, or the memory cgroup's OOM killer struck;
 * ``error``: any other non-zero exit or signal, or no report from the supervisor;
 * ``passed`` / ``failed``: exit code 0, and the output matches the expected one
   (``passed``) or not (``failed``); ``passed`` when no expected output is given.
