@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from . import io as _io
 from ._tables import pool_keys
-from .disk_space import is_no_space, reporting_full_disk
+from .disk_space import is_no_space, no_space_error, reporting_full_disk
 from .errors import MrtInputError
 from .manifest import MANIFEST as MANIFEST_NAME
 from .manifest import Manifest, part_path, prepare_output
@@ -831,10 +831,15 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                         bar.advance(n)
 
                     assert sp is not None
-                    with reporting_full_disk(f"spilling the input (about {size_text(total_bytes)}) into",
-                                             out if to_dir else spill_dir.parent):
+                    try:
                         nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows, batch_rows=sp.batch_rows,
                                       threads=sp.threads, staging=sp.staging)
+                    except Exception as e:
+                        if not is_no_space(e):
+                            raise
+                        shutil.rmtree(spill_dir, ignore_errors=True)  # the room it took is free again
+                        raise no_space_error(f"spilling the input (about {size_text(total_bytes)}) into",
+                                             out if to_dir else spill_dir.parent) from None
                     release_unused()
                     if nulls:
                         nb = read_bucket(spill_dir, n_buckets)
