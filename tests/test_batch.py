@@ -87,7 +87,7 @@ def by_pool(df: pl.DataFrame) -> pl.DataFrame:
     k=st.integers(1, 5),
     str_ids=st.booleans(),
     workers=st.integers(1, 2),
-    limit_mib=st.one_of(st.none(), st.integers(64, 4096)),
+    limit_mib=st.one_of(st.none(), st.integers(128, 4096)),  # on top of what the process holds already
 )
 def test_equals_select_on_the_whole_table(tmp_path_factory, n_pools, seed, n_files, n_parts, method, k, str_ids,
                                           workers, limit_mib):
@@ -96,13 +96,19 @@ def test_equals_select_on_the_whole_table(tmp_path_factory, n_pools, seed, n_fil
     cut(df, tmp / "in", n_files, seed)
     ref = ref_select(df, k, method, seed=seed % 7)
     # a file output: the same rows in the same order, buckets planned from rows or from a memory limit
-    # (the tiny tables are made to look big: each byte costs 2e5 bytes of work)
-    with mock.patch.object(batch, "WORK_FACTOR", 2e5):
-        rep = select_dataset(tmp / "in", tmp / "out.parquet", k, method, seed=seed % 7, workers=workers,
-                             rows_per_bucket=None if limit_mib else max(1, df.height // n_parts),
-                             memory_limit=f"{limit_mib}MiB" if limit_mib else None)
-    got = pl.read_parquet(tmp / "out.parquet")
-    assert got.equals(ref), (rep, got, ref)
+    # (the tiny tables are made to look big: each byte costs 2e4 bytes of work); a limit too small
+    # for the largest bucket is refused in one line instead
+    with mock.patch.object(batch, "WORK_FACTOR", 2e4):
+        try:
+            rep = select_dataset(tmp / "in", tmp / "out.parquet", k, method, seed=seed % 7, workers=workers,
+                                 rows_per_bucket=None if limit_mib else max(1, df.height // n_parts),
+                                 memory_limit=batch.rss() + (limit_mib << 20) if limit_mib else None)
+        except MrtInputError as e:
+            assert limit_mib and "is too small" in str(e) and "\n" not in str(e), e
+            rep = None
+    if rep is not None:
+        got = pl.read_parquet(tmp / "out.parquet")
+        assert got.equals(ref), (rep, got, ref)
     # a dataset output: the same rows per pool, in pick order, each pool in one part
     select_dataset(str(tmp / "in" / "*.parquet"), tmp / "out", k, method, seed=seed % 7, _n_parts=n_parts,
                    workers=workers)
@@ -120,13 +126,60 @@ def test_memory_limit_chooses_buckets_and_keeps_the_result(tmp_path, monkeypatch
     ref = ref_select(df, 3, "grades")
     # a data set "bigger" than the limit: pretend every byte needs 10^5 bytes of work
     monkeypatch.setattr(batch, "WORK_FACTOR", 1e5)
-    rep = select_dataset(tmp_path / "in", tmp_path / "out.parquet", 3, "grades", memory_limit="1GB")
+    limit = batch.rss() + 10**9  # on top of what the test process holds already
+    rep = select_dataset(tmp_path / "in", tmp_path / "out.parquet", 3, "grades", memory_limit=limit)
     assert rep.spilled and rep.n_parts > 1
     assert pl.read_parquet(tmp_path / "out.parquet").equals(ref)
     monkeypatch.setattr(batch, "WORK_FACTOR", 1.0)
-    rep = select_dataset(tmp_path / "in", tmp_path / "out2.parquet", 3, "grades", memory_limit="1GB")
+    rep = select_dataset(tmp_path / "in", tmp_path / "out2.parquet", 3, "grades", memory_limit=limit)
     assert not rep.spilled and rep.n_parts == 1
     assert pl.read_parquet(tmp_path / "out2.parquet").equals(ref)
+
+
+#: `mrt` in a child that reports its own peak resident memory (VmHWM: the os.wait4 of a child forked
+#: from the test process counts the test process's memory too)
+_CHILD = ("import runpy, sys\nsys.argv = ['mrt', *sys.argv[1:]]\ntry:\n"
+          "    runpy.run_module('mrt_fast.cli', run_name='__main__')\nfinally:\n"
+          "    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]\n"
+          "    sys.stderr.write(f'\\npeak {int(hwm) * 1024}\\n')\n")
+
+
+def _select_in_child(src: Path, out: Path, limit: str) -> tuple[int, str, int]:
+    """`mrt select` in a child process: (exit code, stderr, the child's own peak resident bytes)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(mrt_fast.__file__).parent.parent), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-c", _CHILD, "select", str(src), str(out), "--k", "3",
+                        "--memory-limit", limit], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       env=env)
+    err, _, peak = p.stderr.rstrip().rpartition("\npeak ")
+    return p.returncode, err, int(peak)
+
+
+def test_memory_limit_holds_or_is_refused_in_one_line(tmp_path):
+    """Under any limit the job stays under it, counting the interpreter's own memory, or refuses
+    in one line naming the smallest limit that does; under that limit it then runs and stays under it."""
+    rng = np.random.default_rng(0)
+    n, dim = 30_000, 384
+    ids = np.repeat(np.arange(2000), rng.integers(5, 26, 2000))[:n]
+    src = tmp_path / "in"
+    cut(pl.DataFrame({"prompt_id": ids, "reward": rng.standard_normal(len(ids)),
+                      "embedding": rng.standard_normal((len(ids), dim), dtype=np.float32)})
+        .with_columns(pl.col("embedding").cast(pl.List(pl.Float32))), src, 2)
+    least = None
+    for i, limit in enumerate(["100MB", "400MB"]):
+        rc, err, peak = _select_in_child(src, tmp_path / f"o{i}", limit)
+        if rc == 2:
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and "use a limit of at least" in lines[0], err
+            least = lines[0].rsplit("at least ", 1)[1].replace(" ", "")
+            continue
+        assert rc == 0, err
+        assert peak <= batch.parse_memory(limit), (limit, peak)
+    assert least is not None  # 100 MB is below what the interpreter and its libraries hold
+    rc, err, peak = _select_in_child(src, tmp_path / "least", least)
+    assert rc == 0, err
+    assert peak <= batch.parse_memory(least), (least, peak)
+    assert read_dir(tmp_path / "least").sort("prompt_id", "pick_rank").equals(
+        read_dir(tmp_path / "o1").sort("prompt_id", "pick_rank"))
 
 
 def test_stratified_with_computed_modes(tmp_path):
@@ -611,7 +664,8 @@ def test_select_dataset_takes_a_k_column(tmp_path):
                        "k": np.repeat(rng.integers(1, 6, 24), 10)})
     df.slice(0, 120).write_parquet(tmp_path / "a.parquet")
     df.slice(120).write_parquet(tmp_path / "b.parquet")
-    mrt_fast.select_dataset(str(tmp_path / "*.parquet"), tmp_path / "out", "k", "grades", memory_limit="1GB")
+    mrt_fast.select_dataset(str(tmp_path / "*.parquet"), tmp_path / "out", "k", "grades",
+                            memory_limit=batch.rss() + 10**9)
     got = pl.read_parquet(tmp_path / "out" / "*.parquet").sort("prompt_id", "pick_rank")
     want = mrt_fast.select(df, "k", "grades").sort("prompt_id", "pick_rank")
     assert got.select(want.columns).equals(want)

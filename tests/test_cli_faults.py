@@ -214,6 +214,80 @@ def test_missing_model_is_one_line_exit_2(tmp_path, cmd):
     assert listing(outdir) == []
 
 
+# ------------------------------------------------------------------ a full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs (root only) and a way to leave only ``free`` bytes of it (a ballast file)."""
+    import subprocess
+
+    if not ROOT:
+        pytest.skip("mounting a small file system needs root")
+    d = tmp_path / "disk"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(d)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    ballast = d / "ballast"
+
+    def leave(free):
+        ballast.unlink(missing_ok=True)
+        st = os.statvfs(d)
+        fill = st.f_bavail * st.f_frsize - free
+        if fill > 0:
+            with open(ballast, "wb") as fh:
+                os.posix_fallocate(fh.fileno(), 0, fill)
+
+    try:
+        yield d, leave
+    finally:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def pools_table(d, n=20_000, dim=64, seed=0):
+    """Pools of 5 to 25 candidates with 64-d embeddings, shuffled over two Parquet files (about 5.5 MB)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ids = np.repeat(np.arange(n), rng.integers(5, 26, n))[:n]
+    df = pl.DataFrame({"prompt_id": ids, "reward": rng.standard_normal(n),
+                       "embedding": rng.standard_normal((n, dim), dtype=np.float32)})
+    df = df.with_columns(pl.col("embedding").cast(pl.List(pl.Float32))).sample(fraction=1.0, shuffle=True, seed=seed)
+    d.mkdir()
+    df.slice(0, n // 2).write_parquet(d / "a.parquet")
+    df.slice(n // 2).write_parquet(d / "b.parquet")
+    return d
+
+
+def kept_rows(out):
+    df = pl.read_parquet(out) if out.suffix else pl.read_parquet(out / "*.parquet")
+    return df.sort("prompt_id", "pick_rank")
+
+
+@pytest.mark.parametrize("case, out_name, free, extra, needle", [
+    ("a part", "kept", 64 << 10, [], "while writing part 0 to"),
+    ("the spill", "kept", 1 << 20, ["--chunk-rows", "4000"], "while spilling the input"),
+    ("the spill of a file output", "kept.parquet", 1 << 20, ["--chunk-rows", "4000"], "while spilling the input"),
+    ("a file output", "kept.parquet", 64 << 10, [], "while writing to"),
+])
+def test_full_disk_is_one_line_and_a_rerun_finishes(tmp_path, small_disk, case, out_name, free, extra, needle):
+    """A full disk names what was written where and the room left (exit 2, no traceback, not blamed
+    on the input); after space is freed the same command finishes with the rows of a clean run."""
+    disk, leave = small_disk
+    src = pools_table(tmp_path / "in")
+    args = ["select", src, disk / out_name, "--k", "3", *extra]
+    leave(free)
+    r = invoke(*args)
+    one_line_exit_2(r, "no space left on device", needle, str(disk), "bytes free", "rerun the same command")
+    assert "cannot read" not in r.stderr and str(src) not in r.stderr
+    leave(14 << 20)
+    r = invoke(*args)
+    assert r.exit_code == 0, r.output
+    assert invoke("select", src, tmp_path / out_name, "--k", "3").exit_code == 0
+    assert kept_rows(disk / out_name).equals(kept_rows(tmp_path / out_name))
+    assert not [p for p in disk.rglob("*") if p.name.startswith(".") or p.name == "_spill"]
+
+
 # ------------------------------------------------------------------ and the commands still work
 
 

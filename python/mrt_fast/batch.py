@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import resource
 import shutil
 import tempfile
 import threading
@@ -45,9 +44,14 @@ import pyarrow as pa
 
 from . import io as _io
 from ._tables import pool_keys
+from .disk_space import is_no_space, no_space_error, reporting_full_disk
 from .errors import MrtInputError
 from .manifest import MANIFEST as MANIFEST_NAME
 from .manifest import Manifest, part_path, prepare_output
+from .memory_budget import (Budget, available_memory, default_memory_limit, parse_memory, peak_rss,  # noqa: F401
+                            least_work, plan_spill, polars_read_bytes, release_unused, rss, size_text,
+                            whole_read_bytes)
+from .memory_budget import HEADROOM, SELECT_WORKER, SpillPlan
 
 ROW = "__row"  # global row index of the input (file order, then row order)
 BUCKET = "__bucket"
@@ -81,67 +85,8 @@ def bucket_of(prompt_ids: pl.Series, n_buckets: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------- memory
 
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_memory(value: Any) -> int:
-    """Bytes from ``2GB``, ``512MiB``, ``1.5g`` or a number of bytes."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        n = int(value)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise MrtInputError(f"memory limit {value!r}: expected a size such as 2GB, 512MiB or 1500000000")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n < 64 * 2**20:
-        raise MrtInputError(f"memory limit {value!r} is below 64 MiB")
-    return n
-
-
-def available_memory() -> int:
-    """Memory available to this process: MemAvailable, capped by a cgroup limit."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            avail = 4 * 2**30
-    try:
-        raw = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if raw != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-            avail = min(avail, int(raw) - used)
-    except (OSError, ValueError):
-        pass
-    return max(int(avail), 256 * 2**20)
-
-
-def default_memory_limit() -> int:
-    """Half of the memory available now."""
-    return available_memory() // 2
-
-
-def rss() -> int:
-    """Resident memory of this process now (bytes)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return peak_rss()
-
-
-def peak_rss() -> int:
-    """Peak resident memory of this process so far (bytes)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+# the memory limit and what a job may hold at once: mrt_fast.memory_budget (parse_memory, available_memory,
+# default_memory_limit, rss, peak_rss are kept here for callers of this module)
 
 
 # --------------------------------------------------------------------------- the job
@@ -322,8 +267,9 @@ def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
 
 
 def write_part(df: pl.DataFrame, out_dir: Path, i: int) -> int:
-    """Write part ``i`` of a dataset atomically; returns its row count."""
-    _io.write_parquet_atomic(df, part_path(out_dir, i))
+    """Write part ``i`` of a dataset atomically; returns its row count (a full disk is one line naming the part)."""
+    with reporting_full_disk(f"writing part {i} to", out_dir):
+        _io.write_parquet_atomic(df, part_path(out_dir, i))
     return df.height
 
 
@@ -433,7 +379,8 @@ class _Progress:
 
 
 def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
-          on_rows: Callable[[int], None] | None = None, batch_rows: int = 200_000, threads: int = 1) -> int:
+          on_rows: Callable[[int], None] | None = None, batch_rows: int = 200_000, threads: int = 1,
+          staging: int | None = None) -> int:
     """Partition the dataset into ``n_buckets`` buckets of Arrow IPC files
     ``spill_dir/bucket-NNNNN.T.arrow`` in one pass. Every row keeps its global
     row index ``__row``; each batch is cut by bucket with one stable sort.
@@ -442,21 +389,23 @@ def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
     writing files ``.T``: the files of a bucket, in ``T`` order, hold its
     rows in input order. Any other dataset is read by polars' streaming
     engine (one thread, files ``.0``). Rows with a null prompt id go to
-    bucket ``n_buckets``; returns how many there are. Memory: two batches per
-    thread, whatever ``n_buckets``."""
+    bucket ``n_buckets``; returns how many there are. Memory: a few batches
+    per thread and one ``staging`` block per open bucket file
+    (:func:`mrt_fast.memory_budget.plan_spill`)."""
     from .arrow_runs import arrow_schema, iter_run, plan_runs
 
     spill_dir = Path(spill_dir)
     spill_dir.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
     # every open bucket file stages its writes in an aligned block: 1 MiB, less when there are many
-    staging = int(min(1 << 20, max(64 << 10, (64 << 20) // max(1, (n_buckets + 1) * max(1, threads)))))
+    if staging is None:
+        staging = int(min(1 << 20, max(64 << 10, (64 << 20) // max(1, (n_buckets + 1) * max(1, threads)))))
     try:
-        schema = arrow_schema(ds) if threads > 1 else None
+        schema = arrow_schema(ds)
         runs = plan_runs(ds, threads) if schema is not None else []
         if runs and pa_index_type() == np.uint32 and runs[-1][-1].start + runs[-1][-1].rows >= 2**32:
             runs = []  # more rows than polars' row index holds: its scan says so
-        if len(runs) < 2:
+        if not runs:
             with _BucketWriters(spill_dir, n_buckets, 0, staging) as w:
                 for df in ds.scan(row_index=ROW).collect_batches(chunk_size=batch_rows):
                     if df.height == 0:
@@ -484,6 +433,8 @@ def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
     except MrtInputError:
         raise
     except Exception as e:  # noqa: BLE001 - find the file at fault, else report polars' words
+        if is_no_space(e):
+            raise  # a full disk is not the input's fault: the caller says where it was writing
         ds.find_unreadable()
         raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
 
@@ -552,18 +503,6 @@ def _take(t, idx):
                 pass  # vectors of several lengths: the general take
         cols.append(c.take(idx))
     return type(t).from_arrays(cols, schema=t.schema)
-
-
-def _batch_rows(total_bytes: int, n_rows: int | None, limit: int, n_buckets: int = 1, threads: int = 1) -> int:
-    """Rows per batch of the spill pass: about 4096 rows per bucket (fewer,
-    larger record batches), yet the batches of all threads and their copies
-    take a small share of the limit (small batches reuse the same memory,
-    large ones touch new)."""
-    if not n_rows:
-        return 100_000
-    row_bytes = max(1.0, total_bytes / n_rows)
-    cap = limit / 16 / max(1, threads) / row_bytes
-    return int(min(200_000, max(16_384, 4096 * n_buckets), max(5_000, cap)))
 
 
 def _drop_bucket(spill_dir: Path, i: int) -> None:
@@ -640,18 +579,88 @@ def _with_contiguous(t, name: str, schema: pl.Schema | None, buffer: list | None
     return rest.with_columns(s).select(t.column_names)  # type: ignore[union-attr]
 
 
-def _plan(total_bytes: int, limit: int, workers: int | None) -> tuple[int, int]:
-    """(n_buckets, workers) for an input of ``total_bytes`` under ``limit``."""
-    base = rss()
-    budget = max(limit - base, limit // 4)
+def _plan(total_bytes: int, budget: Budget, workers: int | None) -> tuple[int, int]:
+    """(n_buckets, workers) for an input of ``total_bytes`` within ``budget``: one
+    bucket when the input fits, else buckets small enough for ``workers``
+    buckets at once (fewer workers when their fixed costs leave too little)."""
+    work = budget.work
     need = WORK_FACTOR * total_bytes
-    if need <= budget:
+    if need + SELECT_WORKER <= work:
         return 1, 1
     cpus = os.cpu_count() or 1
     # one worker more than the cores (up to 4), as a worker waits on the disk while it reads its bucket
     w = max(1, min(cpus + (cpus > 1), 4) if workers is None else int(workers))
-    n = max(2, math.ceil(need * SLACK * w / budget))
+    while w > 1 and work - w * SELECT_WORKER < w * SELECT_WORKER:
+        w -= 1
+    n = max(2, math.ceil(need * SLACK * w / max(1, work - w * SELECT_WORKER)))
     return n, w
+
+
+def _plan_memory(ds: _io.Dataset, total_bytes: int, n_rows: int | None, budget: Budget, workers: int | None,
+                 n_buckets: int | None = None) -> tuple[int, int, SpillPlan | None]:
+    """(n_buckets, workers, how to spill) within the budget (``n_buckets`` given:
+    a resumed job's or the caller's). A limit no plan fits is refused in one
+    line naming the smallest limit that does."""
+    from .contiguous import BATCH_ROWS
+
+    reading = -1
+    row_bytes = total_bytes / n_rows if n_rows else 1024.0
+    whole = whole_read_bytes(total_bytes, row_bytes, BATCH_ROWS)
+
+    def attempt(b: Budget) -> tuple[int, int, SpillPlan | None] | None:
+        nonlocal reading
+        if WORK_FACTOR * total_bytes + SELECT_WORKER + whole <= b.work and n_buckets in (None, 1):
+            return 1, 1, None
+        # spilling: each phase gets half the work (the spill pass leaves some of its memory resident)
+        half = b.with_work(b.work // 2)
+        n, w = _plan(total_bytes, half, workers)
+        n = max(2, n) if n_buckets is None else n_buckets
+        if WORK_FACTOR * total_bytes / n + SELECT_WORKER > half.work:
+            return None
+        if reading < 0:
+            reading = _spill_read_bytes(ds, total_bytes)
+        sp = plan_spill(half, row_bytes, n, w, n_rows) if reading <= half.work else None
+        return None if sp is None else (n, w, sp)
+
+    got = attempt(budget)
+    if got is None:
+        least = least_work(lambda x: attempt(budget.with_work(x)) is not None, int(WORK_FACTOR * total_bytes))
+        raise budget.refusal(budget.base + HEADROOM + least, f"{ds.source!r} ({size_text(total_bytes)} in memory)")
+    return got
+
+
+def _bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -> int:
+    """How many of the spilled buckets ``todo`` to select at once within ``limit``,
+    counting what the process holds now (the spill pass leaves some of its
+    memory resident): ``workers``, fewer when the largest bucket's work times
+    ``workers`` does not fit; a bucket that alone does not fit (pools are
+    never split) is refused."""
+    budget = Budget.now(limit)
+    sizes = [sum(f.stat().st_size for f in bucket_files(spill_dir, i)) for i in todo]
+    largest = max(sizes, default=0)
+    need = WORK_FACTOR * largest + SELECT_WORKER
+    if need > budget.work:
+        i = todo[sizes.index(largest)]
+        raise budget.refusal(budget.base + HEADROOM + int(need),
+                             f"bucket {i} of the spill ({size_text(largest)} of pools, which are never split)")
+    return max(1, min(workers, int(budget.work // need)))
+
+
+def _spill_read_bytes(ds: _io.Dataset, total_bytes: int) -> int:
+    """Memory of reading a dataset that Arrow cannot read by runs of row groups (polars' streaming engine)."""
+    from .arrow_runs import arrow_schema
+
+    if arrow_schema(ds) is not None:
+        return 0
+    if ds.fmt != "parquet":
+        return 2 * max((f.stat().st_size for f in ds.files), default=0)
+    import pyarrow.parquet as pq
+
+    largest = 0
+    for f in ds.files:
+        md = pq.ParquetFile(f).metadata
+        largest = max([largest, *(md.row_group(g).total_byte_size for g in range(md.num_row_groups))])
+    return min(polars_read_bytes(largest), 2 * total_bytes)
 
 
 def _describe_command(opts: Options) -> str:
@@ -743,13 +752,17 @@ def select_dataset(
         return rep
     created = to_dir and state == "new"
     try:
-        return _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers,
-                        rows_per_bucket, progress, command, rep, t0, _n_parts, _fail_after)
+        with reporting_full_disk("writing to", out):
+            rep = _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers,
+                           rows_per_bucket, progress, command, rep, t0, _n_parts, _fail_after)
     except MrtInputError:
         # bad input found before any part was committed: leave no half-made directory behind
         if created and out.is_dir() and not any(out.glob("part-*.parquet")):
             shutil.rmtree(out, ignore_errors=True)
         raise
+    if rep.peak_rss > limit:
+        rep.notes.append(f"peak memory {size_text(rep.peak_rss)} went over the limit of {size_text(limit)}")
+    return rep
 
 
 def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers, rows_per_bucket,
@@ -760,14 +773,13 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
         return _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, progress, command, rep, t0,
                             _n_parts, _fail_after)
     total_bytes = ds.memory_bytes()
-    n_buckets, w = _plan(total_bytes, limit, workers)
+    budget = Budget.now(limit)
     if rows_per_bucket is not None:
         _n_parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_bucket))
+    fixed = man.n_parts if man is not None else None if _n_parts is None else int(_n_parts)
     if _n_parts is not None:
-        n_buckets = int(_n_parts)
-        w = max(1, int(workers or 1))
-    if man is not None:
-        n_buckets = man.n_parts
+        workers = max(1, int(workers or 1))
+    n_buckets, w, sp = _plan_memory(ds, total_bytes, n_rows, budget, workers, fixed)
     rep.workers = w
     if to_dir:
         out.mkdir(exist_ok=True)
@@ -818,8 +830,17 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                         seen[0] += n
                         bar.advance(n)
 
-                    nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows,
-                                  batch_rows=_batch_rows(total_bytes, n_rows, limit, n_buckets, w), threads=w)
+                    assert sp is not None
+                    try:
+                        nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows, batch_rows=sp.batch_rows,
+                                      threads=sp.threads, staging=sp.staging)
+                    except Exception as e:
+                        if not is_no_space(e):
+                            raise
+                        shutil.rmtree(spill_dir, ignore_errors=True)  # the room it took is free again
+                        raise no_space_error(f"spilling the input (about {size_text(total_bytes)}) into",
+                                             out if to_dir else spill_dir.parent) from None
+                    release_unused()
                     if nulls:
                         nb = read_bucket(spill_dir, n_buckets)
                         f, r0 = ds.locate(int(nb[ROW].min()))
@@ -864,6 +885,8 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                     _drop_bucket(spill_dir, i)
                     bar.advance(n)
 
+                w = _bucket_workers(spill_dir, todo, limit, w)
+                rep.workers = w
                 _run_all(one, todo, w)
                 rep.parts_done_now = len(todo)
                 if not to_dir:
@@ -1029,7 +1052,7 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
         raise MrtInputError(f"{ds.source!r} has no rows: there is nothing to select from")
     rep.n_input_rows = n_rows
     total_bytes = ds.memory_bytes()
-    n_parts, w = _plan(total_bytes, limit, workers)
+    n_parts, w = _plan(total_bytes, Budget.now(limit), workers)
     if n_parts_override is not None:
         n_parts, w = int(n_parts_override), max(1, int(workers or 1))
     n_parts = max(1, min(n_parts, n_rows))

@@ -277,6 +277,8 @@ def select_cmd(
                     ("seconds", f"{rep.seconds:.2f}")):
         tab.add_row(name, v)
     console.print(tab)
+    for note in rep.notes:
+        typer.echo(f"warning: {note}", err=True)
     what = "rows" if rep.layout == "rows" else "prompts"
     console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
                   highlight=False)

@@ -128,7 +128,7 @@ def read_contiguous(ds: "Dataset", name: str) -> pl.DataFrame | None:
     columns are read by polars, as `Dataset.read` reads them."""
     import pyarrow.parquet as pq
 
-    from .arrow_runs import arrow_schema, iter_run, plan_runs
+    from .arrow_runs import READ_OPTIONS, arrow_schema, iter_run, plan_runs
 
     schema = arrow_schema(ds)
     if schema is None or name not in schema.names or not is_float_vectors(schema.field(name).type):
@@ -142,8 +142,8 @@ def read_contiguous(ds: "Dataset", name: str) -> pl.DataFrame | None:
         if not runs:
             return None
         n = sum(p.rows for r in runs for p in r)
-        one = next(pq.ParquetFile(runs[0][0].path).iter_batches(batch_size=1, row_groups=runs[0][0].row_groups,
-                                                                  columns=[name])).column(0)
+        one = next(pq.ParquetFile(runs[0][0].path, **READ_OPTIONS).iter_batches(
+            batch_size=1, row_groups=runs[0][0].row_groups, columns=[name])).column(0)
         if one.null_count or len(one) != 1 or one[0].values is None:
             return None
         d = len(one[0])
