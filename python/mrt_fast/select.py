@@ -221,7 +221,9 @@ def select(
         A column ordering the candidates inside a pool before selection (e.g. a
         candidate index or the response text). With it, results do not depend
         on the table's row order either; without it, a pool's candidates are
-        taken in their order of appearance.
+        taken in their order of appearance. The key must order each pool: a
+        null or NaN key, or a value repeated within a pool on rows that differ
+        in any column, is an `MrtInputError` naming the rows (-0.0 is 0.0).
     optimizer : "lazy" | "naive"
         Greedy variant for facility location; both return the same picks.
     return_report : bool
