@@ -344,7 +344,7 @@ def test_extreme_alpha_or_eps_gives_finite_gains_or_one_line(alpha, eps, spread,
         out, rep = select(df, 2, "grades", alpha=alpha, eps=eps, return_report=True)
     except MrtInputError as e:
         msg = str(e)
-        assert "\n" not in msg and f"alpha = " in msg and ("overflow float64" in msg or "underflow float64" in msg)
+        assert "\n" not in msg and "alpha = " in msg and ("overflow float64" in msg or "underflow float64" in msg)
         assert e.column == "reward" and e.pool in set(df["prompt_id"])
         return
     assert np.isfinite(out["gain"].to_numpy()).all()
