@@ -123,3 +123,26 @@ def estimators(stats):
     mean = np.array([t[1] for t in u])
     s2 = np.array([t[2] for t in u]) / (n - 1)
     return {"v_y_given_x": float(s2.mean()), "v_x_raw": float(mean.var(ddof=1) - (s2 / n).mean())}
+
+
+def weights_fit(r, alpha, eps, k):
+    """Whether GRADES weights q**alpha of one pool leave float64 room for its
+    gains (each a sum of at most m (k + 1) terms w_i w_j): "yes", "no" (the
+    core refuses), or "edge" (within a factor 16 of a limit, or rewards
+    whose quality the reference cannot compute)."""
+    with np.errstate(all="ignore"):
+        q = quality(r, eps)
+        if not np.isfinite(q).all():
+            return "edge"
+        # in logs: q**alpha itself may overflow or underflow
+        log_top = alpha * float(np.log(q.max()))
+    m = len(q)
+    log_terms = np.log(m * (min(k, m) + 1.0))
+    hi = 2 * log_top + log_terms  # log of the largest possible sum
+    lo = 2 * log_top  # log of w_max^2
+    top, bottom, margin = np.log(np.finfo(np.float64).max), np.log(np.finfo(np.float64).tiny), np.log(16.0)
+    if hi > top + margin or lo < bottom - margin:
+        return "no"
+    if hi > top - margin or lo < bottom + margin:
+        return "edge"
+    return "yes"

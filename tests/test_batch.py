@@ -727,3 +727,23 @@ def test_direct_files_carry_on_when_the_device_refuses_direct_io(tmp_path, monke
         w.write(data)
     (got,) = direct_io.read_files([tmp_path / "f.bin"])
     assert bytes(got) == data and refused == {"write": 1, "read": 1}
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 1000), n_parts=st.integers(2, 6), method=st.sampled_from(["random", "stratified", "grades"]))
+def test_signed_zero_ids_are_one_pool_when_the_job_spills(tmp_path_factory, seed, n_parts, method):
+    """0.0 and -0.0 are one prompt id in memory and across buckets: the
+    spilled job keeps the rows `select` keeps, whichever spelling comes first."""
+    tmp = tmp_path_factory.mktemp("zeros")
+    df = make_rows(12, seed).with_columns(pl.col("prompt_id").cast(pl.Float64) - 3.0)  # pool 3 becomes 0.0
+    rng = np.random.default_rng(seed)
+    neg = (df["prompt_id"] == 0.0).to_numpy() & (rng.random(df.height) < 0.5)
+    df = df.with_columns(pl.Series("prompt_id", np.where(neg, -0.0, df["prompt_id"].to_numpy())))
+    cut(df, tmp / "in", 3, seed)
+    ref = ref_select(df, 2, method, seed=seed)
+    select_dataset(tmp / "in", tmp / "out.parquet", 2, method, seed=seed,
+                   rows_per_bucket=max(1, df.height // n_parts))
+    got = pl.read_parquet(tmp / "out.parquet")
+    assert got["text"].to_list() == ref["text"].to_list()
+    plain = ref_select(df.with_columns(pl.col("prompt_id").abs()), 2, method, seed=seed)
+    assert sorted(plain["text"].to_list()) == sorted(ref["text"].to_list())

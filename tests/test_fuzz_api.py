@@ -1,12 +1,15 @@
 """Fuzzing the public API: every call either returns what a slow reference says
 or raises MrtInputError; no other exception, no crash.
 
-Strategies draw dtypes, shapes, NaN/inf/extreme values, null and duplicate ids,
-id types (int64, uint64 beyond 2^63, text, mixed pandas objects), layouts
-(polars, Arrow, pandas) and the argument edges (k, seed, alpha). The reference
-(tests/_ref.py) decides for each case whether the input is valid (a result is
-required and must match), invalid (MrtInputError is required) or on the edge
-(values beyond float32 arithmetic: either a matching result or MrtInputError).
+Strategies draw dtypes, shapes, NaN/inf/extreme values, null, NaN and duplicate
+ids, id types (int64, uint64 beyond 2^63, text, floats with 0.0 spelled -0.0,
+mixed pandas objects), layouts (polars, Arrow, pandas), candidate keys (unique,
+repeated, null, NaN, -0.0 beside 0.0), columns named twice, decimal256
+rewards, embedding rows far below or above unit scale, and the argument edges
+(k, seed, alpha and eps up to 1e308). The reference (tests/_ref.py) decides
+for each case whether the input is valid (a result is required and must
+match), invalid (MrtInputError is required) or on the edge (either a matching
+result or MrtInputError).
 Cases that could kill the interpreter run in a subprocess.
 
 PENDING_UPSTREAM lists the few input families whose fix lives in the core or
@@ -75,11 +78,12 @@ def expect(status, got, case):
 FINITE = st.floats(-10, 10, allow_nan=False, width=32)
 SPECIAL = st.sampled_from([np.nan, np.inf, -np.inf])
 TINY_OR_HUGE = st.sampled_from([1e30, -1e30, 1e-30, 3e38, 1e-40])
+ROW_SCALE = st.sampled_from([1e-20, 1e-30, 1e-40, 2.0**-140, 1e20, 1e30])
 
 
 @st.composite
 def ids_strategy(draw, n_pools):
-    kind = draw(st.sampled_from(["int64", "uint64", "uint64_big", "str", "float", "mixed", "list"]))
+    kind = draw(st.sampled_from(["int64", "uint64", "uint64_big", "str", "float", "float_zero", "mixed", "list"]))
     if kind == "int64":
         vals = draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n_pools, max_size=n_pools, unique=True))
     elif kind == "uint64":
@@ -93,6 +97,8 @@ def ids_strategy(draw, n_pools):
     elif kind == "float":
         vals = draw(st.lists(st.floats(-1e6, 1e6, allow_nan=False).map(lambda v: v + 0.5), min_size=n_pools,
                              max_size=n_pools, unique=True))
+    elif kind == "float_zero":  # a pool 0.0 whose rows spell it 0.0 or -0.0 (see `spell_zeros`)
+        vals = [0.0] + [p + 0.5 for p in range(1, n_pools)]
     elif kind == "list":
         vals = [[p, p + 1] for p in range(n_pools)]
     else:
@@ -109,6 +115,8 @@ def candidate_tables(draw):
     id_kind, pool_ids = draw(ids_strategy(n_pools))
     ids = [pool_ids[p] for p, s in enumerate(sizes) for _ in range(s)]
     n = len(ids)
+    if id_kind == "float_zero":
+        ids = draw(spell_zeros(ids))
     # values drawn from a few levels make ties and duplicate embeddings likely
     emb = np.array(draw(st.lists(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 1.0, 2.0]) | FINITE, min_size=d, max_size=d),
                                  min_size=n, max_size=n)), dtype=np.float64)
@@ -119,6 +127,10 @@ def candidate_tables(draw):
         i, j = draw(st.integers(0, n - 1)), draw(st.integers(0, d - 1))
         emb[i, j] = draw(SPECIAL | TINY_OR_HUGE)
         bad.add("emb_nonfinite" if not np.isfinite(emb[i, j]) else "emb_extreme")
+    if draw(st.integers(0, 3)) == 0:  # a whole row far from unit scale (subnormal values included)
+        i = draw(st.integers(0, n - 1))
+        with np.errstate(over="ignore"):
+            emb[i] = emb[i].astype(np.float32).astype(np.float64) * draw(ROW_SCALE)
     if draw(st.booleans()):
         rew[draw(st.integers(0, n - 1))] = draw(SPECIAL | st.sampled_from([1e300, -1e300, 1e-300]))
         bad.add("rew_nonfinite" if not np.isfinite(rew).all() else "rew_extreme")
@@ -127,9 +139,27 @@ def candidate_tables(draw):
     if null_id:
         ids = list(ids)
         ids[draw(st.integers(0, n - 1))] = None
+    elif id_kind.startswith("float") and draw(st.integers(0, 5)) == 0:
+        ids = list(ids)
+        ids[draw(st.integers(0, n - 1))] = float("nan")
+        null_id = True  # a NaN id is no id: refused like a null one
+    # a candidate key: unique per pool, or one that cannot order a pool
+    key_kind = draw(st.sampled_from([None, None, "unique", "repeat", "null", "nan", "signed_zero"]))
+    keys = [float(i) for i in range(n)]
+    sizes_at = [p for p, s in enumerate(sizes) for _ in range(s)]
+    two = [p for p, s in enumerate(sizes) if s >= 2]
+    if key_kind in ("repeat", "signed_zero") and two:
+        p = draw(st.sampled_from(two))
+        a, b = [i for i, q in enumerate(sizes_at) if q == p][:2]
+        keys[a], keys[b] = (0.0, -0.0) if key_kind == "signed_zero" else (keys[a], keys[a])
+    elif key_kind in ("repeat", "signed_zero"):
+        key_kind = "unique"  # no pool of two rows: nothing can repeat
+    elif key_kind in ("null", "nan"):
+        keys[draw(st.integers(0, n - 1))] = None if key_kind == "null" else float("nan")
     perm = draw(st.permutations(range(n))) if draw(st.booleans()) else list(range(n))  # interleaved pools
     ids = [ids[i] for i in perm]
     emb, rew, modes = emb[perm], rew[perm], modes[perm]
+    keys = [keys[i] for i in perm]
     emb_dtype = draw(st.sampled_from(["list_f32", "list_f64", "array_f32", "array_f64", "list_i64"]))
     if emb_dtype == "list_i64":
         assume(np.isfinite(emb).all())
@@ -145,7 +175,14 @@ def candidate_tables(draw):
             bad.discard("rew_extreme")
             bad.add("rew_nonfinite")
     return {"ids": ids, "id_kind": id_kind, "emb": emb, "rew": rew, "modes": modes, "mode_dtype": mode_dtype,
-            "null_id": null_id, "bad": bad, "emb_dtype": emb_dtype, "rew_dtype": rew_dtype}
+            "null_id": null_id, "bad": bad, "emb_dtype": emb_dtype, "rew_dtype": rew_dtype, "keys": keys,
+            "key_kind": key_kind}
+
+
+@st.composite
+def spell_zeros(draw, ids):
+    """`ids` with each 0.0 written 0.0 or -0.0: one prompt id either way."""
+    return [(-0.0 if draw(st.booleans()) else 0.0) if v == 0 else v for v in ids]
 
 
 def mode_values(c):
@@ -188,6 +225,7 @@ def build(c, layout):
         "reward": pl.Series("reward", c["rew"].astype({"f64": np.float64, "f32": np.float32, "i64": np.int64,
                                                           "u8": np.uint8}[c["rew_dtype"]])),
         "mode": pl.Series("mode", m.tolist() if m.dtype == object else m),
+        "ck": pl.Series("ck", c["keys"], dtype=pl.Float64),
     }
     df = pl.DataFrame(cols)
     if layout == "polars":
@@ -220,22 +258,35 @@ def families_of(c, method, layout):
 # ------------------------------------------------------------------ select
 
 
-def reference_select(c, method, k, alpha, kernel, layout):
+def reference_select(c, method, k, alpha, kernel, layout, eps=1e-6, table=None):
     """(status, per-pool expectations) for a select call, by the slow reference."""
     needs_emb = method in ("diverse", "grades")
     needs_rew = method == "top" or (method == "grades" and alpha > 0)
     if c["null_id"]:
         return "invalid", None
+    if c["key_kind"] not in (None, "unique"):
+        return "invalid", None  # a null, NaN or repeated key (rows differ in __row) cannot order its pool
+    if table is not None and table != "ok":
+        return "invalid", None  # a column select reads is named twice
     if needs_emb and "emb_nonfinite" in c["bad"]:
         return "invalid", None
     if needs_rew and "rew_nonfinite" in c["bad"]:
         return "invalid", None
-    emb = c["emb"].astype(np.float32).astype(np.float64)
+    with np.errstate(over="ignore"):
+        emb = c["emb"].astype(np.float32).astype(np.float64)
+    if needs_emb and not np.isfinite(emb).all():
+        return "invalid", None  # beyond float32: an infinite value
     if needs_emb and (np.linalg.norm(emb, axis=1) == 0).any():
         return "invalid", None  # zero-norm embedding: no cosine
-    status = "edge" if (needs_emb and ("emb_extreme" in c["bad"] or ref.beyond_float32(emb))) else "valid"
+    status = "valid"  # any finite row with a nonzero norm, however small or large, has a direction
     if method == "grades" and needs_rew and "rew_extreme" in c["bad"]:
         status = "edge"
+    if method == "grades" and needs_rew:
+        fits = [ref.weights_fit(c["rew"][rows], alpha, eps, k) for _, rows in ref.groups(c["ids"])]
+        if "no" in fits:
+            return "invalid", None  # gains beyond float64: refused naming the pool
+        if "edge" in fits:
+            status = "edge"
     if method == "stratified" and c["mode_dtype"] in ("str", "float_frac"):
         status = "edge"  # non-integer labels: refused, or each distinct value its own stratum
     if layout == "pandas" and c["id_kind"] == "mixed":
@@ -245,8 +296,19 @@ def reference_select(c, method, k, alpha, kernel, layout):
     return status, ref.groups(c["ids"])
 
 
-def check_select(c, out, method, k, alpha, kernel, pools):
-    df = out if isinstance(out, pl.DataFrame) else pl.from_pandas(out) if hasattr(out, "iloc") else pl.from_arrow(out)
+def as_polars(out):
+    """A select result as polars, without the column `odd_columns` names twice."""
+    if isinstance(out, pl.DataFrame):
+        return out
+    if hasattr(out, "iloc"):
+        return pl.from_pandas(out.drop(columns=["mode_copy"], errors="ignore"))
+    from mrt_fast._tables import readable_by_polars  # decimal256 rewards come back as they went in
+
+    return pl.from_arrow(readable_by_polars(out.select([i for i, n in enumerate(out.column_names) if n != "mode_copy"])))
+
+
+def check_select(c, out, method, k, alpha, kernel, pools, eps=1e-6):
+    df = as_polars(out)
     ids = c["ids"]
     # rows are identified by the reward/embedding they carry: map kept rows back by a row number
     kept_rows = df["__row"].to_list()
@@ -272,7 +334,7 @@ def check_select(c, out, method, k, alpha, kernel, pools):
         elif method in ("diverse", "grades"):
             x = c["emb"].astype(np.float32)[rows]
             S = ref.cosine_sim(ref.unit_rows(x), kernel)
-            w = np.ones(len(rows)) if method == "diverse" or alpha == 0 else ref.weights(c["rew"][rows], alpha)
+            w = np.ones(len(rows)) if method == "diverse" or alpha == 0 else ref.weights(c["rew"][rows], alpha, eps)
             pos = {r: i for i, r in enumerate(rows)}
             gains = dict(zip(df["__row"].to_list(), df["gain"].to_list()))
             ref.check_greedy(S, w, [pos[r] for r in picks], [gains[r] for r in picks])
@@ -290,17 +352,48 @@ def check_select(c, out, method, k, alpha, kernel, pools):
                         assert wts[r] == pytest.approx(quota / s_m, rel=1e-9)
 
 
+def odd_columns(table, layout, extra, method, c):
+    """`table` with `extra`: a column named twice ("dup_unused": one select
+    does not read; "dup_read": the prompt id) or Arrow decimal256 rewards
+    ("decimal256", the rewards rounded to 6 places in `c` too). Returns
+    (table, "ok" or what makes it unusable)."""
+    if extra is None or layout == "polars":
+        return table, "ok"
+    if extra == "decimal256":
+        if layout != "arrow" or c["rew_dtype"] != "f64" or not (np.abs(c["rew"]) < 1e12).all():
+            return table, "ok"
+        import decimal
+
+        c["rew"] = np.round(c["rew"], 6)
+        vals = pa.array([decimal.Decimal(f"{v:.6f}") for v in c["rew"]], pa.decimal256(40, 6))
+        return table.set_column(table.schema.get_field_index("reward"), "reward", vals), "ok"
+    name = "prompt_id" if extra == "dup_read" else "mode_copy"
+    src = "prompt_id" if extra == "dup_read" else "mode"
+    if layout == "arrow":
+        table = table.append_column(name, table.column(src))
+        if extra == "dup_unused":
+            table = table.append_column(name, table.column(src))
+    else:
+        import pandas as pd
+
+        copies = [table[[src]].rename(columns={src: name})] * (1 if extra == "dup_read" else 2)
+        table = pd.concat([table, *copies], axis=1)
+    return table, ("named twice" if extra == "dup_read" else "ok")
+
+
 @FUZZ
 @given(
     c=candidate_tables(),
     method=st.sampled_from(["random", "top", "diverse", "grades", "stratified"]),
     layout=st.sampled_from(["polars", "arrow", "pandas"]),
     k=st.integers(1, 8) | st.sampled_from([2**31, 2**63 - 1]),
-    alpha=st.sampled_from([0.0, 0.75, 2.0]),
+    alpha=st.sampled_from([0.0, 0.75, 2.0, 1e3, 1e308]),
+    eps=st.sampled_from([1e-6, 1e-6, 1e-320, 1e150, 1e308]),
     kernel=st.sampled_from(["shift", "clip"]),
     seed=st.integers(0, 2**64 - 1),
+    extra=st.sampled_from([None, None, "dup_unused", "dup_read", "decimal256"]),
 )
-def test_select_matches_reference_or_refuses(c, method, layout, k, alpha, kernel, seed):
+def test_select_matches_reference_or_refuses(c, method, layout, k, alpha, eps, kernel, seed, extra):
     fams = families_of(c, method, layout)
     assume(not pending(*fams))
     table = build(c, layout)
@@ -310,16 +403,17 @@ def test_select_matches_reference_or_refuses(c, method, layout, k, alpha, kernel
         table = table.append_column("__row", pa.array(np.arange(table.num_rows)))
     else:
         table["__row"] = np.arange(len(table))
-    status, pools = reference_select(c, method, k, alpha, kernel, layout)
-    got = outcome(lambda: select(table, k, method, alpha=alpha, kernel=kernel, seed=seed))
+    table, usable = odd_columns(table, layout, extra, method, c)
+    key = None if c["key_kind"] is None else "ck"
+    if key is None:
+        c = dict(c, key_kind=None)
+    status, pools = reference_select(c, method, k, alpha, kernel, layout, eps=eps, table=usable)
+    got = outcome(lambda: select(table, k, method, alpha=alpha, eps=eps, kernel=kernel, seed=seed, candidate_key=key))
     if expect(status, got, (method, layout, fams, c["bad"])):
-        check_select(c, got[1], method, k, alpha, kernel, pools)
+        check_select(c, got[1], method, k, alpha, kernel, pools, eps)
         # the same call gives the same rows (determinism)
-        again = select(table, k, method, alpha=alpha, kernel=kernel, seed=seed)
-        a = got[1] if not hasattr(got[1], "iloc") else pl.from_pandas(got[1])
-        b = again if not hasattr(again, "iloc") else pl.from_pandas(again)
-        assert (pl.DataFrame(a) if not isinstance(a, pl.DataFrame) else a)["__row"].to_list() == \
-               (pl.DataFrame(b) if not isinstance(b, pl.DataFrame) else b)["__row"].to_list()
+        again = select(table, k, method, alpha=alpha, eps=eps, kernel=kernel, seed=seed, candidate_key=key)
+        assert as_polars(got[1])["__row"].to_list() == as_polars(again)["__row"].to_list()
 
 
 @settings(max_examples=max(40, EXAMPLES // 2), deadline=None, suppress_health_check=list(HealthCheck))
@@ -368,6 +462,9 @@ def fl_cases(draw):
     if draw(st.integers(0, 4)) == 0:
         x[draw(st.integers(0, n - 1)), draw(st.integers(0, d - 1))] = draw(SPECIAL | TINY_OR_HUGE)
         bad.add("x")
+    if draw(st.integers(0, 3)) == 0:  # a whole row far from unit scale (subnormal values included)
+        i = draw(st.integers(0, n - 1))
+        x[i] = (x[i].astype(np.float64) * draw(ROW_SCALE)).astype(np.float32)
     rewards = None
     if draw(st.booleans()):
         rewards = np.array(draw(st.lists(FINITE, min_size=n, max_size=n)), dtype=np.float64)
@@ -395,7 +492,7 @@ def test_facility_location_is_greedy_or_refuses(case, k, alpha, kernel, memory, 
     valid_x = finite and (norms > 0).all()
     rew_ok = (rewards is None and alpha == 0) or (rewards is not None and np.isfinite(rewards).all())
     if form == "embeddings":
-        status = "invalid" if not (valid_x and rew_ok) else "edge" if ("x" in bad or ref.beyond_float32(x)) else "valid"
+        status = "invalid" if not (valid_x and rew_ok) else "valid"  # any finite, nonzero row has a direction
         call = lambda: facility_location(x, k, rewards=rewards, alpha=alpha, kernel=kernel, memory=memory)  # noqa: E731
         S = ref.cosine_sim(ref.unit_rows(x), kernel) if valid_x else None
     else:
@@ -460,8 +557,10 @@ def id_array(kind, ids):
         return np.array(ids, dtype=np.uint64)
     if kind == "int64":
         return np.array(ids, dtype=np.int64)
-    if kind == "float":
-        return np.array(ids, dtype=np.float64)
+    if kind in ("float", "float_zero"):  # float_zero: every other 0.0 spelled -0.0
+        a = np.array(ids, dtype=np.float64)
+        a[np.flatnonzero(a == 0)[::2]] = -0.0
+        return a
     if kind == "mixed":
         import pandas as pd
 

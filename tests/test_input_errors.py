@@ -261,3 +261,122 @@ def test_an_allocation_that_fails_is_an_input_error_naming_the_pool_and_size():
     assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
     assert "ERR big pool 0 (prompt_id='big'): cannot allocate 2116000000 bytes for the 23000 x 23000 similarity block" \
         in p.stdout, p.stdout
+
+
+# ------------------------------------------------------ float ids by value
+def test_signed_zero_ids_have_one_key_and_nan_ids_are_refused():
+    assert pool_keys(pl.Series([0.0, -0.0]))[0] == pool_keys(pl.Series([-0.0, 0.0]))[0]
+    assert len(set(pool_keys(pl.Series([-0.0, 0.0], dtype=pl.Float32)).tolist())) == 1
+    from mrt_fast.batch import bucket_of
+
+    for n in (2, 7, 64):
+        b = bucket_of(pl.Series([0.0, -0.0, 1.5, -1.5]), n)
+        assert b[0] == b[1]
+    df = make_table().with_columns(prompt_id=pl.col("prompt_id").str.slice(1).cast(pl.Float64))
+    nan = df.with_columns(prompt_id=pl.when(pl.col("cand") == 3).then(float("nan")).otherwise(pl.col("prompt_id")))
+    for method in ("random", "grades"):
+        err = raises(r"column 'prompt_id' has 6 NaN prompt id\(s\), the first at row 3", select, nan, 2, method)
+        assert (err.column, err.row) == ("prompt_id", 3)
+    raises(r"NaN prompt id", mrt_fast.VarianceAccumulator().update, np.array([1.0, np.nan]), np.array([0.5, 1.0]))
+
+
+# ------------------------------------------------------ tables select cannot read
+def _small():
+    return make_table(n_pools=3, n=4, d=3)
+
+
+def test_a_column_named_twice_is_refused_by_name():
+    pdf = _small().to_pandas()
+    twice = pd.concat([pdf, pdf[["reward"]]], axis=1)
+    err = raises(r"the table has 2 columns named 'reward'; give each column its own name", select, twice, 2, "top")
+    assert err.column == "reward"
+    t = _small().to_arrow()
+    t = t.append_column("reward", t.column("reward"))
+    raises(r"the table has 2 columns named 'reward'", select, t, 2, "grades")
+    # a repeated column select does not read is left alone
+    assert select(pd.concat([pdf, pdf[["mode"]]], axis=1), 2, "top").shape[0] == 6
+
+
+def test_pandas_integer_labels_are_matched_by_their_text():
+    pdf = _small().to_pandas()
+    want = select(pdf, 2, "grades")
+    labelled = pdf.rename(columns={"reward": 7, "prompt_id": 0})
+    got = select(labelled, 2, "grades", reward="7", by="0")
+    np.testing.assert_array_equal(got["cand"].to_numpy(), want["cand"].to_numpy())
+    both = labelled.assign(**{"7": 1.0})
+    raises(r"the table has 2 columns named '7'", select, both, 2, "grades", reward="7", by="0")
+
+
+def test_complex_ids_and_a_k_naming_the_id_column_are_refused():
+    pdf = _small().to_pandas()
+    pdf["prompt_id"] = pdf["cand"].to_numpy() + 1j
+    raises(r"column 'prompt_id' holds complex numbers \(complex128\)", select, pdf, 2, "random")
+    for t in (_small(), _small().to_pandas(), _small().to_arrow()):
+        err = raises(r"k names the prompt id column 'prompt_id'", select, t, "prompt_id", "random")
+        assert err.column == "prompt_id"
+
+
+def test_decimal256_rewards_are_read_without_a_panic(capfd):
+    import decimal
+
+    import pyarrow as pa
+
+    t = _small().to_arrow()
+    r = [decimal.Decimal(f"{v:.6f}") for v in t.column("reward").to_pylist()]
+    want = select(t.set_column(3, "reward", pa.array(r, pa.decimal128(20, 6))), 2, "grades")
+    got = select(t.set_column(3, "reward", pa.array(r, pa.decimal256(40, 6))), 2, "grades")
+    assert got.column("cand").to_pylist() == want.column("cand").to_pylist()
+    huge = pa.array([decimal.Decimal(10) ** 45] * t.num_rows, pa.decimal256(60, 0))
+    raises(r"column 'reward' holds decimal256\(60, 0\) values beyond decimal128\(38\)", select,
+           t.set_column(3, "reward", huge), 2, "top")
+    assert "panicked" not in capfd.readouterr().err
+
+
+# ------------------------------------------------------ extreme alpha and eps
+@settings(max_examples=60, deadline=None)
+@given(alpha=st.sampled_from([0.75, 3.0, 60.0, 1e3, 1e100, 1e308]),
+       eps=st.sampled_from([1e-320, 1e-200, 1e-6, 1.0, 1e100, 1e308]),
+       spread=st.sampled_from([0.0, 0.5, 4.0]), seed=st.integers(0, 100))
+def test_extreme_alpha_or_eps_gives_finite_gains_or_one_line(alpha, eps, spread, seed):
+    df = make_table(n_pools=3, n=5, d=3, seed=seed)
+    df = df.with_columns(reward=pl.col("reward") * spread)
+    try:
+        out, rep = select(df, 2, "grades", alpha=alpha, eps=eps, return_report=True)
+    except MrtInputError as e:
+        msg = str(e)
+        assert "\n" not in msg and "alpha = " in msg and ("overflow float64" in msg or "underflow float64" in msg)
+        assert e.column == "reward" and e.pool in set(df["prompt_id"])
+        return
+    assert np.isfinite(out["gain"].to_numpy()).all()
+    assert np.isfinite(rep.objective).all() and np.isfinite(rep.upper_bound).all()
+    r = rep.approximation_ratio
+    assert ((r > 0) & (r <= 1)).all()
+
+
+def test_alpha_1e308_is_refused_not_reported_optimal():
+    err = raises(r"pool 0 \(prompt_id='p0'\): alpha = 1e308 with eps = 1e-6 gives quality weights q\^alpha up to "
+                 r"inf, whose gains overflow float64", select, make_table(), 2, "grades", alpha=1e308)
+    assert err.column == "reward"
+    x = np.random.default_rng(0).normal(size=(5, 3))
+    raises(r"underflow float64", mrt_fast.facility_location, x, 2, rewards=np.ones(5), alpha=1.0, eps=1e-200)
+
+
+# ------------------------------------------------------ tiny embeddings
+@pytest.mark.parametrize("scale", [1e-20, 1e-30, 1e-38, 2.0**-140, 1e25])
+@pytest.mark.parametrize("memory", ["dense", "on_demand"])
+def test_small_or_large_embeddings_keep_their_direction(scale, memory):
+    """Rows far below (subnormal values included) or above float32's usual
+    range: the picks and gains of the same rows at unit scale."""
+    x = np.random.default_rng(1).normal(size=(12, 4)).astype(np.float32)
+    y = x.copy()
+    y[[2, 7]] = (x[[2, 7]].astype(np.float64) * scale).astype(np.float32)
+    back = y.copy()  # the values y holds (subnormals round), at unit scale
+    back[[2, 7]] = (y[[2, 7]].astype(np.float64) / scale).astype(np.float32)
+    want = mrt_fast.facility_location(back, 4, memory=memory)
+    got = mrt_fast.facility_location(y, 4, memory=memory)
+    assert got.indices.tolist() == want.indices.tolist()
+    np.testing.assert_allclose(got.gains, want.gains, rtol=1e-5)
+    df = pl.DataFrame({"prompt_id": [0] * 12, "embedding": y})
+    assert select(df, 4, "diverse")["pick_rank"].len() == 4
+    raises(r"embedding of candidate 2 \(row 2\) has zero norm", mrt_fast.facility_location,
+           np.where(np.arange(12)[:, None] == 2, np.float32(0), y), 4, memory=memory)

@@ -255,3 +255,82 @@ def test_numpy_api_bad_inputs():
         mrt_fast.facility_location(np.ones((4, 2)), 1, offsets=[0, 3])
     with pytest.raises(ValueError, match="rewards"):
         mrt_fast.facility_location(np.ones((4, 2)), 1, alpha=0.5)
+
+
+# --------------------------------------------- ids and candidate keys by value
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.booleans(), min_size=6, max_size=6), st.integers(0, 2**32), st.sampled_from(["random", "stratified"]))
+def test_zero_ids_are_one_pool_and_one_draw_however_spelled(negative, seed, method):
+    """-0.0 and 0.0 are the same prompt id: one pool, whose draw does not
+    depend on which spelling comes first."""
+    df = make_table(n_pools=3, n=6, ids="int").with_columns(pl.col("prompt_id").cast(pl.Float64))
+    spelled = df.with_columns(
+        pl.Series("prompt_id", [-0.0 if p == 0 and negative[i % 6] else p for i, p in enumerate(df["prompt_id"])])
+    )
+    want = select(df, 3, method, seed=seed)
+    got = select(spelled, 3, method, seed=seed)
+    assert got["cand"].to_list() == want["cand"].to_list()
+    assert got.height == 9
+
+
+def _key_table(keys, same, seed):
+    """One pool per letter of `keys`; row i carries `keys[i]` as its key; rows
+    flagged in `same` copy the row before them whole (an identical row)."""
+    rng = np.random.default_rng(seed)
+    n = len(keys)
+    emb = rng.normal(size=(n, 4)).astype(np.float32)
+    rew = rng.normal(size=n)
+    resp = [f"r{i}" for i in range(n)]
+    for i in range(1, n):
+        if same[i]:
+            emb[i], rew[i], resp[i], keys[i] = emb[i - 1], rew[i - 1], resp[i - 1], keys[i - 1]
+    return pl.DataFrame({"prompt_id": [i % 2 for i in range(n)], "key": keys, "response": resp,
+                         "embedding": emb, "reward": rew, "mode": rng.integers(0, 2, n)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f", "g"]), min_size=4, max_size=14),
+       st.lists(st.booleans(), min_size=14, max_size=14), st.integers(0, 1000),
+       st.sampled_from(["random", "grades", "stratified"]), st.sampled_from(["polars", "arrow", "pandas"]))
+def test_a_candidate_key_orders_pools_or_is_refused(keys, same, seed, method, kind):
+    """A key that repeats within a pool on rows that differ is refused (the
+    picks would follow the row order); repeats on identical rows are
+    interchangeable: any row order gives the same kept rows."""
+    df = _key_table(list(keys), same, seed)
+    pools = df.group_by("prompt_id", "key").agg(pl.struct(pl.all().exclude("prompt_id", "key")).n_unique().alias("n"))
+    differ = bool((pools["n"] > 1).any())
+    as_kind = {"polars": lambda t: t, "arrow": lambda t: t.to_arrow(), "pandas": lambda t: t.to_pandas()}[kind]
+    shuffled = df.sample(fraction=1.0, shuffle=True, seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        if differ:
+            with pytest.raises(MrtInputError, match=r"column 'key' \(candidate key\) repeats the value") as e:
+                select(as_kind(df), 2, method, seed=seed, candidate_key="key")
+            assert e.value.column == "key" and df["key"][e.value.row] in keys
+            return
+        a = pl.DataFrame(select(as_kind(df), 2, method, seed=seed, candidate_key="key"))
+        b = pl.DataFrame(select(as_kind(shuffled), 2, method, seed=seed, candidate_key="key"))
+    cols = ["prompt_id", "key", "response", "pick_rank"]
+    assert a.select(cols).sort(cols).equals(b.select(cols).sort(cols))
+
+
+@pytest.mark.parametrize("values, match, row", [
+    (["x", None, "y", "z"], r"column 'key' \(candidate key\) has 1 null value\(s\), the first at row 1", 1),
+    ([0.5, 1.5, float("nan"), 2.5], r"column 'key' has 1 NaN candidate key\(s\), the first at row 2", 2),
+    ([0.0, 1.0, -0.0, 2.0], r"repeats the value 0.0 in pool prompt_id=0, at rows 0 and 2", 2),
+])
+def test_a_candidate_key_is_a_value_on_every_row(values, match, row):
+    df = pl.DataFrame({"prompt_id": [0, 0, 0, 0], "key": values, "embedding": np.eye(4, dtype=np.float32)})
+    for k in (2, "k"):
+        with pytest.raises(MrtInputError, match=match) as e:
+            select(df.with_columns(k=pl.lit(2)), k, "diverse", candidate_key="key")
+        assert (e.value.column, e.value.row) == ("key", row)
+
+
+def test_per_pool_k_refusals_name_the_tables_row():
+    df = _key_table(["a", "b", "c", "a", "a", "d"], [False] * 6, 0).with_columns(k=pl.lit(1))
+    with pytest.raises(MrtInputError, match=r"repeats the value 'a' in pool prompt_id=0, at rows 0 and 4") as e:
+        select(df, "k", "random", candidate_key="key")
+    assert e.value.row == 4

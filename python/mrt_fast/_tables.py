@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from . import _grades_core as core
 from .errors import MrtInputError
+from .key_values import canonical, refuse_nan
 
 
 def table_kind(table: Any) -> str:
@@ -40,27 +41,79 @@ def columns_of(table: Any, kind: str) -> list[str]:
 
 
 def to_polars(table: Any, kind: str, cols: list[str]) -> pl.DataFrame:
-    """A polars frame holding only `cols` (zero-copy where the layout allows)."""
+    """A polars frame holding only `cols` (zero-copy where the layout allows).
+
+    Each name must be one column of the table: a name the table holds twice
+    (pandas and Arrow allow it) is an `MrtInputError`. Pandas labels are
+    matched by their text, so an integer label 7 is the column "7"."""
+    names = columns_of(table, kind)
+    for c in dict.fromkeys(cols):
+        if names.count(c) > 1:
+            raise MrtInputError(
+                f"the table has {names.count(c)} columns named {c!r}; give each column its own name", column=c
+            )
+    if len(set(cols)) < len(cols):
+        c = next(c for c in cols if cols.count(c) > 1)
+        raise MrtInputError(f"column {c!r} is named for two roles; give each role its own column", column=c)
     if kind == "polars":
         return table.select(cols)
     if kind == "arrow":
-        return pl.from_arrow(table.select(cols))  # type: ignore[return-value]
+        return pl.from_arrow(readable_by_polars(table.select(cols)))  # type: ignore[return-value]
     import pandas as pd  # noqa: F401  (pandas input implies pandas is installed)
 
-    sub = table[cols]
-    out = {}
-    for c in cols:
-        out[c] = _pandas_column(sub[c], c)
-    return pl.DataFrame(out)
+    at = {name: i for i, name in enumerate(names)}
+    return pl.DataFrame({c: _pandas_column(table.iloc[:, at[c]], c) for c in cols})
+
+
+def _narrow_decimals(t: pa.DataType) -> pa.DataType:
+    """`t` with every decimal256 as the decimal128 of its precision and scale
+    (polars holds no 256-bit decimals); precisions above 38 are capped at 38,
+    so a value that does not fit fails the cast instead of being rounded."""
+    if pa.types.is_decimal256(t):
+        return pa.decimal128(min(t.precision, 38), t.scale)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        inner = _narrow_decimals(t.value_type)
+        if inner == t.value_type:
+            return t
+        if pa.types.is_fixed_size_list(t):
+            return pa.list_(inner, t.list_size)
+        return pa.large_list(inner) if pa.types.is_large_list(t) else pa.list_(inner)
+    if pa.types.is_struct(t):
+        fields = [f.with_type(_narrow_decimals(f.type)) for f in t]
+        return t if all(a.type == b.type for a, b in zip(fields, t)) else pa.struct(fields)
+    return t
+
+
+def readable_by_polars(table: pa.Table) -> pa.Table:
+    """`table` with its decimal256 columns cast to decimal128 (values kept
+    exactly); a value beyond decimal128 is an `MrtInputError` naming the column."""
+    for i, f in enumerate(table.schema):
+        want = _narrow_decimals(f.type)
+        if want == f.type:
+            continue
+        try:
+            col = table.column(i).cast(want)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise MrtInputError(
+                f"column {f.name!r} holds {f.type} values beyond decimal128(38) ({first}); cast it to float64",
+                column=f.name,
+            ) from None
+        table = table.set_column(i, f.with_type(want), col)
+    return table
 
 
 def _pandas_column(col: Any, name: str) -> pl.Series:
     """One pandas column as a polars Series; a column polars cannot hold (mixed
     value types, arrays of different ranks) is an `MrtInputError` naming it."""
+    if getattr(col.dtype, "kind", "") == "c":
+        raise MrtInputError(f"column {name!r} holds complex numbers ({col.dtype}), which cannot be used", column=name)
+    if isinstance(getattr(col.dtype, "pyarrow_dtype", None), pa.DataType):
+        return pl.from_arrow(readable_by_polars(pa.table({name: pa.array(col)})))[name]  # type: ignore[index]
     if col.dtype != object:
         try:
             return pl.from_pandas(col, nan_to_null=True).rename(name)  # pandas' missing values (NaN, NA) are nulls
-        except (TypeError, ValueError, pl.exceptions.PolarsError) as e:
+        except (TypeError, ValueError, NotImplementedError, pa.ArrowException, pl.exceptions.PolarsError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise MrtInputError(f"column {name!r} cannot be read: {first}", column=name) from None
     elif len(col) and isinstance(col.iloc[0], np.ndarray):
@@ -117,6 +170,7 @@ def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups
     if nulls:
         first = int(df[by].is_null().arg_true()[0])
         raise MrtInputError(f"column {by!r} has {nulls} null prompt id(s), the first at row {first}")
+    refuse_nan(df[by], by, "prompt id")
     if candidate_key is None:
         # fast path: every prompt's rows already contiguous (the usual layout)
         s = df[by]
@@ -150,8 +204,10 @@ def pool_keys(keys: pl.Series) -> np.ndarray:
     """Stable 64-bit keys of prompt ids; a key depends only on the id's value.
 
     Integers that fit an int64 are keyed by value, larger ones (uint64 >= 2^63)
-    by their decimal text, any other id by its text (see the core's `keys`).
+    by their decimal text, any other id by its text (see the core's `keys`);
+    a float -0.0 by the text of 0.0 (the same value, the same pool).
     """
+    keys = canonical(keys)
     if keys.dtype == pl.UInt64:
         return core.keys_from_uints(np.ascontiguousarray(keys.to_numpy()))
     if keys.dtype.is_integer():

@@ -49,15 +49,25 @@ def pool_k(df: pl.DataFrame, by: str, k_col: str) -> pl.DataFrame:
 
 def select_k_column(select: Callable, table: Any, k_col: str, method: str, *, by: str,
                     return_report: bool, **kw) -> Any:
+    """`select(table, K, method, ...)` with each pool's K from column `k_col`;
+    `select` is the one-K selection (it takes ``added_columns``)."""
+    from .candidate_keys import checked_key
     from .select import SelectionReport, SmallPoolWarning
 
     kind = table_kind(table)
     cols = columns_of(table, kind)
     require(cols, by, "prompt id")
     require(cols, k_col, "per-pool K")
+    if k_col == by:
+        raise MrtInputError(f"k names the prompt id column {by!r}; pass an integer K or a column of per-pool Ks",
+                            column=by)
     if _ROW in cols:
         raise MrtInputError(f"the table has a column named {_ROW!r}, which select uses internally")
     df = to_polars(table, kind, [by, k_col])
+    key = kw.get("candidate_key")
+    if key is not None:  # checked on the whole table, so rows are named as the caller counts them
+        require(cols, key, "candidate key")
+        checked_key(table, kind, to_polars(table, kind, list(dict.fromkeys([by, key]))), by, key)
     pools = pool_k(df, by, k_col).with_row_index("__rank")
     rows = df.select(by).with_row_index(_ROW).join(pools, on=by, how="left", maintain_order="left")
     parts, reports = [], []
@@ -66,7 +76,7 @@ def select_k_column(select: Callable, table: Any, k_col: str, method: str, *, by
         for k in sorted(pools["k"].unique().to_list()):
             idx = rows.filter(pl.col("k") == k)[_ROW].to_numpy()
             sub = take(table, kind, idx, {_ROW: idx})
-            kept, rep = select(sub, int(k), method, by=by, return_report=True, **kw)
+            kept, rep = select(sub, int(k), method, by=by, return_report=True, added_columns=(_ROW,), **kw)
             kc = columns_of(kept, kind)
             extra = [c for c in ("pick_rank", "gain", "weight") if c in kc]
             got = to_polars(kept, kind, [_ROW, *extra])

@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from . import _grades_core as core
+from .candidate_keys import checked_key
 from .errors import MrtInputError
 from ._tables import (
     columns_of,
@@ -220,7 +221,9 @@ def select(
         A column ordering the candidates inside a pool before selection (e.g. a
         candidate index or the response text). With it, results do not depend
         on the table's row order either; without it, a pool's candidates are
-        taken in their order of appearance.
+        taken in their order of appearance. The key must order each pool: a
+        null or NaN key, or a value repeated within a pool on rows that differ
+        in any column, is an `MrtInputError` naming the rows (-0.0 is 0.0).
     optimizer : "lazy" | "naive"
         Greedy variant for facility location; both return the same picks.
     return_report : bool
@@ -239,15 +242,25 @@ def select(
     marginal gain, facility-location methods) and ``weight`` (stratified: the
     per-row weight that keeps the weighted estimate unbiased).
     """
-    t0 = time.perf_counter()
+    opts = dict(
+        by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
+        seed=seed, candidate_key=candidate_key, optimizer=optimizer, return_report=return_report,
+    )
     if isinstance(k, str):  # a per-pool K column
         from .per_pool_k import select_k_column
 
-        return select_k_column(
-            select, table, k, method, by=by, return_report=return_report, embedding=embedding, reward=reward,
-            mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel, seed=seed, candidate_key=candidate_key,
-            optimizer=optimizer,
-        )
+        return select_k_column(select_one_k, table, k, method, **opts)
+    return select_one_k(table, k, method, **opts)
+
+
+def select_one_k(
+    table: Any, k: int, method: str, *, by: str, embedding: str, reward: str, mode: str, alpha: float, eps: float,
+    k_max: int | None, kernel: str, seed: int, candidate_key: str | None, optimizer: str, return_report: bool,
+    added_columns: tuple[str, ...] = (),
+):
+    """`select` with one integer K. `added_columns`: columns the caller added
+    to the user's table, left out when rows are compared (see `candidate_keys`)."""
+    t0 = time.perf_counter()
     k = _check_k(k)
     if not isinstance(method, str) or method.lower() not in METHODS:
         raise MrtInputError(f"method must be one of {sorted(METHODS)}, got {method!r}")
@@ -261,7 +274,7 @@ def select(
         return _select(
             table, k, m, t0, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps,
             k_max=k_max, kernel=kernel, seed=seed, candidate_key=candidate_key, optimizer=optimizer,
-            return_report=return_report,
+            return_report=return_report, added_columns=added_columns,
         )
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as e:
         # a column polars cannot group, cast or key (an id or label of an unusable type)
@@ -272,7 +285,7 @@ def select(
 def _select(
     table: Any, k: int, m: str, t0: float, *, by: str, embedding: str, reward: str, mode: str, alpha: float,
     eps: float, k_max: int | None, kernel: str, seed: int, candidate_key: str | None, optimizer: str,
-    return_report: bool,
+    return_report: bool, added_columns: tuple[str, ...],
 ):
     kind = table_kind(table)
     cols = columns_of(table, kind)
@@ -296,6 +309,8 @@ def _select(
         # gathered from it without another copy of the whole column
         table = table.with_columns(table[embedding].rechunk())
     df = to_polars(table, kind, list(dict.fromkeys(need)))
+    if candidate_key is not None:
+        df = checked_key(table, kind, df, by, candidate_key, added_columns)
     g = group(df, by, candidate_key)
     rows = None if g.identity else g.rows
     sizes = g.sizes()

@@ -30,6 +30,7 @@ import polars as pl
 from . import _grades_core as core
 from .errors import MrtInputError
 from ._tables import _pandas_column, columns_of, pool_keys, require, table_kind, to_polars
+from .key_values import refuse_nan
 from .bootstrap_intervals import INTERVALS, _t_quantile, bootstrap_intervals, expanded_tail  # noqa: F401
 
 __all__ = [
@@ -99,6 +100,7 @@ def _id_series(ids: Any, name: str = "prompt ids") -> pl.Series:
     if s.null_count():
         first = int(s.is_null().arg_true()[0])
         raise MrtInputError(f"{name} have {s.null_count()} null value(s), the first at row {first}")
+    refuse_nan(s, s.name, "prompt id")
     return s
 
 

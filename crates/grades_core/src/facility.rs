@@ -1087,12 +1087,50 @@ fn greedy_sweep_impl<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize,
     res
 }
 
-/// Quality weights `q^alpha` for the ground set `u` of one pool, given the
-/// pool's rewards (None: all weights 1).
-fn weights_for(q: Option<&[f64]>, u: &[usize], alpha: f64) -> Vec<f64> {
+/// Quality weights `q^alpha` for the ground set `u` of pool `pool`, given the
+/// pool's qualities (None: all weights 1). Fails where the weights leave
+/// float64's room for the gains (see [`check_weights`]).
+fn weights_for(pool: usize, q: Option<&[f64]>, u: &[usize], params: &Params) -> Result<Vec<f64>> {
     match q {
-        Some(q) if alpha > 0.0 => u.iter().map(|&i| q[i].powf(alpha)).collect(),
-        _ => vec![1.0; u.len()],
+        Some(q) if params.alpha > 0.0 => {
+            let w: Vec<f64> = u.iter().map(|&i| q[i].powf(params.alpha)).collect();
+            check_weights(pool, &w, params)?;
+            Ok(w)
+        }
+        _ => Ok(vec![1.0; u.len()]),
+    }
+}
+
+/// Every gain, `F` and its certified bound is a sum of at most `m (k + 1)`
+/// terms `w_i w_j S_ij <= w_max^2`: the weights are refused when that sum
+/// can overflow float64 (inf or NaN gains), or when `w_max^2` is below the
+/// normal range (every gain would round to 0 and the picks would follow the
+/// row order, not the objective). Only extreme `alpha` or `eps` get there.
+fn check_weights(pool: usize, w: &[f64], params: &Params) -> Result<()> {
+    let top = w.iter().fold(0.0f64, |a, &v| a.max(v));
+    let terms = w.len() as f64 * (params.k.min(w.len()) as f64 + 1.0);
+    let (alpha, eps) = (params.alpha, params.eps);
+    let problem = if !(top * top * terms).is_finite() {
+        format!("gives quality weights q^alpha up to {top:e}, whose gains overflow float64; use a smaller alpha or eps")
+    } else if top * top < f64::MIN_POSITIVE {
+        format!(
+            "gives quality weights q^alpha of at most {top:e}, whose gains underflow float64; \
+             use a smaller alpha or a larger eps"
+        )
+    } else {
+        return Ok(());
+    };
+    let msg = format!("alpha = {} with eps = {} {problem}", short(alpha), short(eps));
+    Err(Error::Pool { pool, msg, arg: Some("rewards"), row: None })
+}
+
+/// A parameter as people write it: plain between 1e-4 and 1e6, else in
+/// scientific notation (`1e308`, not 309 digits).
+fn short(v: f64) -> String {
+    if v == 0.0 || (1e-4..1e6).contains(&v.abs()) {
+        format!("{v}")
+    } else {
+        format!("{v:e}")
     }
 }
 
@@ -1174,7 +1212,7 @@ fn run_pool(
         // too large for its n x n block: similarity columns on demand
         let mut xn = Vec::new();
         gather_normalized(pools, p, &u, &mut xn)?;
-        let w = weights_for(q.as_deref(), &u, params.alpha);
+        let w = weights_for(p, q.as_deref(), &u, params)?;
         let mut src = OnDemandSource::new(xn, m, d, kernel);
         return Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u));
     }
@@ -1204,7 +1242,7 @@ fn run_pool(
         &[]
     };
     cosine_gram(x, m, d, kernel, &mut sc.s, &mut sc.inv, &name, next).map_err(|e| e.in_pool(p))?;
-    let w = weights_for(q.as_deref(), &u, params.alpha);
+    let w = weights_for(p, q.as_deref(), &u, params)?;
     // the Gram block is exactly symmetric: small pools with a small K take
     // the sweep, which gives what naive (and so lazy) greedy gives
     let mut res = if use_sweep(m, params.k) {
@@ -1287,7 +1325,7 @@ fn single_pool_setup(n: usize, rewards: Option<&[f64]>, params: &Params) -> Resu
         }
     }
     let (q, u) = ground_set(0, &|i| i, n, rewards, params)?;
-    let w = weights_for(q.as_deref(), &u, params.alpha);
+    let w = weights_for(0, q.as_deref(), &u, params)?;
     Ok((q, u, w))
 }
 

@@ -56,12 +56,13 @@ pub fn gather_normalized(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut
 }
 
 /// Scale the `n` rows of `x` (`n x d`, row-major) to unit norm in place:
-/// each norm in f64, then the row times `1 / norm` as a float32. Fails,
-/// before changing anything, on the first row (in order) that holds a
-/// non-finite value, has zero norm, or has a norm whose inverse is not a
-/// normal float32 (which would turn cosines into inf or NaN), naming it by
-/// `name(i)` (pool, row, description). Rows are done in parallel when there are
-/// many; the result does not depend on it.
+/// each norm in f64, then the row times `1 / norm` as a float32 (or, for a
+/// norm whose inverse is not a normal float32, very small or very large
+/// rows, times the f64 inverse before rounding: every finite row with a
+/// nonzero norm gets its direction). Fails, before changing anything, on the
+/// first row (in order) that holds a non-finite value or has zero norm,
+/// naming it by `name(i)` (pool, row, description). Rows are done in
+/// parallel when there are many; the result does not depend on it.
 pub fn normalize_rows(x: &mut [f32], n: usize, d: usize, name: &RowName<'_>) -> Result<()> {
     use rayon::prelude::*;
     let x = &mut x[..n * d];
@@ -73,33 +74,32 @@ pub fn normalize_rows(x: &mut [f32], n: usize, d: usize, name: &RowName<'_>) -> 
         _ if par => x.par_chunks(d).map(ss_of).collect(),
         _ => x.chunks(d).map(ss_of).collect(),
     };
-    let inv: Vec<f32> = ss.iter().map(|&v| (1.0 / v.sqrt()) as f32).collect();
-    if let Some(i) = (0..n).position(|i| !(ss[i].is_finite() && ss[i] > 0.0 && inv[i].is_normal())) {
+    if let Some(i) = (0..n).position(|i| !(ss[i].is_finite() && ss[i] > 0.0)) {
         let row = &x[i * d..(i + 1) * d];
         let (pool, at, what) = name(i);
         if let Some(v) = row.iter().find(|v| !v.is_finite()) {
             return Err(Error::at(pool, "embeddings", at, format!("embedding of {what} holds a non-finite value {v}")));
         }
-        if ss[i] == 0.0 {
-            return Err(Error::at(
-                pool,
-                "embeddings",
-                at,
-                format!("embedding of {what} has zero norm; cosine similarity is undefined"),
-            ));
-        }
         return Err(Error::at(
             pool,
             "embeddings",
             at,
-            format!("embedding of {what} has a norm ({:e}) outside float32 arithmetic", ss[i].sqrt()),
+            format!("embedding of {what} has zero norm; cosine similarity is undefined"),
         ));
     }
-    let scale = |(row, &inv): (&mut [f32], &f32)| row.iter_mut().for_each(|v| *v *= inv);
+    let scale = |(row, &ss): (&mut [f32], &f64)| {
+        let inv = 1.0 / ss.sqrt();
+        if (inv as f32).is_normal() {
+            let inv = inv as f32;
+            row.iter_mut().for_each(|v| *v *= inv);
+        } else {
+            row.iter_mut().for_each(|v| *v = (*v as f64 * inv) as f32);
+        }
+    };
     match d {
         0 => {}
-        _ if par => x.par_chunks_mut(d).zip(&inv).for_each(scale),
-        _ => x.chunks_mut(d).zip(&inv).for_each(scale),
+        _ if par => x.par_chunks_mut(d).zip(&ss).for_each(scale),
+        _ => x.chunks_mut(d).zip(&ss).for_each(scale),
     }
     Ok(())
 }
@@ -173,7 +173,9 @@ pub fn gather_rows(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f
 /// `name(i)` names row i in errors (pool, row, description).
 /// `next` is memory the caller reads next, prefetched while the product
 /// computes (a hint; may be empty). Fails on a non-finite value or a
-/// zero-norm row.
+/// zero-norm row. A row whose squared norm is not a normal float32 (too
+/// small or too large for the raw product) sends the block through
+/// [`normalize_rows`] first: the cosines of any finite, nonzero rows.
 #[allow(clippy::too_many_arguments)] // scratch buffers and hints, all positional in the hot path
 pub fn cosine_gram(
     x: &[f32],
@@ -202,33 +204,10 @@ pub fn cosine_gram(
     inv.clear();
     for i in 0..n {
         let g = out[i * n + i];
-        if !(g.is_finite() && g > 0.0) {
-            // slow path: find out exactly what is wrong with row i
-            let row = &x[i * d..(i + 1) * d];
-            let (pool, at, what) = name(i);
-            if let Some(v) = row.iter().find(|v| !v.is_finite()) {
-                return Err(Error::at(
-                    pool,
-                    "embeddings",
-                    at,
-                    format!("embedding of {what} holds a non-finite value {v}"),
-                ));
-            }
-            let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
-            if ss == 0.0 {
-                return Err(Error::at(
-                    pool,
-                    "embeddings",
-                    at,
-                    format!("embedding of {what} has zero norm; cosine similarity is undefined"),
-                ));
-            }
-            return Err(Error::at(
-                pool,
-                "embeddings",
-                at,
-                format!("embedding of {what} is too large for float32 arithmetic (squared norm {ss:e})"),
-            ));
+        if !g.is_normal() {
+            // slow path: a bad row is named; a norm outside the raw
+            // product's range is scaled away (cosines do not depend on it)
+            return cosine_gram_large(x, n, d, kernel, out, name);
         }
         inv.push(1.0 / g.sqrt());
     }

@@ -323,11 +323,22 @@ fn large_gram_blocks_match_cosines_and_name_bad_rows() {
     x[123 * d] = 1.0;
     let e = cosine_gram(&x, n, d, Kernel::Clip, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[]).unwrap_err();
     assert!(e.to_string().contains("row 200") && e.to_string().contains("non-finite"), "{e}");
-    // a norm whose inverse is not a normal float32 is an error, not NaN cosines
+    // a norm whose inverse is not a normal float32 keeps the row's direction, never NaN cosines
     x[200 * d + 3] = 0.0;
     x[50 * d..51 * d].fill(1e-44);
-    let e = cosine_gram(&x, n, d, Kernel::Shift, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[]).unwrap_err();
-    assert!(e.to_string().contains("row 50") && e.to_string().contains("outside float32"), "{e}");
+    cosine_gram(&x, n, d, Kernel::Shift, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[]).unwrap();
+    let mut ones = x.clone();
+    ones[50 * d..51 * d].fill(1.0);
+    let (mut want, mut inv1) = (Vec::new(), Vec::new());
+    cosine_gram(&ones, n, d, Kernel::Shift, &mut want, &mut inv1, &|i| (0, i, format!("row {i}")), &[]).unwrap();
+    for j in 0..n {
+        assert!(
+            (s[50 * n + j] - want[50 * n + j]).abs() < 1e-6,
+            "(50, {j}): {} vs {}",
+            s[50 * n + j],
+            want[50 * n + j]
+        );
+    }
 }
 
 #[test]
@@ -337,11 +348,130 @@ fn sweep_only_for_small_pools_with_a_small_k() {
 }
 
 #[test]
-fn on_demand_rows_with_tiny_norms_are_named_errors() {
-    // the same normalisation as the large Gram path: no NaN similarities
+fn on_demand_rows_with_tiny_norms_keep_their_direction() {
+    // the same normalisation as the large Gram path: no NaN similarities,
+    // the picks of the same rows at a usual scale
     let (n, d) = (5usize, 4usize);
     let mut x: Vec<f32> = (0..n * d).map(|t| 0.1 + (t % 7) as f32 * 0.2).collect();
+    let p = params(3, 0.0, Optimizer::Lazy);
+    x[2 * d..3 * d].fill(1.0);
+    let want = facility_location_on_demand(&x, n, d, None, &p, Kernel::Clip).unwrap();
     x[2 * d..3 * d].fill(1e-44);
-    let e = facility_location_on_demand(&x, n, d, None, &params(2, 0.0, Optimizer::Lazy), Kernel::Clip).unwrap_err();
-    assert!(e.to_string().contains("candidate 2") && e.to_string().contains("outside float32"), "{e}");
+    let got = facility_location_on_demand(&x, n, d, None, &p, Kernel::Clip).unwrap();
+    assert_eq!(got.indices, want.indices);
+    assert!(got.gains.iter().all(|g| g.is_finite()), "{:?}", got.gains);
+    // a zero row is still refused by name
+    x[2 * d..3 * d].fill(0.0);
+    let e = facility_location_on_demand(&x, n, d, None, &p, Kernel::Clip).unwrap_err();
+    assert!(e.to_string().contains("candidate 2") && e.to_string().contains("zero norm"), "{e}");
+}
+
+#[test]
+fn rows_with_norms_beyond_the_raw_product_keep_their_cosines() {
+    // a small block (the raw-product path): squared norms that underflow and
+    // overflow float32 give the cosines of the same rows at unit scale
+    let (n, d) = (5usize, 3usize);
+    let base: Vec<f32> =
+        (0..n * d).map(|t| 0.2 + ((t * 7) % 5) as f32 * 0.3 - if t % 4 == 0 { 0.9 } else { 0.0 }).collect();
+    for (row, scale) in [(1usize, 1e-30f32), (3, 1e-21), (2, 1e25), (4, 1e-36)] {
+        let mut x = base.clone();
+        x[row * d..(row + 1) * d].iter_mut().for_each(|v| *v *= scale);
+        let (mut s, mut inv) = (Vec::new(), Vec::new());
+        let (mut want, mut inv0) = (Vec::new(), Vec::new());
+        cosine_gram(&x, n, d, Kernel::Shift, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[]).unwrap();
+        cosine_gram(&base, n, d, Kernel::Shift, &mut want, &mut inv0, &|i| (0, i, format!("row {i}")), &[]).unwrap();
+        for (a, b) in s.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "scale {scale}: {a} vs {b}");
+        }
+        // and selection on them runs, as on demand does
+        let off = [0u64, n as u64];
+        let pools = Pools::new(&x, d, &off, None).unwrap();
+        let got = facility_location_batch(&pools, None, &params(2, 0.0, Optimizer::Lazy), Kernel::Shift).unwrap();
+        let od = facility_location_on_demand(&x, n, d, None, &params(2, 0.0, Optimizer::Lazy), Kernel::Shift).unwrap();
+        assert_eq!(got[0].indices, od.indices);
+    }
+    // subnormal values: the row's direction, as at unit scale
+    let mut x = base.clone();
+    x[2 * d..3 * d].fill(1e-44);
+    let mut y = base.clone();
+    y[2 * d..3 * d].fill(1.0);
+    let (mut s, mut inv, mut want, mut inv0) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    cosine_gram(&x, n, d, Kernel::Shift, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[]).unwrap();
+    cosine_gram(&y, n, d, Kernel::Shift, &mut want, &mut inv0, &|i| (0, i, format!("row {i}")), &[]).unwrap();
+    for (a, b) in s.iter().zip(&want) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+    // a zero row is refused by name
+    x[2 * d..3 * d].fill(0.0);
+    let e = cosine_gram(&x, n, d, Kernel::Shift, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[]).unwrap_err();
+    assert!(e.to_string().contains("row 2") && e.to_string().contains("zero norm"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn extreme_alpha_or_eps_gives_finite_gains_or_a_named_refusal(
+        n in 1usize..8, k in 1usize..5, seed in 0u64..1000,
+        alpha in prop::sample::select(vec![0.75, 2.0, 60.0, 1e3, 1e200, 1e308]),
+        eps in prop::sample::select(vec![1e-300, 1e-200, 1e-6, 1.0, 1e150, 1e300, f64::MAX]),
+        spread in prop::sample::select(vec![0.0, 0.5, 1.0, 10.0]),
+    ) {
+        let d = 3;
+        let x: Vec<f32> = (0..2 * n * d).map(|t| {
+            let z = (t as u64 + 1).wrapping_mul(6364136223846793005).wrapping_add(seed);
+            ((z >> 40) as f32 / (1u64 << 24) as f32) - 0.3
+        }).collect();
+        let r: Vec<f64> = (0..2 * n).map(|i| spread * ((i as u64 * 2654435761 + seed) % 97) as f64 / 97.0).collect();
+        let off = [0u64, n as u64, 2 * n as u64];
+        let pools = Pools::new(&x, d, &off, None).unwrap();
+        let p = Params { k, alpha, eps, k_max: None, optimizer: Optimizer::Lazy };
+        let s = sym(n, &[0.3, 0.9, 0.1, 0.6]);
+        let outcomes = [
+            facility_location_batch(&pools, Some(&r), &p, Kernel::Shift).map(|v| v[1].clone()),
+            facility_location_on_demand(&x[n * d..], n, d, Some(&r[n..]), &p, Kernel::Shift),
+            facility_location_dense(&s, n, Some(&r[n..]), &p),
+        ];
+        for got in outcomes {
+            match got {
+                Ok(res) => {
+                    prop_assert!(res.gains.iter().all(|g| g.is_finite()), "{:?}", res.gains);
+                    prop_assert!(res.objective.is_finite() && res.upper_bound.is_finite());
+                    prop_assert!(res.upper_bound >= res.objective);
+                    // weights within the normal range: the picks follow the gains
+                    prop_assert!(res.objective > 0.0);
+                }
+                Err(e) => {
+                    let m = e.to_string();
+                    prop_assert!(m.contains("alpha = ") && m.contains(" with eps = "), "{}", m);
+                    prop_assert!(m.contains("overflow") || m.contains("underflow"), "{}", m);
+                    prop_assert_eq!(e.arg(), Some("rewards"));
+                    prop_assert!(e.pool().is_some());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn weights_beyond_float64_gains_are_refused_in_one_line() {
+    let x: Vec<f32> = vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 2.0];
+    let off = [0u64, 4];
+    let pools = Pools::new(&x, 2, &off, None).unwrap();
+    let r = [0.0, 1.0, 2.0, 3.0];
+    // q_max slightly above 1: q^1e308 = inf
+    let p = Params { k: 2, alpha: 1e308, eps: 1e-6, k_max: None, optimizer: Optimizer::Lazy };
+    let e = facility_location_batch(&pools, Some(&r), &p, Kernel::Shift).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "pool 0: alpha = 1e308 with eps = 1e-6 gives quality weights q^alpha up to inf, \
+        whose gains overflow float64; use a smaller alpha or eps"
+    );
+    // equal rewards: q = eps for every candidate, q^alpha below the normal range
+    let p = Params { k: 2, alpha: 1.0, eps: 1e-200, k_max: None, optimizer: Optimizer::Lazy };
+    let e = facility_location_batch(&pools, Some(&[1.0; 4]), &p, Kernel::Shift).unwrap_err();
+    assert!(e.to_string().contains("underflow float64"), "{e}");
+    // the usual parameters are untouched
+    let p = Params { k: 2, alpha: 0.75, eps: 1e-6, k_max: None, optimizer: Optimizer::Lazy };
+    assert!(facility_location_batch(&pools, Some(&r), &p, Kernel::Shift).is_ok());
 }
