@@ -713,7 +713,7 @@ def select_dataset(
     ds = _io.discover(source)
     if _io.output_inside_input(out, ds):
         raise MrtInputError(f"output {str(out)!r} is the input or inside it; write it elsewhere")
-    first_schema = _io.file_schema(ds.files[0], ds.fmt)
+    first_schema = ds.file_schemas()[0]
     names = list(first_schema.names()) + _io.hive_columns(ds)
     schema = ds.check_columns(opts.needed(names))
     lay = opts.resolve_layout(schema)
