@@ -204,3 +204,53 @@ def test_a_type_that_is_no_widening_is_refused_naming_the_file(tmp_path):
     with pytest.raises(MrtInputError, match=r"column 'reward' is String in '.*b\.parquet' but Float64 in "
                                             r"'.*a\.parquet'"):
         select_dataset(tmp_path / "in", tmp_path / "o.parquet", 1, "top")
+
+
+# --------------------------------------------------------------------------- grouped layout
+
+
+def grouped(n_prompts: int, seed: int = 0) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 7, n_prompts)
+    return pl.DataFrame({"prompt_id": np.arange(n_prompts) * 3 + 1, "k": rng.integers(1, 5, n_prompts),
+                         "reward": [rng.standard_normal(s).round(3).tolist() for s in sizes],
+                         "response": [[f"r{i}.{j}" for j in range(s)] for i, s in enumerate(sizes)]})
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_prompts=st.integers(1, 12), n_parts=st.integers(1, 5), seed=st.integers(0, 99),
+       method=st.sampled_from(["top", "random", "grades"]))
+def test_grouped_layout_takes_a_per_prompt_k_column(tmp_path_factory, n_prompts, n_parts, seed, method):
+    """A K column of the grouped layout (one K per prompt row) keeps each prompt's K,
+    as `select` with that column does on the rows."""
+    tmp = tmp_path_factory.mktemp("gk")
+    g = grouped(n_prompts, seed)
+    if method == "grades":  # a 2-d embedding per candidate
+        g = g.with_columns(embedding=pl.col("reward").list.eval(pl.concat_list(pl.element(), pl.lit(1.0))))
+    g.write_parquet(tmp / "g.parquet")
+    select_dataset(tmp / "g.parquet", tmp / "o.parquet", "k", method, _n_parts=n_parts)
+    got = pl.read_parquet(tmp / "o.parquet")
+    assert got["prompt_id"].to_list() == g["prompt_id"].to_list()
+    flat = g.explode([c for c in g.columns if isinstance(g.schema[c], pl.List)])
+    want = ref_select(flat, "k", method)
+    lists = [c for c in got.columns if isinstance(got.schema[c], pl.List)]
+    assert got.explode(lists).select(want.columns).sort("prompt_id", "pick_rank").equals(
+        want.sort("prompt_id", "pick_rank"))
+    assert got["pick_rank"].list.len().to_list() == [min(k, n) for k, n in
+                                                    zip(g["k"].to_list(), g["reward"].list.len().to_list())]
+
+
+@pytest.mark.parametrize("n_parts", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("where", [(0, 1), (0, 7), (3, 6)])
+def test_grouped_layout_refuses_a_repeated_prompt_for_every_part_count(tmp_path, n_parts, where):
+    g = grouped(8)
+    ids = g["prompt_id"].to_list()
+    ids[where[1]] = ids[where[0]]
+    g = g.with_columns(pl.Series("prompt_id", ids))
+    g[:5].write_parquet(tmp_path / "a.parquet")
+    g[5:].write_parquet(tmp_path / "b.parquet")
+    second = ("a", where[1]) if where[1] < 5 else ("b", where[1] - 5)
+    with pytest.raises(MrtInputError, match=rf"prompt id {ids[where[0]]} is on more than one row, row {where[0]} of "
+                                            rf"'.*a\.parquet' and row {second[1]} of '.*{second[0]}\.parquet'"):
+        select_dataset(str(tmp_path / "*.parquet"), tmp_path / "o", 2, "top", _n_parts=n_parts)
+    assert not (tmp_path / "o").exists()

@@ -301,7 +301,8 @@ def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
         i = int(empty.arg_true()[0])
         raise MrtInputError(f"grouped layout: {n_empty} prompt(s) have no candidates in {lists[0]!r}, "
                             f"the first {df[by][i]!r} at row {i}", pool=df[by][i], column=lists[0], row=i)
-    flat = df.select([by, *lists]).explode(lists)
+    k_col = [opts.k] if isinstance(opts.k, str) and opts.k not in lists and opts.k != by else []
+    flat = df.select([by, *k_col, *lists]).explode(lists)
     flat = _io.decode_embedding(flat, opts.embedding)
     if opts.method == "stratified" and opts.mode not in flat.columns:
         from .modes import pool_modes
@@ -1006,6 +1007,17 @@ def _write_file(df: pl.DataFrame, out: Path) -> None:
         wr.commit()
 
 
+def _refuse_repeated_prompt(ds: _io.Dataset, lf: pl.LazyFrame, by: str) -> None:
+    """Grouped layout: name the first prompt id on more than one row, and two of its rows."""
+    dup = (lf.select(pl.col(by)).with_row_index("__i").filter(pl.col(by).is_duplicated())
+           .filter(pl.col(by) == pl.col(by).first()).head(2).collect())
+    (f0, r0), (f1, r1) = (ds.locate(int(i)) for i in dup["__i"])
+    p = dup[by][0]
+    raise MrtInputError(f"grouped layout: prompt id {p!r} is on more than one row, row {r0} of {str(f0)!r} and "
+                        f"row {r1} of {str(f1)!r} (the grouped layout holds one row per prompt)", pool=p, column=by,
+                        row=r0)
+
+
 def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, progress, command, rep, t0,
                  n_parts_override, fail_after):
     """Grouped layout: parts are runs of consecutive prompts (rows); nothing is shuffled."""
@@ -1016,7 +1028,8 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
             n_rows = int(lf.select(pl.len()).collect().item())
         else:
             n_rows = sum(counts)
-        nulls = int(lf.select(pl.col(opts.by).null_count()).collect().item())
+        nulls, n_ids = lf.select(pl.col(opts.by).null_count().alias("nulls"),
+                                 pl.col(opts.by).n_unique().alias("ids")).collect().row(0)
     except Exception as e:  # noqa: BLE001
         ds.find_unreadable()
         raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
@@ -1025,6 +1038,8 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
         f, r0 = ds.locate(int(ids))
         raise MrtInputError(f"column {opts.by!r} has {nulls} null prompt id(s), the first in {str(f)!r} at row {r0}; "
                             "give every row a prompt id", column=opts.by, row=r0)
+    if n_ids != n_rows:
+        _refuse_repeated_prompt(ds, lf, opts.by)
     if n_rows == 0:
         raise MrtInputError(f"{ds.source!r} has no rows: there is nothing to select from")
     rep.n_input_rows = n_rows
