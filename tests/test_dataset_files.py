@@ -254,3 +254,80 @@ def test_grouped_layout_refuses_a_repeated_prompt_for_every_part_count(tmp_path,
                                             rf"'.*a\.parquet' and row {second[1]} of '.*{second[0]}\.parquet'"):
         select_dataset(str(tmp_path / "*.parquet"), tmp_path / "o", 2, "top", _n_parts=n_parts)
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- the file and row an error names
+
+
+def shards(df: pl.DataFrame, d: Path, cuts: list[int], sfx: str = ".parquet") -> list[tuple[Path, int, int]]:
+    """``df`` cut at ``cuts`` into files f0, f1, ...; (file, first row, rows) of each."""
+    bounds = [0, *sorted(cuts), df.height]
+    out = []
+    for i in range(len(bounds) - 1):
+        f = write(df[bounds[i]:bounds[i + 1]], d / f"f{i}{sfx}")
+        out.append((f, bounds[i], bounds[i + 1] - bounds[i]))
+    return out
+
+
+def where(files, row: int) -> str:
+    f, first, _ = next(x for x in files if x[1] <= row < x[1] + x[2])
+    return f"row {row - first} of {str(f)!r}"
+
+
+def with_embeddings(df: pl.DataFrame, seed: int) -> pl.DataFrame:
+    e = np.random.default_rng(seed).standard_normal((df.height, 4)).astype(np.float32)
+    return df.with_columns(pl.Series("embedding", e.tolist(), dtype=pl.List(pl.Float32)))
+
+
+def plant(df: pl.DataFrame, row: int, fault: str) -> pl.DataFrame:
+    col, value = {"nan embedding": ("embedding", [0.5, float("nan"), 0.0, 1.0]),
+                  "null in embedding": ("embedding", [0.5, None, 0.0, 1.0]),
+                  "short embedding": ("embedding", [0.5, 1.0]),
+                  "inf reward": ("reward", float("inf")), "null reward": ("reward", None)}[fault]
+    vals = df[col].to_list()
+    vals[row] = value
+    return df.with_columns(pl.Series(col, vals, dtype=df.schema[col]))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), n_pools=st.integers(2, 30), n_parts=st.integers(1, 4), seed=st.integers(0, 99),
+       fault=st.sampled_from(["nan embedding", "null in embedding", "short embedding", "inf reward", "null reward"]),
+       sfx=st.sampled_from([".parquet", ".jsonl"]))
+def test_a_bad_value_is_named_by_its_file_and_row(tmp_path_factory, data, n_pools, n_parts, seed, fault, sfx):
+    """A bad value of any row, in any file, under any number of buckets: the error names
+    that file and the row within it (not a row of the whole input or of a bucket)."""
+    if sfx == ".jsonl" and fault in ("nan embedding", "inf reward"):
+        fault = "null reward"  # JSON has no NaN or infinity
+    tmp = tmp_path_factory.mktemp("where")
+    df = with_embeddings(rows(n_pools, 3, seed=seed).sample(fraction=1.0, shuffle=True, seed=seed), seed)
+    row = data.draw(st.integers(0, df.height - 1))
+    cuts = data.draw(st.lists(st.integers(0, df.height), max_size=3))
+    files = shards(plant(df, row, fault), tmp / "in", cuts, sfx)
+    with pytest.raises(MrtInputError) as info:
+        select_dataset(tmp / "in", tmp / "o.parquet", 2, "grades", _n_parts=n_parts)
+    assert where(files, row) in str(info.value), (str(info.value), where(files, row))
+    assert info.value.row == int(where(files, row).split()[1])
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("n_parts", [1, 2, 5])
+@pytest.mark.parametrize("prompt", [0, 6, 13])
+def test_a_bad_candidate_of_the_grouped_layout_is_named_by_its_prompts_file_and_row(tmp_path, n_parts, prompt):
+    g = with_embeddings(rows(14, 4), 1).group_by("prompt_id", maintain_order=True).agg("reward", "embedding")
+    e = g["embedding"].to_list()
+    e[prompt][2][1] = float("nan")
+    g = g.with_columns(pl.Series("embedding", e, dtype=g.schema["embedding"]))
+    files = shards(g, tmp_path / "in", [5, 9])
+    with pytest.raises(MrtInputError, match=rf"candidate 2 \({where(files, prompt)}\)"):
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
+
+
+def test_diagnose_names_the_file_and_row_of_a_bad_loss(tmp_path):
+    df = rows(20, 3)
+    loss = df["loss"].to_list()
+    loss[41] = float("nan")
+    files = shards(df.with_columns(pl.Series("loss", loss)), tmp_path / "in", [10, 35])
+    for batch_rows in (7, 1000):
+        with pytest.raises(MrtInputError, match=rf"loss at {where(files, 41)} is NaN") as info:
+            variance_budget_dataset(tmp_path / "in", n_boot=0, batch_rows=batch_rows)
+        assert "update" not in str(info.value) and info.value.row == 6

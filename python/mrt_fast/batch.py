@@ -303,16 +303,25 @@ def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
                             f"the first {df[by][i]!r} at row {i}", pool=df[by][i], column=lists[0], row=i)
     k_col = [opts.k] if isinstance(opts.k, str) and opts.k not in lists and opts.k != by else []
     flat = df.select([by, *k_col, *lists]).explode(lists)
-    flat = _io.decode_embedding(flat, opts.embedding)
-    if opts.method == "stratified" and opts.mode not in flat.columns:
-        from .modes import pool_modes
+    try:
+        flat = _io.decode_embedding(flat, opts.embedding)
+        if opts.method == "stratified" and opts.mode not in flat.columns:
+            from .modes import pool_modes
 
-        flat = pool_modes(flat, by=by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes, seed=opts.seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SmallPoolWarning)
-        kept, rep = select(flat, opts.k, opts.method, by=by, embedding=opts.embedding, reward=opts.reward,
-                           mode=opts.mode, alpha=opts.alpha, k_max=opts.k_max, kernel=opts.kernel, seed=opts.seed,
-                           return_report=True)
+            flat = pool_modes(flat, by=by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes,
+                              seed=opts.seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SmallPoolWarning)
+            kept, rep = select(flat, opts.k, opts.method, by=by, embedding=opts.embedding, reward=opts.reward,
+                               mode=opts.mode, alpha=opts.alpha, k_max=opts.k_max, kernel=opts.kernel,
+                               seed=opts.seed, return_report=True)
+    except MrtInputError as e:  # a candidate's row -> its prompt's row
+        if e.row is None or not 0 <= e.row < flat.height:
+            raise
+        from .row_origin import restate_row
+
+        i = int(np.searchsorted(np.cumsum(ref.to_numpy()), e.row, side="right"))
+        raise restate_row(e, e.row, f"row {i}", i) from None
     added = [c for c in kept.columns if c not in flat.columns]
     agg = kept.group_by(by, maintain_order=True).agg([pl.col(c) for c in lists + added
                                                        if c in kept.columns])
@@ -787,7 +796,7 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
             rep.n_input_rows = df.height
             bar.total(df.height)
             bar.phase(f"{opts.method}-{opts.k}")
-            kept, r = select_frame(df, opts)
+            kept, r = _select_rows(df, opts, ds)
             del df
             tot.add(r)
             if to_dir:
@@ -853,7 +862,7 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                     if df.height == 0:
                         kept = _empty_output(ds, opts, to_dir)
                     else:
-                        kept, r = select_frame(df, opts, first=not to_dir)
+                        kept, r = _select_rows(df, opts, ds, first=not to_dir)
                         tot.add(r)
                     n = df.height
                     del df
@@ -976,6 +985,20 @@ def _read_all(ds: _io.Dataset, embedding: str | None = None) -> pl.DataFrame:
         raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
 
 
+def _select_rows(df: pl.DataFrame, opts: Options, ds: _io.Dataset, offset: int = 0, **kw):
+    """:func:`select_frame` on rows of ``ds`` (global rows ``__row``, else ``offset`` on);
+    an error about one of them names its file and its row there."""
+    from .row_origin import in_file
+
+    try:
+        return select_frame(df, opts, **kw)
+    except MrtInputError as e:
+        if e.row is None or not 0 <= e.row < df.height:
+            raise
+        row = int(df[ROW][e.row]) if ROW in df.columns else offset + e.row
+        raise in_file(e, ds, row) from None
+
+
 def _check_nulls(df: pl.DataFrame, by: str, ds: _io.Dataset) -> None:
     n = df[by].null_count()
     if n:
@@ -1074,7 +1097,7 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
         except Exception as e:  # noqa: BLE001
             ds.find_unreadable()
             raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
-        kept, r = select_frame(df, opts, layout="grouped", list_columns=lists)
+        kept, r = _select_rows(df, opts, ds, offset=i * per, layout="grouped", list_columns=lists)
         tot.add(r)
         if to_dir:
             _finish_part(kept, out, i, man, fail_after, written)
