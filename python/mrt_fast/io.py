@@ -189,6 +189,8 @@ def check_output(path: str | os.PathLike, role: str = "output", *, table: bool =
         fmt_of(path, role)
     if path.is_dir():
         raise MrtInputError(f"{role} {str(path)!r} is a directory")
+    if path.exists() and not path.is_file():  # a device or a FIFO: the rename would replace it
+        raise MrtInputError(f"{role} {str(path)!r} is not a regular file")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise MrtInputError(f"{role} directory {str(parent)!r} does not exist")
