@@ -82,6 +82,22 @@ def test_hive_folders_with_different_keys_are_refused(tmp_path, sfx, layout):
     one_line_exit_2(runner.invoke(app, ["diagnose", str(tmp_path / "in"), "--n-boot", "0"]), "hive folders disagree")
 
 
+@pytest.mark.parametrize("sfx", [".parquet", ".jsonl"])
+def test_a_hive_key_column_holding_the_folders_value_is_read(tmp_path, sfx):
+    """polars' partitioned writes keep the key column in each file, equal to its folder's value."""
+    df = rows(12, 2).with_columns(
+        split=pl.when(pl.col("prompt_id") % 3 == 0).then(pl.lit("a/b")).otherwise(pl.lit("c")))
+    if sfx == ".parquet":
+        df.write_parquet(tmp_path / "in", partition_by="split")
+    else:
+        for (v,), part in df.group_by("split", maintain_order=True):
+            write(part, tmp_path / "in" / f"split={v.replace('/', '%2F')}" / "x.jsonl")
+    select_dataset(tmp_path / "in", tmp_path / "o.parquet", 1, "top")
+    got = pl.read_parquet(tmp_path / "o.parquet").sort("prompt_id")
+    want = ref_select(df, 1, "top").sort("prompt_id")
+    assert got.select(want.columns).equals(want)
+
+
 def test_hive_keys_still_become_columns(tmp_path):
     a, b = rows(4), rows(4, first=10)
     write(a, tmp_path / "in" / "split=a" / "x.jsonl")

@@ -9,12 +9,14 @@ column): it is read as the wider type in every file. Any other difference is
 refused the same way.
 
 Hive folders (``key=value``) must name the same keys, in the same order, above
-every file, and a key must not be the name of a column the files hold.
+every file, and a key that is also a column of a file must hold nothing but
+the folder's value there.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import unquote
 
 import polars as pl
 
@@ -43,13 +45,30 @@ def common_hive_keys(files: list[Path], root: Path) -> tuple[str, ...]:
     return first
 
 
-def check_hive_collision(f: Path, schema: pl.Schema, keys: tuple[str, ...]) -> None:
-    """Refuse a hive key that is also a column of the file (the folder's value would replace it)."""
-    for k in keys:
-        if k in schema:
+def hive_values(rel: Path) -> dict[str, str]:
+    """The ``key=value`` folders of a path relative to the dataset's root, values unquoted."""
+    return {k: unquote(v) for k, v in (p.split("=", 1) for p in rel.parts[:-1] if "=" in p)}
+
+
+def check_hive_collision(f: Path, fmt: str, schema: pl.Schema, values: dict[str, str]) -> None:
+    """Refuse a hive key that is also a column of the file, unless the column
+    holds only the folder's value (as polars' partitioned writes leave it):
+    otherwise the folder's value would replace the file's."""
+    for k, v in values.items():
+        if k in schema and not _holds_only(f, fmt, k, v):
             raise MrtInputError(
-                f"hive key {k!r} of the folders above {str(f)!r} is also a column of that file; "
-                "rename the folder key or the column", column=k)
+                f"hive key {k!r} of the folders above {str(f)!r} is also a column of that file, holding other "
+                f"values than the folder's {v!r}; rename the folder key or the column", column=k)
+
+
+def _holds_only(f: Path, fmt: str, column: str, value: str) -> bool:
+    lf = pl.scan_parquet(f, hive_partitioning=False) if fmt == "parquet" else \
+        pl.scan_ndjson(f, infer_schema_length=None)
+    try:
+        got = lf.select(pl.col(column).cast(pl.String).unique()).collect()[column].to_list()
+    except Exception:  # noqa: BLE001 - a column that has no text form is not the folder's value
+        return False
+    return all(g == value for g in got)
 
 
 def unify(schemas: list[tuple[Path, pl.Schema]]) -> pl.Schema:

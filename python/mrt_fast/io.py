@@ -463,11 +463,11 @@ class Dataset:
         one-line error naming the file that differs otherwise, or whose hive
         key is one of its columns."""
         if self._files_schema is None:
-            from .dataset_schema import check_hive_collision, unify
+            from .dataset_schema import check_hive_collision, hive_values, unify
 
-            keys = tuple(hive_columns(self))
-            for f, s in zip(self.files, self.file_schemas()):
-                check_hive_collision(f, s, keys)
+            if self.hive:
+                for f, s in zip(self.files, self.file_schemas()):
+                    check_hive_collision(f, self.fmt, s, hive_values(f.relative_to(self.root)))
             self._files_schema = unify(list(zip(self.files, self.file_schemas())))
         return self._files_schema
 
@@ -569,13 +569,14 @@ def hive_columns(ds: Dataset) -> list[str]:
 def _hive_ndjson(ds: Dataset) -> pl.LazyFrame:
     """JSONL files under ``key=value`` folders, the keys as (text) columns.
     (polars reads the hive partitions of Parquet itself.)"""
+    from .dataset_schema import hive_values
+
     schema = ds.files_schema()
     parts = []
     for f in ds.files:
         one = pl.scan_ndjson(f, schema=schema)
-        rel = f.relative_to(ds.root)
-        vals = dict(p.split("=", 1) for p in rel.parts[:-1] if "=" in p)
-        parts.append(one.with_columns(pl.lit(v).alias(k) for k, v in vals.items()))
+        vals = hive_values(f.relative_to(ds.root))  # a key the file holds keeps the file's column
+        parts.append(one.with_columns(pl.lit(v).alias(k) for k, v in vals.items() if k not in schema))
     return pl.concat(parts, how="vertical")
 
 
