@@ -169,7 +169,8 @@ def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups
     nulls = df[by].null_count()
     if nulls:
         first = int(df[by].is_null().arg_true()[0])
-        raise MrtInputError(f"column {by!r} has {nulls} null prompt id(s), the first at row {first}")
+        raise MrtInputError(f"column {by!r} has {nulls} null prompt id(s), the first at row {first}", column=by,
+                            row=first)
     refuse_nan(df[by], by, "prompt id")
     if candidate_key is None:
         # fast path: every prompt's rows already contiguous (the usual layout)
@@ -230,7 +231,8 @@ def embeddings(df: pl.DataFrame, name: str) -> np.ndarray:
     s = df[name]
     if s.null_count():
         first = int(s.is_null().arg_true()[0])
-        raise MrtInputError(f"column {name!r} has {s.null_count()} null embedding(s), the first at row {first}")
+        raise MrtInputError(f"column {name!r} has {s.null_count()} null embedding(s), the first at row {first}",
+                            column=name, row=first)
     if isinstance(s.dtype, pl.Array):
         inner = s.dtype.inner
         if not inner.is_numeric():
@@ -243,15 +245,18 @@ def embeddings(df: pl.DataFrame, name: str) -> np.ndarray:
         lens = s.list.len()
         lo, hi = lens.min(), lens.max()
         if lo != hi:
-            bad = int((lens != lens[0]).arg_true()[0])
+            common = lens.mode().sort()[0]
+            bad = int((lens != common).arg_true()[0])
             raise MrtInputError(
-                f"column {name!r} has embeddings of different lengths: row 0 has {lens[0]}, row {bad} has {lens[bad]}"
-            )
+                f"column {name!r} has embeddings of different lengths: row {bad} has {lens[bad]}, "
+                f"most rows {common}", column=name, row=bad)
         if lo == 0:
             raise MrtInputError(f"column {name!r} holds empty embeddings")
         flat = s.explode()
         if flat.null_count():
-            raise MrtInputError(f"column {name!r} holds null values inside embeddings")
+            bad = int(s.list.eval(pl.element().is_null()).list.any().arg_true()[0])
+            raise MrtInputError(f"column {name!r} holds null values inside embeddings, the first at row {bad}",
+                                column=name, row=bad)
         x = flat.cast(pl.Float32).to_numpy().reshape(len(s), int(lo))
         return np.ascontiguousarray(x, dtype=np.float32)
     raise MrtInputError(f"column {name!r} must be a list/array of floats (one embedding per row), got {s.dtype}")
@@ -263,7 +268,8 @@ def numeric(df: pl.DataFrame, name: str, role: str, dtype=pl.Float64) -> np.ndar
         raise MrtInputError(f"column {name!r} ({role}) must be numeric, got {s.dtype}")
     if s.null_count():
         first = int(s.is_null().arg_true()[0])
-        raise MrtInputError(f"column {name!r} ({role}) has {s.null_count()} null value(s), the first at row {first}")
+        raise MrtInputError(f"column {name!r} ({role}) has {s.null_count()} null value(s), the first at row {first}",
+                            column=name, row=first)
     out = s.cast(dtype).to_numpy()
     return np.ascontiguousarray(out)
 

@@ -246,17 +246,27 @@ def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
         i = int(empty.arg_true()[0])
         raise MrtInputError(f"grouped layout: {n_empty} prompt(s) have no candidates in {lists[0]!r}, "
                             f"the first {df[by][i]!r} at row {i}", pool=df[by][i], column=lists[0], row=i)
-    flat = df.select([by, *lists]).explode(lists)
-    flat = _io.decode_embedding(flat, opts.embedding)
-    if opts.method == "stratified" and opts.mode not in flat.columns:
-        from .modes import pool_modes
+    k_col = [opts.k] if isinstance(opts.k, str) and opts.k not in lists and opts.k != by else []
+    flat = df.select([by, *k_col, *lists]).explode(lists)
+    try:
+        flat = _io.decode_embedding(flat, opts.embedding)
+        if opts.method == "stratified" and opts.mode not in flat.columns:
+            from .modes import pool_modes
 
-        flat = pool_modes(flat, by=by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes, seed=opts.seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SmallPoolWarning)
-        kept, rep = select(flat, opts.k, opts.method, by=by, embedding=opts.embedding, reward=opts.reward,
-                           mode=opts.mode, alpha=opts.alpha, k_max=opts.k_max, kernel=opts.kernel, seed=opts.seed,
-                           return_report=True)
+            flat = pool_modes(flat, by=by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes,
+                              seed=opts.seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SmallPoolWarning)
+            kept, rep = select(flat, opts.k, opts.method, by=by, embedding=opts.embedding, reward=opts.reward,
+                               mode=opts.mode, alpha=opts.alpha, k_max=opts.k_max, kernel=opts.kernel,
+                               seed=opts.seed, return_report=True)
+    except MrtInputError as e:  # a candidate's row -> its prompt's row
+        if e.row is None or not 0 <= e.row < flat.height:
+            raise
+        from .row_origin import restate_row
+
+        i = int(np.searchsorted(np.cumsum(ref.to_numpy()), e.row, side="right"))
+        raise restate_row(e, e.row, f"row {i}", i) from None
     added = [c for c in kept.columns if c not in flat.columns]
     agg = kept.group_by(by, maintain_order=True).agg([pl.col(c) for c in lists + added
                                                        if c in kept.columns])
@@ -722,7 +732,7 @@ def select_dataset(
     ds = _io.discover(source)
     if _io.output_inside_input(out, ds):
         raise MrtInputError(f"output {str(out)!r} is the input or inside it; write it elsewhere")
-    first_schema = _io.file_schema(ds.files[0], ds.fmt)
+    first_schema = ds.file_schemas()[0]
     names = list(first_schema.names()) + _io.hive_columns(ds)
     schema = ds.check_columns(opts.needed(names))
     lay = opts.resolve_layout(schema)
@@ -798,7 +808,7 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
             rep.n_input_rows = df.height
             bar.total(df.height)
             bar.phase(f"{opts.method}-{opts.k}")
-            kept, r = select_frame(df, opts)
+            kept, r = _select_rows(df, opts, ds)
             del df
             tot.add(r)
             if to_dir:
@@ -873,7 +883,7 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                     if df.height == 0:
                         kept = _empty_output(ds, opts, to_dir)
                     else:
-                        kept, r = select_frame(df, opts, first=not to_dir)
+                        kept, r = _select_rows(df, opts, ds, first=not to_dir)
                         tot.add(r)
                     n = df.height
                     del df
@@ -998,6 +1008,20 @@ def _read_all(ds: _io.Dataset, embedding: str | None = None) -> pl.DataFrame:
         raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
 
 
+def _select_rows(df: pl.DataFrame, opts: Options, ds: _io.Dataset, offset: int = 0, **kw):
+    """:func:`select_frame` on rows of ``ds`` (global rows ``__row``, else ``offset`` on);
+    an error about one of them names its file and its row there."""
+    from .row_origin import in_file
+
+    try:
+        return select_frame(df, opts, **kw)
+    except MrtInputError as e:
+        if e.row is None or not 0 <= e.row < df.height:
+            raise
+        row = int(df[ROW][e.row]) if ROW in df.columns else offset + e.row
+        raise in_file(e, ds, row) from None
+
+
 def _check_nulls(df: pl.DataFrame, by: str, ds: _io.Dataset) -> None:
     n = df[by].null_count()
     if n:
@@ -1029,6 +1053,17 @@ def _write_file(df: pl.DataFrame, out: Path) -> None:
         wr.commit()
 
 
+def _refuse_repeated_prompt(ds: _io.Dataset, lf: pl.LazyFrame, by: str) -> None:
+    """Grouped layout: name the first prompt id on more than one row, and two of its rows."""
+    dup = (lf.select(pl.col(by)).with_row_index("__i").filter(pl.col(by).is_duplicated())
+           .filter(pl.col(by) == pl.col(by).first()).head(2).collect())
+    (f0, r0), (f1, r1) = (ds.locate(int(i)) for i in dup["__i"])
+    p = dup[by][0]
+    raise MrtInputError(f"grouped layout: prompt id {p!r} is on more than one row, row {r0} of {str(f0)!r} and "
+                        f"row {r1} of {str(f1)!r} (the grouped layout holds one row per prompt)", pool=p, column=by,
+                        row=r0)
+
+
 def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, progress, command, rep, t0,
                  n_parts_override, fail_after):
     """Grouped layout: parts are runs of consecutive prompts (rows); nothing is shuffled."""
@@ -1039,7 +1074,8 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
             n_rows = int(lf.select(pl.len()).collect().item())
         else:
             n_rows = sum(counts)
-        nulls = int(lf.select(pl.col(opts.by).null_count()).collect().item())
+        nulls, n_ids = lf.select(pl.col(opts.by).null_count().alias("nulls"),
+                                 pl.col(opts.by).n_unique().alias("ids")).collect().row(0)
     except Exception as e:  # noqa: BLE001
         ds.find_unreadable()
         raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
@@ -1048,6 +1084,8 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
         f, r0 = ds.locate(int(ids))
         raise MrtInputError(f"column {opts.by!r} has {nulls} null prompt id(s), the first in {str(f)!r} at row {r0}; "
                             "give every row a prompt id", column=opts.by, row=r0)
+    if n_ids != n_rows:
+        _refuse_repeated_prompt(ds, lf, opts.by)
     if n_rows == 0:
         raise MrtInputError(f"{ds.source!r} has no rows: there is nothing to select from")
     rep.n_input_rows = n_rows
@@ -1082,7 +1120,7 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
         except Exception as e:  # noqa: BLE001
             ds.find_unreadable()
             raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
-        kept, r = select_frame(df, opts, layout="grouped", list_columns=lists)
+        kept, r = _select_rows(df, opts, ds, offset=i * per, layout="grouped", list_columns=lists)
         tot.add(r)
         if to_dir:
             _finish_part(kept, out, i, man, fail_after, written)

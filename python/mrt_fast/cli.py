@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -347,15 +346,7 @@ def diagnose_cmd(
             from .distributed import variance_budget_dataset as ray_variance_budget_dataset
 
             variance_budget_dataset = partial(ray_variance_budget_dataset, address=ray_address)  # noqa: F811
-        for what, p in (("--json", json_out), ("--plot", plot), ("--allocation", allocation)):
-            if p is not None:
-                parent = p.parent if str(p.parent) else Path(".")
-                if not parent.is_dir():
-                    raise MrtInputError(f"{what} {str(p)!r}: directory {str(parent)!r} does not exist")
-                if p.is_dir():
-                    raise MrtInputError(f"{what} {str(p)!r} is a directory")
-                if not os.access(parent, os.W_OK):
-                    raise MrtInputError(f"{what} {str(p)!r}: cannot write to {str(parent)!r}")
+        _check_report_outputs(json_out, plot, allocation)
         opts = dict(by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
                     k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap,
                     interval=interval)
@@ -377,21 +368,40 @@ def diagnose_cmd(
     for row in rep.predicted.iter_rows():
         tab.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
     console.print(tab)
-    if json_out is not None:
-        json_out.write_text(json.dumps(rep.to_dict(), indent=2))
-        console.print(f"wrote {json_out}")
-    if plot is not None:
-        rep.plot(plot)
-        console.print(f"wrote {plot}")
-    if allocate is not None:
-        from .io import write_table
+    from .io import write_table, write_text
 
-        with _user_errors():
+    with _user_errors():
+        if json_out is not None:
+            write_text(json_out, json.dumps(rep.to_dict(), indent=2))
+            console.print(f"wrote {json_out}")
+        if plot is not None:
+            rep.plot(plot)
+            console.print(f"wrote {plot}")
+        if allocate is not None:
             al = rep.allocate(allocate, k_max=k_max)
-        console.print(repr(al), highlight=False)
-        if allocation is not None:
-            write_table(al.table, allocation)
-            console.print(f"wrote {allocation}")
+            console.print(repr(al), highlight=False)
+            if allocation is not None:
+                write_table(al.table, allocation)
+                console.print(f"wrote {allocation}")
+
+
+def _check_report_outputs(json_out: Optional[Path], plot: Optional[Path], allocation: Optional[Path]) -> None:
+    """diagnose's outputs, checked before any work: a place a file can be written,
+    an image format matplotlib writes for --plot, a table format for --allocation."""
+    from .errors import MrtInputError
+    from .io import check_output
+
+    if json_out is not None:
+        check_output(json_out, "--json", table=False)
+    if plot is not None:
+        from .variance import PLOT_FORMATS
+
+        if plot.suffix.lower().lstrip(".") not in PLOT_FORMATS:
+            raise MrtInputError(f"--plot {str(plot)!r}: unsupported image format {plot.suffix!r} "
+                                "(use .png, .pdf or .svg)")
+        check_output(plot, "--plot", table=False)
+    if allocation is not None:
+        check_output(allocation, "--allocation")
 
 
 @app.command("nll")

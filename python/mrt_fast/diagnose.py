@@ -10,6 +10,7 @@ whole table.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,7 @@ def variance_budget_dataset(
             try:
                 acc.update(df[by], x)
             except MrtInputError as e:
-                raise MrtInputError(f"{ds.source!r}: {e}") from None
+                raise _in_file(e, ds, loss) from None
             lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
             seen += df.height
     except MrtInputError:
@@ -72,3 +73,16 @@ def variance_budget_dataset(
     rep = report_from_accumulator(acc, loss_bound=loss_bound, **kwargs)
     rep.notes.extend(notes)
     return rep
+
+
+def _in_file(err: MrtInputError, ds: _io.Dataset, loss: str) -> MrtInputError:
+    """An accumulator's error about the dataset's row N ("row N (row i of this update)")
+    restated with the file and the row in it; any other with the dataset's name."""
+    from .row_origin import in_file
+
+    m = re.search(r"\brow (\d+) \(row \d+ of this update\)", str(err))
+    if m is None:
+        return MrtInputError(f"{ds.source!r}: {err}", pool=err.pool, column=err.column, row=err.row)
+    row = int(m.group(1))
+    plain = MrtInputError(str(err).replace(m.group(0), f"row {row}"), pool=err.pool, column=loss)
+    return in_file(plain, ds, row, said=row)

@@ -62,7 +62,7 @@ def scan(path: Path) -> pl.LazyFrame:
         if f == "parquet":
             lf = pl.scan_parquet(path)
         elif f == "jsonl":
-            lf = pl.scan_ndjson(path, infer_schema_length=1000)
+            lf = pl.scan_ndjson(path, infer_schema_length=None)
         else:
             lf = pl.scan_csv(path)
         lf.collect_schema()
@@ -189,6 +189,8 @@ def check_output(path: str | os.PathLike, role: str = "output", *, table: bool =
         fmt_of(path, role)
     if path.is_dir():
         raise MrtInputError(f"{role} {str(path)!r} is a directory")
+    if path.exists() and not path.is_file():  # a device or a FIFO: the rename would replace it
+        raise MrtInputError(f"{role} {str(path)!r} is not a regular file")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise MrtInputError(f"{role} directory {str(parent)!r} does not exist")
@@ -346,6 +348,8 @@ def require_columns(df: pl.DataFrame, cols: list[str], what: str) -> None:
 
 DATASET_FORMATS = ("parquet", "jsonl")
 _GLOB_CHARS = set("*?[")
+#: how a Parquet file's column is read when another file holds it wider
+_WIDEN = pl.ScanCastOptions(integer_cast=["upcast", "allow-float"], float_cast="upcast")
 
 
 class Dataset:
@@ -354,6 +358,8 @@ class Dataset:
 
     ``files`` are sorted by path; rows are read file by file in that order, so
     a row's position in the dataset is its position in that concatenation.
+    Every file holds the same columns; a column's type may widen from file to
+    file (:mod:`mrt_fast.dataset_schema`), and is read as the widest.
     """
 
     def __init__(self, source: str | os.PathLike, files: list[Path], fmt: str, hive: bool, root: Path | None):
@@ -362,6 +368,8 @@ class Dataset:
         self.fmt = fmt
         self.hive = hive
         self.root = root  # the directory the files live under (None for one file)
+        self._file_schemas: list[pl.Schema] | None = None
+        self._files_schema: pl.Schema | None = None
 
     def __repr__(self) -> str:
         return f"Dataset({self.source!r}, {len(self.files)} {self.fmt} file(s){', hive' if self.hive else ''})"
@@ -369,16 +377,19 @@ class Dataset:
     def scan(self, row_index: str | None = None) -> pl.LazyFrame:
         """One lazy scan over every file (in order), optionally with a global row index."""
         files = [str(f) for f in self.files]
+        if self.fmt in DATASET_FORMATS:
+            schema = self.files_schema()
         try:
             if self.fmt == "parquet":
+                cast = {} if self.uniform() else {"schema": schema, "cast_options": _WIDEN}
                 lf = pl.scan_parquet(files, row_index_name=row_index, hive_partitioning=self.hive,
-                                     glob=False)
+                                     glob=False, **cast)
             elif self.fmt == "jsonl" and self.hive:
                 lf = _hive_ndjson(self)
                 if row_index is not None:
                     lf = lf.with_row_index(row_index)
             elif self.fmt == "jsonl":
-                lf = pl.scan_ndjson(files, row_index_name=row_index, infer_schema_length=1000)
+                lf = pl.scan_ndjson(files, row_index_name=row_index, schema=schema)
             else:
                 lf = pl.scan_csv(files, row_index_name=row_index)
         except Exception as e:  # noqa: BLE001
@@ -404,7 +415,7 @@ class Dataset:
             if df is not None:
                 return df
         n = min(len(self.files), pl.thread_pool_size(), os.cpu_count() or 1)
-        if self.fmt == "parquet" and not self.hive and n > 1:
+        if self.fmt == "parquet" and not self.hive and n > 1 and self.uniform():
             from concurrent.futures import ThreadPoolExecutor
 
             files = [str(f) for f in self.files]
@@ -424,22 +435,46 @@ class Dataset:
         return self.check_columns([])
 
     def check_columns(self, needed: list[tuple[str, str]]) -> pl.Schema:
-        """Every file readable and holding every ``(column, role)`` of ``needed``;
-        returns the dataset's schema (hive columns included)."""
+        """Every file readable and holding every ``(column, role)`` of ``needed``,
+        and the files agreeing on their columns; returns the dataset's schema
+        (hive columns included)."""
         hive_cols = hive_columns(self)
-        first: pl.Schema | None = None
-        for f in self.files:
-            s = file_schema(f, self.fmt)
+        for f, s in zip(self.files, self.file_schemas()):
             names = set(s.names()) | set(hive_cols)
             for col, role in needed:
                 if col not in names:
                     raise MrtInputError(
                         f"column {col!r} ({role}) not found in {str(f)!r}; it has columns {s.names()}", column=col
                     )
-            if first is None:
-                first = s
-        schema = self.scan().collect_schema() if self.hive else first
-        return schema  # type: ignore[return-value]
+        schema = self.files_schema()
+        if self.hive:
+            schema = self.scan().collect_schema()
+        return schema
+
+    def file_schemas(self) -> list[pl.Schema]:
+        """Each file's own schema, in file order (read once)."""
+        if self._file_schemas is None:
+            self._file_schemas = [file_schema(f, self.fmt) for f in self.files]
+        return self._file_schemas
+
+    def files_schema(self) -> pl.Schema:
+        """The schema the files are read with (hive columns not included): the
+        same columns in every file, each type the widest any file holds; a
+        one-line error naming the file that differs otherwise, or whose hive
+        key is one of its columns."""
+        if self._files_schema is None:
+            from .dataset_schema import check_hive_collision, hive_values, unify
+
+            if self.hive:
+                for f, s in zip(self.files, self.file_schemas()):
+                    check_hive_collision(f, self.fmt, s, hive_values(f.relative_to(self.root)))
+            self._files_schema = unify(list(zip(self.files, self.file_schemas())))
+        return self._files_schema
+
+    def uniform(self) -> bool:
+        """Whether every file holds exactly the dataset's types (nothing to widen)."""
+        want = dict(self.files_schema())
+        return all(dict(s) == want for s in self.file_schemas())
 
     def fingerprint(self) -> str:
         return fingerprint(self.files)
@@ -477,7 +512,7 @@ class Dataset:
         """The file holding global row ``row`` and the row's index in it."""
         counts = self.row_counts()
         if counts is None:
-            counts = [int(pl.scan_ndjson(f, infer_schema_length=1000).select(pl.len()).collect().item())
+            counts = [int(pl.scan_ndjson(f, schema=self.files_schema()).select(pl.len()).collect().item())
                       for f in self.files]
         for f, n in zip(self.files, counts):
             if row < n:
@@ -495,7 +530,7 @@ class Dataset:
                     for _ in pq.ParquetFile(f).iter_batches(batch_size=65536):
                         pass
                 else:
-                    pl.scan_ndjson(f, infer_schema_length=1000).collect()
+                    pl.scan_ndjson(f, schema=self.files_schema()).collect()
             except Exception as e:  # noqa: BLE001
                 raise MrtInputError(f"cannot read {str(f)!r} as {self.fmt}: {_one_line(e)}") from None
 
@@ -510,7 +545,7 @@ def file_schema(f: Path, fmt: str) -> pl.Schema:
         if fmt == "jsonl":
             if f.stat().st_size == 0:
                 raise MrtInputError(f"input file {str(f)!r} is empty")
-            return pl.scan_ndjson(f, infer_schema_length=1000).collect_schema()
+            return pl.scan_ndjson(f, infer_schema_length=None).collect_schema()
         return pl.scan_csv(f).collect_schema()
     except MrtInputError:
         raise
@@ -523,21 +558,25 @@ def _is_glob(s: str) -> bool:
 
 
 def hive_columns(ds: Dataset) -> list[str]:
+    """The hive keys of the dataset (the same above every file, see :func:`discover`)."""
     if not ds.hive or ds.root is None:
         return []
-    rel = ds.files[0].relative_to(ds.root)
-    return [p.split("=", 1)[0] for p in rel.parts[:-1] if "=" in p]
+    from .dataset_schema import hive_keys
+
+    return list(hive_keys(ds.files[0].relative_to(ds.root)))
 
 
 def _hive_ndjson(ds: Dataset) -> pl.LazyFrame:
     """JSONL files under ``key=value`` folders, the keys as (text) columns.
     (polars reads the hive partitions of Parquet itself.)"""
+    from .dataset_schema import hive_values
+
+    schema = ds.files_schema()
     parts = []
     for f in ds.files:
-        one = pl.scan_ndjson(f, infer_schema_length=1000)
-        rel = f.relative_to(ds.root)
-        vals = dict(p.split("=", 1) for p in rel.parts[:-1] if "=" in p)
-        parts.append(one.with_columns(pl.lit(v).alias(k) for k, v in vals.items()))
+        one = pl.scan_ndjson(f, schema=schema)
+        vals = hive_values(f.relative_to(ds.root))  # a key the file holds keeps the file's column
+        parts.append(one.with_columns(pl.lit(v).alias(k) for k, v in vals.items() if k not in schema))
     return pl.concat(parts, how="vertical")
 
 
@@ -551,12 +590,16 @@ def discover(source: str | os.PathLike) -> Dataset:
         fmt = fmt_of(p, "input")
         return Dataset(s, [p], fmt, False, None)
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in FORMATS
-                       and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts))
+        found = [f for f in p.rglob("*") if f.suffix.lower() in FORMATS
+                 and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts)]
+        _refuse_broken_links(found)
+        files = sorted(f for f in found if f.is_file())
         root = p
         what = f"directory {s!r}"
     elif _is_glob(s):
-        files = sorted(Path(f) for f in _glob.glob(s, recursive=True) if Path(f).is_file())
+        found = [Path(f) for f in _glob.glob(s, recursive=True)]
+        _refuse_broken_links(found)
+        files = sorted(f for f in found if f.is_file())
         fixed = []
         for part in p.parts:
             if _is_glob(part):
@@ -565,6 +608,7 @@ def discover(source: str | os.PathLike) -> Dataset:
         root = Path(*fixed) if fixed else Path(".")
         what = f"glob {s!r}"
     else:
+        _refuse_broken_links([p])
         raise MrtInputError(f"input {s!r} does not exist")
     if not files:
         raise MrtInputError(f"{what} matches no .parquet/.jsonl file")
@@ -574,8 +618,19 @@ def discover(source: str | os.PathLike) -> Dataset:
     fmt = fmts.pop()
     if fmt not in DATASET_FORMATS:
         raise MrtInputError(f"{what}: a dataset of several files must be Parquet or JSONL, got {fmt}")
-    hive = all(any("=" in part for part in f.relative_to(root).parts[:-1]) for f in files)
+    from .dataset_schema import common_hive_keys
+
+    hive = bool(common_hive_keys(files, root))
     return Dataset(s, files, fmt, hive, root)
+
+
+def _refuse_broken_links(paths: list[Path]) -> None:
+    """A symbolic link whose target is missing (a git-annex or DVC file not
+    fetched) is an input file that cannot be read: refused, never skipped."""
+    for f in paths:
+        if f.is_symlink() and not f.exists():
+            raise MrtInputError(f"input file {str(f)!r} is a symbolic link to {os.readlink(f)!r}, which does not "
+                                "exist (fetch it, or remove the link)")
 
 
 def fingerprint(files: list[Path]) -> str:

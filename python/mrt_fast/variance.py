@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -51,6 +52,8 @@ __all__ = [
 ]
 
 DEFAULT_K_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+#: image formats `VarianceReport.plot` writes (by the file's suffix)
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -544,8 +547,18 @@ class VarianceReport:
             ax.legend(fontsize=8)
         fig.tight_layout()
         if path is not None:
-            fig.savefig(path, dpi=120)
-            plt.close(fig)
+            from .io import atomic_path
+
+            fmt = Path(path).suffix.lower().lstrip(".") or "png"
+            if fmt not in PLOT_FORMATS:
+                plt.close(fig)
+                raise MrtInputError(f"plot {str(path)!r}: unsupported image format {Path(path).suffix!r} "
+                                    "(use .png, .pdf or .svg)")
+            try:
+                with atomic_path(path) as tmp:
+                    fig.savefig(tmp, dpi=120, format=fmt)
+            finally:
+                plt.close(fig)
         return fig
 
 
