@@ -1,0 +1,267 @@
+"""One job at a time per output: a lock file held for the job's life.
+
+A dataset job that writes a directory holds ``DIR/_mrt.lock``; one that
+writes a file holds ``.NAME.mrt.lock`` beside it. Readers of a dataset
+directory skip the lock (``_``-prefixed, no table suffix).
+
+The lock file records the holder's pid, host and start time, and the holder
+keeps an exclusive ``flock`` on it until the job ends, so the kernel releases
+it when the holder dies in any way (``kill -9`` included). Taking the lock:
+
+* no lock file: a new one, written and flocked under a temporary name, is
+  hard-linked into place (``link`` fails when another process was faster);
+* a lock file whose flock is held: refused in one line naming the holder;
+* a lock file whose flock is free, written on this host: its holder is dead;
+  a new lock file is renamed over it, and whoever then holds the flock of the
+  file at the path wins (of two processes taking over the same stale lock,
+  one gets it, the other is refused naming the winner);
+* a lock file of another host with a free flock: refused too (that host's
+  process cannot be probed from here); delete the file once that job is
+  known to be gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import MrtInputError
+
+LOCK_NAME = "_mrt.lock"
+
+
+def lock_path(output: str | os.PathLike, *, directory: bool) -> Path:
+    """Where the lock of an output lives: inside a directory output, beside a file output."""
+    out = Path(output)
+    if directory:
+        return out / LOCK_NAME
+    return out.parent / f".{out.name}.mrt.lock"
+
+
+class JobLock:
+    """A held lock (see the module doc); :meth:`release` gives it back."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def take(cls, path: str | os.PathLike, what: str = "output") -> "JobLock":
+        """Take the lock at ``path`` or raise `MrtInputError` naming its live holder."""
+        path = Path(path)
+        for _ in range(100):
+            fd = _open_existing(path)
+            if fd is None:
+                mine = _new_lock_file(path)
+                try:
+                    os.link(mine[1], path)
+                except FileExistsError:
+                    _discard(mine)
+                    continue
+                except OSError:  # no hard links here: exclusive create (a short unlocked moment)
+                    _discard(mine)
+                    got = _create_exclusive(path)
+                    if got is None:
+                        continue
+                    if _same_file(got, path):  # not taken over in its unlocked moment
+                        return cls(path, got)
+                    os.close(got)
+                    continue
+                os.unlink(mine[1])
+                return cls(path, mine[0])
+            if not _try_flock(fd):
+                holder = _holder(fd)
+                os.close(fd)
+                if _still_at(path, holder["ino"]):
+                    raise MrtInputError(_busy(what, path, holder))
+                continue
+            if not _same_file(fd, path):  # replaced or released meanwhile
+                os.close(fd)
+                continue
+            holder = _holder(fd)
+            if holder.get("host") not in (None, socket.gethostname()):
+                os.close(fd)
+                raise MrtInputError(_busy(what, path, holder, other_host=True))
+            # the holder on this host is dead: put a lock of our own in its place
+            mine = _new_lock_file(path)
+            os.replace(mine[1], path)
+            os.close(fd)
+            if _same_file(mine[0], path):
+                return cls(path, mine[0])
+            os.close(mine[0])
+        raise MrtInputError(f"cannot take the lock {str(path)!r}: it keeps changing hands")
+
+    def release(self) -> None:
+        """Remove the lock file (if it is still ours) and drop the flock."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            if _same_file(self._fd, self.path):
+                os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> "JobLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+@contextlib.contextmanager
+def output_lock(output: str | os.PathLike, *, directory: bool) -> Iterator[JobLock]:
+    """Hold the lock of a job's output for the block.
+
+    A directory output is created if missing (the lock lives in it) and removed
+    again on the way out if this call created it and it is empty then. Refused
+    in one line when the parent directory is missing, the path is a file where
+    a directory is wanted, or another live job holds the lock."""
+    out = Path(output)
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+    created = False
+    if directory:
+        if out.exists() and not out.is_dir():
+            raise MrtInputError(f"output {str(out)!r} exists and is not a directory")
+        try:
+            out.mkdir()
+            created = True
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise MrtInputError(f"cannot create the output directory {str(out)!r}: {e.strerror or e}") from None
+    try:
+        lock = JobLock.take(lock_path(out, directory=directory), f"output {str(out)!r}")
+    except OSError as e:
+        _remove_if_empty(out, created)
+        raise MrtInputError(f"cannot lock the output {str(out)!r}: {e.strerror or e}") from None
+    except BaseException:
+        _remove_if_empty(out, created)
+        raise
+    try:
+        yield lock
+    finally:
+        lock.release()
+        _remove_if_empty(out, created)
+
+
+def _remove_if_empty(out: Path, created: bool) -> None:
+    if created:
+        with contextlib.suppress(OSError):
+            out.rmdir()
+
+
+# --------------------------------------------------------------------------- lock files
+
+
+def _record() -> bytes:
+    return (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}) + "\n").encode()
+
+
+def _new_lock_file(path: Path) -> tuple[int, Path]:
+    """A flocked file holding this process's record under a temporary name beside ``path``."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        try:
+            _flock(fd)
+            os.write(fd, _record())
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return fd, tmp
+    raise MrtInputError(f"cannot create a lock file beside {str(path)!r}")
+
+
+def _create_exclusive(path: Path) -> int | None:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return None
+    _flock(fd)
+    os.write(fd, _record())
+    return fd
+
+
+def _discard(mine: tuple[int, Path]) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(mine[1])
+    os.close(mine[0])
+
+
+def _open_existing(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+
+
+def _flock(fd: int) -> None:
+    if not _try_flock(fd):
+        raise MrtInputError("cannot lock a file this process just created")
+
+
+def _try_flock(fd: int) -> bool:
+    """An exclusive flock without waiting; False when another open file holds it."""
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: the record alone
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    me = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (me.st_dev, me.st_ino)
+
+
+def _still_at(path: Path, ino: int) -> bool:
+    try:
+        return os.stat(path).st_ino == ino
+    except FileNotFoundError:
+        return False
+
+
+def _holder(fd: int) -> dict:
+    """The record of the lock file open at ``fd`` (what could be read of it) and its inode."""
+    try:
+        raw = os.pread(fd, 4096, 0)
+        d = json.loads(raw.decode("utf-8", "replace") or "{}")
+        if not isinstance(d, dict):
+            d = {}
+    except (OSError, ValueError):
+        d = {}
+    d["ino"] = os.fstat(fd).st_ino
+    return d
+
+
+def _busy(what: str, path: Path, holder: dict, other_host: bool = False) -> str:
+    pid, host = holder.get("pid", "?"), holder.get("host", "?")
+    started = holder.get("started")
+    since = f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" \
+        if isinstance(started, (int, float)) else ""
+    msg = f"{what} is in use by another job (pid {pid} on host {host}{since}; lock {str(path)!r})"
+    if other_host:
+        msg += "; if that job is no longer running, delete the lock file and run again"
+    else:
+        msg += "; wait for it to finish, or stop it, then run again"
+    return msg
