@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import MrtInputError
+from .io import clean_stale_temps, temp_name
 
 LOCK_NAME = "_mrt.lock"
 
@@ -54,32 +55,25 @@ class JobLock:
     def take(cls, path: str | os.PathLike, what: str = "output") -> "JobLock":
         """Take the lock at ``path`` or raise `MrtInputError` naming its live holder."""
         path = Path(path)
-        for _ in range(100):
+        clean_stale_temps(path)
+        seen: dict | None = None
+        for _ in range(1000):
             fd = _open_existing(path)
             if fd is None:
-                mine = _new_lock_file(path)
-                try:
-                    os.link(mine[1], path)
-                except FileExistsError:
-                    _discard(mine)
-                    continue
-                except OSError:  # no hard links here: exclusive create (a short unlocked moment)
-                    _discard(mine)
-                    got = _create_exclusive(path)
-                    if got is None:
-                        continue
-                    if _same_file(got, path):  # not taken over in its unlocked moment
-                        return cls(path, got)
-                    os.close(got)
-                    continue
-                os.unlink(mine[1])
-                return cls(path, mine[0])
+                mine = _create(path)
+                if mine is not None:
+                    return cls(path, mine)
+                continue
             if not _try_flock(fd):
                 holder = _holder(fd)
                 os.close(fd)
-                if _still_at(path, holder["ino"]):
-                    raise MrtInputError(_busy(what, path, holder))
-                continue
+                if not _still_at(path, holder["ino"]):
+                    continue
+                if _changing_hands(holder):  # another process is taking over a dead holder's lock
+                    seen = holder
+                    time.sleep(0.005)
+                    continue
+                raise MrtInputError(_busy(what, path, holder))
             if not _same_file(fd, path):  # replaced or released meanwhile
                 os.close(fd)
                 continue
@@ -87,13 +81,11 @@ class JobLock:
             if holder.get("host") not in (None, socket.gethostname()):
                 os.close(fd)
                 raise MrtInputError(_busy(what, path, holder, other_host=True))
-            # the holder on this host is dead: put a lock of our own in its place
-            mine = _new_lock_file(path)
-            os.replace(mine[1], path)
-            os.close(fd)
-            if _same_file(mine[0], path):
-                return cls(path, mine[0])
-            os.close(mine[0])
+            mine = _take_over(path, fd)
+            if mine is not None:
+                return cls(path, mine)
+        if seen is not None:  # held all along by a process this host cannot see
+            raise MrtInputError(_busy(what, path, seen))
         raise MrtInputError(f"cannot take the lock {str(path)!r}: it keeps changing hands")
 
     def release(self) -> None:
@@ -167,7 +159,7 @@ def _record() -> bytes:
 def _new_lock_file(path: Path) -> tuple[int, Path]:
     """A flocked file holding this process's record under a temporary name beside ``path``."""
     for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        tmp = path.with_name(temp_name(path))
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
@@ -184,20 +176,45 @@ def _new_lock_file(path: Path) -> tuple[int, Path]:
     raise MrtInputError(f"cannot create a lock file beside {str(path)!r}")
 
 
-def _create_exclusive(path: Path) -> int | None:
+def _create(path: Path) -> int | None:
+    """A new lock at ``path`` (None when another process made one first)."""
+    fd, tmp = _new_lock_file(path)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        os.link(tmp, path)
     except FileExistsError:
+        return _discard(fd, tmp)
+    except OSError:  # no hard links here: exclusive create (a short unlocked moment, checked below)
+        _discard(fd, tmp)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return None
+        _flock(fd)
+        os.write(fd, _record())
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)
         return None
-    _flock(fd)
-    os.write(fd, _record())
+    os.unlink(tmp)
     return fd
 
 
-def _discard(mine: tuple[int, Path]) -> None:
+def _take_over(path: Path, stale: int) -> int | None:
+    """Replace the lock file of a dead holder (flocked at ``stale``) with ours;
+    None when yet another process replaced it meanwhile."""
+    fd, tmp = _new_lock_file(path)
+    os.replace(tmp, path)
+    os.close(stale)
+    if _same_file(fd, path):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _discard(fd: int, tmp: Path) -> None:
     with contextlib.suppress(OSError):
-        os.unlink(mine[1])
-    os.close(mine[0])
+        os.unlink(tmp)
+    os.close(fd)
 
 
 def _open_existing(path: Path) -> int | None:
@@ -239,6 +256,25 @@ def _still_at(path: Path, ino: int) -> bool:
         return os.stat(path).st_ino == ino
     except FileNotFoundError:
         return False
+
+
+def _changing_hands(holder: dict) -> bool:
+    """A flocked lock file whose record is not of a live process: it is being
+    created (no record yet) or taken over (the record of a dead holder here)."""
+    pid = holder.get("pid")
+    if not isinstance(pid, int):
+        return True
+    return holder.get("host") == socket.gethostname() and not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, not ours to signal
+        return True
+    return True
 
 
 def _holder(fd: int) -> dict:

@@ -33,8 +33,8 @@ FORMAT = "mrt_fast.dataset/2"
 READ_FORMATS = ("mrt_fast.dataset/1", FORMAT)
 #: what a job writes in its directory (besides the lock): parts, the manifest,
 #: the spill folder and their temporary files
-_WRITTEN = re.compile(r"^(part-\d{5}\.parquet|_manifest\.json|_spill"
-                      r"|\.(part-\d{5}\.parquet|_manifest\.json)\..+\.tmp)$")
+_WRITTEN = re.compile(rf"^(part-\d{{5}}\.parquet|_manifest\.json|_spill"
+                      rf"|\.(part-\d{{5}}\.parquet|_manifest\.json|{re.escape(LOCK_NAME)})\..+\.tmp)$")
 
 
 def part_name(i: int) -> str:
