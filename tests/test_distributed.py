@@ -374,6 +374,21 @@ def test_bad_input_found_by_a_task_is_named_as_itself_and_leaves_nothing_behind(
         assert sorted(p.name for p in tmp_path.iterdir()) == before  # no spill beside the file, no new directory
 
 
+def test_a_live_jobs_output_is_refused_on_ray_too(tmp_path):
+    import os
+
+    from mrt_fast.job_lock import JobLock, lock_path
+
+    src = write_files(make_table(n_pools=10, seed=26), tmp_path / "in", 2)
+    for out, is_dir in ((tmp_path / "out", True), (tmp_path / "kept.parquet", False)):
+        if is_dir:
+            out.mkdir()
+        with JobLock.take(lock_path(out, directory=is_dir)):
+            with pytest.raises(MrtInputError, match=f"in use by another job \\(pid {os.getpid()} on host"):
+                D.select_dataset(src, out, 2, "random", n_buckets=2)
+        assert not (out / "_manifest.json").exists() and not (tmp_path / "kept.parquet").exists()
+
+
 def test_grouped_job_parts_equal_the_local_engines(tmp_path):
     from mrt_fast.batch import select_dataset as local_job
 

@@ -223,3 +223,20 @@ def test_the_lock_is_invisible_to_readers_and_released_on_errors(tmp_path):
         with pytest.raises(MrtInputError, match="null prompt id"):
             select_dataset(bad, tmp_path / "new.parquet", 1, "top", _n_parts=n_parts)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "in", "out"]
+
+
+def test_without_flock_the_recorded_pid_tells_whether_the_holder_lives(tmp_path, monkeypatch):
+    from mrt_fast import job_lock
+
+    monkeypatch.setattr(job_lock, "_try_flock", lambda fd: None)  # a file system without flock
+    path = tmp_path / LOCK_NAME
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        path.write_text(json.dumps({"pid": live.pid, "host": socket.gethostname(), "started": 0}))
+        with pytest.raises(MrtInputError, match=f"pid {live.pid} on host"):
+            JobLock.take(path)
+    finally:
+        kill9(live)
+    with JobLock.take(path):  # its holder is dead now
+        assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert not path.exists()

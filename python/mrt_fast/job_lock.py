@@ -64,7 +64,8 @@ class JobLock:
                 if mine is not None:
                     return cls(path, mine)
                 continue
-            if not _try_flock(fd):
+            flocked = _try_flock(fd)
+            if flocked is False:
                 holder = _holder(fd)
                 os.close(fd)
                 if not _still_at(path, holder["ino"]):
@@ -81,6 +82,9 @@ class JobLock:
             if holder.get("host") not in (None, socket.gethostname()):
                 os.close(fd)
                 raise MrtInputError(_busy(what, path, holder, other_host=True))
+            if flocked is None and not _changing_hands(holder):  # no flock here: the pid alone tells
+                os.close(fd)
+                raise MrtInputError(_busy(what, path, holder))
             mine = _take_over(path, fd)
             if mine is not None:
                 return cls(path, mine)
@@ -225,20 +229,24 @@ def _open_existing(path: Path) -> int | None:
 
 
 def _flock(fd: int) -> None:
-    if not _try_flock(fd):
+    if _try_flock(fd) is False:
         raise MrtInputError("cannot lock a file this process just created")
 
 
-def _try_flock(fd: int) -> bool:
-    """An exclusive flock without waiting; False when another open file holds it."""
+def _try_flock(fd: int) -> bool | None:
+    """An exclusive flock without waiting: True when taken, False when another
+    open file holds it, None where the platform or file system has no flock
+    (the recorded pid alone then tells whether the holder lives)."""
     try:
         import fcntl
-    except ImportError:  # no flock on this platform: the record alone
-        return True
+    except ImportError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError:  # ENOLCK, EOPNOTSUPP, ...
+        return None
     return True
 
 
@@ -268,6 +276,8 @@ def _changing_hands(holder: dict) -> bool:
 
 
 def _alive(pid: int) -> bool:
+    if os.name != "posix":  # no signal-0 probe: every holder counts as alive
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
