@@ -439,6 +439,133 @@ def test_output_inside_input_refused(tmp_path):
     assert rep.n_kept == 5
 
 
+def _snapshot(d: Path) -> dict:
+    """Every file under ``d`` (not following links) with its bytes."""
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() and not p.is_symlink() else None)
+            for p in sorted(d.rglob("*"))}
+
+
+def test_overwrite_replaces_only_what_a_job_wrote(tmp_path, monkeypatch):
+    df = make_rows(20, 3)
+    cut(df, tmp_path / "in", 2)
+    data = tmp_path / "in" / "f000.parquet"
+    # the current directory, holding the input: refused, every file in place
+    monkeypatch.chdir(tmp_path / "in")
+    before = _snapshot(tmp_path)
+    r = runner.invoke(app, ["select", "f000.parquet", ".", "--k", "2", "--overwrite"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1
+    assert _snapshot(tmp_path) == before
+    # the current directory, the input elsewhere: refused, even when it is a job's directory
+    cwd = tmp_path / "cwd"
+    select_dataset(tmp_path / "in", cwd, 2, "random")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "notes.txt").write_text("mine")
+    for d in (cwd, tmp_path / "elsewhere"):
+        monkeypatch.chdir(d)
+        before = _snapshot(tmp_path)
+        r = runner.invoke(app, ["select", str(tmp_path / "in"), ".", "--k", "3", "--overwrite"])
+        assert r.exit_code == 2 and r.output.count("\n") == 1 and "nothing was deleted" in r.output, r.output
+        assert _snapshot(tmp_path) == before
+    monkeypatch.chdir(tmp_path)
+    # a directory holding files no job wrote, with or without a manifest: refused, nothing deleted
+    foreign = tmp_path / "foreign"
+    select_dataset(tmp_path / "in", foreign, 2, "random", _n_parts=2)
+    (foreign / "README.md").write_text("notes")
+    for d in (foreign, tmp_path / "elsewhere"):
+        before = _snapshot(tmp_path)
+        with pytest.raises(MrtInputError, match="holds files no mrt job wrote.*nothing was deleted"):
+            select_dataset(tmp_path / "in", d, 3, "random", overwrite=True)
+        assert _snapshot(tmp_path) == before
+    # an input file, the input directory, a parent of the input: refused, nothing deleted
+    for out in (data, tmp_path / "in", tmp_path):
+        before = _snapshot(tmp_path)
+        with pytest.raises(MrtInputError, match="is the input or inside it"):
+            select_dataset(tmp_path / "in", out, 3, "random", overwrite=True)
+        assert _snapshot(tmp_path) == before
+    # a job's directory (with a dead job's lock and temp file) is replaced
+    ours = tmp_path / "ours"
+    select_dataset(tmp_path / "in", ours, 2, "random", _n_parts=3)
+    (ours / "_mrt.lock").write_text('{"pid": 999999999, "host": "%s"}' % __import__("socket").gethostname())
+    rep = select_dataset(tmp_path / "in", ours, 3, "random", overwrite=True, _n_parts=2)
+    assert rep.n_kept == ref_select(df, 3, "random").height
+    assert sorted(p.name for p in ours.iterdir()) == ["_manifest.json", "part-00000.parquet", "part-00001.parquet"]
+
+
+def test_an_output_reached_through_a_link_into_the_input_is_refused(tmp_path):
+    df = make_rows(10, 2)
+    cut(df, tmp_path / "in", 2)
+    (tmp_path / "in" / "sub").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "in")
+    (tmp_path / "to_sub").symlink_to(tmp_path / "in" / "sub")
+    (tmp_path / "to_file.parquet").symlink_to(tmp_path / "in" / "f000.parquet")
+    before = _snapshot(tmp_path / "in")
+    for out in (tmp_path / "link" / "kept", tmp_path / "to_sub", tmp_path / "to_file.parquet",
+                tmp_path / "link" / "kept.parquet", tmp_path / "elsewhere" / ".." / "in" / "kept"):
+        with pytest.raises(MrtInputError, match="is the input or inside it"):
+            select_dataset(tmp_path / "in", out, 2, "random")
+    for out in (tmp_path / "in" / "kept", tmp_path / "to_sub"):  # the input read through a link
+        with pytest.raises(MrtInputError, match="is the input or inside it"):
+            select_dataset(tmp_path / "link", out, 2, "random")
+    assert _snapshot(tmp_path / "in") == before
+    assert select_dataset(tmp_path / "link", tmp_path / "kept", 2, "random").n_kept == ref_select(df, 2, "random").height
+
+
+# --------------------------------------------------------------------------- part checks
+
+
+def _finished(tmp_path, layout="rows"):
+    df = make_rows(60, 5)
+    if layout == "grouped":
+        df = df.group_by("prompt_id", maintain_order=True).agg(pl.col("reward"), pl.col("embedding"))
+    cut(df, tmp_path / "in", 3)
+    select_dataset(tmp_path / "in", tmp_path / "out", 2, "grades", _n_parts=4)
+    return {p.name: p.read_bytes() for p in sorted((tmp_path / "out").glob("part-*.parquet"))}
+
+
+@pytest.mark.parametrize("layout", ["rows", "grouped"])
+@pytest.mark.parametrize("damage", ["delete", "flip", "truncate", "replace"])
+def test_a_finished_directory_that_lost_or_changed_a_part_redoes_it(tmp_path, layout, damage):
+    whole = _finished(tmp_path, layout)
+    out = tmp_path / "out"
+    m = Manifest.read(out)
+    assert set(m.checks) == set(whole) and all(c["bytes"] == len(whole[n]) for n, c in m.checks.items())
+    p = out / "part-00002.parquet"
+    if damage == "delete":
+        p.unlink()
+    elif damage == "flip":  # same size, one byte changed
+        b = bytearray(p.read_bytes())
+        b[len(b) // 2] ^= 0x01
+        p.write_bytes(bytes(b))
+    elif damage == "truncate":
+        p.write_bytes(p.read_bytes()[:-10])
+    else:  # a valid Parquet file with other rows
+        pl.read_parquet(out / "part-00001.parquet").write_parquet(p)
+    rep = select_dataset(tmp_path / "in", out, 2, "grades")
+    assert not rep.already_done and rep.resumed and rep.parts_done_now == 1
+    assert {q.name: q.read_bytes() for q in sorted(out.glob("part-*.parquet"))} == whole
+    assert Manifest.read(out).done
+    assert select_dataset(tmp_path / "in", out, 2, "grades").already_done
+
+
+def test_a_manifest_of_the_first_format_is_read_and_checked(tmp_path):
+    whole = _finished(tmp_path)
+    out = tmp_path / "out"
+    d = json.loads((out / "_manifest.json").read_text())
+    d["format"] = "mrt_fast.dataset/1"
+    del d["checks"]
+    (out / "_manifest.json").write_text(json.dumps(d))
+    assert select_dataset(tmp_path / "in", out, 2, "grades").already_done
+    assert set(Manifest.read(out).checks) == set(whole)  # the checks are recorded now
+    d["parts"]["part-00003.parquet"] += 1  # a part whose rows are not the recorded ones
+    (out / "_manifest.json").write_text(json.dumps(d))
+    rep = select_dataset(tmp_path / "in", out, 2, "grades")
+    assert rep.resumed and rep.parts_done_now == 1
+    assert {q.name: q.read_bytes() for q in sorted(out.glob("part-*.parquet"))} == whole
+    (out / "_manifest.json").write_text(json.dumps({**d, "format": "mrt_fast.dataset/9"}))
+    with pytest.raises(MrtInputError, match="not a manifest this version can read"):
+        select_dataset(tmp_path / "in", out, 2, "grades")
+
+
 # --------------------------------------------------------------------------- bad input
 
 

@@ -3,6 +3,7 @@ same variance report as the in-memory functions, through shuffled blocks,
 bucket counts, retries and both layouts; bad input raises the local error."""
 
 import logging
+import re
 import warnings
 
 import numpy as np
@@ -303,6 +304,7 @@ def test_job_parts_are_the_local_engines_parts_byte_for_byte(tmp_path, method, s
 
     m = json.loads((tmp_path / "ray" / "_manifest.json").read_text())
     assert m["done"] and sum(m["parts"].values()) == rep.n_kept == local(df, 3, method).height
+    assert m["checks"] == json.loads((tmp_path / "local" / "_manifest.json").read_text())["checks"]
 
 
 def test_job_to_a_file_equals_select_on_the_whole_table(tmp_path):
@@ -347,6 +349,44 @@ def test_a_job_that_died_resumes_with_the_missing_parts_only(tmp_path):
     rep = local_job(src, out, 3, "grades")
     assert rep.resumed and rep.parts_done_now == 1
     assert parts_bytes(out) == whole
+
+
+@pytest.mark.parametrize("layout", ["flat", "grouped"])
+def test_bad_input_found_by_a_task_is_named_as_itself_and_leaves_nothing_behind(tmp_path, layout):
+    df = make_table(n_pools=30, seed=25)
+    if layout == "grouped":
+        df = grouped(df).with_columns(  # prompt p3 gets one response too many
+            pl.when(pl.col("prompt_id") == "p3").then(pl.col("response").list.concat(pl.lit(["x"])))
+            .otherwise(pl.col("response")).alias("response"))
+        want = "grouped layout: prompt 'p3' has"
+    else:
+        df = df.with_columns(pl.when(pl.int_range(pl.len()) == df.height - 3).then(None)
+                             .otherwise(pl.col("prompt_id")).alias("prompt_id"))
+        want = "null prompt id"
+    src = write_files(df, tmp_path / "in", 2)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for out in (tmp_path / "kept.parquet", tmp_path / "new"):
+        with pytest.raises(MrtInputError) as e:  # (grouped: one part, so that none is committed before)
+            D.select_dataset(src, out, 2, "top", n_buckets=1 if layout == "grouped" else 3)
+        assert type(e.value) is MrtInputError  # not Ray's wrapper, whose text is its task banner
+        msg = str(e.value)
+        assert "\n" not in msg and "ray::" not in msg and re.search(want, msg), msg
+        assert sorted(p.name for p in tmp_path.iterdir()) == before  # no spill beside the file, no new directory
+
+
+def test_a_live_jobs_output_is_refused_on_ray_too(tmp_path):
+    import os
+
+    from mrt_fast.job_lock import JobLock, lock_path
+
+    src = write_files(make_table(n_pools=10, seed=26), tmp_path / "in", 2)
+    for out, is_dir in ((tmp_path / "out", True), (tmp_path / "kept.parquet", False)):
+        if is_dir:
+            out.mkdir()
+        with JobLock.take(lock_path(out, directory=is_dir)):
+            with pytest.raises(MrtInputError, match=f"in use by another job \\(pid {os.getpid()} on host"):
+                D.select_dataset(src, out, 2, "random", n_buckets=2)
+        assert not (out / "_manifest.json").exists() and not (tmp_path / "kept.parquet").exists()
 
 
 def test_grouped_job_parts_equal_the_local_engines(tmp_path):

@@ -493,6 +493,13 @@ def test_dataset_embed_jobs_globs_and_files(tiny_source, tmp_path):
     # the output may not be inside the input
     with pytest.raises(MrtInputError, match="inside"):
         embed_dataset(tmp_path / "j", tmp_path / "j" / "out", model=name, cache_dir=tmp_path)
+    # a live job's output (directory or file) is refused, naming it
+    from mrt_fast.job_lock import lock_path, JobLock
+
+    for out, is_dir in ((tmp_path / "o", True), (tmp_path / "all.parquet", False)):
+        with JobLock.take(lock_path(out, directory=is_dir)):
+            with pytest.raises(MrtInputError, match=f"in use by another job \\(pid {os.getpid()} on host"):
+                embed_dataset(tmp_path / "j", out, column="e2", model=name, cache_dir=tmp_path, rows_per_part=9)
 
 
 @pytest.mark.embed

@@ -47,7 +47,8 @@ from ._tables import pool_keys
 from .disk_space import is_no_space, no_space_error, reporting_full_disk
 from .errors import MrtInputError
 from .manifest import MANIFEST as MANIFEST_NAME
-from .manifest import Manifest, part_path, prepare_output
+from .job_lock import output_lock
+from .manifest import Manifest, discard_unfinished, part_check, part_path, prepare_output
 from .memory_budget import (Budget, available_memory, default_memory_limit, parse_memory, peak_rss,  # noqa: F401
                             least_work, plan_spill, polars_read_bytes, release_unused, rss, size_text,
                             whole_read_bytes)
@@ -744,32 +745,32 @@ def select_dataset(
             raise MrtInputError(f"output directory {str(parent)!r} does not exist")
     params = {**opts.parameters(), "layout": lay}
     fp = ds.fingerprint()
-    state, man = ("new", None)
-    if to_dir:
-        state, man = prepare_output(out, params, fp, overwrite=overwrite)
-    counts = ds.row_counts()
-    n_rows = sum(counts) if counts is not None else None
-    rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
-                      n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0, n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=False,
-                      resumed=state == "resume", already_done=state == "done", memory_limit=limit, peak_rss=0,
-                      seconds=0.0)
-    if state == "done":
-        assert man is not None
-        rep.n_parts = man.n_parts
-        rep.n_kept = rep.n_out_rows = man.rows
-        rep.peak_rss = peak_rss()
-        rep.seconds = time.perf_counter() - t0
-        return rep
-    created = to_dir and state == "new"
-    try:
-        with reporting_full_disk("writing to", out):
-            rep = _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers,
-                           rows_per_bucket, progress, command, rep, t0, _n_parts, _fail_after)
-    except MrtInputError:
-        # bad input found before any part was committed: leave no half-made directory behind
-        if created and out.is_dir() and not any(out.glob("part-*.parquet")):
-            shutil.rmtree(out, ignore_errors=True)
-        raise
+    with output_lock(out, directory=to_dir):
+        state, man = ("new", None)
+        if to_dir:
+            state, man = prepare_output(out, params, fp, overwrite=overwrite)
+        counts = ds.row_counts()
+        n_rows = sum(counts) if counts is not None else None
+        rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
+                          n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0, n_small_pools=0,
+                          modes_missed=0, mean_ratio=None, spilled=False, resumed=state == "resume",
+                          already_done=state == "done", memory_limit=limit, peak_rss=0, seconds=0.0)
+        if state == "done":
+            assert man is not None
+            rep.n_parts = man.n_parts
+            rep.n_kept = rep.n_out_rows = man.rows
+            rep.peak_rss = peak_rss()
+            rep.seconds = time.perf_counter() - t0
+            return rep
+        try:
+            with reporting_full_disk("writing to", out):
+                rep = _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers,
+                               rows_per_bucket, progress, command, rep, t0, _n_parts, _fail_after)
+        except MrtInputError:
+            # bad input found before any part was committed: leave no half-made directory behind
+            if to_dir and state == "new":
+                discard_unfinished(out)
+            raise
     if rep.peak_rss > limit:
         rep.notes.append(f"peak memory {size_text(rep.peak_rss)} went over the limit of {size_text(limit)}")
     return rep
@@ -985,9 +986,10 @@ _manifest_lock = threading.Lock()
 def _finish_part(kept: pl.DataFrame, out: Path, i: int, man: Manifest | None, fail_after: int | None,
                  written: list[int]) -> None:
     n = write_part(kept, out, i)
+    check = part_check(part_path(out, i))
     with _manifest_lock:
         assert man is not None
-        man.record(i, n)
+        man.record(i, n, check)
         man.write(out)
         written[0] += 1
         if fail_after is not None and written[0] >= fail_after:

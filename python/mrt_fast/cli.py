@@ -76,7 +76,8 @@ def embed_cmd(
     batch_size: int = typer.Option(64, help="Texts per model batch."),
     cache_dir: Optional[Path] = typer.Option(None, help="Embedding cache directory (default: $MRT_CACHE_DIR or ~/.cache/mrt_fast)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job "
+                                   "(deletes only the files a job wrote)."),
     chunk_rows: int = typer.Option(100_000, "--chunk-rows", help="Rows read and embedded per part."),
 ) -> None:
     """Add unit-norm sentence embeddings of a text column to a table or dataset (resumable to a directory)."""
@@ -219,7 +220,8 @@ def select_cmd(
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit",
                                                help="Peak memory, e.g. 2GB or 512MiB (default: half the available)."),
     workers: Optional[int] = typer.Option(None, help="Buckets selected at once (default: as memory and cores allow)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job "
+                                   "(deletes only the files a job wrote)."),
     chunk_rows: Optional[int] = typer.Option(None, "--chunk-rows", hidden=True,
                                              help="Candidates per bucket (prefer --memory-limit)."),
     engine: str = typer.Option("local", "--engine", help="local (this machine) or ray (Ray Data: a local "

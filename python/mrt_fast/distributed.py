@@ -31,6 +31,7 @@ Ray is imported on first use (the ``ray`` extra: ``pip install 'mrt_fast[ray]'``
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -103,12 +104,14 @@ def init(address: str | None = None, **kwargs: Any) -> None:
 
 
 def _unwrap(e: BaseException) -> BaseException:
-    """The user's exception inside Ray's task-error wrappers (or `e` itself)."""
+    """The user's exception inside Ray's task-error wrappers (or `e` itself).
+    Ray's wrapper of a task's `MrtInputError` is itself an instance of it (a
+    class deriving from both), so the wrapper is looked through too."""
     seen = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, MrtInputError):
+        if isinstance(cur, MrtInputError) and not _is_ray_wrapper(cur):
             return cur
         nxt = getattr(cur, "cause", None)
         if not isinstance(nxt, BaseException):
@@ -117,18 +120,45 @@ def _unwrap(e: BaseException) -> BaseException:
     return e
 
 
+def _is_ray_wrapper(e: BaseException) -> bool:
+    """Whether ``e`` is one of Ray's errors (a task error wrapping the task's own)."""
+    return any(c.__module__.startswith("ray.") for c in type(e).__mro__)
+
+
 class _Unwrapping:
-    """Re-raise an `MrtInputError` from inside Ray's task errors as itself."""
+    """Re-raise an `MrtInputError` from inside Ray's task errors as itself,
+    with its own first line (Ray appends its retry advice to the message)."""
 
     def __enter__(self):
         return self
 
     def __exit__(self, et, ev, tb):
-        if ev is None or isinstance(ev, MrtInputError):
+        if ev is None or (isinstance(ev, MrtInputError) and not _is_ray_wrapper(ev)):
             return False
         inner = _unwrap(ev)
         if isinstance(inner, MrtInputError):
-            raise MrtInputError(str(inner), pool=inner.pool, column=inner.column, row=inner.row) from None
+            first = (str(inner).strip().splitlines() or [""])[0]
+            raise MrtInputError(first, pool=inner.pool, column=inner.column, row=inner.row) from None
+        return False
+
+
+class _QuietInputErrors(logging.Filter):
+    """Drop Ray Data's log record of a task that failed on bad input (the
+    traceback it prints before the job raises that `MrtInputError` itself)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ev = record.exc_info[1] if record.exc_info else None
+        return not (ev is not None and isinstance(_unwrap(ev), MrtInputError))
+
+    def __enter__(self):
+        self._handlers = [h for name in ("ray.data", "ray") for h in logging.getLogger(name).handlers]
+        for h in self._handlers:
+            h.addFilter(self)
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handlers:
+            h.removeFilter(self)
         return False
 
 
@@ -788,7 +818,8 @@ def select_dataset(
 
     from . import io as _io
     from .batch import FIRST, BatchReport, Options, _empty_output, _write_file, peak_rss
-    from .manifest import Manifest, prepare_output
+    from .job_lock import output_lock
+    from .manifest import Manifest, discard_unfinished, part_check, part_path, prepare_output
     from .select import _check_common
 
     t0 = time.perf_counter()
@@ -812,144 +843,153 @@ def select_dataset(
             raise MrtInputError(f"output directory {str(parent)!r} does not exist")
     params = {**opts.parameters(), "layout": lay}
     fp = src.fingerprint()
-    state, man = prepare_output(out, params, fp, overwrite=overwrite) if to_dir else ("new", None)
-    counts = src.row_counts()
-    n_rows = sum(counts) if counts is not None else None
-    rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
-                      n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0, n_small_pools=0, modes_missed=0,
-                      mean_ratio=None, spilled=False, resumed=state == "resume", already_done=state == "done",
-                      memory_limit=0, peak_rss=0, seconds=0.0)
-    if state == "done":
-        rep.n_parts = man.n_parts
-        rep.n_kept = rep.n_out_rows = man.rows
-        rep.seconds = time.perf_counter() - t0
-        return rep
-    init(address)
-    ray = _ray()
-    rds = None
-    if n_rows is None:
-        rds = read(src)
-        n_rows = rds.count()
-    if n_rows == 0:
-        raise MrtInputError(f"{src.source!r} has no rows: there is nothing to select from")
-    rep.n_input_rows = n_rows
-    cpus = int(ray.cluster_resources().get("CPU", 1))
-    if man is not None:
-        nb = man.n_parts
-    elif n_buckets is not None:
-        nb = _n_buckets(None, n_buckets)
-    else:
-        nb = max(cpus, -(-n_rows // ROWS_PER_BUCKET))
-    per = None
-    if lay == "grouped":
-        nb = max(1, min(nb, n_rows))
-        per = int(man.rows_per_part) if man is not None and man.rows_per_part else -(-n_rows // nb)
-        nb = man.n_parts if man is not None else -(-n_rows // per)
-    rep.n_parts, rep.workers = nb, cpus
-    if to_dir:
-        out.mkdir(exist_ok=True)
-        if man is None:
-            man = Manifest(command=command or f"distributed.select_dataset(k={opts.k}, method={opts.method!r})",
-                           parameters=params, input={"source": src.source, "files": len(src.files),
-                                                     "fingerprint": fp, "rows": n_rows},
-                           n_parts=nb, layout=lay, rows_per_part=per)
-            man.write(out)
-    todo = man.missing_parts(out) if man is not None else list(range(nb))
-    out_dir = str(out) if to_dir else None
-    ratio = [0.0, 0]
-    kept_tables = []
-    stats: list[str] = []
-    cleanup: list[Path] = []
-
-    def account(t: pa.Table) -> None:
-        d = t.to_pydict()
-        for j in range(t.num_rows):
-            man.record(d["part"][j], d["rows"][j])
-            rep.n_pools += d["pools"][j]
-            rep.n_candidates += d["candidates"][j]
-            rep.n_small_pools += d["small"][j]
-            rep.modes_missed += d["missed"][j]
-            ratio[0] += d["ratio_sum"][j]
-            ratio[1] += d["ratio_n"][j]
-        man.write(out)
-
-    with _Unwrapping(), _quiet_remote_args():
-        if lay == "grouped":
-            parts = ray.data.from_items([{"part": i} for i in todo], override_num_blocks=max(1, len(todo)))
-            parts = _own_context(parts)
-            res = parts.map_batches(_GroupedPart(src, opts, lists, per, out_dir, fault), batch_size=1,
-                                    batch_format="pyarrow", **_retry_args(max_retries))
-        else:
-            from ray.data.expressions import monotonically_increasing_id
-
-            todo_set = None if len(todo) == nb else set(todo)
-            if shuffle == "files":
-                spill = (out / SPILL_DIR) if to_dir else Path(tempfile.mkdtemp(
-                    prefix=f".{out.name}.spill-", dir=out.parent if str(out.parent) else "."))
-                shutil.rmtree(spill, ignore_errors=True)
-                spill.mkdir()
-                cleanup.append(spill)
-                ranges = _row_ranges(src, counts)
-                items = ray.data.from_items(ranges, override_num_blocks=len(ranges))
-                items = _own_context(items)
-                split = items.map_batches(_ReadAndSplit(src, str(spill), by, nb, todo_set), batch_size=1,
-                                          batch_format="pyarrow", **_retry_args(max_retries))
-                for _ in split.iter_internal_ref_bundles():  # every piece written before any bucket is read
-                    pass
-                stats.append(split.stats())
-                buckets = ray.data.from_items([{"part": i} for i in todo], override_num_blocks=max(1, len(todo)))
-                buckets = _own_context(buckets)
-                res = buckets.map_batches(_FilesToPart(opts, str(spill), out_dir, fault), batch_size=1,
-                                          batch_format="pyarrow", **_retry_args(max_retries))
+    with output_lock(out, directory=to_dir):
+        state, man = prepare_output(out, params, fp, overwrite=overwrite) if to_dir else ("new", None)
+        cleanup: list[Path] = []
+        try:
+            counts = src.row_counts()
+            n_rows = sum(counts) if counts is not None else None
+            rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0,
+                              parts_done_now=0, n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0,
+                              n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=False,
+                              resumed=state == "resume", already_done=state == "done", memory_limit=0, peak_rss=0,
+                              seconds=0.0)
+            if state == "done":
+                rep.n_parts = man.n_parts
+                rep.n_kept = rep.n_out_rows = man.rows
+                rep.seconds = time.perf_counter() - t0
+                return rep
+            init(address)
+            ray = _ray()
+            rds = None
+            if n_rows is None:
+                rds = read(src)
+                n_rows = rds.count()
+            if n_rows == 0:
+                raise MrtInputError(f"{src.source!r} has no rows: there is nothing to select from")
+            rep.n_input_rows = n_rows
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            if man is not None:
+                nb = man.n_parts
+            elif n_buckets is not None:
+                nb = _n_buckets(None, n_buckets)
             else:
-                rds = rds if rds is not None else read(src)
-                rds = _own_context(rds)
-                ordered = rds.with_column(_ORDER, monotonically_increasing_id())
-                tagged = ordered.map_batches(_tag_job(by, nb, todo_set), batch_size=None, batch_format="pyarrow",
-                                             zero_copy_batch=True)
-                tagged.context.shuffle_strategy = _shuffle_strategy(shuffle)
-                res = tagged.groupby(_BUCKET, num_partitions=nb).map_groups(
-                    _BucketToPart(opts, out_dir, fault), batch_format="pyarrow", **_retry_args(max_retries))
-        for ref in res.iter_internal_ref_bundles():
-            for block_ref in ref.block_refs:
-                t = ray.get(block_ref)
-                if t.num_rows == 0:
-                    continue
-                if to_dir:
-                    account(t)
-                else:
-                    kept_tables.append(t)
-    global _last_stats
-    try:
-        stats.append(res.stats())
-        _last_stats = "\n".join(stats)
-    except Exception:  # noqa: BLE001 - diagnostics only
-        _last_stats = None
-    for d in cleanup:
-        shutil.rmtree(d, ignore_errors=True)
-    if to_dir:
-        for i in man.missing_parts(out):  # buckets no row went to
-            from .batch import write_part
+                nb = max(cpus, -(-n_rows // ROWS_PER_BUCKET))
+            per = None
+            if lay == "grouped":
+                nb = max(1, min(nb, n_rows))
+                per = int(man.rows_per_part) if man is not None and man.rows_per_part else -(-n_rows // nb)
+                nb = man.n_parts if man is not None else -(-n_rows // per)
+            rep.n_parts, rep.workers = nb, cpus
+            if to_dir:
+                out.mkdir(exist_ok=True)
+                if man is None:
+                    man = Manifest(command=command or f"distributed.select_dataset(k={opts.k}, method={opts.method!r})",
+                                   parameters=params, input={"source": src.source, "files": len(src.files),
+                                                             "fingerprint": fp, "rows": n_rows},
+                                   n_parts=nb, layout=lay, rows_per_part=per)
+                    man.write(out)
+            todo = man.missing_parts(out) if man is not None else list(range(nb))
+            out_dir = str(out) if to_dir else None
+            ratio = [0.0, 0]
+            kept_tables = []
+            stats: list[str] = []
 
-            man.record(i, write_part(_empty_output(src, opts, True), out, i))
-        man.done = True
-        man.finished = time.time()
-        man.write(out)
-        rep.n_kept = rep.n_out_rows = man.rows
-    else:
-        kept = _to_polars(pa.concat_tables(kept_tables, promote_options="default")) if kept_tables \
-            else _empty_output(src, opts, False)
-        if FIRST in kept.columns:
-            kept = kept.sort([FIRST, "pick_rank"]).drop(FIRST)
-        elif "__part" in kept.columns:
-            kept = kept.sort("__part", maintain_order=True).drop("__part")
-        _write_file(kept, out)
-        rep.n_kept = rep.n_out_rows = kept.height
-    rep.parts_done_now = len(todo)
-    rep.mean_ratio = ratio[0] / ratio[1] if ratio[1] else None
-    rep.peak_rss = peak_rss()
-    rep.seconds = time.perf_counter() - t0
-    return rep
+            def account(t: pa.Table) -> None:
+                d = t.to_pydict()
+                for j in range(t.num_rows):
+                    man.record(d["part"][j], d["rows"][j], part_check(part_path(out, d["part"][j])))
+                    rep.n_pools += d["pools"][j]
+                    rep.n_candidates += d["candidates"][j]
+                    rep.n_small_pools += d["small"][j]
+                    rep.modes_missed += d["missed"][j]
+                    ratio[0] += d["ratio_sum"][j]
+                    ratio[1] += d["ratio_n"][j]
+                man.write(out)
+
+            with _Unwrapping(), _QuietInputErrors(), _quiet_remote_args():
+                if lay == "grouped":
+                    parts = ray.data.from_items([{"part": i} for i in todo], override_num_blocks=max(1, len(todo)))
+                    parts = _own_context(parts)
+                    res = parts.map_batches(_GroupedPart(src, opts, lists, per, out_dir, fault), batch_size=1,
+                                            batch_format="pyarrow", **_retry_args(max_retries))
+                else:
+                    from ray.data.expressions import monotonically_increasing_id
+
+                    todo_set = None if len(todo) == nb else set(todo)
+                    if shuffle == "files":
+                        spill = (out / SPILL_DIR) if to_dir else Path(tempfile.mkdtemp(
+                            prefix=f".{out.name}.spill-", dir=out.parent if str(out.parent) else "."))
+                        shutil.rmtree(spill, ignore_errors=True)
+                        spill.mkdir()
+                        cleanup.append(spill)
+                        ranges = _row_ranges(src, counts)
+                        items = ray.data.from_items(ranges, override_num_blocks=len(ranges))
+                        items = _own_context(items)
+                        split = items.map_batches(_ReadAndSplit(src, str(spill), by, nb, todo_set), batch_size=1,
+                                                  batch_format="pyarrow", **_retry_args(max_retries))
+                        for _ in split.iter_internal_ref_bundles():  # every piece written before any bucket is read
+                            pass
+                        stats.append(split.stats())
+                        buckets = ray.data.from_items([{"part": i} for i in todo],
+                                                      override_num_blocks=max(1, len(todo)))
+                        buckets = _own_context(buckets)
+                        res = buckets.map_batches(_FilesToPart(opts, str(spill), out_dir, fault), batch_size=1,
+                                                  batch_format="pyarrow", **_retry_args(max_retries))
+                    else:
+                        rds = rds if rds is not None else read(src)
+                        rds = _own_context(rds)
+                        ordered = rds.with_column(_ORDER, monotonically_increasing_id())
+                        tagged = ordered.map_batches(_tag_job(by, nb, todo_set), batch_size=None,
+                                                     batch_format="pyarrow", zero_copy_batch=True)
+                        tagged.context.shuffle_strategy = _shuffle_strategy(shuffle)
+                        res = tagged.groupby(_BUCKET, num_partitions=nb).map_groups(
+                            _BucketToPart(opts, out_dir, fault), batch_format="pyarrow", **_retry_args(max_retries))
+                for ref in res.iter_internal_ref_bundles():
+                    for block_ref in ref.block_refs:
+                        t = ray.get(block_ref)
+                        if t.num_rows == 0:
+                            continue
+                        if to_dir:
+                            account(t)
+                        else:
+                            kept_tables.append(t)
+            global _last_stats
+            try:
+                stats.append(res.stats())
+                _last_stats = "\n".join(stats)
+            except Exception:  # noqa: BLE001 - diagnostics only
+                _last_stats = None
+            if to_dir:
+                for i in man.missing_parts(out):  # buckets no row went to
+                    from .batch import write_part
+
+                    man.record(i, write_part(_empty_output(src, opts, True), out, i), part_check(part_path(out, i)))
+                man.done = True
+                man.finished = time.time()
+                man.write(out)
+                rep.n_kept = rep.n_out_rows = man.rows
+            else:
+                kept = _to_polars(pa.concat_tables(kept_tables, promote_options="default")) if kept_tables \
+                    else _empty_output(src, opts, False)
+                if FIRST in kept.columns:
+                    kept = kept.sort([FIRST, "pick_rank"]).drop(FIRST)
+                elif "__part" in kept.columns:
+                    kept = kept.sort("__part", maintain_order=True).drop("__part")
+                _write_file(kept, out)
+                rep.n_kept = rep.n_out_rows = kept.height
+            rep.parts_done_now = len(todo)
+            rep.mean_ratio = ratio[0] / ratio[1] if ratio[1] else None
+            rep.peak_rss = peak_rss()
+            rep.seconds = time.perf_counter() - t0
+            return rep
+        except MrtInputError:
+            if to_dir and state == "new":
+                discard_unfinished(out)  # bad input before any part: leave nothing behind
+            raise
+        finally:
+            for d in cleanup:  # the spill, also when the job fails
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def variance_budget_dataset(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +25,8 @@ import polars as pl
 
 from . import io as _io
 from .errors import MrtInputError
-from .manifest import Manifest, part_path, prepare_output
+from .job_lock import output_lock
+from .manifest import Manifest, discard_unfinished, part_check, part_path, prepare_output
 
 
 @dataclass
@@ -120,85 +120,85 @@ def embed_dataset(
     params = {"text": text, "column": column, "model_id": model_id, "rows_per_part": rows_per_part,
               "overwrite_column": overwrite_column}
     fp = ds.fingerprint()
-    state, man = ("new", None)
-    if to_dir:
-        state, man = prepare_output(out, params, fp, overwrite=overwrite)
-    n_parts = math.ceil(n / rows_per_part)
-    rep = EmbedReport(output=str(out), rows=n, parts=n_parts if to_dir else 1, parts_done_now=0, rows_done_now=0,
-                      computed=0, from_cache=0, model_id=model_id, seconds=0.0, resumed=state == "resume",
-                      already_done=state == "done")
-    if state == "done":
-        rep.seconds = time.perf_counter() - t0
-        return rep
-    cache = False if cache_dir is False else cache_dir
-    kw = dict(text=text, out=column, model=model, batch_size=batch_size, cache_dir=cache, device=device,
-              processes=processes, overwrite=overwrite_column, progress=False, callback=progress)
-    lf = ds.scan()
-    t_work = time.perf_counter()
+    with output_lock(out, directory=to_dir):
+        state, man = ("new", None)
+        if to_dir:
+            state, man = prepare_output(out, params, fp, overwrite=overwrite)
+        n_parts = math.ceil(n / rows_per_part)
+        rep = EmbedReport(output=str(out), rows=n, parts=n_parts if to_dir else 1, parts_done_now=0, rows_done_now=0,
+                          computed=0, from_cache=0, model_id=model_id, seconds=0.0, resumed=state == "resume",
+                          already_done=state == "done")
+        if state == "done":
+            rep.seconds = time.perf_counter() - t0
+            return rep
+        cache = False if cache_dir is False else cache_dir
+        kw = dict(text=text, out=column, model=model, batch_size=batch_size, cache_dir=cache, device=device,
+                  processes=processes, overwrite=overwrite_column, progress=False, callback=progress)
+        lf = ds.scan()
+        t_work = time.perf_counter()
 
-    def part(i: int, rows: int) -> pl.DataFrame:
-        start = i * rows_per_part
-        try:
-            df = lf.slice(start, rows).collect()
-        except Exception as e:  # noqa: BLE001
-            ds.find_unreadable()
-            raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
-        st: dict = {}
-        try:
-            df = embed(df, stats=st, **kw)
-        except MrtInputError as e:
-            if e.row is None:
-                raise
-            f, r0 = ds.locate(start + e.row)
-            raise MrtInputError(f"{str(e)} (file {str(f)!r}, row {r0})", column=e.column, row=start + e.row) from None
-        rep.computed += st.get("computed", 0)
-        rep.from_cache += st.get("hits", 0)
-        return df
+        def part(i: int, rows: int) -> pl.DataFrame:
+            start = i * rows_per_part
+            try:
+                df = lf.slice(start, rows).collect()
+            except Exception as e:  # noqa: BLE001
+                ds.find_unreadable()
+                raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+            st: dict = {}
+            try:
+                df = embed(df, stats=st, **kw)
+            except MrtInputError as e:
+                if e.row is None:
+                    raise
+                f, r0 = ds.locate(start + e.row)
+                raise MrtInputError(f"{str(e)} (file {str(f)!r}, row {r0})", column=e.column,
+                                    row=start + e.row) from None
+            rep.computed += st.get("computed", 0)
+            rep.from_cache += st.get("hits", 0)
+            return df
 
-    if not to_dir:
+        if not to_dir:
+            if on_total is not None:
+                on_total(n, 0)
+            with _io.AtomicWriter(out) as w:
+                for i in range(n_parts):
+                    df = part(i, rows_per_part)
+                    w.write(df)
+                    rep.rows_done_now += df.height
+                w.commit()
+            rep.parts_done_now = 1
+            rep.embed_seconds = time.perf_counter() - t_work
+            rep.seconds = time.perf_counter() - t0
+            return rep
+
+        if man is None:
+            man = Manifest(command=command or "mrt_fast.embed_dataset", parameters=params,
+                           input={"source": ds.source, "files": len(ds.files), "fingerprint": fp, "rows": n},
+                           n_parts=n_parts, rows_per_part=rows_per_part)
+            man.write(out)
+        todo = man.missing_parts(out)
         if on_total is not None:
-            on_total(n, 0)
-        with _io.AtomicWriter(out) as w:
-            for i in range(n_parts):
+            on_total(n, man.rows)
+        try:
+            for i in todo:
                 df = part(i, rows_per_part)
-                w.write(df)
+                _io.write_parquet_atomic(df, part_path(out, i))
+                man.record(i, df.height, part_check(part_path(out, i)))
+                man.write(out)
+                rep.parts_done_now += 1
                 rep.rows_done_now += df.height
-            w.commit()
-        rep.parts_done_now = 1
+                if _fail_after is not None and rep.parts_done_now >= _fail_after:
+                    raise _Killed(f"stopped after {rep.parts_done_now} part(s)")
+        except MrtInputError:
+            if state == "new":
+                discard_unfinished(out)  # bad input before any part: leave nothing behind
+            raise
+        man.done = True
+        man.finished = time.time()
+        man.write(out)
         rep.embed_seconds = time.perf_counter() - t_work
         rep.seconds = time.perf_counter() - t0
         return rep
-
-    created = state == "new"
-    out.mkdir(exist_ok=True)
-    if man is None:
-        man = Manifest(command=command or "mrt_fast.embed_dataset", parameters=params,
-                       input={"source": ds.source, "files": len(ds.files), "fingerprint": fp, "rows": n},
-                       n_parts=n_parts, rows_per_part=rows_per_part)
-        man.write(out)
-    todo = man.missing_parts(out)
-    if on_total is not None:
-        on_total(n, man.rows)
-    try:
-        for i in todo:
-            df = part(i, rows_per_part)
-            _io.write_parquet_atomic(df, part_path(out, i))
-            man.record(i, df.height)
-            man.write(out)
-            rep.parts_done_now += 1
-            rep.rows_done_now += df.height
-            if _fail_after is not None and rep.parts_done_now >= _fail_after:
-                raise _Killed(f"stopped after {rep.parts_done_now} part(s)")
-    except MrtInputError:
-        if created and not any(out.glob("part-*.parquet")):
-            shutil.rmtree(out, ignore_errors=True)  # bad input before any part: leave nothing behind
-        raise
-    man.done = True
-    man.finished = time.time()
-    man.write(out)
-    rep.embed_seconds = time.perf_counter() - t_work
-    rep.seconds = time.perf_counter() - t0
-    return rep
 
 
 def read_dataset(path: str | os.PathLike) -> pl.DataFrame:

@@ -646,18 +646,21 @@ def fingerprint(files: list[Path]) -> str:
 
 def output_inside_input(out: Path, ds: Dataset) -> bool:
     """True when ``out`` is one of the input files, is inside the input's
-    directory, or holds an input file."""
-    o = Path(os.path.abspath(out))
+    directory, holds an input file, or matches the input glob; symbolic links
+    and ``..`` are followed (an output reached through a link into the input
+    is inside it)."""
+    outs = {Path(os.path.abspath(out)), Path(os.path.realpath(out))}
     for f in ds.files:
-        fa = Path(os.path.abspath(f))
-        if fa == o or o in fa.parents:
-            return True
-    if ds.root is not None:
-        r = Path(os.path.abspath(ds.root))
-        if Path(ds.source).is_dir() and (o == r or r in o.parents):
-            return True
-        if _is_glob(ds.source):
-            pat = Path(os.path.abspath(ds.source)).parts
+        for fa in {Path(os.path.abspath(f)), Path(os.path.realpath(f))}:
+            if any(fa == o or o in fa.parents for o in outs):
+                return True
+    if ds.root is not None and Path(ds.source).is_dir():
+        for r in {Path(os.path.abspath(ds.root)), Path(os.path.realpath(ds.root))}:
+            if any(o == r or r in o.parents for o in outs):
+                return True
+    if ds.root is not None and _is_glob(ds.source):
+        pat = Path(os.path.abspath(ds.source)).parts
+        for o in outs:
             cand = [o] + [o / f"part-00000{sfx}" for sfx in (".parquet", ".jsonl")]
             if any(_glob_match(c.parts, pat) for c in cand):
                 return True
