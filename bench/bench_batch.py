@@ -144,7 +144,7 @@ def main() -> None:
     work = Path(args.workdir) if args.workdir else ROOT / "bench" / ".batch_data"
     work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT / "python"))
-    from mrt_fast.batch import WORK_FACTOR, parse_memory
+    from mrt_fast.datasets.local import WORK_FACTOR, parse_memory
 
     spill_limit = parse_memory(args.memory_limit)
     load0 = os.getloadavg()
@@ -174,7 +174,7 @@ def main() -> None:
                 for name, limit in cases:
                     out = work / f"out_{name}_{size}"
                     shutil.rmtree(out, ignore_errors=True)
-                    cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(args.k),
+                    cmd = [sys.executable, "-m", "mrt_fast.cli.app", "select", str(d), str(out), "--k", str(args.k),
                            "--method", args.method, "--memory-limit", str(limit)]
                     r = measure(cmd, env)
                     man = json.loads((out / "_manifest.json").read_text())

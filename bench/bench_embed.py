@@ -16,7 +16,7 @@ The MiniLM, int8 and ``encode`` rows run on the same blocks of texts, in an
 order that rotates from block to block, so a drift of the machine's speed
 hits each alike. The models are loaded (the static model distilled and the
 int8 model exported, each timed once) before any timing. Quality:
-``mrt_fast.embed_quality`` for each fast tier, on the bundled MOSAIC examples and two
+``mrt_fast.embeddings.quality`` for each fast tier, on the bundled MOSAIC examples and two
 larger sets built from text Python ships (``embed_corpus``).
 
     python bench/bench_embed.py              # 20,000 texts (tens of minutes on 2 cores)
@@ -57,11 +57,11 @@ def main() -> None:
     from typer.testing import CliRunner
 
     from embed_corpus import docstring_pools, mixed_texts, pydoc_pools
-    from mrt_fast.cli import app
-    from mrt_fast.demo import load_examples
-    from mrt_fast.embed import embed_texts, load_model
-    from mrt_fast.int8_embed import int8_path, load_int8
-    from mrt_fast.static_embed import load_static, static_path
+    from mrt_fast.cli.app import app
+    from mrt_fast.cli.demo import load_examples
+    from mrt_fast.embeddings.embed import embed_texts, load_model
+    from mrt_fast.embeddings.int8 import int8_path, load_int8
+    from mrt_fast.embeddings.static import load_static, static_path
 
     torch.set_num_threads(a.threads)
     runner = CliRunner()
@@ -76,8 +76,8 @@ def main() -> None:
           f"p95 {res['tokens_per_text']['p95']:.0f})", flush=True)
 
     # one-time costs: each tier's model file, built now if it is missing
-    import mrt_fast.int8_embed as ie
-    import mrt_fast.static_embed as se
+    import mrt_fast.embeddings.int8 as ie
+    import mrt_fast.embeddings.static as se
 
     def timed_load(module, path, load):
         fresh = not path.exists()
@@ -133,7 +133,7 @@ def main() -> None:
     save()
 
     if not a.no_quality:
-        from mrt_fast.embed_quality import markdown, quality_rows, summarize
+        from mrt_fast.embeddings.quality import markdown, quality_rows, summarize
 
         rows: list[dict] = []
         rows8: list[dict] = []
@@ -149,7 +149,7 @@ def main() -> None:
         res["quality_int8"] = rows8
         if sm.meta.get("train_texts"):
             # the fitting corpus and the evaluation sets share no text
-            from mrt_fast.static_corpus import corpus_texts
+            from mrt_fast.embeddings.static_corpus import corpus_texts
 
             shown = {t for df in sets.values() for t in df["response"].to_list()}
             corpus = corpus_texts(sm.meta["train_texts"])

@@ -50,7 +50,7 @@ ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False, logging_level
 ctx = ray.data.DataContext.get_current()
 ctx.enable_progress_bars = False
 ctx.print_on_execution_start = False
-from mrt_fast import distributed as D
+from mrt_fast.datasets import ray_engine as D
 t1 = time.perf_counter()
 rep = D.select_dataset(data, out, 4, "grades", shuffle=shuffle)
 t2 = time.perf_counter()
@@ -67,7 +67,7 @@ ctx = ray.data.DataContext.get_current()
 ctx.enable_progress_bars = False
 ctx.print_on_execution_start = False
 import mrt_fast
-from mrt_fast import distributed as D
+from mrt_fast.datasets import ray_engine as D
 rng = np.random.default_rng(0)
 sizes = rng.integers(8, 129, size=n_rows // 8)
 sizes = sizes[: int(np.searchsorted(np.cumsum(sizes), n_rows))]
@@ -161,7 +161,7 @@ def main() -> None:
             "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "load_average_before": os.getloadavg()}
         out = work / "out-local"
-        r = measure([sys.executable, "-m", "mrt_fast.cli", "select", str(data), str(out), "--k", "4"], env)
+        r = measure([sys.executable, "-m", "mrt_fast.cli.app", "select", str(data), str(out), "--k", "4"], env)
         res["local"] = {"seconds": r["seconds"], "peak_rss_bytes": r["peak_rss_bytes"]}
         print("local", json.dumps(res["local"]), flush=True)
         local_parts = sorted(out.glob("part-*.parquet"))

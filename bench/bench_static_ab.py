@@ -37,8 +37,8 @@ def main() -> None:
     import torch
 
     from embed_corpus import mixed_texts
-    from mrt_fast.embed import load_model
-    from mrt_fast.static_embed import load_static
+    from mrt_fast.embeddings.embed import load_model
+    from mrt_fast.embeddings.static import load_static
 
     torch.set_num_threads(a.threads)
     texts = mixed_texts(a.n)

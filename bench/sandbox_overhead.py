@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from mrt_fast import sandbox
+from mrt_fast.sandbox import run as sandbox
 
 
 def interleaved_medians(fns: dict, repeats: int) -> dict:

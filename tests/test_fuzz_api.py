@@ -302,7 +302,7 @@ def as_polars(out):
         return out
     if hasattr(out, "iloc"):
         return pl.from_pandas(out.drop(columns=["mode_copy"], errors="ignore"))
-    from mrt_fast._tables import readable_by_polars  # decimal256 rewards come back as they went in
+    from mrt_fast.tables.arrays import readable_by_polars  # decimal256 rewards come back as they went in
 
     return pl.from_arrow(readable_by_polars(out.select([i for i, n in enumerate(out.column_names) if n != "mode_copy"])))
 
@@ -745,7 +745,7 @@ def test_variance_budget_matches_reference_or_refuses(b, layout, null_id, loss_d
 @given(c=candidate_tables(), layout=st.sampled_from(["polars", "arrow", "pandas"]),
        n_modes=st.sampled_from([None, 1, 2, 3]), seed=st.integers(0, 2**64 - 1))
 def test_pool_modes_are_canonical_or_refused(c, layout, n_modes, seed):
-    from mrt_fast.modes import pool_modes
+    from mrt_fast.selection.modes import pool_modes
 
     fams = families_of(c, "modes", layout)
     assume(not pending(*fams))

@@ -17,7 +17,7 @@ import mrt_fast
 import importlib
 from mrt_fast import MrtInputError, select
 from mrt_fast import _grades_core as core
-from mrt_fast._tables import pool_keys
+from mrt_fast.tables.arrays import pool_keys
 
 
 def make_table(n_pools=6, n=10, d=8, seed=0):
@@ -215,7 +215,7 @@ def test_select_runs_a_pool_over_the_budget_on_demand_with_the_dense_results(mon
     })
     dense, rep_d = select(df, 8, "grades", return_report=True)
     # pools of more than 100 candidates cross the (lowered) budget
-    monkeypatch.setattr(importlib.import_module("mrt_fast.select"), "DENSE_LIMIT_BYTES", 100 * 100 * 4)
+    monkeypatch.setattr(importlib.import_module("mrt_fast.selection.select"), "DENSE_LIMIT_BYTES", 100 * 100 * 4)
     lean, rep_l = select(df, 8, "grades", return_report=True)
     assert lean["embedding"].to_list() == dense["embedding"].to_list()
     np.testing.assert_allclose(lean["gain"].to_numpy(), dense["gain"].to_numpy(), rtol=1e-5)
@@ -267,7 +267,7 @@ def test_an_allocation_that_fails_is_an_input_error_naming_the_pool_and_size():
 def test_signed_zero_ids_have_one_key_and_nan_ids_are_refused():
     assert pool_keys(pl.Series([0.0, -0.0]))[0] == pool_keys(pl.Series([-0.0, 0.0]))[0]
     assert len(set(pool_keys(pl.Series([-0.0, 0.0], dtype=pl.Float32)).tolist())) == 1
-    from mrt_fast.batch import bucket_of
+    from mrt_fast.datasets.local import bucket_of
 
     for n in (2, 7, 64):
         b = bucket_of(pl.Series([0.0, -0.0, 1.5, -1.5]), n)

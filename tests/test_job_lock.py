@@ -19,15 +19,15 @@ import pytest
 
 import mrt_fast
 from mrt_fast import MrtInputError
-from mrt_fast.batch import select_dataset
-from mrt_fast.job_lock import LOCK_NAME, JobLock, lock_path, output_lock
-from mrt_fast.manifest import Manifest
+from mrt_fast.datasets.local import select_dataset
+from mrt_fast.datasets.lock import LOCK_NAME, JobLock, lock_path, output_lock
+from mrt_fast.datasets.manifest import Manifest
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 HOLD = """
 import sys, time
-from mrt_fast.job_lock import output_lock
+from mrt_fast.datasets.lock import output_lock
 with output_lock(sys.argv[1], directory=sys.argv[2] == "dir"):
     print("held", flush=True)
     time.sleep(600)
@@ -62,7 +62,7 @@ def make_input(d: Path, n_pools: int = 300, seed: int = 0) -> pl.DataFrame:
 
 
 def mrt_select(inp: Path, out: Path, *extra: str, **kw) -> subprocess.Popen | subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(inp), str(out), "--k", "2", *extra]
+    cmd = [sys.executable, "-m", "mrt_fast.cli.app", "select", str(inp), str(out), "--k", "2", *extra]
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, **kw)
 
 
@@ -102,7 +102,7 @@ def test_a_second_real_job_refuses_and_a_rerun_finishes_a_killed_first(tmp_path)
     assert mrt_select(tmp_path / "in", full, "--chunk-rows", "800").returncode == 0
     for attempt in range(5):  # the first job must still be running when it is stopped
         out = tmp_path / f"out{attempt}"
-        first = subprocess.Popen([sys.executable, "-m", "mrt_fast.cli", "select", str(tmp_path / "in"), str(out),
+        first = subprocess.Popen([sys.executable, "-m", "mrt_fast.cli.app", "select", str(tmp_path / "in"), str(out),
                                   "--k", "2", "--chunk-rows", "800"], env=ENV, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
         while not (out / LOCK_NAME).exists() and first.poll() is None:
@@ -149,7 +149,7 @@ RACE = """
 import os, sys, time
 from pathlib import Path
 from mrt_fast.errors import MrtInputError
-from mrt_fast.job_lock import JobLock
+from mrt_fast.datasets.lock import JobLock
 go, stop = Path(sys.argv[2]), Path(sys.argv[3])
 while not go.exists():
     time.sleep(0.001)
@@ -200,7 +200,7 @@ def test_a_lock_of_another_host_is_refused_with_what_to_do(tmp_path):
 def test_the_lock_is_invisible_to_readers_and_released_on_errors(tmp_path):
     import pyarrow.dataset as pads
 
-    from mrt_fast.io import discover
+    from mrt_fast.datasets.io import discover
 
     make_input(tmp_path / "in", n_pools=30)
     out = tmp_path / "out"
@@ -226,7 +226,7 @@ def test_the_lock_is_invisible_to_readers_and_released_on_errors(tmp_path):
 
 
 def test_without_flock_the_recorded_pid_tells_whether_the_holder_lives(tmp_path, monkeypatch):
-    from mrt_fast import job_lock
+    from mrt_fast.datasets import lock as job_lock
 
     monkeypatch.setattr(job_lock, "_try_flock", lambda fd: None)  # a file system without flock
     path = tmp_path / LOCK_NAME

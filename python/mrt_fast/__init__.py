@@ -6,9 +6,9 @@ How many responses per prompt to keep (`variance_budget`), which ones
 
 from __future__ import annotations
 
-from ._grades_core import __version__
-from .errors import MrtInputError
-from .select import (
+from mrt_fast._grades_core import __version__
+from mrt_fast.errors import MrtInputError
+from mrt_fast.selection.select import (
     METHODS,
     FacilityLocationResult,
     Ragged,
@@ -35,27 +35,27 @@ __all__ = [
 def __getattr__(name: str):
     # heavier parts load on first use
     if name in ("variance_budget", "VarianceAccumulator", "VarianceReport"):
-        from . import variance
+        from mrt_fast.variance import law as variance
 
         return getattr(variance, name)
     if name in ("select_dataset", "BatchReport"):
-        from . import batch
+        from mrt_fast.datasets import local as batch
 
         return getattr(batch, name)
     if name == "embed_texts":
         import importlib
 
-        return getattr(importlib.import_module(".embed", __name__), name)
+        return getattr(importlib.import_module("mrt_fast.embeddings.embed"), name)
     if name in ("embed_dataset", "EmbedReport"):
         import importlib
 
-        return getattr(importlib.import_module(".embed_dataset", __name__), name)
+        return getattr(importlib.import_module("mrt_fast.embeddings.dataset"), name)
     if name == "pool_modes":
-        from . import modes
+        from mrt_fast.selection import modes
 
         return modes.pool_modes
     if name in ("knn_graph", "facility_location_corpus"):
-        from . import knn
+        from mrt_fast.selection import knn
 
         return getattr(knn, name)
     # LLM pipeline (torch/transformers load on first use)
@@ -68,5 +68,5 @@ def __getattr__(name: str):
     if name == "simulate":  # the paper's controlled experiments (torch extra)
         import importlib
 
-        return importlib.import_module(".simulate", __name__)
+        return importlib.import_module("mrt_fast.simulate")
     raise AttributeError(f"module 'mrt_fast' has no attribute {name!r}")

@@ -21,13 +21,13 @@ import json
 import time
 from pathlib import Path
 
-from ._estimate import decompose, k_star
-from ._coverage import interval_coverage
-from ._per_prompt_k import per_prompt_k
-from ._mdn_experiments import PAPER_BUDGET_MIN, PAPER_K_STAR, PAPER_VARIANCE, cost_budget, variance_law
-from ._selectors import selector_emse, topk_pool_sweep
-from ._tokens import token_transformer
-from .report import comparison_rows, plot_all
+from mrt_fast.simulate._estimate import decompose, k_star
+from mrt_fast.simulate._coverage import interval_coverage
+from mrt_fast.simulate._per_prompt_k import per_prompt_k
+from mrt_fast.simulate._mdn_experiments import PAPER_BUDGET_MIN, PAPER_K_STAR, PAPER_VARIANCE, cost_budget, variance_law
+from mrt_fast.simulate._selectors import selector_emse, topk_pool_sweep
+from mrt_fast.simulate._tokens import token_transformer
+from mrt_fast.simulate.report import comparison_rows, plot_all
 
 __all__ = [
     "PAPER_BUDGET_MIN", "PAPER_K_STAR", "PAPER_VARIANCE", "comparison_rows", "cost_budget", "decompose",
@@ -91,7 +91,7 @@ def run(quick: bool = False, out: str | Path | None = None, seed: int = 0, threa
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         res["figures"] = [p.name for p in plot_all(res, out)]
-        from ..io import write_text
+        from mrt_fast.datasets.io import write_text
 
         write_text(out / "results.json", json.dumps(res, indent=1, default=float))
     return res

@@ -14,7 +14,7 @@ Data with known truth, K responses for each of Np prompts (``SETTINGS``):
 * ``unequal_k``: as ``bernoulli`` with K_i drawn uniformly from 2..2K-2 (mean K).
 
 For each Np, ``trials`` data sets; every interval method in ``methods`` is computed from the same
-resamples of the same data set (`mrt_fast.bootstrap_intervals`, as `variance_budget` calls it:
+resamples of the same data set (`mrt_fast.variance.intervals`, as `variance_budget` calls it:
 the same prompts in the same order and the same seed, so the ``auto`` row is what
 `variance_budget(..., n_boot, seed)` reports). The table gives how often each method's interval
 (nominal ``level``) contains the true V_x, V_y|x, ratio and K*, how often its upper end for K* is
@@ -29,8 +29,8 @@ import math
 
 import numpy as np
 
-from ..bootstrap_intervals import bootstrap_intervals
-from ..variance import VarianceAccumulator, bernstein_bound
+from mrt_fast.variance.intervals import bootstrap_intervals
+from mrt_fast.variance.law import VarianceAccumulator, bernstein_bound
 
 SETTINGS = ("bernoulli", "normal", "student_t", "small_vx", "gamma", "unequal_k")
 _T_DF = 5

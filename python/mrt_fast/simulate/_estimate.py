@@ -34,7 +34,7 @@ def _decompose(losses: np.ndarray) -> dict[str, float]:
 
 def decompose(losses: np.ndarray) -> dict[str, float]:
     """Estimate V_x and V_y|x with the library estimator (see module doc)."""
-    from .. import _grades_core as core
+    from mrt_fast import _grades_core as core
 
     _decompose(losses)  # the same input checks and messages
     a = np.asarray(losses, dtype=np.float64)
@@ -49,6 +49,6 @@ def decompose(losses: np.ndarray) -> dict[str, float]:
 
 def k_star(v_x: float, v_y: float, c_p: float, c_r: float) -> float:
     """Continuous cost-aware optimum sqrt((V_y|x / V_x) (C_p / C_r)); inf when V_x = 0."""
-    from ..variance import k_star as _k_star
+    from mrt_fast.variance.law import k_star as _k_star
 
     return _k_star(v_x, v_y, c_p, c_r)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._data import DIM
+from mrt_fast.simulate._data import DIM
 
 HIDDEN = 64
 COMPONENTS = 5

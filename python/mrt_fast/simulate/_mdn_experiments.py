@@ -8,9 +8,9 @@ import time
 import numpy as np
 import torch
 
-from . import _data as D
-from . import _mdn as M
-from ._estimate import decompose, k_star
+from mrt_fast.simulate import _data as D
+from mrt_fast.simulate import _mdn as M
+from mrt_fast.simulate._estimate import decompose, k_star
 
 #: the paper's measured variances (units of 1e-2) for K = 1, 2, 4, 8, 16, 32
 PAPER_VARIANCE = {1: 7.07, 2: 4.71, 4: 2.65, 8: 1.70, 16: 1.45, 32: 1.27}

@@ -3,7 +3,7 @@
 Prompt i has a true mean loss mu_i ~ N(0, V_x) and a within-prompt standard
 deviation sigma_i = sigma_0 exp(s z_i - s^2 / 2), z_i ~ N(0, 1): ``s`` (the
 log-sd of sigma) sets how unequal the prompts' noise is (s = 0: all equal).
-A pilot draws ``n0`` normal losses per prompt; `mrt_fast.allocate.allocate_k`
+A pilot draws ``n0`` normal losses per prompt; `mrt_fast.variance.allocate.allocate_k`
 turns them into K_i (shrunk or raw variances) for a total of R = Np * K
 responses, each K_i capped by a pool of ``pool`` candidates. The variance of
 the per-prompt-averaged risk is then exact given the true sigma_i:
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ..allocate import allocate_k, neyman_allocation, within_variance
+from mrt_fast.variance.allocate import allocate_k, neyman_allocation, within_variance
 
 
 def per_prompt_k(

@@ -19,10 +19,10 @@ import polars as pl
 import torch
 from torch.func import grad, jacrev, vmap
 
-from .. import select as _select
-from ..select import SmallPoolWarning
-from . import _data as D
-from . import _mdn as M
+from mrt_fast import select as _select
+from mrt_fast.selection.select import SmallPoolWarning
+from mrt_fast.simulate import _data as D
+from mrt_fast.simulate import _mdn as M
 
 SELECTORS = ("random", "top", "diverse", "grades", "stratified")
 EMBED_BANDWIDTH = 0.35

@@ -21,8 +21,8 @@ import numpy as np
 import polars as pl
 import torch
 
-from .. import select as _select
-from ..select import SmallPoolWarning
+from mrt_fast import select as _select
+from mrt_fast.selection.select import SmallPoolWarning
 
 VOCAB = 64
 PROMPT_LEN = 4

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._mdn_experiments import PAPER_BUDGET_MIN, PAPER_K_STAR, PAPER_VARIANCE
+from mrt_fast.simulate._mdn_experiments import PAPER_BUDGET_MIN, PAPER_K_STAR, PAPER_VARIANCE
 
 
 def comparison_rows(res: dict) -> list[dict]:
@@ -104,7 +104,7 @@ def plot_all(res: dict, out: Path) -> list[Path]:
     paths = []
 
     def save(fig, name):
-        from ..io import atomic_path
+        from mrt_fast.datasets.io import atomic_path
 
         p = out / name
         fig.tight_layout()

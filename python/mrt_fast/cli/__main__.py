@@ -1,0 +1,3 @@
+from mrt_fast.cli.app import app
+
+app()

@@ -1,0 +1,88 @@
+"""The variance diagnosis of a dataset, streamed in bounded memory.
+
+The prompt id and loss columns of a file, directory, glob or hive-partitioned
+dataset are read batch by batch (polars' streaming engine) into a
+:class:`~mrt_fast.variance.law.VarianceAccumulator`; memory grows with the number
+of prompts, not of rows. The report is the one `variance_budget` gives on the
+whole table.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from mrt_fast.datasets import io as _io
+from mrt_fast.errors import MrtInputError
+
+
+def variance_budget_dataset(
+    source: str | os.PathLike,
+    *,
+    by: str = "prompt_id",
+    loss: str = "loss",
+    loss_bound: float | None = None,
+    batch_rows: int = 1_000_000,
+    **kwargs: Any,
+):
+    """`variance_budget` over a dataset (a file, a directory of Parquet/JSONL
+    files or a glob), streamed through the accumulator. Keywords as
+    `variance_budget`. Null prompt ids or losses, an empty dataset, a corrupt
+    file or a missing column are a one-line `MrtInputError` naming the file."""
+    from mrt_fast.variance.law import VarianceAccumulator, report_from_accumulator
+
+    ds = _io.discover(source)
+    schema = ds.check_columns([(by, "prompt id"), (loss, "loss")])
+    if not schema[loss].is_numeric():
+        raise MrtInputError(f"column {loss!r} (loss) must be numeric, got {schema[loss]}", column=loss)
+    acc = VarianceAccumulator()
+    lo, hi = np.inf, -np.inf
+    seen = 0
+    try:
+        for df in ds.scan().select([by, loss]).collect_batches(chunk_size=batch_rows):
+            if df.height == 0:
+                continue
+            for col, role in ((by, "prompt id"), (loss, "loss")):
+                n = df[col].null_count()
+                if n:
+                    f, r = ds.locate(seen + int(df[col].is_null().arg_true()[0]))
+                    raise MrtInputError(f"column {col!r} ({role}) has null value(s), the first in {str(f)!r} at row {r}",
+                                        column=col, row=r)
+            x = np.ascontiguousarray(df[loss].cast(pl.Float64).to_numpy())
+            try:
+                acc.update(df[by], x)
+            except MrtInputError as e:
+                raise _in_file(e, ds, loss) from None
+            lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+            seen += df.height
+    except MrtInputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - name the file at fault
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+    if seen == 0:
+        raise MrtInputError(f"{ds.source!r} has no rows: there are no losses to diagnose")
+    notes = []
+    if loss_bound is None:
+        loss_bound = hi - lo
+        notes.append(f"loss_bound not given: using the observed loss range {loss_bound:.4g}")
+    rep = report_from_accumulator(acc, loss_bound=loss_bound, **kwargs)
+    rep.notes.extend(notes)
+    return rep
+
+
+def _in_file(err: MrtInputError, ds: _io.Dataset, loss: str) -> MrtInputError:
+    """An accumulator's error about the dataset's row N ("row N (row i of this update)")
+    restated with the file and the row in it; any other with the dataset's name."""
+    from mrt_fast.datasets.row_origin import in_file
+
+    m = re.search(r"\brow (\d+) \(row \d+ of this update\)", str(err))
+    if m is None:
+        return MrtInputError(f"{ds.source!r}: {err}", pool=err.pool, column=err.column, row=err.row)
+    row = int(m.group(1))
+    plain = MrtInputError(str(err).replace(m.group(0), f"row {row}"), pool=err.pool, column=loss)
+    return in_file(plain, ds, row, said=row)

@@ -1,0 +1,1154 @@
+"""Selection over datasets larger than memory: one read, bounded memory, resumable.
+
+The rows of a dataset (one row per candidate) are partitioned by a digest of
+their prompt id into buckets; every pool lands whole in one bucket. When the
+dataset fits in the memory limit there is one bucket and nothing is spilled
+(the embedding vectors are decoded straight into the one matrix the core
+reads, :mod:`mrt_fast.datasets.contiguous`); otherwise the buckets are written (Arrow
+IPC files, written and read around the page cache, :mod:`mrt_fast.datasets.direct_io`)
+into a temporary folder beside the output in one pass over the input, read by
+Arrow threads over runs of row groups (:mod:`mrt_fast.datasets.arrow_runs`), and each
+bucket is then selected in memory, several at a time where memory allows.
+Bucket ``i`` becomes part ``i`` of the output dataset (``part-00000.parquet``
+..., with a ``_manifest.json``), written atomically, so a killed job resumes
+with the missing parts only.
+
+In the grouped layout (one row per prompt, list columns, as vLLM returns the
+completions of a prompt) the pools are already together: parts are runs of
+consecutive rows, read straight from the input, nothing is spilled.
+
+The pieces other engines reuse: :func:`bucket_of` (which bucket a prompt id
+goes to), :class:`Options` (the job's parameters), :func:`select_frame` (one
+bucket or part in memory -> its kept rows), :func:`write_part` and
+:mod:`mrt_fast.datasets.manifest` (parts and the manifest).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from mrt_fast.datasets import io as _io
+from mrt_fast.tables.arrays import pool_keys
+from mrt_fast._util.disk_space import is_no_space, no_space_error, reporting_full_disk
+from mrt_fast.errors import MrtInputError
+from mrt_fast.datasets.manifest import MANIFEST as MANIFEST_NAME
+from mrt_fast.datasets.lock import output_lock
+from mrt_fast.datasets.manifest import Manifest, discard_unfinished, part_check, part_path, prepare_output
+from mrt_fast._util.memory import (Budget, available_memory, default_memory_limit, parse_memory, peak_rss,  # noqa: F401
+                            least_work, plan_spill, polars_read_bytes, release_unused, rss, size_text,
+                            whole_read_bytes)
+from mrt_fast._util.memory import HEADROOM, SELECT_WORKER, SpillPlan
+
+ROW = "__row"  # global row index of the input (file order, then row order)
+BUCKET = "__bucket"
+FIRST = "__first"  # first global row of a pool (orders pools like the in-memory result)
+#: peak memory of selecting a bucket, as a multiple of its in-memory (Arrow) size
+WORK_FACTOR = 3.0
+#: buckets are planned this much smaller than the budget (hash buckets differ in size)
+SLACK = 1.3
+SPILL_DIR = "_spill"
+
+
+# --------------------------------------------------------------------------- buckets
+
+def bucket_of(prompt_ids: pl.Series, n_buckets: int) -> np.ndarray:
+    """The bucket (0 .. n_buckets - 1) of each prompt id: ``pool_keys(id) % n_buckets``,
+    the digest that seeds the per-pool random draws. A null id gets bucket
+    ``n_buckets`` (never mixed with a real pool)."""
+    n = int(n_buckets)
+    if n < 1:
+        raise MrtInputError(f"n_buckets must be >= 1, got {n_buckets}")
+    s = prompt_ids
+    nulls = s.null_count()
+    if nulls:
+        mask = s.is_null().to_numpy()
+        keys = pool_keys(s.fill_null(s.drop_nulls().head(1)) if nulls < len(s) else s.cast(pl.Int64).fill_null(0))
+        out = (keys % np.uint64(n)).astype(np.uint32)
+        out[mask] = n
+        return out
+    return (pool_keys(s) % np.uint64(n)).astype(np.uint32)
+
+
+# --------------------------------------------------------------------------- memory
+
+# the memory limit and what a job may hold at once: mrt_fast._util.memory (parse_memory, available_memory,
+# default_memory_limit, rss, peak_rss are kept here for callers of this module)
+
+
+# --------------------------------------------------------------------------- the job
+
+
+@dataclass
+class Options:
+    """The parameters of a selection job (everything its result depends on)."""
+
+    k: int | str  # an int, or the name of an integer column holding each pool's K
+    method: str = "grades"
+    by: str = "prompt_id"
+    embedding: str = "embedding"
+    reward: str = "reward"
+    mode: str = "mode"
+    alpha: float = 0.75
+    k_max: int | None = None
+    kernel: str = "shift"
+    n_modes: int | None = None
+    seed: int = 0
+    layout: str = "auto"  # auto | rows | grouped (auto resolved by `resolve_layout`)
+    candidate_columns: list[str] | None = None  # grouped: list columns holding one value per candidate
+
+    def __post_init__(self) -> None:
+        from mrt_fast.selection.select import METHODS, _check_k
+
+        if isinstance(self.k, str):
+            if not self.k:
+                raise MrtInputError("k must be an integer >= 1 or the name of a column holding each pool's K")
+        else:
+            self.k = _check_k(self.k)
+        if not isinstance(self.method, str) or self.method.lower() not in METHODS:
+            raise MrtInputError(f"method must be one of {sorted(METHODS)}, got {self.method!r}")
+        self.method = METHODS[self.method.lower()]
+        if self.layout not in ("auto", "rows", "grouped"):
+            raise MrtInputError(f"layout must be 'auto', 'rows' or 'grouped', got {self.layout!r}")
+        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) or self.seed < 0:
+            raise MrtInputError(f"seed must be an integer >= 0, got {self.seed!r}")
+
+    def parameters(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["alpha"] = float(d["alpha"])
+        return d
+
+    def uses_embedding(self, names: list[str]) -> bool:
+        """Whether selection reads the embedding column (facility location, or modes to compute)."""
+        from mrt_fast.selection.select import FACILITY_METHODS
+
+        return self.method in FACILITY_METHODS or (self.method == "stratified" and self.mode not in names)
+
+    def needed(self, names: list[str]) -> list[tuple[str, str]]:
+        """(column, role) pairs the input must have."""
+        m = self.method
+        out = [(self.by, "prompt id")]
+        if isinstance(self.k, str):
+            out.append((self.k, "per-prompt K"))
+        if self.uses_embedding(names):
+            out.append((self.embedding, "embedding"))
+        if m == "top" or (m == "grades" and (self.alpha > 0 or self.k_max is not None)):
+            out.append((self.reward, "reward"))
+        for c in self.candidate_columns or []:
+            out.append((c, "candidate column"))
+        return out
+
+    def resolve_layout(self, schema: pl.Schema) -> str:
+        """``rows`` or ``grouped``: grouped when the embedding holds a list of
+        vectors or the reward/mode column holds lists."""
+        if self.layout != "auto":
+            return self.layout
+        emb = schema.get(self.embedding)
+        if isinstance(emb, (pl.List, pl.Array)) and isinstance(emb.inner, (pl.List, pl.Array)):
+            return "grouped"
+        for c in (self.reward, self.mode):
+            if isinstance(schema.get(c), (pl.List, pl.Array)):
+                return "grouped"
+        return "rows"
+
+    def list_columns(self, schema: pl.Schema) -> list[str]:
+        """Grouped layout: the per-candidate (list) columns."""
+        if self.candidate_columns is not None:
+            cols = list(self.candidate_columns)
+        else:
+            cols = [c for c, t in schema.items() if isinstance(t, (pl.List, pl.Array)) and c != self.by]
+        bad = [c for c in cols if not isinstance(schema.get(c), (pl.List, pl.Array))]
+        if bad:
+            raise MrtInputError(f"grouped layout: column(s) {bad} must hold one list per prompt, "
+                                f"got {[str(schema.get(c)) for c in bad]}", column=bad[0])
+        if not cols:
+            raise MrtInputError("grouped layout: the table has no list column (one list of candidates per prompt)")
+        return cols
+
+
+# --------------------------------------------------------------------------- one bucket
+
+
+def select_frame(df: pl.DataFrame, opts: Options, *, layout: str = "rows", first: bool = False,
+                 list_columns: list[str] | None = None):
+    """Select one bucket (or part) held in memory; returns ``(kept, SelectionReport)``.
+
+    Rows layout: ``df`` holds whole pools; a ``__row`` column (global row
+    index), if present, orders the candidates and is dropped from the result
+    unless ``first`` asks for ``__first`` (the pool's first global row) to
+    order pools across buckets. Grouped layout: one row per prompt, the
+    ``list_columns`` exploded to candidates, selected, and gathered back into
+    lists (with ``pick_rank``/``gain``/``weight`` lists).
+    """
+    from mrt_fast.selection.select import SmallPoolWarning, select
+
+    if layout == "grouped":
+        return _select_grouped(df, opts, list_columns or opts.list_columns(df.schema))
+    if ROW in df.columns and not df[ROW].is_sorted():
+        df = df.sort(ROW)
+    df = _io.decode_embedding(df, opts.embedding)
+    if opts.method == "stratified" and opts.mode not in df.columns:
+        from mrt_fast.selection.modes import pool_modes
+
+        df = pool_modes(df, by=opts.by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes, seed=opts.seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        kept, rep = select(df, opts.k, opts.method, by=opts.by, embedding=opts.embedding, reward=opts.reward,
+                           mode=opts.mode, alpha=opts.alpha, k_max=opts.k_max, kernel=opts.kernel, seed=opts.seed,
+                           return_report=True)
+    if ROW in kept.columns:
+        if first:
+            f = df.group_by(opts.by).agg(pl.col(ROW).min().alias(FIRST))
+            kept = kept.join(f, on=opts.by, how="left", maintain_order="left")
+        kept = kept.drop(ROW)
+    return kept, rep
+
+
+def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
+    from mrt_fast.selection.select import SmallPoolWarning, select
+
+    by = opts.by
+    if df[by].null_count():
+        first = int(df[by].is_null().arg_true()[0])
+        raise MrtInputError(f"column {by!r} has {df[by].null_count()} null prompt id(s), the first at row {first}",
+                            column=by, row=first)
+    if df[by].n_unique() != df.height:
+        dup = df.filter(df[by].is_duplicated())[by][0]
+        raise MrtInputError(f"grouped layout: prompt id {dup!r} is on more than one row "
+                            "(the grouped layout holds one row per prompt)", pool=dup, column=by)
+    lens = df.select([pl.col(c).list.len().alias(c) if isinstance(df.schema[c], pl.List)
+                      else pl.col(c).arr.len().alias(c) for c in lists])
+    ref = lens[lists[0]]
+    for c in lists[1:]:
+        bad = (lens[c] != ref).fill_null(True) | lens[c].is_null()
+        if bad.any():
+            i = int(bad.arg_true()[0])
+            raise MrtInputError(
+                f"grouped layout: prompt {df[by][i]!r} has {lens[c][i]} values in {c!r} but {ref[i]} in {lists[0]!r} "
+                "(name the per-candidate list columns with candidate_columns / --candidate-columns)",
+                pool=df[by][i], column=c, row=i)
+    empty = (ref.fill_null(0) == 0)
+    n_empty = int(empty.sum())
+    if n_empty:
+        i = int(empty.arg_true()[0])
+        raise MrtInputError(f"grouped layout: {n_empty} prompt(s) have no candidates in {lists[0]!r}, "
+                            f"the first {df[by][i]!r} at row {i}", pool=df[by][i], column=lists[0], row=i)
+    k_col = [opts.k] if isinstance(opts.k, str) and opts.k not in lists and opts.k != by else []
+    flat = df.select([by, *k_col, *lists]).explode(lists)
+    try:
+        flat = _io.decode_embedding(flat, opts.embedding)
+        if opts.method == "stratified" and opts.mode not in flat.columns:
+            from mrt_fast.selection.modes import pool_modes
+
+            flat = pool_modes(flat, by=by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes,
+                              seed=opts.seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SmallPoolWarning)
+            kept, rep = select(flat, opts.k, opts.method, by=by, embedding=opts.embedding, reward=opts.reward,
+                               mode=opts.mode, alpha=opts.alpha, k_max=opts.k_max, kernel=opts.kernel,
+                               seed=opts.seed, return_report=True)
+    except MrtInputError as e:  # a candidate's row -> its prompt's row
+        if e.row is None or not 0 <= e.row < flat.height:
+            raise
+        from mrt_fast.datasets.row_origin import restate_row
+
+        i = int(np.searchsorted(np.cumsum(ref.to_numpy()), e.row, side="right"))
+        raise restate_row(e, e.row, f"row {i}", i) from None
+    added = [c for c in kept.columns if c not in flat.columns]
+    agg = kept.group_by(by, maintain_order=True).agg([pl.col(c) for c in lists + added
+                                                       if c in kept.columns])
+    scalars = [c for c in df.columns if c not in lists]
+    out = df.select(scalars).join(agg, on=by, how="left", maintain_order="left")
+    out = out.with_columns([pl.col(c).cast(df.schema[c]) for c in lists if isinstance(df.schema[c], pl.List)])
+    return out.select([c for c in df.columns] + [c for c in added if c != by]), rep
+
+
+def write_part(df: pl.DataFrame, out_dir: Path, i: int) -> int:
+    """Write part ``i`` of a dataset atomically; returns its row count (a full disk is one line naming the part)."""
+    with reporting_full_disk(f"writing part {i} to", out_dir):
+        _io.write_parquet_atomic(df, part_path(out_dir, i))
+    return df.height
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class BatchReport:
+    """What a `select_dataset` run did."""
+
+    output: str
+    layout: str
+    method: str
+    k: int
+    n_parts: int
+    parts_done_now: int
+    n_input_rows: int
+    n_pools: int
+    n_candidates: int
+    n_kept: int
+    n_small_pools: int
+    modes_missed: int
+    mean_ratio: float | None
+    spilled: bool
+    resumed: bool
+    already_done: bool
+    memory_limit: int
+    peak_rss: int
+    seconds: float
+    workers: int = 1
+    n_out_rows: int = 0  # rows written: kept candidates (rows layout) or prompts (grouped layout)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.n_input_rows / self.seconds if self.seconds > 0 else float("nan")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["rows_per_second"] = self.rows_per_second
+        return d
+
+
+class _Totals:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pools = self.cands = self.kept = self.small = self.missed = 0
+        self.ratio_sum = 0.0
+        self.ratio_n = 0
+
+    def add(self, rep) -> None:
+        with self.lock:
+            self.pools += rep.n_pools
+            self.cands += rep.n_candidates
+            self.kept += rep.n_kept
+            self.small += rep.n_small_pools
+            self.missed += rep.modes_missed
+            r = rep.approximation_ratio
+            if r is not None and len(r):
+                self.ratio_sum += float(np.sum(r))
+                self.ratio_n += len(r)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """A rich bar by rows (both phases), or nothing."""
+
+    def __init__(self, enabled: Any, total: int | None):
+        self.prog = None
+        self.task = None
+        if not enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        class RowsPerSecond(ProgressColumn):
+            def render(self, task):  # noqa: D401
+                s = task.finished_speed or task.speed
+                return Text("" if s is None else f"{s:,.0f} rows/s")
+
+        console = enabled if hasattr(enabled, "print") else None
+        self.prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                             RowsPerSecond(), TimeElapsedColumn(), console=console, transient=True)
+        self.prog.start()
+        self.task = self.prog.add_task("reading", total=total)
+
+    def phase(self, name: str) -> None:
+        if self.prog is not None:
+            self.prog.update(self.task, description=name)
+
+    def total(self, n: int) -> None:
+        if self.prog is not None:
+            self.prog.update(self.task, total=n)
+
+    def advance(self, n: int) -> None:
+        if self.prog is not None:
+            self.prog.advance(self.task, n)
+
+    def close(self) -> None:
+        if self.prog is not None:
+            self.prog.stop()
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
+          on_rows: Callable[[int], None] | None = None, batch_rows: int = 200_000, threads: int = 1,
+          staging: int | None = None) -> int:
+    """Partition the dataset into ``n_buckets`` buckets of Arrow IPC files
+    ``spill_dir/bucket-NNNNN.T.arrow`` in one pass. Every row keeps its global
+    row index ``__row``; each batch is cut by bucket with one stable sort.
+    A Parquet dataset Arrow reads as polars would (:mod:`mrt_fast.datasets.arrow_runs`)
+    is read by ``threads`` threads, one run of row groups each, thread ``T``
+    writing files ``.T``: the files of a bucket, in ``T`` order, hold its
+    rows in input order. Any other dataset is read by polars' streaming
+    engine (one thread, files ``.0``). Rows with a null prompt id go to
+    bucket ``n_buckets``; returns how many there are. Memory: a few batches
+    per thread and one ``staging`` block per open bucket file
+    (:func:`mrt_fast._util.memory.plan_spill`)."""
+    from mrt_fast.datasets.arrow_runs import arrow_schema, iter_run, plan_runs
+
+    spill_dir = Path(spill_dir)
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    lock = threading.Lock()
+    # every open bucket file stages its writes in an aligned block: 1 MiB, less when there are many
+    if staging is None:
+        staging = int(min(1 << 20, max(64 << 10, (64 << 20) // max(1, (n_buckets + 1) * max(1, threads)))))
+    try:
+        schema = arrow_schema(ds)
+        runs = plan_runs(ds, threads) if schema is not None else []
+        if runs and pa_index_type() == np.uint32 and runs[-1][-1].start + runs[-1][-1].rows >= 2**32:
+            runs = []  # more rows than polars' row index holds: its scan says so
+        if not runs:
+            with _BucketWriters(spill_dir, n_buckets, 0, staging) as w:
+                for df in ds.scan(row_index=ROW).collect_batches(chunk_size=batch_rows):
+                    if df.height == 0:
+                        continue
+                    w.add(df.to_arrow(), df[by])
+                    if on_rows is not None:
+                        on_rows(df.height)
+                return w.nulls
+        idx = pa_index_type()
+        by_i = schema.names.index(by)
+
+        def one(t: int) -> int:
+            with _BucketWriters(spill_dir, n_buckets, t, staging) as w:
+                for pos, b in iter_run(runs[t], None, batch_rows):
+                    row = pa.array(np.arange(pos, pos + b.num_rows, dtype=idx))
+                    rb = pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
+                    w.add(rb, pl.Series(by, b.column(by_i)))
+                    if on_rows is not None:
+                        with lock:
+                            on_rows(b.num_rows)
+                return w.nulls
+
+        with ThreadPoolExecutor(max_workers=len(runs)) as ex:
+            return sum(ex.map(one, range(len(runs))))
+    except MrtInputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - find the file at fault, else report polars' words
+        if is_no_space(e):
+            raise  # a full disk is not the input's fault: the caller says where it was writing
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+
+
+def pa_index_type() -> type:
+    """NumPy type of polars' row index (``__row``)."""
+    return np.uint64 if pl.get_index_type() == pl.UInt64 else np.uint32
+
+
+class _BucketWriters:
+    """One thread's bucket files: each batch cut by bucket (one stable sort), the slices appended
+    (Arrow IPC files written around the page cache, :mod:`mrt_fast.datasets.direct_io`)."""
+
+    def __init__(self, spill_dir: Path, n_buckets: int, tag: int, staging: int = 1 << 20):
+        self.dir, self.n, self.tag, self.staging = spill_dir, n_buckets, tag, staging
+        self.writers: dict[int, Any] = {}
+        self.sinks: list[Any] = []
+        self.nulls = 0
+
+    def add(self, t, ids: pl.Series) -> None:
+        import pyarrow.ipc as ipc
+
+        b = bucket_of(ids, self.n)
+        self.nulls += ids.null_count()
+        order = np.argsort(b, kind="stable")
+        cuts = np.searchsorted(b[order], np.arange(self.n + 2))
+        t = _take(t, pa.array(order))
+        for i in np.flatnonzero(np.diff(cuts)):
+            sl = t.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
+            w = self.writers.get(int(i))
+            if w is None:
+                from mrt_fast.datasets.direct_io import DirectWriter
+
+                sink = DirectWriter(self.dir / f"bucket-{int(i):05d}.{self.tag}.arrow", self.staging)
+                self.sinks.append(sink)
+                w = self.writers[int(i)] = ipc.new_file(sink, sl.schema)
+            w.write(sl)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            for w in self.writers.values():
+                w.close()
+        finally:
+            for sink in self.sinks:
+                sink.close()
+
+
+def _take(t, idx):
+    """``t.take(idx)`` (a record batch or table); a column of float vectors of one
+    length is taken as fixed-size lists (a block copy per row, about ten times
+    faster than Arrow's take of variable lists) and given its type back."""
+    cols = []
+    for f, c in zip(t.schema, t.columns):
+        typ = f.type
+        if (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_floating(typ.value_type) \
+                and c.null_count == 0 and len(c):
+            first = c.chunk(0) if isinstance(c, pa.ChunkedArray) else c
+            d = len(first[0]) if len(first) else 0
+            try:
+                cols.append(c.cast(pa.list_(typ.value_type, d)).take(idx).cast(typ))
+                continue
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, IndexError):
+                pass  # vectors of several lengths: the general take
+        cols.append(c.take(idx))
+    return type(t).from_arrays(cols, schema=t.schema)
+
+
+def _drop_bucket(spill_dir: Path, i: int) -> None:
+    for f in bucket_files(spill_dir, i):
+        f.unlink(missing_ok=True)
+
+
+def bucket_files(spill_dir: Path, i: int) -> list[Path]:
+    """The spill files of bucket ``i``, in the order their rows come in the input."""
+    fs = Path(spill_dir).glob(f"bucket-{i:05d}.*.arrow")
+    return sorted(fs, key=lambda f: int(f.name.split(".")[1]))
+
+
+def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None, embedding: str | None = None,
+                buffers: list | None = None) -> pl.DataFrame:
+    """Bucket ``i`` of a spill (rows in input order); empty (with ``schema``) if no row went there.
+
+    The files are read straight into one buffer (:mod:`mrt_fast.datasets.direct_io`)
+    and their record batches used in place. With ``embedding`` naming a
+    column of float32 vectors, that column is copied into one contiguous
+    matrix (:mod:`mrt_fast.datasets.contiguous`) the selection core reads in place.
+    ``buffers`` (``[[None], [None]]``, then kept by the caller) holds both
+    buffers for the caller's next bucket, which must not come before the
+    caller is done with this frame."""
+    import pyarrow.ipc as ipc
+
+    from mrt_fast.datasets.direct_io import read_files
+
+    files = bucket_files(spill_dir, i)
+    if not files:
+        return pl.DataFrame(schema=schema) if schema is not None else pl.DataFrame()
+    if buffers is None:
+        buffers = [[None], [None]]
+    raw = read_files(files, buffers[0])
+    batches = []
+    for mv in raw:
+        r = ipc.open_file(pa.py_buffer(mv))
+        batches.extend(r.get_batch(j) for j in range(r.num_record_batches))
+    t = pa.Table.from_batches(batches)
+    df = None
+    if embedding is not None and embedding in t.column_names and t.num_rows:
+        df = _with_contiguous(t, embedding, schema, buffers[1])
+    if df is None:
+        df = pl.from_arrow(t)
+    if not df[ROW].is_sorted():
+        df = df.sort(ROW)
+    return df  # type: ignore[return-value]
+
+
+def _with_contiguous(t, name: str, schema: pl.Schema | None, buffer: list | None) -> pl.DataFrame | None:
+    from mrt_fast.datasets.contiguous import Irregular, from_chunks, is_float_vectors, matrix, polars_vector_type
+
+    col = t.column(name)
+    dtype = schema.get(name) if schema is not None else None
+    if dtype is None or not polars_vector_type(dtype) or not is_float_vectors(col.type):
+        return None
+    c0 = col.chunk(0)
+    if not len(c0) or c0.null_count or c0[0].values is None:
+        return None
+    d = len(c0[0])
+    n = t.num_rows
+    if d == 0:
+        return None
+    buf = buffer[0] if buffer and buffer[0] is not None else None
+    if buf is None or buf.shape[0] < n or buf.shape[1] != d:
+        buf = matrix(n + n // 4, d)  # room for the next, somewhat larger bucket
+        if buffer is not None:
+            buffer[:] = [buf]
+    try:
+        s = from_chunks(col.chunks, n, d, name, dtype, out=buf)
+    except Irregular:
+        return None
+    rest = pl.from_arrow(t.drop_columns([name]))
+    return rest.with_columns(s).select(t.column_names)  # type: ignore[union-attr]
+
+
+def _plan(total_bytes: int, budget: Budget, workers: int | None) -> tuple[int, int]:
+    """(n_buckets, workers) for an input of ``total_bytes`` within ``budget``: one
+    bucket when the input fits, else buckets small enough for ``workers``
+    buckets at once (fewer workers when their fixed costs leave too little)."""
+    work = budget.work
+    need = WORK_FACTOR * total_bytes
+    if need + SELECT_WORKER <= work:
+        return 1, 1
+    cpus = os.cpu_count() or 1
+    # one worker more than the cores (up to 4), as a worker waits on the disk while it reads its bucket
+    w = max(1, min(cpus + (cpus > 1), 4) if workers is None else int(workers))
+    while w > 1 and work - w * SELECT_WORKER < w * SELECT_WORKER:
+        w -= 1
+    n = max(2, math.ceil(need * SLACK * w / max(1, work - w * SELECT_WORKER)))
+    return n, w
+
+
+def _plan_memory(ds: _io.Dataset, total_bytes: int, n_rows: int | None, budget: Budget, workers: int | None,
+                 n_buckets: int | None = None) -> tuple[int, int, SpillPlan | None]:
+    """(n_buckets, workers, how to spill) within the budget (``n_buckets`` given:
+    a resumed job's or the caller's). A limit no plan fits is refused in one
+    line naming the smallest limit that does."""
+    from mrt_fast.datasets.contiguous import BATCH_ROWS
+
+    reading = -1
+    row_bytes = total_bytes / n_rows if n_rows else 1024.0
+    whole = whole_read_bytes(total_bytes, row_bytes, BATCH_ROWS)
+
+    def attempt(b: Budget) -> tuple[int, int, SpillPlan | None] | None:
+        nonlocal reading
+        if WORK_FACTOR * total_bytes + SELECT_WORKER + whole <= b.work and n_buckets in (None, 1):
+            return 1, 1, None
+        # spilling: each phase gets half the work (the spill pass leaves some of its memory resident)
+        half = b.with_work(b.work // 2)
+        n, w = _plan(total_bytes, half, workers)
+        n = max(2, n) if n_buckets is None else n_buckets
+        if WORK_FACTOR * total_bytes / n + SELECT_WORKER > half.work:
+            return None
+        if reading < 0:
+            reading = _spill_read_bytes(ds, total_bytes)
+        sp = plan_spill(half, row_bytes, n, w, n_rows) if reading <= half.work else None
+        return None if sp is None else (n, w, sp)
+
+    got = attempt(budget)
+    if got is None:
+        least = least_work(lambda x: attempt(budget.with_work(x)) is not None, int(WORK_FACTOR * total_bytes))
+        raise budget.refusal(budget.base + HEADROOM + least, f"{ds.source!r} ({size_text(total_bytes)} in memory)")
+    return got
+
+
+def _bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -> int:
+    """How many of the spilled buckets ``todo`` to select at once within ``limit``,
+    counting what the process holds now (the spill pass leaves some of its
+    memory resident): ``workers``, fewer when the largest bucket's work times
+    ``workers`` does not fit; a bucket that alone does not fit (pools are
+    never split) is refused."""
+    budget = Budget.now(limit)
+    sizes = [sum(f.stat().st_size for f in bucket_files(spill_dir, i)) for i in todo]
+    largest = max(sizes, default=0)
+    need = WORK_FACTOR * largest + SELECT_WORKER
+    if need > budget.work:
+        i = todo[sizes.index(largest)]
+        raise budget.refusal(budget.base + HEADROOM + int(need),
+                             f"bucket {i} of the spill ({size_text(largest)} of pools, which are never split)")
+    return max(1, min(workers, int(budget.work // need)))
+
+
+def _spill_read_bytes(ds: _io.Dataset, total_bytes: int) -> int:
+    """Memory of reading a dataset that Arrow cannot read by runs of row groups (polars' streaming engine)."""
+    from mrt_fast.datasets.arrow_runs import arrow_schema
+
+    if arrow_schema(ds) is not None:
+        return 0
+    if ds.fmt != "parquet":
+        return 2 * max((f.stat().st_size for f in ds.files), default=0)
+    import pyarrow.parquet as pq
+
+    largest = 0
+    for f in ds.files:
+        md = pq.ParquetFile(f).metadata
+        largest = max([largest, *(md.row_group(g).total_byte_size for g in range(md.num_row_groups))])
+    return min(polars_read_bytes(largest), 2 * total_bytes)
+
+
+def _describe_command(opts: Options) -> str:
+    return f"select_dataset(k={opts.k}, method={opts.method!r})"
+
+
+def select_dataset(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    k: int | str,
+    method: str = "grades",
+    *,
+    by: str = "prompt_id",
+    embedding: str = "embedding",
+    reward: str = "reward",
+    mode: str = "mode",
+    alpha: float = 0.75,
+    k_max: int | None = None,
+    kernel: str = "shift",
+    n_modes: int | None = None,
+    seed: int = 0,
+    layout: str = "auto",
+    candidate_columns: list[str] | None = None,
+    memory_limit: Any = None,
+    workers: int | None = None,
+    rows_per_bucket: int | None = None,
+    overwrite: bool = False,
+    progress: Any = False,
+    command: str | None = None,
+    _n_parts: int | None = None,
+    _fail_after: int | None = None,
+) -> BatchReport:
+    """Keep K candidates per prompt of a dataset, in bounded memory; resumable.
+
+    ``source``: a file, a directory of Parquet/JSONL files (hive partitions
+    included) or a glob. ``output``: a directory (any name without a table suffix) that gets
+    ``part-00000.parquet`` ... and ``_manifest.json``, or a file
+    (``.parquet``/``.jsonl``/``.csv``) holding every kept row. The kept rows
+    are those of :func:`mrt_fast.select` on the whole table (the options mean
+    the same); a file output also has its order. ``memory_limit`` (bytes or
+    ``"2GB"``; default half the available memory) bounds the peak memory.
+    ``layout``: ``"rows"`` (one row per candidate), ``"grouped"`` (one row per
+    prompt, list columns) or ``"auto"``. Re-running an unfinished directory
+    output finishes it; a finished one is left as it is
+    (``report.already_done``); another job's directory is refused unless
+    ``overwrite``. ``workers``: buckets selected at once (default: as memory
+    and cores allow). ``rows_per_bucket``: plan buckets of about this many
+    input rows instead of from the memory limit. ``progress``: True or a rich
+    Console for a progress bar by rows.
+    """
+    t0 = time.perf_counter()
+    opts = Options(k=k, method=method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
+                   kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, candidate_columns=candidate_columns)
+    from mrt_fast.selection.select import _check_common
+
+    _check_common(0.0 if opts.method == "diverse" else alpha, 1e-6, opts.k, k_max, kernel)
+    limit = default_memory_limit() if memory_limit is None else parse_memory(memory_limit)
+    out = Path(output)
+    ds = _io.discover(source)
+    if _io.output_inside_input(out, ds):
+        raise MrtInputError(f"output {str(out)!r} is the input or inside it; write it elsewhere")
+    first_schema = ds.file_schemas()[0]
+    names = list(first_schema.names()) + _io.hive_columns(ds)
+    schema = ds.check_columns(opts.needed(names))
+    lay = opts.resolve_layout(schema)
+    lists = opts.list_columns(schema) if lay == "grouped" else None
+    to_dir = out.is_dir() or out.suffix.lower() not in _io.FORMATS
+    if not to_dir:
+        parent = out.parent if str(out.parent) else Path(".")
+        if not parent.is_dir():
+            raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+    params = {**opts.parameters(), "layout": lay}
+    fp = ds.fingerprint()
+    with output_lock(out, directory=to_dir):
+        state, man = ("new", None)
+        if to_dir:
+            state, man = prepare_output(out, params, fp, overwrite=overwrite)
+        counts = ds.row_counts()
+        n_rows = sum(counts) if counts is not None else None
+        rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
+                          n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0, n_small_pools=0,
+                          modes_missed=0, mean_ratio=None, spilled=False, resumed=state == "resume",
+                          already_done=state == "done", memory_limit=limit, peak_rss=0, seconds=0.0)
+        if state == "done":
+            assert man is not None
+            rep.n_parts = man.n_parts
+            rep.n_kept = rep.n_out_rows = man.rows
+            rep.peak_rss = peak_rss()
+            rep.seconds = time.perf_counter() - t0
+            return rep
+        try:
+            with reporting_full_disk("writing to", out):
+                rep = _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers,
+                               rows_per_bucket, progress, command, rep, t0, _n_parts, _fail_after)
+        except MrtInputError:
+            # bad input found before any part was committed: leave no half-made directory behind
+            if to_dir and state == "new":
+                discard_unfinished(out)
+            raise
+    if rep.peak_rss > limit:
+        rep.notes.append(f"peak memory {size_text(rep.peak_rss)} went over the limit of {size_text(limit)}")
+    return rep
+
+
+def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers, rows_per_bucket,
+             progress, command, rep, t0, _n_parts, _fail_after):
+    if lay == "grouped":
+        if rows_per_bucket is not None:
+            _n_parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_bucket))
+        return _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, progress, command, rep, t0,
+                            _n_parts, _fail_after)
+    total_bytes = ds.memory_bytes()
+    budget = Budget.now(limit)
+    if rows_per_bucket is not None:
+        _n_parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_bucket))
+    fixed = man.n_parts if man is not None else None if _n_parts is None else int(_n_parts)
+    if _n_parts is not None:
+        workers = max(1, int(workers or 1))
+    n_buckets, w, sp = _plan_memory(ds, total_bytes, n_rows, budget, workers, fixed)
+    rep.workers = w
+    if to_dir:
+        out.mkdir(exist_ok=True)
+        if man is None:
+            man = Manifest(command=command or _describe_command(opts), parameters=params,
+                           input={"source": ds.source, "files": len(ds.files), "fingerprint": fp,
+                                  "rows": n_rows}, n_parts=n_buckets, layout=lay)
+            man.write(out)
+    tot = _Totals()
+    bar = _Progress(progress, None if n_rows is None else (n_rows if n_buckets == 1 else 2 * n_rows))
+    try:
+        if n_buckets == 1:
+            bar.phase("reading")
+            df = _read_all(ds, opts.embedding if opts.uses_embedding(list(schema.names())) else None)
+            _check_nulls(df, opts.by, ds)
+            rep.n_input_rows = df.height
+            bar.total(df.height)
+            bar.phase(f"{opts.method}-{opts.k}")
+            kept, r = _select_rows(df, opts, ds)
+            del df
+            tot.add(r)
+            if to_dir:
+                assert man is not None
+                _finish_part(kept, out, 0, man, _fail_after, [0])
+            else:
+                _write_file(kept, out)
+            bar.advance(r.n_candidates)
+            rep.n_parts = 1
+            rep.parts_done_now = 1
+        else:
+            rep.spilled = True
+            rep.n_parts = n_buckets
+            todo = man.missing_parts(out) if man is not None else list(range(n_buckets))
+            if to_dir:
+                spill_dir = out / SPILL_DIR
+            else:
+                parent = out.parent if str(out.parent) else Path(".")
+                remove_stale_spills(parent, out.name)
+                spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-{os.getpid()}-", dir=parent))
+            try:
+                done_marker = spill_dir / "_complete"
+                if not (done_marker.exists() and done_marker.read_text() == f"{fp} {n_buckets}"):
+                    shutil.rmtree(spill_dir, ignore_errors=True)
+                    bar.phase("partitioning")
+                    seen = [0]
+
+                    def on_rows(n: int) -> None:
+                        seen[0] += n
+                        bar.advance(n)
+
+                    assert sp is not None
+                    try:
+                        nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows, batch_rows=sp.batch_rows,
+                                      threads=sp.threads, staging=sp.staging)
+                    except Exception as e:
+                        if not is_no_space(e):
+                            raise
+                        shutil.rmtree(spill_dir, ignore_errors=True)  # the room it took is free again
+                        raise no_space_error(f"spilling the input (about {size_text(total_bytes)}) into",
+                                             out if to_dir else spill_dir.parent) from None
+                    release_unused()
+                    if nulls:
+                        nb = read_bucket(spill_dir, n_buckets)
+                        f, r0 = ds.locate(int(nb[ROW].min()))
+                        raise MrtInputError(
+                            f"column {opts.by!r} has {nulls} null prompt id(s), the first in {str(f)!r} at row {r0}; "
+                            "give every row a prompt id", column=opts.by, row=r0)
+                    if n_rows is None:
+                        n_rows = seen[0]
+                        rep.n_input_rows = n_rows
+                        bar.total(2 * n_rows)
+                    done_marker.write_text(f"{fp} {n_buckets}")
+                else:
+                    bar.advance(n_rows or 0)
+                for i in range(n_buckets):
+                    if i not in todo:
+                        _drop_bucket(spill_dir, i)
+                bar.phase(f"{opts.method}-{opts.k} by bucket")
+                empty = pl.DataFrame(schema={ROW: pl.get_index_type(), **dict(schema)})
+                parts_dir = spill_dir / "parts"
+                if not to_dir:
+                    parts_dir.mkdir(exist_ok=True)
+                written = [0]
+                emb = opts.embedding if opts.uses_embedding(list(schema.names())) else None
+                buffers = threading.local()  # each worker's buffers, reused bucket after bucket
+
+                def one(i: int) -> None:
+                    if not hasattr(buffers, "b"):
+                        buffers.b = [[None], [None]]
+                    df = read_bucket(spill_dir, i, empty.schema, emb, buffers.b)
+                    if df.height == 0:
+                        kept = _empty_output(ds, opts, to_dir)
+                    else:
+                        kept, r = _select_rows(df, opts, ds, first=not to_dir)
+                        tot.add(r)
+                    n = df.height
+                    del df
+                    if to_dir:
+                        _finish_part(kept, out, i, man, _fail_after, written)
+                    else:
+                        _io.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
+                    del kept
+                    _drop_bucket(spill_dir, i)
+                    bar.advance(n)
+
+                w = _bucket_workers(spill_dir, todo, limit, w)
+                rep.workers = w
+                _run_all(one, todo, w)
+                rep.parts_done_now = len(todo)
+                if not to_dir:
+                    files = sorted(parts_dir.glob("*.parquet"))
+                    kept = pl.read_parquet([str(f) for f in files]) if files else pl.DataFrame()
+                    if FIRST in kept.columns:
+                        kept = kept.sort([FIRST, "pick_rank"]).drop(FIRST)
+                    _write_file(kept, out)
+            finally:
+                if not to_dir:
+                    shutil.rmtree(spill_dir, ignore_errors=True)
+            if to_dir:
+                shutil.rmtree(spill_dir, ignore_errors=True)
+        if to_dir:
+            assert man is not None
+            man.done = True
+            man.finished = time.time()
+            man.write(out)
+            rep.n_kept = man.rows
+        else:
+            rep.n_kept = tot.kept
+        rep.n_out_rows = rep.n_kept
+    finally:
+        bar.close()
+    rep.n_pools, rep.n_candidates, rep.n_small_pools, rep.modes_missed = tot.pools, tot.cands, tot.small, tot.missed
+    rep.mean_ratio = tot.ratio_sum / tot.ratio_n if tot.ratio_n else None
+    rep.peak_rss = peak_rss()
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def remove_stale_spills(directory: Path, name: str) -> int:
+    """Delete ``.NAME.spill-PID-*`` folders of file outputs whose process is gone (a kill -9)."""
+    n = 0
+    for d in Path(directory).glob(f".{name}.spill-*"):
+        m = re.match(rf"^\.{re.escape(name)}\.spill-(\d+)-", d.name)
+        if not m or not d.is_dir():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        n += 1
+    return n
+
+
+def _run_all(one: Callable[[int], None], todo: list[int], workers: int) -> None:
+    """``one(i)`` for every part, ``workers`` at a time (threads: the core, polars and Arrow release the GIL)."""
+    from mrt_fast.selection.select import SmallPoolWarning
+
+    # the warnings filter is process-wide: set once here, not per thread (catch_warnings is not thread-safe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        if workers > 1 and len(todo) > 1:
+            with ThreadPoolExecutor(max_workers=workers) as ex:
+                futures = [ex.submit(one, i) for i in todo]
+                try:
+                    for f in futures:
+                        f.result()
+                except BaseException:
+                    for f in futures:  # stop at the first failure: parts not started are not started
+                        f.cancel()
+                    raise
+        else:
+            for i in todo:
+                one(i)
+
+
+def _count_rows(ds: _io.Dataset, known: int | None) -> int:
+    if known is not None:
+        return known
+    try:
+        return int(ds.scan().select(pl.len()).collect().item())
+    except Exception as e:  # noqa: BLE001
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+
+
+_manifest_lock = threading.Lock()
+
+
+def _finish_part(kept: pl.DataFrame, out: Path, i: int, man: Manifest | None, fail_after: int | None,
+                 written: list[int]) -> None:
+    n = write_part(kept, out, i)
+    check = part_check(part_path(out, i))
+    with _manifest_lock:
+        assert man is not None
+        man.record(i, n, check)
+        man.write(out)
+        written[0] += 1
+        if fail_after is not None and written[0] >= fail_after:
+            raise _SimulatedKill(f"stopped after {written[0]} part(s)")
+
+
+class _SimulatedKill(RuntimeError):
+    """Raised by the test hook ``_fail_after`` (a job killed after N parts)."""
+
+
+def _read_all(ds: _io.Dataset, embedding: str | None = None) -> pl.DataFrame:
+    try:
+        return ds.read(contiguous=embedding)
+    except MrtInputError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+
+
+def _select_rows(df: pl.DataFrame, opts: Options, ds: _io.Dataset, offset: int = 0, **kw):
+    """:func:`select_frame` on rows of ``ds`` (global rows ``__row``, else ``offset`` on);
+    an error about one of them names its file and its row there."""
+    from mrt_fast.datasets.row_origin import in_file
+
+    try:
+        return select_frame(df, opts, **kw)
+    except MrtInputError as e:
+        if e.row is None or not 0 <= e.row < df.height:
+            raise
+        row = int(df[ROW][e.row]) if ROW in df.columns else offset + e.row
+        raise in_file(e, ds, row) from None
+
+
+def _check_nulls(df: pl.DataFrame, by: str, ds: _io.Dataset) -> None:
+    n = df[by].null_count()
+    if n:
+        row = int(df[by].is_null().arg_true()[0])
+        f, r0 = ds.locate(row)
+        raise MrtInputError(f"column {by!r} has {n} null prompt id(s), the first in {str(f)!r} at row {r0}; "
+                            "give every row a prompt id", column=by, row=r0)
+
+
+def _empty_output(ds: _io.Dataset, opts: Options, to_dir: bool) -> pl.DataFrame:
+    """The kept rows of an empty bucket: no rows, the output's columns."""
+    df = ds.scan().head(0).collect()
+    cols = {c: t for c, t in df.schema.items()}
+    if opts.method == "stratified" and opts.mode not in cols:
+        cols[opts.mode] = pl.Int64  # computed modes come before what select adds
+    cols["pick_rank"] = pl.Int32
+    if opts.method in ("diverse", "grades"):
+        cols["gain"] = pl.Float64
+    if opts.method == "stratified":
+        cols["weight"] = pl.Float64
+    if not to_dir:
+        cols[FIRST] = pl.get_index_type()
+    return pl.DataFrame(schema=cols)
+
+
+def _write_file(df: pl.DataFrame, out: Path) -> None:
+    with _io.AtomicWriter(out) as wr:
+        wr.write(df)
+        wr.commit()
+
+
+def _refuse_repeated_prompt(ds: _io.Dataset, lf: pl.LazyFrame, by: str) -> None:
+    """Grouped layout: name the first prompt id on more than one row, and two of its rows."""
+    dup = (lf.select(pl.col(by)).with_row_index("__i").filter(pl.col(by).is_duplicated())
+           .filter(pl.col(by) == pl.col(by).first()).head(2).collect())
+    (f0, r0), (f1, r1) = (ds.locate(int(i)) for i in dup["__i"])
+    p = dup[by][0]
+    raise MrtInputError(f"grouped layout: prompt id {p!r} is on more than one row, row {r0} of {str(f0)!r} and "
+                        f"row {r1} of {str(f1)!r} (the grouped layout holds one row per prompt)", pool=p, column=by,
+                        row=r0)
+
+
+def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, progress, command, rep, t0,
+                 n_parts_override, fail_after):
+    """Grouped layout: parts are runs of consecutive prompts (rows); nothing is shuffled."""
+    counts = ds.row_counts()
+    lf = ds.scan()
+    try:
+        if counts is None:
+            n_rows = int(lf.select(pl.len()).collect().item())
+        else:
+            n_rows = sum(counts)
+        nulls, n_ids = lf.select(pl.col(opts.by).null_count().alias("nulls"),
+                                 pl.col(opts.by).n_unique().alias("ids")).collect().row(0)
+    except Exception as e:  # noqa: BLE001
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+    if nulls:
+        ids = lf.select(pl.col(opts.by).is_null().arg_true().first()).collect().item()
+        f, r0 = ds.locate(int(ids))
+        raise MrtInputError(f"column {opts.by!r} has {nulls} null prompt id(s), the first in {str(f)!r} at row {r0}; "
+                            "give every row a prompt id", column=opts.by, row=r0)
+    if n_ids != n_rows:
+        _refuse_repeated_prompt(ds, lf, opts.by)
+    if n_rows == 0:
+        raise MrtInputError(f"{ds.source!r} has no rows: there is nothing to select from")
+    rep.n_input_rows = n_rows
+    total_bytes = ds.memory_bytes()
+    n_parts, w = _plan(total_bytes, Budget.now(limit), workers)
+    if n_parts_override is not None:
+        n_parts, w = int(n_parts_override), max(1, int(workers or 1))
+    n_parts = max(1, min(n_parts, n_rows))
+    per = math.ceil(n_rows / n_parts)
+    n_parts = math.ceil(n_rows / per)
+    if man is not None:
+        n_parts, per = man.n_parts, int(man.rows_per_part or per)
+    rep.n_parts = n_parts
+    rep.workers = w
+    if to_dir:
+        out.mkdir(exist_ok=True)
+        if man is None:
+            man = Manifest(command=command or _describe_command(opts), parameters=params,
+                           input={"source": ds.source, "files": len(ds.files), "fingerprint": fp, "rows": n_rows},
+                           n_parts=n_parts, layout="grouped", rows_per_part=per)
+            man.write(out)
+    todo = man.missing_parts(out) if man is not None else list(range(n_parts))
+    tot = _Totals()
+    bar = _Progress(progress, n_rows)
+    bar.phase(f"{opts.method}-{opts.k} by part")
+    results: dict[int, pl.DataFrame] = {}
+    written = [0]
+
+    def one(i: int) -> None:
+        try:
+            df = lf.slice(i * per, per).collect()
+        except Exception as e:  # noqa: BLE001
+            ds.find_unreadable()
+            raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+        kept, r = _select_rows(df, opts, ds, offset=i * per, layout="grouped", list_columns=lists)
+        tot.add(r)
+        if to_dir:
+            _finish_part(kept, out, i, man, fail_after, written)
+        else:
+            results[i] = kept
+        bar.advance(df.height)
+
+    try:
+        if to_dir:
+            bar.advance(n_rows - sum(min(per, n_rows - i * per) for i in todo))
+        _run_all(one, todo, w)
+        if to_dir:
+            man.done = True
+            man.finished = time.time()
+            man.write(out)
+            rep.n_out_rows = man.rows
+        else:
+            res = pl.concat([results[i] for i in sorted(results)])
+            _write_file(res, out)
+            rep.n_out_rows = res.height
+        rep.n_kept = tot.kept
+    finally:
+        bar.close()
+    rep.parts_done_now = len(todo)
+    rep.n_pools, rep.n_candidates, rep.n_small_pools, rep.modes_missed = tot.pools, tot.cands, tot.small, tot.missed
+    rep.mean_ratio = tot.ratio_sum / tot.ratio_n if tot.ratio_n else None
+    rep.peak_rss = peak_rss()
+    rep.seconds = time.perf_counter() - t0
+    return rep

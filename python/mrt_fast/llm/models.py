@@ -1,0 +1,186 @@
+"""Shared plumbing of the LLM pipeline: loading models and formatting prompts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from mrt_fast.errors import MrtInputError
+
+PROMPT_FORMATS = ("auto", "chat", "plain")
+
+
+def stable_seed(seed: int, key: Any) -> int:
+    """A 63-bit seed from (global seed, key): independent of row order, sharding and restarts."""
+    h = hashlib.blake2b(f"{int(seed)}\x00{key!r}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def pick_device(device: str | None = None) -> str:
+    if device and device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str | None, device: str):
+    import torch
+
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    try:
+        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float16": torch.float16, "fp16": torch.float16}[dtype]
+    except KeyError:
+        raise MrtInputError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def resolve_model_path(spec: str) -> str:
+    """``pkg://package/relative/path`` -> that file inside an installed package; other specs unchanged."""
+    spec = str(spec)
+    if spec.startswith("pkg://"):
+        import importlib.util
+
+        pkg, _, rest = spec[len("pkg://") :].partition("/")
+        found = importlib.util.find_spec(pkg)
+        if found is None or not found.submodule_search_locations:
+            raise MrtInputError(f"model {spec!r}: package {pkg!r} is not installed")
+        p = Path(list(found.submodule_search_locations)[0]) / rest
+        if not p.exists():
+            raise MrtInputError(f"model {spec!r}: {rest!r} not found in package {pkg!r}")
+        return str(p)
+    return spec
+
+
+def _gguf_location(spec: str) -> tuple[str, str | None]:
+    """(directory or hub id, gguf file name or None) for a model spec."""
+    spec = resolve_model_path(spec)
+    p = Path(spec)
+    if p.is_file() and p.suffix == ".gguf":
+        return str(p.parent), p.name
+    if p.is_dir() and not (p / "config.json").exists():
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return str(p), ggufs[0].name
+        if len(ggufs) > 1:
+            raise MrtInputError(f"{p} holds several .gguf files {[g.name for g in ggufs]}: name one")
+    return spec, None
+
+
+def is_gguf(spec: Any) -> bool:
+    return isinstance(spec, (str, os.PathLike)) and _gguf_location(str(spec))[1] is not None
+
+
+def materialize_gguf(spec: str, dest: str | os.PathLike) -> str:
+    """Dequantise a GGUF model once into a regular checkpoint directory (reused when present).
+
+    Loading a GGUF dequantises every tensor, which takes minutes on a CPU; a
+    pipeline loads the base model once per stage and cell, so it loads this copy.
+    """
+    dest = Path(dest)
+    if (dest / "config.json").exists():
+        return str(dest)
+    model = load_causal_lm(spec, device="cpu", dtype="float32")
+    tok = load_tokenizer(spec)
+    tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
+    # the tensors are plain float32 after loading; drop the GGUF marker so the copy saves as a regular checkpoint
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    for attr in ("is_quantized", "quantization_method"):
+        if attr in model.__dict__:
+            del model.__dict__[attr]
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, dest)
+    return str(dest)
+
+
+def load_tokenizer(spec: Any):
+    """A tokenizer from a path / hub id / .gguf file, or the object itself; pads on the right, has a pad token."""
+    if not isinstance(spec, (str, os.PathLike)):
+        tok = spec
+    else:
+        from transformers import AutoTokenizer
+
+        where, gguf = _gguf_location(str(spec))
+        tok = AutoTokenizer.from_pretrained(where, **({"gguf_file": gguf} if gguf else {}))
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise MrtInputError("the tokenizer has neither a pad nor an eos token")
+        tok.pad_token = tok.eos_token
+    if tok.eos_token_id is None:
+        raise MrtInputError("the tokenizer has no eos token: responses could not be terminated")
+    return tok
+
+
+def load_causal_lm(spec: Any, *, device: str = "cpu", dtype: str | None = None, adapter: str | None = None):
+    """A causal LM (eval mode) from a path / hub id / .gguf file / object, optionally with a LoRA adapter."""
+    if isinstance(spec, (str, os.PathLike)):
+        from transformers import AutoModelForCausalLM
+
+        where, gguf = _gguf_location(str(spec))
+        kw: dict[str, Any] = {"dtype": resolve_dtype(dtype, device)}
+        if gguf:
+            kw["gguf_file"] = gguf
+        model = AutoModelForCausalLM.from_pretrained(where, **kw)
+    else:
+        model = spec
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter))
+    return model.to(device).eval()
+
+
+def format_prompt(tokenizer, prompt: str, mode: str = "auto") -> str:
+    """The text the model sees before the response: the chat template's user turn, or the prompt itself."""
+    if mode not in PROMPT_FORMATS:
+        raise MrtInputError(f"prompt_format must be one of {PROMPT_FORMATS}, got {mode!r}")
+    use_chat = mode == "chat" or (mode == "auto" and getattr(tokenizer, "chat_template", None))
+    if use_chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise MrtInputError("prompt_format='chat' but the tokenizer has no chat template")
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+    return prompt
+
+
+def prompt_ids(tokenizer, prompt: str, mode: str = "auto") -> list[int]:
+    text = format_prompt(tokenizer, prompt, mode)
+    chat = text is not prompt
+    # a chat template writes its own special tokens; plain prompts get the tokenizer's (e.g. BOS)
+    return list(tokenizer(text, add_special_tokens=not chat).input_ids)
+
+
+def response_ids(tokenizer, response: str, add_eos: bool = True) -> list[int]:
+    ids = list(tokenizer(response, add_special_tokens=False).input_ids)
+    if add_eos:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def set_threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(int(n))
+
+
+def unit_rows(x: np.ndarray, what: str = "embeddings") -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2:
+        raise MrtInputError(f"{what} must be a 2-d array, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise MrtInputError(f"{what} contain NaN or inf")
+    n = np.linalg.norm(x, axis=1, keepdims=True)
+    if (n == 0).any():
+        raise MrtInputError(f"{what} contain an all-zero vector (row {int(np.argmax(n[:, 0] == 0))})")
+    return x / n

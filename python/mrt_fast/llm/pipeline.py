@@ -1,0 +1,371 @@
+"""The whole LLM experiment from one YAML file: generate -> embed -> score -> [diagnose] -> select -> train -> evaluate.
+
+Every stage writes its output under ``out_dir`` and is skipped when that output
+already exists, so a run that stopped resumes where it stopped and a grid can
+be extended (add a method or a K, run again: only the new cells train).
+
+Layout of ``out_dir``::
+
+    candidates.parquet (+ .parts/)   overgenerated candidates (resumable)
+    embedded.parquet                 + embedding column
+    scored.parquet                   + reward column (reward model or reward hook), + mode (stratified)
+    diagnose/                        select.ks: auto: losses.parquet, report.json, variance.png
+    select/<method>_k<K>.parquet     kept rows per cell
+    runs/<method>_k<K>/              adapter/, train_log.jsonl, metrics.json, samples.parquet
+    results.csv / results.md / results.png
+
+See docs/pipeline.md for the config reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from mrt_fast.llm.models import set_threads
+from mrt_fast.embeddings.embedders import make_embedder
+from mrt_fast.datasets.io import read_table, require_columns, write_table
+from mrt_fast.errors import MrtInputError
+
+STAGES = ("generate", "embed", "score", "select", "train", "evaluate")
+_TOP = {"out_dir", "model", "reward_model", "reward_fn", "embedder", "data", "generate", "select", "train",
+        "evaluate", "threads", "baseline", "device"}
+#: keys of the `select` section that are not arguments of `mrt_fast.select`
+_SELECT_OWN = {"methods", "ks", "n_modes"}
+
+
+@dataclass
+class RunConfig:
+    out_dir: str
+    model: str
+    train_prompts: str
+    eval_data: str
+    reward_model: str | None = None
+    reward_fn: Any = None  # "package.module:function", "builtin:relevance" or a callable (rows -> floats)
+    validation_data: str | None = None  # select.ks: auto: prompt_id, prompt, response (default: the candidates)
+    embedder: str = "minilm"  # minilm | hashing | a sentence-transformers path
+    generate: dict = field(default_factory=dict)
+    select: dict = field(default_factory=lambda: {"methods": ["random"], "ks": [1, 2, 4]})
+    train: dict = field(default_factory=dict)
+    evaluate: dict = field(default_factory=dict)
+    threads: int | None = None
+    baseline: bool = True  # also evaluate the base model (K = 0 row)
+    device: str = "auto"
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> "RunConfig":
+        import yaml
+
+        path = Path(path)
+        raw = yaml.safe_load(path.read_text()) or {}
+        return cls.from_dict(raw, base=path.parent)
+
+    @classmethod
+    def from_dict(cls, raw: dict, base: Path | None = None) -> "RunConfig":
+        bad = sorted(set(raw) - _TOP)
+        if bad:
+            raise MrtInputError(f"unknown config key(s) {bad}; known: {sorted(_TOP)}")
+        for key in ("out_dir", "model", "data"):
+            if key not in raw:
+                raise MrtInputError(f"config needs {key!r}")
+        data = raw["data"] or {}
+        for key in ("train_prompts", "eval"):
+            if key not in data:
+                raise MrtInputError(f"config data needs {key!r}")
+
+        def rel(p):
+            return None if p is None else os.path.expanduser(os.path.expandvars(str(p)))
+
+        sel = {"methods": ["random"], "ks": [1, 2, 4], **(raw.get("select") or {})}
+        return cls(
+            out_dir=rel(raw["out_dir"]),
+            model=rel(raw["model"]),
+            train_prompts=rel(data["train_prompts"]),
+            eval_data=rel(data["eval"]),
+            reward_model=rel(raw.get("reward_model")),
+            reward_fn=raw.get("reward_fn"),
+            validation_data=rel(data.get("validation")),
+            embedder=raw.get("embedder", "minilm"),
+            generate=raw.get("generate") or {},
+            select=sel,
+            train=raw.get("train") or {},
+            evaluate=raw.get("evaluate") or {},
+            threads=raw.get("threads"),
+            baseline=bool(raw.get("baseline", True)),
+            device=raw.get("device", "auto"),
+        )
+
+
+def _log(msg: str, progress: bool) -> None:
+    if progress:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[bold cyan]mrt run[/] {msg}")
+
+
+def _parse_ks(value: Any) -> list[int] | str:
+    if isinstance(value, str):
+        if value.strip().lower() == "auto":
+            return "auto"
+        value = [v for v in value.replace(",", " ").split()]
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = [value]
+    try:
+        ks = [int(k) for k in value]
+    except (TypeError, ValueError):
+        raise MrtInputError(f"select.ks must be 'auto' or a list of integers, got {value!r}") from None
+    if not ks or any(k < 1 for k in ks):
+        raise MrtInputError(f"every K must be >= 1, got {ks}")
+    return ks
+
+
+def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_fn=None, progress: bool = True,
+        stages: tuple[str, ...] = STAGES) -> pl.DataFrame:
+    """Run the experiment grid; returns the results table (one row per method x K).
+
+    ``reward_fn``: a reward hook (a callable over the candidate rows, see
+    `mrt_fast.llm.reward.load_reward_fn`) overriding the config's ``reward_fn``.
+    """
+    from mrt_fast.llm.evaluate import EvalConfig, evaluate
+    from mrt_fast.llm.generate import GenerationConfig, generate
+    from mrt_fast.llm.reward import load_reward_fn, score, score_with
+    from mrt_fast.selection.select import METHODS, select
+    from mrt_fast.llm.train import TrainConfig, train
+
+    if isinstance(config, (str, os.PathLike)):
+        config = RunConfig.from_yaml(config)
+    elif isinstance(config, dict):
+        config = RunConfig.from_dict(config)
+    cfg = config
+    set_threads(cfg.threads)
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        raise MrtInputError(f"unknown stage(s) {bad}; stages are {STAGES}")
+    methods = [str(m) for m in cfg.select.get("methods", ["random"])]
+    for m in methods:
+        if m.lower() not in METHODS:
+            raise MrtInputError(f"unknown selection method {m!r}; known: {sorted(METHODS)}")
+    ks = _parse_ks(cfg.select.get("ks", [1, 2, 4]))
+    from mrt_fast.llm.advisor import AUTO_KEYS, auto_settings
+
+    auto = auto_settings(cfg.select) if ks == "auto" else None
+    sel_kw = {k: v for k, v in cfg.select.items() if k not in _SELECT_OWN and k not in AUTO_KEYS}
+    tcfg = TrainConfig.from_dict({"device": cfg.device, **cfg.train})
+    ecfg = EvalConfig.from_dict({"device": cfg.device, **cfg.evaluate})
+    gcfg = GenerationConfig(**{"device": cfg.device, **cfg.generate})
+    rfn = reward_fn if reward_fn is not None else cfg.reward_fn
+    if cfg.reward_model and rfn is not None:
+        raise MrtInputError("set either reward_model or reward_fn, not both")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
+    from mrt_fast.llm.models import is_gguf, materialize_gguf
+
+    if is_gguf(cfg.model):  # dequantise once, not once per stage and cell
+        _log(f"dequantise {cfg.model} -> {out / 'base_model'}", progress)
+        model = materialize_gguf(cfg.model, out / "base_model")
+    else:
+        model = cfg.model
+    emb = embedder
+
+    def get_embedder():
+        nonlocal emb
+        if emb is None:
+            emb = make_embedder(cfg.embedder)
+        return emb
+
+    reward_hook = None
+    if rfn is not None:
+        reward_hook = load_reward_fn(rfn, None if not (isinstance(rfn, str) and rfn.startswith("builtin:"))
+                                     else get_embedder())
+
+    # 1. generate
+    cand = out / "candidates.parquet"
+    prompts_tab = None
+    if not cand.exists():
+        if "generate" not in stages:
+            raise MrtInputError(f"{cand} is missing and the generate stage is not run")
+        _log(f"generate: n={gcfg.n} per prompt -> {cand}", progress)
+        prompts_tab = read_table(cfg.train_prompts)
+        require_columns(prompts_tab, ["prompt_id", "prompt"], "train prompts")
+        generate(prompts_tab.select("prompt_id", "prompt"), cand, model, gcfg, progress=progress)
+    # 2. embed
+    embedded = out / "embedded.parquet"
+    if not embedded.exists():
+        _log("embed candidates", progress)
+        df = pl.read_parquet(cand)
+        e = np.asarray(get_embedder()(df["response"].fill_null("").to_list()), dtype=np.float32)
+        df = df.with_columns(pl.Series("embedding", e).cast(pl.Array(pl.Float32, e.shape[1])))
+        write_table(df, embedded)
+    # 3. score (and modes when stratified is asked)
+    scored = out / "scored.parquet"
+    if not scored.exists():
+        df = pl.read_parquet(embedded)
+        if cfg.reward_model:
+            _log(f"score with {cfg.reward_model}", progress)
+            df = score(df, cfg.reward_model, device=cfg.device, progress=progress)
+        elif reward_hook is not None:
+            _log(f"score with reward_fn {rfn if isinstance(rfn, str) else getattr(rfn, '__name__', 'hook')}",
+                 progress)
+            if prompts_tab is None:
+                prompts_tab = read_table(cfg.train_prompts)
+            extra = [c for c in prompts_tab.columns if c not in df.columns or c == "prompt_id"]
+            rows = df.select("prompt_id", "prompt", "response")
+            if len(extra) > 1:
+                rows = rows.join(prompts_tab.select(extra).with_columns(pl.col("prompt_id").cast(df["prompt_id"].dtype)),
+                                 on="prompt_id", how="left", maintain_order="left")
+            df = df.with_columns(score_with(rows, reward_hook)["reward"])
+        write_table(df, scored)
+    pool = pl.read_parquet(scored)
+    if any(METHODS[m.lower()] == "stratified" for m in methods) and "mode" not in pool.columns:
+        from mrt_fast.selection.modes import pool_modes
+
+        _log("modes of each pool (k-means on the embeddings) for stratified", progress)
+        pool = pool_modes(pool, n_modes=cfg.select.get("n_modes"), seed=int(cfg.select.get("seed", 0)))
+        write_table(pool, scored)
+    has_reward = "reward" in pool.columns
+    # 3b. diagnose: K from the variance advisor
+    advice = None
+    if auto is not None:
+        from mrt_fast.llm.advisor import diagnose, ks_to_train, validation_pairs
+
+        pairs = validation_pairs(cfg.validation_data if cfg.validation_data else pool,
+                                 auto["validation_prompts"])
+        _log(f"diagnose: base-model losses of {pairs.height} validation pairs -> K*", progress)
+        advice = diagnose(pairs, model, out / "diagnose", cost_prompt=auto["cost_prompt"],
+                          cost_response=auto["cost_response"], budget=auto.get("budget"), k_max=gcfg.n,
+                          n_boot=auto["n_boot"], seed=int(cfg.select.get("seed", 0)), max_length=tcfg.max_length,
+                          prompt_format=tcfg.prompt_format, device=cfg.device, dtype=tcfg.dtype,
+                          batch_size=ecfg.batch_size, progress=progress)
+        ks = ks_to_train(advice, auto["neighbours"], gcfg.n)
+        _log(f"diagnose: V_x={advice['v_x']:.4g}, V_y|x={advice['v_y_given_x']:.4g}, K*={advice['k_star']} "
+             f"-> train K in {ks}", progress)
+    # 4-6. select, train, evaluate each cell
+    eval_df = read_table(cfg.eval_data)
+    rows = []
+    cells = [(None, 0)] if cfg.baseline else []
+    cells += [(m, k) for m in methods for k in ks]
+    for method, k in cells:
+        name = "base" if method is None else f"{method}_k{k}"
+        run_dir = out / "runs" / name
+        metrics_f = run_dir / "metrics.json"
+        adapter = None
+        if method is not None:
+            canon = METHODS[method.lower()]
+            if canon in ("top", "grades") and not has_reward:
+                raise MrtInputError(f"method {method!r} needs rewards: set reward_model or reward_fn in the config")
+            sel_f = out / "select" / f"{name}.parquet"
+            if not sel_f.exists():
+                _log(f"select {name}", progress)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    kept = select(pool, k, canon, **sel_kw)
+                write_table(kept, sel_f)
+            adapter = run_dir / "adapter"
+            if not (adapter / "adapter_config.json").exists():
+                if "train" not in stages:
+                    continue
+                _log(f"train {name}: {tcfg.max_steps} optimizer steps", progress)
+                kept = pl.read_parquet(sel_f)
+                cols = ["prompt_id", "prompt", "response"] + (["weight"] if "weight" in kept.columns else [])
+                train(kept.select(cols), model, run_dir, tcfg, progress=progress)
+        if not metrics_f.exists():
+            if "evaluate" not in stages:
+                continue
+            _log(f"evaluate {name}", progress)
+            t0 = time.time()
+            m = evaluate(eval_df, model, adapter=adapter, config=ecfg, embedder=get_embedder(),
+                         reward_model=cfg.reward_model, reward_fn=reward_hook,
+                         samples_out=run_dir / "samples.parquet", progress=progress)
+            m["eval_seconds"] = time.time() - t0
+            run_dir.mkdir(parents=True, exist_ok=True)
+            metrics_f.write_text(json.dumps(m, indent=2))
+        m = json.loads(metrics_f.read_text())
+        row = {"method": method or "base", "K": k,
+               **{key: m.get(key) for key in ("ref_loss", "reward", "coverage", "diversity")},
+               **{key: v for key, v in m.items() if key.startswith("pass@")}}
+        if advice is not None:
+            from mrt_fast.llm.advisor import as_float
+
+            lo, hi = (as_float(v) for v in advice["k_star_ci"])
+            row.update({"v_x": as_float(advice["v_x"]), "v_y_given_x": as_float(advice["v_y_given_x"]),
+                        "k_star": as_float(advice["k_star"]), "k_star_lo": lo, "k_star_hi": hi,
+                        "k_best": int(advice["k_best"])})
+        rows.append(row)
+    results = pl.DataFrame(rows) if rows else pl.DataFrame()
+    if rows:
+        write_table(results, out / "results.csv")
+        (out / "results.md").write_text(results_markdown(results))
+        plot_results(results, out / "results.png")
+    return results
+
+
+def results_markdown(results: pl.DataFrame) -> str:
+    """The results as a markdown table in the shape of the paper's Table 4 (method shown once per block)."""
+    cols = [c for c in results.columns]
+    head = {"method": "Strategy", "K": "K", "ref_loss": "Ref. loss ↓", "reward": "Reward ↑",
+            "coverage": "Coverage ↑", "diversity": "Diversity ↑"}
+    lines = ["| " + " | ".join(head.get(c, c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    prev = None
+    for r in results.iter_rows(named=True):
+        cells = []
+        for c in cols:
+            v = r[c]
+            if c == "method":
+                cells.append("" if v == prev else str(v))
+            elif isinstance(v, float):
+                cells.append("—" if v != v else f"{v:.3f}")
+            else:
+                cells.append("—" if v is None else str(v))
+        prev = r["method"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(results: pl.DataFrame, path: str | os.PathLike) -> None:
+    """Each metric against K, one line per method (the base model as a dashed line)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [m for m in ("ref_loss", "reward", "coverage", "diversity")
+               if m in results.columns and results[m].drop_nulls().len()]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2), squeeze=False)
+    for ax, met in zip(axes[0], metrics):
+        for method in results["method"].unique(maintain_order=True).to_list():
+            sub = results.filter(pl.col("method") == method).sort("K")
+            if method == "base":
+                v = sub[met][0]
+                if v is not None:
+                    ax.axhline(v, ls="--", color="grey", label="base")
+                continue
+            ax.plot(sub["K"].to_list(), sub[met].to_list(), marker="o", label=method)
+        if "k_star" in results.columns:  # the advisor's K* and its bootstrap interval
+            r = results.row(0, named=True)
+            if math.isfinite(r["k_star"]):
+                ax.axvline(r["k_star"], color="C3", ls=":", label=f"K* = {r['k_star']:.2f}")
+            lo, hi = r["k_star_lo"], r["k_star_hi"]
+            if math.isfinite(lo):
+                ax.axvspan(max(lo, 0.5), hi if math.isfinite(hi) else ax.get_xlim()[1], color="C3", alpha=0.1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("K")
+        ax.set_title(met)
+    axes[0][0].legend(fontsize=8)
+    if "k_star" in results.columns:
+        r = results.row(0, named=True)
+        fig.suptitle(f"V_x = {r['v_x']:.3g}, V_y|x = {r['v_y_given_x']:.3g}, K* = {r['k_star']:.3g} "
+                     f"[{r['k_star_lo']:.3g}, {r['k_star_hi']:.3g}], trained K = "
+                     f"{sorted(set(results.filter(pl.col('method') != 'base')['K'].to_list()))}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,231 @@
+"""Modes: which candidates of a pool are variations of the same answer.
+
+One k-means policy serves every caller (``select``'s stratified method through
+:func:`pool_modes`, the CLI, the demo and :func:`mrt_fast.variance.law.implicit_mrt`):
+
+* rows are unit-normalised (k-means on the sphere, Euclidean distance);
+* the number of modes is given (capped at the number of rows), or chosen by
+  the silhouette rule: among m in 2..min(m_max, n - 1) the m with the largest
+  mean silhouette (ties to the smaller m); below ``min_silhouette`` (0.25, the
+  level Kaufman and Rousseeuw read as "no substantial structure") the set is a
+  single mode;
+* labels are numbered by first appearance (the first row is mode 0);
+* draws are seeded from ``(seed, key)``, where ``key`` identifies the set (a
+  pool's hashed prompt id): a pool's labels do not depend on other pools,
+  batching or threads.
+
+Engine: sets of at most :data:`LARGE_POOL` rows run in the Rust core (seeded
+k-means++ then Lloyd, exact silhouettes, batched and parallel over pools);
+larger sets run FAISS k-means (25 iterations) with silhouettes measured on a
+sample of 2,000 rows, so memory stays linear in the set's size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from mrt_fast import _grades_core as core
+from mrt_fast.tables.arrays import columns_of, embeddings as _embeddings, group, pool_keys, require, table_kind, to_polars
+from mrt_fast.errors import MrtInputError
+from mrt_fast.selection.knn import faiss_module, unit_rows
+
+#: sets (pools) of at most this many rows run in the core; larger ones in FAISS
+LARGE_POOL = 2048
+#: rows on which the silhouette of a large set is measured
+SILHOUETTE_SAMPLE = 2000
+
+
+def _canonical(labels: np.ndarray) -> np.ndarray:
+    """Renumber labels by first appearance (0, 1, ...)."""
+    _, first, inv = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inv.ravel()]
+
+
+def silhouette_score(x: np.ndarray, labels: np.ndarray) -> float:
+    """Mean silhouette (Euclidean), singletons scoring 0; 0 for one cluster."""
+    labels = np.asarray(labels)
+    u = np.unique(labels)
+    if len(u) < 2 or len(x) < 2:
+        return 0.0
+    sq = np.sum(x.astype(np.float64) ** 2, axis=1)
+    d = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * (x.astype(np.float64) @ x.astype(np.float64).T), 0.0))
+    np.fill_diagonal(d, 0.0)
+    onehot = (labels[:, None] == u[None, :]).astype(np.float64)
+    size = onehot.sum(axis=0)
+    sums = d @ onehot
+    own = np.searchsorted(u, labels)
+    n_own = size[own]
+    a = np.where(n_own > 1, sums[np.arange(len(x)), own] / np.maximum(n_own - 1, 1), 0.0)
+    other = sums / size[None, :]
+    other[np.arange(len(x)), own] = np.inf
+    b = other.min(axis=1)
+    den = np.maximum(a, b)
+    s = np.where((n_own > 1) & (den > 0), (b - a) / np.where(den > 0, den, 1.0), 0.0)
+    return float(s.mean())
+
+
+def _kmeans_faiss(xs: np.ndarray, m: int, *, seed: int, niter: int = 25) -> np.ndarray:
+    """FAISS k-means on unit rows; labels numbered by first appearance."""
+    faiss = faiss_module()
+    m = int(max(1, min(m, len(xs))))
+    km = faiss.Kmeans(xs.shape[1], m, niter=int(niter), seed=int(seed) & 0x7FFFFFFF, verbose=False,
+                      min_points_per_centroid=1, max_points_per_centroid=max(256, len(xs)))
+    km.train(xs)
+    _, ids = km.index.search(xs, 1)
+    return _canonical(ids[:, 0])
+
+
+def _faiss_modes(xs: np.ndarray, n_modes: int | None, m_max: int, min_silhouette: float, seed: int) -> np.ndarray:
+    n = len(xs)
+    if n_modes is not None:
+        return _kmeans_faiss(xs, n_modes, seed=seed)
+    hi = min(m_max, n - 1)
+    if hi < 2:
+        return np.zeros(n, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    sub = np.sort(rng.choice(n, size=min(SILHOUETTE_SAMPLE, n), replace=False))
+    best, best_s = None, -np.inf
+    for m in range(2, hi + 1):
+        lab = _kmeans_faiss(xs, m, seed=seed + m)
+        s = silhouette_score(xs[sub], lab[sub])
+        if s > best_s:
+            best, best_s = lab, s
+    if best is None or best_s < min_silhouette:
+        return np.zeros(n, dtype=np.int64)
+    return best
+
+
+def _check_params(n_modes: Any, m_max: Any, min_silhouette: Any, seed: Any) -> None:
+    if n_modes is not None and (isinstance(n_modes, bool) or not isinstance(n_modes, (int, np.integer)) or n_modes < 1):
+        raise MrtInputError(f"n_modes must be an integer >= 1 or None, got {n_modes!r}")
+    if isinstance(m_max, bool) or not isinstance(m_max, (int, np.integer)) or m_max < 1:
+        raise MrtInputError(f"m_max must be an integer >= 1, got {m_max!r}")
+    try:
+        ms = float(min_silhouette)
+    except (TypeError, ValueError):
+        ms = float("nan")
+    if not -1.0 <= ms <= 1.0:
+        raise MrtInputError(f"min_silhouette must be in [-1, 1], got {min_silhouette!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+        raise MrtInputError(f"seed must be an integer in [0, 2^64), got {seed!r}")
+
+
+def kmeans(
+    x: Any,
+    n_modes: int | None = None,
+    *,
+    m_max: int = 8,
+    min_silhouette: float = 0.25,
+    seed: int = 0,
+    key: int = 0,
+    max_iter: int = 100,
+    large_pool: int = LARGE_POOL,
+) -> np.ndarray:
+    """Mode labels (int64, numbered by first appearance) of the rows of ``x`` under the policy above.
+
+    ``n_modes=None`` chooses the number by the silhouette rule. ``key`` (a
+    non-negative integer below 2^64) identifies the set for seeding, so two
+    sets with the same ``seed`` draw independently.
+    """
+    _check_params(n_modes, m_max, min_silhouette, seed)
+    xs = unit_rows(x)
+    n = len(xs)
+    if n <= large_pool:
+        try:
+            res = core.kmeans_modes(
+                xs, np.array([0, n], dtype=np.uint64), np.array([int(key) & (2**64 - 1)], dtype=np.uint64), int(seed),
+                n_modes=None if n_modes is None else int(n_modes), m_max=int(m_max),
+                min_silhouette=float(min_silhouette), max_iter=int(max_iter),
+            )
+        except MrtInputError:
+            raise
+        except ValueError as e:
+            raise MrtInputError(str(e)) from None
+        return np.asarray(res["labels"], dtype=np.int64)
+    return _faiss_modes(xs, None if n_modes is None else int(n_modes), int(m_max), float(min_silhouette),
+                        int(seed) ^ int(int(key) & 0x3FFFFFFF))
+
+
+def pool_modes(
+    table: Any,
+    *,
+    by: str = "prompt_id",
+    embedding: str = "embedding",
+    out: str = "mode",
+    n_modes: int | None = None,
+    m_max: int = 8,
+    min_silhouette: float = 0.25,
+    seed: int = 0,
+    large_pool: int = LARGE_POOL,
+    max_iter: int = 100,
+    return_info: bool = False,
+):
+    """Label every candidate with a mode of its pool (the k-means policy of this module).
+
+    Each pool is one set, keyed by its hashed prompt id. Pools of at most
+    ``large_pool`` candidates go to the core in one batched call (parallel
+    over pools); larger ones run one by one through :func:`kmeans`.
+
+    Returns the table as polars with an integer ``out`` column (and, with
+    ``return_info``, a per-pool polars frame: pool id, n, modes, silhouette;
+    the silhouette is NaN for large pools).
+    """
+    _check_params(n_modes, m_max, min_silhouette, seed)
+    kind = table_kind(table)
+    cols = columns_of(table, kind)
+    require(cols, by, "prompt id")
+    require(cols, embedding, "embedding")
+    full = table if kind == "polars" else to_polars(table, kind, cols)
+    df = full.select([by, embedding])
+    g = group(df, by)
+    x = _embeddings(df, embedding)
+    sizes = g.sizes()
+    labels = np.zeros(df.height, dtype=np.int64)
+    n_m = np.zeros(g.n_pools, dtype=np.int64)
+    sil = np.zeros(g.n_pools, dtype=np.float64)
+    keys = pool_keys(g.keys)
+    small = sizes <= large_pool
+    # small pools: one batched call into the core (the same labels as kmeans() per pool)
+    if small.any():
+        sp = np.flatnonzero(small)
+        pos = np.concatenate([np.arange(g.offsets[p], g.offsets[p + 1], dtype=np.int64) for p in sp])
+        rows = g.rows[pos]
+        off = np.zeros(len(sp) + 1, dtype=np.uint64)
+        np.cumsum(sizes[sp], out=off[1:])
+        try:
+            res = core.kmeans_modes(
+                x, off, np.ascontiguousarray(keys[sp]), int(seed), rows=np.ascontiguousarray(rows, dtype=np.uint64),
+                n_modes=None if n_modes is None else int(n_modes), m_max=int(m_max),
+                min_silhouette=float(min_silhouette), max_iter=int(max_iter),
+            )
+        except MrtInputError as e:
+            from mrt_fast.selection.select import _said_of_table
+
+            raise _said_of_table(e, g.keys.gather(sp), by, {"embeddings": embedding}) from None
+        labels[rows.astype(np.int64)] = res["labels"]
+        n_m[sp] = res["n_modes"]
+        sil[sp] = res["silhouette"]
+    for p in np.flatnonzero(~small):
+        rows = g.rows[g.offsets[p] : g.offsets[p + 1]].astype(np.int64)
+        try:
+            lab = kmeans(x[rows], n_modes, m_max=m_max, min_silhouette=min_silhouette, seed=seed,
+                         key=int(keys[p]), max_iter=max_iter, large_pool=large_pool)
+        except MrtInputError as e:
+            key = g.keys[int(p)]
+            key = key.to_list() if isinstance(key, pl.Series) else key
+            raise MrtInputError(f"pool {p} ({by}={key!r}): {e}", pool=key, column=embedding) from None
+        labels[rows] = lab
+        n_m[p] = int(lab.max()) + 1
+        sil[p] = np.nan
+    if out in full.columns:
+        full = full.drop(out)
+    result = full.with_columns(pl.Series(out, labels, dtype=pl.Int64))
+    if return_info:
+        info = pl.DataFrame({by: g.keys, "n": sizes, "n_modes": n_m, "silhouette": sil})
+        return result, info
+    return result

@@ -1,0 +1,90 @@
+"""mrt export: TRL prompt/completion (+ weight) and OpenRLHF input/output/reward files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from mrt_fast import MrtInputError
+from mrt_fast.cli.app import app
+from mrt_fast.llm.export import export
+
+KEPT = pl.DataFrame({"prompt_id": ["a", "a", "a", "b"], "prompt": ["2+2?"] * 3 + ["Capital of France?"],
+                     "response": ["4", "four", "4.", "Paris"], "reward": [1.0, 0.5, 0.9, 1.0],
+                     "pick_rank": [0, 1, 2, 0]})
+
+
+def test_trl_prompt_completion_with_weights(tmp_path):
+    res = export(KEPT, tmp_path / "trl.jsonl", "trl")
+    rows = [json.loads(x) for x in (tmp_path / "trl.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == KEPT["prompt"].to_list()
+    assert [r["completion"] for r in rows] == KEPT["response"].to_list()
+    w = np.array([r["weight"] for r in rows])
+    np.testing.assert_allclose(w, [4 / 6] * 3 + [2.0])  # N / (Np K_i): each prompt weighs the same in total
+    assert w[:3].sum() == pytest.approx(w[3]) and w.mean() == pytest.approx(1.0)
+    # the stratified weight multiplies in
+    strat = export(KEPT.with_columns(pl.Series("weight", [1.5, 0.75, 0.75, 1.0])), tmp_path / "s.parquet", "trl")
+    np.testing.assert_allclose(strat["weight"].to_numpy(), [1.0, 0.5, 0.5, 2.0])
+    assert pl.read_parquet(tmp_path / "s.parquet").equals(strat) and res.columns == ["prompt_id", "prompt",
+                                                                                      "completion", "weight"]
+
+
+def test_trl_conversational_loads_with_datasets(tmp_path):
+    export(KEPT, tmp_path / "conv.jsonl", "trl", conversational=True)
+    row = json.loads((tmp_path / "conv.jsonl").read_text().splitlines()[3])
+    assert row["prompt"] == [{"role": "user", "content": "Capital of France?"}]
+    assert row["completion"] == [{"role": "assistant", "content": "Paris"}]
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.load_dataset("json", data_files=str(tmp_path / "conv.jsonl"), split="train")
+    assert len(ds) == 4 and ds[0]["completion"][0]["role"] == "assistant"
+
+
+def test_openrlhf(tmp_path):
+    export(KEPT, tmp_path / "o.jsonl", "openrlhf")
+    rows = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert rows[0] == {"input": "2+2?", "output": "4", "reward": 1.0} and len(rows) == 4
+    export(KEPT.drop("reward"), tmp_path / "o2.jsonl", "openrlhf")
+    assert set(json.loads((tmp_path / "o2.jsonl").read_text().splitlines()[0])) == {"input", "output"}
+
+
+def test_export_cli_and_errors(tmp_path):
+    KEPT.write_parquet(tmp_path / "kept.parquet")
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "kept.parquet"), str(tmp_path / "t.jsonl"),
+                                 "--format", "trl", "--conversational"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])["prompt"][0]["role"] == "user"
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "kept.parquet"), str(tmp_path / "t.jsonl"),
+                                 "--format", "axolotl"])
+    assert r.exit_code == 2 and "format must be one of" in r.output
+    with pytest.raises(MrtInputError, match="JSON lines"):
+        export(KEPT, tmp_path / "o.parquet", "openrlhf")
+    with pytest.raises(MrtInputError, match="response"):
+        export(KEPT.drop("response"), tmp_path / "x.jsonl")
+    with pytest.raises(MrtInputError, match="null"):
+        export(KEPT.with_columns(pl.lit(None, pl.Utf8).alias("response")), tmp_path / "x.jsonl")
+    with pytest.raises(MrtInputError, match="conversational"):
+        export(KEPT, tmp_path / "x.csv", conversational=True)
+
+
+@pytest.mark.train
+def test_trl_sfttrainer_reads_the_export(tmp_path):
+    """The exported file is a TRL prompt/completion dataset: SFTTrainer trains a step on it."""
+    pytest.importorskip("trl")
+    import torch
+    from datasets import load_dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from mrt_fast.llm.testing import tiny_causal_lm, tiny_tokenizer
+
+    torch.set_num_threads(1)
+    export(KEPT, tmp_path / "trl.jsonl", "trl")
+    tok = tiny_tokenizer()
+    ds = load_dataset("json", data_files=str(tmp_path / "trl.jsonl"), split="train")
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1, per_device_train_batch_size=2, report_to=[],
+                     use_cpu=True, save_strategy="no", disable_tqdm=True)
+    out = SFTTrainer(model=tiny_causal_lm(tok), args=args, train_dataset=ds, processing_class=tok).train()
+    assert out.global_step == 1 and np.isfinite(out.training_loss)

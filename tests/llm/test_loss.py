@@ -1,0 +1,121 @@
+"""One definition of l_ij: the loss the variance diagnosis measures is the loss training minimises."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from mrt_fast import MrtInputError
+
+pytestmark = pytest.mark.train
+
+CHAT = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+
+PAIRS = pl.DataFrame({
+    "prompt_id": ["a", "a", "a", "b", "b", "c"],
+    "prompt": ["The quick brown"] * 3 + ["Paris is the capital of"] * 2 + [""],
+    "response": [" fox jumps", " dog", " cat sleeps a lot during the day", " France", " Italy", "Rome"],
+})
+
+
+@pytest.fixture(scope="module", params=["plain", "chat"])
+def tok(request):
+    import torch
+
+    from mrt_fast.llm.testing import tiny_tokenizer
+
+    torch.set_num_threads(1)
+    t = tiny_tokenizer()
+    if request.param == "chat":
+        t.chat_template = CHAT
+    return t
+
+
+def test_example_layout(tok):
+    from mrt_fast.llm.loss import build_example
+
+    ex = build_example(tok, "The quick brown", " fox", None)
+    r = tok(" fox", add_special_tokens=False).input_ids + [tok.eos_token_id]
+    n_prompt = len(ex["input_ids"]) - len(r)
+    assert ex["input_ids"][n_prompt:] == r and ex["labels"] == [-100] * n_prompt + r
+    if tok.chat_template:  # the template's user turn and generation prompt precede the response
+        text = tok.decode(ex["input_ids"][:n_prompt])
+        assert "user: The quick brown" in text and text.endswith("assistant:")
+    else:
+        assert ex["input_ids"][:n_prompt] == tok("The quick brown").input_ids
+    # truncation keeps the response start and at least one prompt token
+    cut = build_example(tok, "The quick brown", " fox jumps over the lazy dog", 4)
+    assert len(cut["input_ids"]) == 4 and cut["labels"][0] == -100 and cut["labels"][1:] == cut["input_ids"][1:]
+    with pytest.raises(MrtInputError, match="max_length"):
+        build_example(tok, "x", "y", 1)
+
+
+def test_diagnosed_loss_is_the_training_loss_at_step_zero(tok, tmp_path):
+    """response_nll (what variance_budget diagnoses) == each pair's loss in training's first step."""
+    from mrt_fast import variance_budget
+    from mrt_fast.llm.nll import response_nll
+    from mrt_fast.llm.testing import tiny_causal_lm
+    from mrt_fast.llm.train import train
+
+    model = tiny_causal_lm(tok, seed=5)
+    nll = response_nll(model, tok, PAIRS["prompt"].to_list(), PAIRS["response"].to_list(), batch_size=4,
+                       progress=False)
+    res = train(PAIRS, model, tmp_path / "run", tokenizer=tok, max_steps=1, batch_size=2, grad_accum=3,
+                lora_dropout=0.0, log_pair_losses=True, progress=False)
+    step0 = res.log[0]["pair_losses"]
+    assert sorted(int(i) for i in step0) == list(range(PAIRS.height))
+    got = np.array([step0[str(i)] for i in range(PAIRS.height)])
+    np.testing.assert_allclose(nll, got, rtol=1e-5, atol=1e-6)
+    # the step's logged loss is the per-prompt average of those same losses
+    w = PAIRS.height / (3 * np.array([3, 3, 3, 2, 2, 1]))
+    assert res.log[0]["loss"] == pytest.approx(float(np.mean(w * nll)), rel=1e-5)
+    rep = variance_budget(PAIRS.with_columns(pl.Series("loss", nll)), n_boot=0)
+    assert rep.n_used_prompts == 2
+
+
+def test_the_template_changes_the_loss(tok):
+    """With a chat template the scored context differs from the raw prompt, so the losses do too."""
+    from mrt_fast.llm.loss import pair_losses
+    from mrt_fast.llm.testing import tiny_causal_lm
+
+    if not tok.chat_template:
+        pytest.skip("plain tokenizer")
+    model = tiny_causal_lm(tok, seed=5)
+    p, r = PAIRS["prompt"].to_list()[:5], PAIRS["response"].to_list()[:5]
+    chat = pair_losses(model, tok, p, r, prompt_format="auto")
+    plain = pair_losses(model, tok, p, r, prompt_format="plain")
+    assert np.abs(chat - plain).max() > 1e-4
+
+
+def test_evaluation_uses_the_same_loss(tok):
+    from mrt_fast.llm.evaluate import reference_loss
+    from mrt_fast.llm.loss import pair_losses
+    from mrt_fast.llm.testing import tiny_causal_lm
+
+    model = tiny_causal_lm(tok, seed=2)
+    p, r = PAIRS["prompt"].to_list(), PAIRS["response"].to_list()
+    ev = reference_loss(model, tok, p, r, batch_size=3)
+    np.testing.assert_allclose(ev["per_reference"], pair_losses(model, tok, p, r), rtol=1e-5, atol=1e-6)
+
+
+def test_nll_cli_writes_the_same_losses(tmp_path):
+    import torch
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli.app import app
+    from mrt_fast.llm.loss import pair_losses
+    from mrt_fast.llm.testing import save_tiny_models, tiny_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    paths = save_tiny_models(tmp_path / "m")
+    PAIRS.write_parquet(tmp_path / "pairs.parquet")
+    r = CliRunner().invoke(app, ["nll", str(tmp_path / "pairs.parquet"), str(tmp_path / "out.parquet"),
+                                 "--model", str(paths["lm"])])
+    assert r.exit_code == 0, r.output
+    got = pl.read_parquet(tmp_path / "out.parquet")["loss"].to_numpy()
+    model = AutoModelForCausalLM.from_pretrained(paths["lm"])
+    want = pair_losses(model, tiny_tokenizer(), PAIRS["prompt"].to_list(), PAIRS["response"].to_list())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

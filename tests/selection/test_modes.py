@@ -1,0 +1,74 @@
+"""One k-means policy: pool_modes, kmeans and implicit MRT give the same labels."""
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mrt_fast import MrtInputError
+from mrt_fast.selection.modes import kmeans, pool_modes
+from mrt_fast.tables.arrays import pool_keys
+from mrt_fast.variance.law import implicit_mrt
+
+
+def planted(n_pools, per, m, d=8, noise=0.05, seed=0, orthogonal=False):
+    rng = np.random.default_rng(seed)
+    rows, ids = [], []
+    for p in range(n_pools):
+        c = 3 * np.eye(d)[:m] if orthogonal else rng.normal(size=(m, d))
+        lab = rng.integers(0, m, size=per)
+        rows.append(c[lab] + noise * rng.normal(size=(per, d)))
+        ids += [f"p{p}"] * per
+    return pl.DataFrame({"prompt_id": ids, "embedding": np.vstack(rows).astype(np.float32).tolist()})
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 30), st.sampled_from([None, 1, 2, 3]), st.integers(0, 2**64 - 1))
+def test_pool_modes_equal_kmeans_per_pool(n_pools, per, n_modes, seed):
+    df = planted(n_pools, per, 3, seed=seed % 1000)
+    out = pool_modes(df, n_modes=n_modes, seed=seed)
+    keys = pool_keys(pl.Series(["p%d" % p for p in range(n_pools)]))
+    for p in range(n_pools):
+        sub = out.filter(pl.col("prompt_id") == f"p{p}")
+        x = np.array(sub["embedding"].to_list(), dtype=np.float32)
+        lab = kmeans(x, n_modes, seed=seed, key=int(keys[p]))
+        assert sub["mode"].to_list() == lab.tolist()
+        assert lab[0] == 0 and set(lab.tolist()) == set(range(int(lab.max()) + 1))
+
+
+@pytest.mark.embed
+def test_large_sets_follow_the_same_rules():
+    df = planted(1, 60, 4, seed=5, orthogonal=True)
+    x = np.array(df["embedding"].to_list(), dtype=np.float32)
+    small = kmeans(x, 4, seed=1)
+    large = kmeans(x, 4, seed=1, large_pool=10)  # FAISS engine
+    # the same planted partition, numbered the same way (first appearance)
+    assert small.tolist() == large.tolist()
+    via_pools = pool_modes(df, n_modes=4, seed=1, large_pool=10)["mode"].to_numpy()
+    assert via_pools[0] == 0 and len(set(via_pools.tolist())) == 4
+
+
+def test_implicit_mrt_uses_the_policy():
+    df = planted(1, 40, 3, seed=2)
+    x = np.array(df["embedding"].to_list(), dtype=np.float32)
+    rep = implicit_mrt(x, method="kmeans", n_clusters=3, seed=7)
+    assert rep.labels.tolist() == kmeans(x, 3, seed=7).tolist()
+    assert rep.n_clusters == 3
+
+
+@pytest.mark.parametrize("kw,match", [({"n_modes": 0}, "n_modes"), ({"m_max": 0}, "m_max"),
+                                      ({"min_silhouette": 2.0}, "min_silhouette"), ({"seed": -1}, "seed"),
+                                      ({"seed": 2**64}, "seed"), ({"min_silhouette": None}, "min_silhouette")])
+def test_bad_parameters_are_input_errors(kw, match):
+    x = np.eye(4, dtype=np.float32)
+    with pytest.raises(MrtInputError, match=match):
+        kmeans(x, **kw)
+    with pytest.raises(MrtInputError, match=match):
+        pool_modes(pl.DataFrame({"prompt_id": [0] * 4, "embedding": x.tolist()}), **kw)
+
+
+def test_bad_rows_are_input_errors():
+    with pytest.raises(MrtInputError, match="zero norm"):
+        kmeans(np.zeros((3, 2)))
+    with pytest.raises(MrtInputError, match="non-finite"):
+        kmeans(np.array([[1.0, np.nan], [1.0, 0.0]]))
