@@ -42,7 +42,7 @@ def tiny_source(tmp_path_factory):
     import torch
     from transformers import BertConfig, BertModel
 
-    from mrt_fast.embeddings.embed import minilm_path
+    from mrt_fast.embeddings.tiers import minilm_path
 
     d = tmp_path_factory.mktemp("tiny_bert")
     torch.manual_seed(0)

@@ -17,11 +17,12 @@ LAYERS = {
     "errors": 0, "_grades_core": 0,
     "_util": 1,
     "tables": 2,
-    "selection": 3, "variance": 3,
-    "datasets": 4,
-    "embeddings": 5, "sandbox": 5,
-    "llm": 6, "simulate": 6,
-    "cli": 7,
+    "selection": 3,
+    "variance": 4,
+    "datasets": 5,
+    "embeddings": 6, "sandbox": 6,
+    "llm": 7, "simulate": 7,
+    "cli": 8,
 }
 SUBPACKAGES = [a for a in LAYERS if (PKG / a).is_dir()]
 
@@ -38,7 +39,11 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
     me = _module_name(path)
     pkg = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
     out = []
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for n in ast.walk(node)}
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             out += [(a.name, [], node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -53,6 +58,7 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
 def _graph():
     """Module -> the mrt_fast modules it imports (a `from pkg import mod` counts as mod)."""
     mods = {_module_name(p): p for p in PKG.rglob("*.py")}
+    mods["mrt_fast._grades_core"] = PKG / "_grades_core.pyi"  # the compiled core: imports nothing
     edges = defaultdict(set)
     for name, path in mods.items():
         for target, names, line in _imports(path):
@@ -148,7 +154,7 @@ def test_no_private_name_crosses_a_subpackage():
             if not target.startswith("mrt_fast.") or _area(target) == _area(name):
                 continue
             for n in names:
-                if n.startswith("_") and n not in ("_grades_core",):
+                if n.startswith("_") and not n.startswith("__") and n != "_grades_core":
                     bad.append(f"{path.relative_to(PKG)}:{line} takes {n} from {target}")
             leaf = target.rsplit(".", 1)[-1]
             if leaf.startswith("_") and leaf not in ("_grades_core", "_util") and _area(target) != "_util":
@@ -165,11 +171,24 @@ def test_all_lists_what_the_package_serves(area):
     assert len(set(mod.__all__)) == len(mod.__all__)
 
 
-def test_top_level_dir_is_its_all():
+def test_top_level_dir_is_its_all_and_its_areas():
     import mrt_fast
 
     public = {n for n in dir(mrt_fast) if not n.startswith("_")}
-    assert public == set(mrt_fast.__all__) - {"__version__"}
+    assert public == (set(mrt_fast.__all__) | set(mrt_fast.AREAS)) - {"__version__"}
     ns: dict = {}
     exec("from mrt_fast import *", ns)
     assert set(mrt_fast.__all__) <= set(ns)
+    for area in mrt_fast.AREAS:
+        assert getattr(mrt_fast, area) is importlib.import_module(f"mrt_fast.{area}")
+
+
+def test_the_package_imports_no_heavy_stack():
+    """`import mrt_fast` loads selection only: no pandas, torch, ray, transformers or faiss."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mrt_fast; heavy = {'pandas', 'torch', 'ray', 'transformers', 'faiss', "
+            "'sentence_transformers', 'matplotlib'}; print(sorted(heavy & set(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]", r.stdout

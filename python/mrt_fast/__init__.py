@@ -2,71 +2,71 @@
 
 How many responses per prompt to keep (`variance_budget`), which ones
 (`select`, `facility_location`), and training/evaluating on the result.
+
+The areas are subpackages: :mod:`mrt_fast.selection`, :mod:`mrt_fast.variance`,
+:mod:`mrt_fast.tables`, :mod:`mrt_fast.datasets`, :mod:`mrt_fast.embeddings`,
+:mod:`mrt_fast.llm`, :mod:`mrt_fast.sandbox`, :mod:`mrt_fast.simulate`; the
+names below are their most used entries. Selection loads with the package;
+everything else loads on first use.
 """
 
 from __future__ import annotations
 
-from mrt_fast._grades_core import __version__
-from mrt_fast.errors import MrtInputError
-from mrt_fast.selection.select import (
-    METHODS,
-    FacilityLocationResult,
-    Ragged,
-    SelectionReport,
-    SmallPoolWarning,
-    facility_location,
-    select,
-)
+import importlib
 
-__all__ = [
+from mrt_fast._grades_core import __version__
+from mrt_fast.errors import MissingDependencyError, MrtInputError, SmallPoolWarning
+from mrt_fast.selection.facility import FacilityLocationResult, Ragged, facility_location
+from mrt_fast.selection.options import METHODS
+from mrt_fast.selection.report import SelectionReport
+from mrt_fast.selection.select import select
+
+#: name -> the module that serves it, loaded on first use
+_LAZY = {
+    "pool_modes": "mrt_fast.selection.modes",
+    "knn_graph": "mrt_fast.selection.knn",
+    "facility_location_corpus": "mrt_fast.selection.knn",
+    "variance_budget": "mrt_fast.variance.law",
+    "VarianceAccumulator": "mrt_fast.variance.law",
+    "VarianceReport": "mrt_fast.variance.law",
+    "select_dataset": "mrt_fast.datasets.local",
+    "BatchReport": "mrt_fast.datasets.local",
+    "embed": "mrt_fast.embeddings.embed",
+    "embed_texts": "mrt_fast.embeddings.embed",
+    "embed_dataset": "mrt_fast.embeddings.dataset",
+    "EmbedReport": "mrt_fast.embeddings.dataset",
+    "pass_at_k": "mrt_fast.llm.evaluate",
+    "EvalConfig": "mrt_fast.llm.evaluate",
+    "GenerationConfig": "mrt_fast.llm.generate",
+    "TrainConfig": "mrt_fast.llm.train",
+    "RewardModel": "mrt_fast.llm.reward",
+}
+AREAS = ("selection", "variance", "tables", "datasets", "embeddings", "llm", "sandbox", "simulate", "errors")
+
+__all__ = sorted([
     "__version__",
-    "METHODS",
     "FacilityLocationResult",
+    "METHODS",
+    "MissingDependencyError",
     "MrtInputError",
     "Ragged",
     "SelectionReport",
     "SmallPoolWarning",
     "facility_location",
     "select",
-    "select_dataset",
-]
+    *_LAZY,
+])
 
 
 def __getattr__(name: str):
-    # heavier parts load on first use
-    if name in ("variance_budget", "VarianceAccumulator", "VarianceReport"):
-        from mrt_fast.variance import law as variance
-
-        return getattr(variance, name)
-    if name in ("select_dataset", "BatchReport"):
-        from mrt_fast.datasets import local as batch
-
-        return getattr(batch, name)
-    if name == "embed_texts":
-        import importlib
-
-        return getattr(importlib.import_module("mrt_fast.embeddings.embed"), name)
-    if name in ("embed_dataset", "EmbedReport"):
-        import importlib
-
-        return getattr(importlib.import_module("mrt_fast.embeddings.dataset"), name)
-    if name == "pool_modes":
-        from mrt_fast.selection import modes
-
-        return modes.pool_modes
-    if name in ("knn_graph", "facility_location_corpus"):
-        from mrt_fast.selection import knn
-
-        return getattr(knn, name)
-    # LLM pipeline (torch/transformers load on first use)
-    _llm = {"pass_at_k": "evaluate", "EvalConfig": "evaluate", "GenerationConfig": "generate",
-            "TrainConfig": "train", "RewardModel": "reward"}
-    if name in _llm:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_llm[name]}", __name__), name)
-    if name == "simulate":  # the paper's controlled experiments (torch extra)
-        import importlib
-
-        return importlib.import_module("mrt_fast.simulate")
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in AREAS:
+        return importlib.import_module(f"mrt_fast.{name}")
     raise AttributeError(f"module 'mrt_fast' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | set(AREAS))

@@ -1,15 +1,22 @@
-"""The errors mrt_fast raises for input it cannot use.
+"""Every error and warning class of mrt_fast.
 
-Every user-facing failure caused by the input (a table, an argument, a file)
-is an :class:`MrtInputError`; the Rust core raises the same class. The message
-is one line naming what is wrong; where it is known, the pool (its prompt id),
-the column and the row are also attributes, so code can act on them without
-parsing the message.
+* :class:`MrtInputError` (a ``ValueError``): the input (a table, an argument,
+  a file) cannot be used; the Rust core raises the same class. The message is
+  one line naming what is wrong; where it is known, the pool (its prompt id),
+  the column and the row are also attributes, so code can act on them without
+  parsing the message.
+* :class:`MissingDependencyError` (an ``ImportError``): an optional extra or
+  an outside tool this call needs is not installed. It is not an input error,
+  so ``except ValueError`` around bad data never hides a broken install.
+* Warnings: :class:`SmallPoolWarning`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+__all__ = ["EmbeddingModelError", "MissingDependencyError", "MrtInputError", "SandboxUnavailableError",
+           "SmallPoolWarning"]
 
 
 class MrtInputError(ValueError):
@@ -35,9 +42,24 @@ def _rebuild(cls, message, pool, column, row):
     return cls(message, pool=pool, column=column, row=row)
 
 
-class SandboxUnavailableError(MrtInputError):
+class MissingDependencyError(ImportError):
+    """An optional extra (``pip install 'mrt_fast[EXTRA]'``) or an outside tool is missing.
+
+    The message is one line naming what is missing and how to install it.
+    """
+
+
+class SandboxUnavailableError(MissingDependencyError):
     """Generated code was about to run but no isolation layer (bubblewrap) can be used here.
 
     Raised before any program runs; the message says how to install bubblewrap or
     how to opt in to running generated code without isolation.
     """
+
+
+class SmallPoolWarning(UserWarning):
+    """Some pools had no more than K candidates and were kept whole."""
+
+
+class EmbeddingModelError(MrtInputError):
+    """The embedding model cannot be loaded (offline)."""

@@ -11,7 +11,8 @@ import polars as pl
 import pytest
 
 from mrt_fast import MrtInputError
-from mrt_fast.datasets.io import AtomicWriter, _host_tag, check_output, clean_stale_temps, write_table, write_text
+from mrt_fast.datasets.formats import AtomicWriter, check_output, write_table
+from mrt_fast._util.files import host_tag, clean_stale_temps, write_text
 
 
 def temps(d, name):
@@ -46,7 +47,7 @@ def _dead_pid():
 
 
 def test_stale_temps_of_dead_writers_are_removed_and_nothing_else(tmp_path):
-    host = _host_tag()
+    host = host_tag()
     live = _sleeper()
     try:
         dead = _dead_pid()
@@ -88,7 +89,7 @@ def test_failed_write_leaves_nothing(tmp_path):
 
 WRITER = r"""
 import sys, time, polars as pl
-from mrt_fast.datasets.io import AtomicWriter
+from mrt_fast.datasets.formats import AtomicWriter
 with AtomicWriter(sys.argv[1]) as w:
     for i in range(int(sys.argv[2])):
         w.write(pl.DataFrame({"i": list(range(i * 1000, (i + 1) * 1000))}))

@@ -23,6 +23,8 @@ from typer.testing import CliRunner
 import mrt_fast
 from mrt_fast import MrtInputError
 from mrt_fast.datasets import local as batch
+from mrt_fast.datasets.manifest import MANIFEST
+from mrt_fast._util.memory import parse_memory, rss
 from mrt_fast.datasets.local import bucket_of, select_dataset
 from mrt_fast.cli.app import app
 from mrt_fast.datasets.manifest import Manifest, part_path
@@ -102,7 +104,7 @@ def test_equals_select_on_the_whole_table(tmp_path_factory, n_pools, seed, n_fil
         try:
             rep = select_dataset(tmp / "in", tmp / "out.parquet", k, method, seed=seed % 7, workers=workers,
                                  rows_per_bucket=None if limit_mib else max(1, df.height // n_parts),
-                                 memory_limit=batch.rss() + (limit_mib << 20) if limit_mib else None)
+                                 memory_limit=rss() + (limit_mib << 20) if limit_mib else None)
         except MrtInputError as e:
             assert limit_mib and "is too small" in str(e) and "\n" not in str(e), e
             rep = None
@@ -126,7 +128,7 @@ def test_memory_limit_chooses_buckets_and_keeps_the_result(tmp_path, monkeypatch
     ref = ref_select(df, 3, "grades")
     # a data set "bigger" than the limit: pretend every byte needs 10^5 bytes of work
     monkeypatch.setattr(batch, "WORK_FACTOR", 1e5)
-    limit = batch.rss() + 10**9  # on top of what the test process holds already
+    limit = rss() + 10**9  # on top of what the test process holds already
     rep = select_dataset(tmp_path / "in", tmp_path / "out.parquet", 3, "grades", memory_limit=limit)
     assert rep.spilled and rep.n_parts > 1
     assert pl.read_parquet(tmp_path / "out.parquet").equals(ref)
@@ -173,11 +175,11 @@ def test_memory_limit_holds_or_is_refused_in_one_line(tmp_path):
             least = lines[0].rsplit("at least ", 1)[1].replace(" ", "")
             continue
         assert rc == 0, err
-        assert peak <= batch.parse_memory(limit), (limit, peak)
+        assert peak <= parse_memory(limit), (limit, peak)
     assert least is not None  # 100 MB is below what the interpreter and its libraries hold
     rc, err, peak = _select_in_child(src, tmp_path / "least", least)
     assert rc == 0, err
-    assert peak <= batch.parse_memory(least), (least, peak)
+    assert peak <= parse_memory(least), (least, peak)
     assert read_dir(tmp_path / "least").sort("prompt_id", "pick_rank").equals(
         read_dir(tmp_path / "o1").sort("prompt_id", "pick_rank"))
 
@@ -218,13 +220,13 @@ def test_bucket_of_is_the_pool_key_digest():
 
 @pytest.mark.parametrize("spec", ["2GB", "512MiB", "1.5g", 3_000_000_000])
 def test_parse_memory(spec):
-    assert batch.parse_memory(spec) >= 64 * 2**20
+    assert parse_memory(spec) >= 64 * 2**20
 
 
 @pytest.mark.parametrize("spec", ["lots", "2XB", "1MB", -5])
 def test_parse_memory_refuses(spec):
     with pytest.raises(MrtInputError):
-        batch.parse_memory(spec)
+        parse_memory(spec)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -324,7 +326,7 @@ def test_resume_after_a_kill_gives_byte_identical_parts(tmp_path):
     # a half-written temp file is never read and is cleaned
     import subprocess, sys
 
-    from mrt_fast.datasets.io import temp_name
+    from mrt_fast._util.files import temp_name
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # what a kill -9 mid-write leaves: a temp file whose writer is gone
@@ -385,7 +387,7 @@ def test_sigkill_at_any_moment_then_rerun(tmp_path):
     assert n_parts > 5
     unfinished = 0
     # kill once the job has started writing, once the spill is complete, once a part is written
-    for j, when in enumerate([Path(batch.MANIFEST_NAME), Path(batch.SPILL_DIR) / "_complete", Path("part-00002.parquet")]):
+    for j, when in enumerate([Path(MANIFEST), Path(batch.SPILL_DIR) / "_complete", Path("part-00002.parquet")]):
         out = tmp_path / f"killed{j}"
         p = subprocess.Popen(cmd(out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         t0 = time.time()
@@ -678,8 +680,7 @@ def test_diagnose_bad_inputs_one_line_exit_2(tmp_path):
 def test_dataset_read_equals_one_scan(tmp_path_factory, sizes, narrow, seed):
     """`Dataset.read` (files decoded by several threads) gives the rows of one scan, in order,
     and a dataset one scan cannot read (a file whose id column has another type) fails the same way."""
-    from mrt_fast.datasets import io as _io
-
+    from mrt_fast.datasets import sources as _sources
     d = tmp_path_factory.mktemp("read")
     rng = np.random.default_rng(seed)
     start = 0
@@ -689,7 +690,7 @@ def test_dataset_read_equals_one_scan(tmp_path_factory, sizes, narrow, seed):
                       "embedding": rng.standard_normal((n, 3)).astype(np.float32).tolist()},
                      schema_overrides={"embedding": pl.List(pl.Float32)}).write_parquet(d / f"f{j:02d}.parquet")
         start += n
-    ds = _io.discover(d)
+    ds = _sources.discover(d)
     try:
         want = ds.scan().collect()
     except Exception as e:  # noqa: BLE001
@@ -711,8 +712,7 @@ def test_dataset_read_equals_one_scan(tmp_path_factory, sizes, narrow, seed):
 def test_contiguous_read_equals_one_scan(tmp_path_factory, sizes, fault, array, group_rows, seed):
     """Embeddings decoded into one buffer: the rows of one scan; vectors that are ragged or hold nulls
     are read the ordinary way (and so reported by select as before)."""
-    from mrt_fast.datasets import io as _io
-
+    from mrt_fast.datasets import sources as _sources
     d = tmp_path_factory.mktemp("contig")
     rng = np.random.default_rng(seed)
     for j, n in enumerate(sizes):
@@ -728,7 +728,7 @@ def test_contiguous_read_equals_one_scan(tmp_path_factory, sizes, fault, array, 
         if array and fault != "ragged":
             t = t.with_columns(pl.col("embedding").cast(pl.Array(pl.Float32, 3)))
         t.write_parquet(d / f"f{j:02d}.parquet", row_group_size=group_rows)
-    ds = _io.discover(d)
+    ds = _sources.discover(d)
     want = ds.scan().collect()
     got = ds.read(contiguous="embedding")
     assert got.schema == want.schema and got.equals(want)
@@ -756,7 +756,7 @@ def test_spill_by_arrow_threads_equals_the_scan(tmp_path_factory, n_pools, seed,
     bounds = np.sort(np.random.default_rng(seed).integers(0, df.height + 1, n_files - 1)).tolist()
     for i, (a, b) in enumerate(zip([0, *bounds], [*bounds, df.height])):
         df[a:b].write_parquet(tmp / "in" / f"f{i}.parquet", row_group_size=group_rows)
-    ds = mrt_fast.datasets.io.discover(tmp / "in")
+    ds = mrt_fast.datasets.sources.discover(tmp / "in")
     from mrt_fast.datasets.arrow_runs import arrow_schema
 
     assert arrow_schema(ds) is not None  # the two-thread pass reads by Arrow
@@ -792,7 +792,7 @@ def test_select_dataset_takes_a_k_column(tmp_path):
     df.slice(0, 120).write_parquet(tmp_path / "a.parquet")
     df.slice(120).write_parquet(tmp_path / "b.parquet")
     mrt_fast.select_dataset(str(tmp_path / "*.parquet"), tmp_path / "out", "k", "grades",
-                            memory_limit=batch.rss() + 10**9)
+                            memory_limit=rss() + 10**9)
     got = pl.read_parquet(tmp_path / "out" / "*.parquet").sort("prompt_id", "pick_rank")
     want = mrt_fast.select(df, "k", "grades").sort("prompt_id", "pick_rank")
     assert got.select(want.columns).equals(want)

@@ -49,12 +49,12 @@ def tiny_int8(tiny_source, int8_cache):
 
 def test_built_once_recorded_and_rebuilt_when_damaged(tiny_source, tmp_path, monkeypatch):
     from mrt_fast.embeddings import int8 as int8_embed
-    from mrt_fast.embeddings.embed import sha256_file
+    from mrt_fast.embeddings.tiers import sha256_file
 
     import subprocess
     import sys
 
-    from mrt_fast.datasets.io import temp_name
+    from mrt_fast._util.files import temp_name
 
     name = f"int8:{tiny_source}"
     path = int8_embed.int8_path(name, tmp_path)

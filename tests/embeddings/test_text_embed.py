@@ -85,7 +85,7 @@ def test_corpus_facility_location_matches_dense_on_full_graph():
 
 @pytest.mark.embed
 def test_minilm_weights_hash():
-    from mrt_fast.embeddings.embed import MINILM_WEIGHTS_SHA256, minilm_path, sha256_file
+    from mrt_fast.embeddings.tiers import MINILM_WEIGHTS_SHA256, minilm_path, sha256_file
 
     assert sha256_file(minilm_path() / "model.safetensors") == MINILM_WEIGHTS_SHA256
 
@@ -220,7 +220,7 @@ def _fresh_static():
 @pytest.mark.embed
 def test_static_distillation_is_deterministic_and_cached(tiny_source, tmp_path, monkeypatch):
     from mrt_fast.embeddings import static as static_embed
-    from mrt_fast.embeddings.embed import sha256_file
+    from mrt_fast.embeddings.tiers import sha256_file
 
     name = f"static:{tiny_source}"
     _fresh_static()
@@ -278,7 +278,7 @@ def test_static_model_is_fitted_and_its_cache_versioned(tiny_source, static_cach
 
 @pytest.mark.embed
 def test_static_name_is_the_bundled_minilm():
-    from mrt_fast.embeddings.embed import MINILM_WEIGHTS_SHA256
+    from mrt_fast.embeddings.tiers import MINILM_WEIGHTS_SHA256
     from mrt_fast.embeddings.static import is_static, static_path
 
     assert is_static("static") and is_static("static:/x") and not is_static(None) and not is_static("minilm")
@@ -454,7 +454,7 @@ def test_dataset_embed_resumes_to_the_in_memory_result(tiny_source, static_cache
         assert len(list(out.glob("part-*.parquet"))) == fail_after
         import subprocess, sys
 
-        from mrt_fast.datasets.io import temp_name
+        from mrt_fast._util.files import temp_name
 
         dead = subprocess.Popen([sys.executable, "-c", "pass"])
         dead.wait()  # what a kill -9 mid-write leaves: a temp file whose writer is gone

@@ -1,0 +1,1 @@
+"""Helpers every area shares: messages, files, memory, the device rule."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from mrt_fast.errors import MissingDependencyError
+
 import contextlib
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -23,11 +24,11 @@ console = Console()
 @contextlib.contextmanager
 def _user_errors():
     """Bad input ends the command with one line on stderr and exit code 2."""
-    from mrt_fast.errors import MrtInputError
+    from mrt_fast.errors import MissingDependencyError, MrtInputError
 
     try:
         yield
-    except (MrtInputError, OSError, TypeError) as e:
+    except (MrtInputError, MissingDependencyError, OSError, TypeError) as e:
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(2) from None
@@ -154,7 +155,8 @@ def embed_quality_cmd(
 
     from mrt_fast.embeddings.quality import compare_embeddings, summarize
     from mrt_fast.errors import MrtInputError
-    from mrt_fast.datasets.io import check_output, write_text
+    from mrt_fast.datasets.formats import check_output
+    from mrt_fast._util.files import write_text
 
     with _user_errors():
         try:
@@ -296,7 +298,7 @@ def _check_engine(engine: str, ray_address: Optional[str]) -> None:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            raise MrtInputError("--engine ray needs Ray Data: pip install 'mrt_fast[ray]'")
+            raise MissingDependencyError("--engine ray needs Ray Data: pip install 'mrt_fast[ray]'")
 
 
 # ---- variance diagnostics commands ----
@@ -354,7 +356,7 @@ def diagnose_cmd(
                     interval=interval)
         if allocate is not None:
             # per-prompt K names each prompt: the (id, loss) columns are read into memory
-            from mrt_fast.datasets.io import discover
+            from mrt_fast.datasets.sources import discover
             from mrt_fast.variance.law import variance_budget
 
             ds = discover(inp)
@@ -370,7 +372,8 @@ def diagnose_cmd(
     for row in rep.predicted.iter_rows():
         tab.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
     console.print(tab)
-    from mrt_fast.datasets.io import write_table, write_text
+    from mrt_fast.datasets.formats import write_table
+    from mrt_fast._util.files import write_text
 
     with _user_errors():
         if json_out is not None:
@@ -391,7 +394,7 @@ def _check_report_outputs(json_out: Optional[Path], plot: Optional[Path], alloca
     """diagnose's outputs, checked before any work: a place a file can be written,
     an image format matplotlib writes for --plot, a table format for --allocation."""
     from mrt_fast.errors import MrtInputError
-    from mrt_fast.datasets.io import check_output
+    from mrt_fast.datasets.formats import check_output
 
     if json_out is not None:
         check_output(json_out, "--json", table=False)
@@ -422,7 +425,8 @@ def nll_cmd(
     """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM."""
     import polars as pl
 
-    from mrt_fast.datasets import io as _io
+
+    from mrt_fast.datasets import formats as _formats
     from mrt_fast.errors import MrtInputError
 
     with _user_errors():
@@ -433,8 +437,8 @@ def nll_cmd(
         lf = _input_table(inp, (prompt, response))
         if loss in lf.collect_schema().names():
             raise MrtInputError(f"{str(inp)!r} already has a {loss!r} column", column=loss)
-        _io.check_output(out)
-        df = _io.decode_embedding_columns(_io.collect(lf, inp))
+        _formats.check_output(out)
+        df = _formats.decode_embedding_columns(_formats.collect(lf, inp))
         for c in (prompt, response):
             if df[c].dtype != pl.Utf8:
                 raise MrtInputError(f"column {c!r} must hold text, got {df[c].dtype}", column=c)
@@ -458,7 +462,7 @@ def nll_cmd(
         vals = response_nll(m, tok, df[prompt].to_list(), df[response].to_list(),
                             batch_size=batch_size, max_length=max_length, prompt_format=prompt_format)
         res = df.with_columns(pl.Series(loss, vals))
-        _io.write_table(res, out)
+        _formats.write_table(res, out)
     console.print(f"wrote {len(res)} rows with {loss!r} to {out}")
 
 
@@ -492,8 +496,7 @@ def generate_cmd(
     shard_prompts: int = typer.Option(64, help="Prompts per shard (unit of resumption)."),
 ) -> None:
     """Overgenerate N candidate responses per prompt (vLLM on GPU, transformers on CPU); resumable."""
-    from mrt_fast.datasets import io as _io
-
+    from mrt_fast.datasets import formats as _formats
     with _user_errors():
         with _needs("train"):
             from mrt_fast.llm.generate import GenerationConfig, generate
@@ -502,7 +505,7 @@ def generate_cmd(
                                    seed=seed, backend=backend, shard_prompts=shard_prompts)
             cfg.validate()
             _input_table(prompts, ("prompt_id", "prompt"), "prompt table")
-            _io.check_output(out)
+            _formats.check_output(out)
             parts = out.with_name(out.name + ".parts")
             fresh = not parts.exists()
             try:
@@ -524,19 +527,19 @@ def score_cmd(
     batch_size: int = typer.Option(16),
 ) -> None:
     """Score every (prompt, response) with a reward model."""
-    from mrt_fast.datasets import io as _io
+    from mrt_fast.datasets import formats as _formats
     from mrt_fast.errors import MrtInputError
 
     with _user_errors():
         if batch_size < 1:
             raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
         lf = _input_table(inp, ("prompt", "response"))
-        _io.check_output(out)
+        _formats.check_output(out)
         with _needs("train"):
             from mrt_fast.llm.reward import score
 
-            df = score(_io.decode_embedding_columns(_io.collect(lf, inp)), model, batch_size=batch_size)
-        _io.write_table(df, out)
+            df = score(_formats.decode_embedding_columns(_formats.collect(lf, inp)), model, batch_size=batch_size)
+        _formats.write_table(df, out)
     console.print(f"scored {df.height} rows -> {out}; reward mean {df['reward'].mean():.4f}")
 
 
@@ -549,15 +552,14 @@ def train_cmd(
     sets: list[str] = typer.Option(None, "--set", help="Any TrainConfig field, key=value (repeatable)."),
 ) -> None:
     """LoRA fine-tuning on the per-prompt-averaged multi-response loss."""
-    from mrt_fast.datasets import io as _io
-
+    from mrt_fast._util import files as _files
     with _user_errors():
         with _needs("train"):
             from mrt_fast.llm.train import TrainConfig, train
 
             cfg = TrainConfig.from_dict({"max_steps": max_steps, **_kv_options(sets)})
             _input_table(data, ("prompt_id", "prompt", "response"), "training data")
-            _io.check_output_dir(out)
+            _files.check_output_dir(out)
             r = train(str(data), model, out, cfg)
     console.print(f"{r.steps} steps over {r.n_pairs} pairs ({r.n_prompts} prompts, {r.epochs:.2f} epochs); "
                   f"final loss {r.log[-1]['loss']:.4f}; adapter -> {r.adapter_dir}")
@@ -580,7 +582,8 @@ def evaluate_cmd(
     from mrt_fast.embeddings.embedders import make_embedder
 
     with _user_errors():
-        from mrt_fast.datasets import io as _io
+        from mrt_fast._util import files as _files
+        from mrt_fast.datasets import formats as _formats
         from mrt_fast.errors import MrtInputError
 
         with _needs("train"):
@@ -589,11 +592,11 @@ def evaluate_cmd(
             if adapter is not None and not adapter.is_dir():
                 raise MrtInputError(f"--adapter {str(adapter)!r} is not a directory")
             if out:
-                _io.check_output(out, "--out", table=False)
+                _formats.check_output(out, "--out", table=False)
             m = evaluate(str(data), model, adapter=adapter, config=cfg,
                          embedder=make_embedder(embedder), reward_model=reward_model)
         if out:
-            _io.write_text(out, json.dumps(m, indent=2))
+            _files.write_text(out, json.dumps(m, indent=2))
     console.print(m)
 
 
@@ -645,7 +648,7 @@ def simulate(
 ) -> None:
     """Reproduce the paper's controlled experiments (needs the torch extra)."""
     from mrt_fast.errors import MrtInputError
-    from mrt_fast.datasets.io import check_output_dir
+    from mrt_fast._util.files import check_output_dir
 
     with _user_errors():
         if threads < 1:
@@ -675,30 +678,30 @@ def _input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input")
     """Check an input table before any work: readable, the columns present, at least one row."""
     import polars as pl
 
-    from mrt_fast.datasets import io as _io
+
+    from mrt_fast.datasets import formats as _formats
     from mrt_fast.errors import MrtInputError
 
-    lf = _io.scan(path)
+    lf = _formats.scan(path)
     names = lf.collect_schema().names()
     missing = [c for c in columns if c not in names]
     if missing:
         raise MrtInputError(f"{role} {str(path)!r}: column(s) {missing} not found; it has columns {names}",
                             column=missing[0])
-    if int(_io.collect(lf.select(pl.len()), path).item()) == 0:
+    if int(_formats.collect(lf.select(pl.len()), path).item()) == 0:
         raise MrtInputError(f"{role} {str(path)!r} has no rows")
     return lf
 
 
 def _needs(extra: str):
     """An ImportError of an optional stack becomes one line naming the extra."""
-    from mrt_fast.errors import MrtInputError
 
     @contextlib.contextmanager
     def guard():
         try:
             yield
         except ImportError as e:
-            raise MrtInputError(f"this command needs the {extra} extra: pip install 'mrt_fast[{extra}]' ({e})") from None
+            raise MissingDependencyError(f"this command needs the {extra} extra: pip install 'mrt_fast[{extra}]' ({e})") from None
 
     return guard()
 

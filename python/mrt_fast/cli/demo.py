@@ -8,6 +8,8 @@ response and the item's base theme), standing in for a reward model.
 
 from __future__ import annotations
 
+from mrt_fast.errors import MissingDependencyError
+
 import json
 import time
 import warnings
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from mrt_fast.selection.metrics import kept_metrics
 
 METHODS = ("random", "top", "diverse", "grades", "stratified")
 
@@ -37,20 +40,6 @@ def load_examples(max_prompts: int | None = None) -> pl.DataFrame:
     return df
 
 
-def kept_metrics(x_pool: np.ndarray, kept: np.ndarray) -> tuple[float, float]:
-    """(diversity, coverage) of kept rows of a pool of unit embeddings.
-
-    diversity = 1 - mean pairwise cosine of the kept set (0 for one row);
-    coverage = mean over the pool's candidates of the max cosine to a kept one.
-    """
-    xk = x_pool[kept]
-    c = xk @ xk.T
-    m = len(kept)
-    div = 0.0 if m < 2 else float(1.0 - (c.sum() - np.trace(c)) / (m * (m - 1)))
-    cov = float((x_pool @ xk.T).max(axis=1).mean())
-    return div, cov
-
-
 def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None = None, cache_dir=None,
              console=None, plot: bool = True) -> dict:
     """Run the demo; return per-method mean metrics. Writes a plot, kept rows and metrics to ``out_dir``."""
@@ -59,9 +48,10 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
     from rich.table import Table
 
     from mrt_fast.errors import MrtInputError
-    from mrt_fast.datasets.io import check_output_dir
+    from mrt_fast._util.files import check_output_dir
     from mrt_fast.selection.modes import pool_modes
-    from mrt_fast.selection.select import SmallPoolWarning, select
+    from mrt_fast.selection.select import select
+    from mrt_fast.errors import SmallPoolWarning
 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise MrtInputError(f"k must be an integer >= 1, got {k!r}")
@@ -71,7 +61,7 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
     try:
         from mrt_fast.embeddings.embed import embed
     except ImportError as e:
-        raise MrtInputError(f"the demo needs the embed extra: pip install 'mrt_fast[embed]' ({e})") from None
+        raise MissingDependencyError(f"the demo needs the embed extra: pip install 'mrt_fast[embed]' ({e})") from None
 
     con = console or Console()
     t0 = time.perf_counter()
@@ -147,7 +137,7 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
 
 
 def _atomic_text(path: Path, text: str) -> None:
-    from mrt_fast.datasets.io import write_text
+    from mrt_fast._util.files import write_text
 
     write_text(path, text)
 
@@ -171,7 +161,7 @@ def _plot(summary: dict, k: int, path: Path) -> None:
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     fig.suptitle(f"MOSAIC examples: what each selector keeps at K = {k}", fontsize=10)
     fig.tight_layout()
-    from mrt_fast.datasets.io import atomic_path
+    from mrt_fast._util.files import atomic_path
 
     try:
         with atomic_path(path) as tmp:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterator
 import pyarrow as pa
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mrt_fast.datasets.io import Dataset
+    from mrt_fast.datasets.sources import Dataset
 
 
 #: a column chunk is read through a 1 MiB buffer, not whole: the memory of a

@@ -25,7 +25,7 @@ import polars as pl
 import pyarrow as pa
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mrt_fast.datasets.io import Dataset
+    from mrt_fast.datasets.sources import Dataset
 
 #: rows decoded at a time per file (a few MB of vectors: reused memory, not fresh)
 BATCH_ROWS = 65_536

@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from mrt_fast.datasets import io as _io
+from mrt_fast._util import messages as _messages
+
+from mrt_fast.datasets import sources as _sources
 from mrt_fast.errors import MrtInputError
 
 
@@ -35,7 +37,7 @@ def variance_budget_dataset(
     file or a missing column are a one-line `MrtInputError` naming the file."""
     from mrt_fast.variance.law import VarianceAccumulator, report_from_accumulator
 
-    ds = _io.discover(source)
+    ds = _sources.discover(source)
     schema = ds.check_columns([(by, "prompt id"), (loss, "loss")])
     if not schema[loss].is_numeric():
         raise MrtInputError(f"column {loss!r} (loss) must be numeric, got {schema[loss]}", column=loss)
@@ -63,7 +65,7 @@ def variance_budget_dataset(
         raise
     except Exception as e:  # noqa: BLE001 - name the file at fault
         ds.find_unreadable()
-        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+        raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
     if seen == 0:
         raise MrtInputError(f"{ds.source!r} has no rows: there are no losses to diagnose")
     notes = []
@@ -75,7 +77,7 @@ def variance_budget_dataset(
     return rep
 
 
-def _in_file(err: MrtInputError, ds: _io.Dataset, loss: str) -> MrtInputError:
+def _in_file(err: MrtInputError, ds: _sources.Dataset, loss: str) -> MrtInputError:
     """An accumulator's error about the dataset's row N ("row N (row i of this update)")
     restated with the file and the row in it; any other with the dataset's name."""
     from mrt_fast.datasets.row_origin import in_file

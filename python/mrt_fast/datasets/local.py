@@ -42,11 +42,14 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from mrt_fast.datasets import io as _io
+from mrt_fast._util import messages as _messages
+
+from mrt_fast.datasets import formats as _formats
+
+from mrt_fast.datasets import sources as _sources
 from mrt_fast.tables.arrays import pool_keys
 from mrt_fast._util.disk_space import is_no_space, no_space_error, reporting_full_disk
 from mrt_fast.errors import MrtInputError
-from mrt_fast.datasets.manifest import MANIFEST as MANIFEST_NAME
 from mrt_fast.datasets.lock import output_lock
 from mrt_fast.datasets.manifest import Manifest, discard_unfinished, part_check, part_path, prepare_output
 from mrt_fast._util.memory import (Budget, available_memory, default_memory_limit, parse_memory, peak_rss,  # noqa: F401
@@ -112,13 +115,13 @@ class Options:
     candidate_columns: list[str] | None = None  # grouped: list columns holding one value per candidate
 
     def __post_init__(self) -> None:
-        from mrt_fast.selection.select import METHODS, _check_k
+        from mrt_fast.selection.options import METHODS, check_k
 
         if isinstance(self.k, str):
             if not self.k:
                 raise MrtInputError("k must be an integer >= 1 or the name of a column holding each pool's K")
         else:
-            self.k = _check_k(self.k)
+            self.k = check_k(self.k)
         if not isinstance(self.method, str) or self.method.lower() not in METHODS:
             raise MrtInputError(f"method must be one of {sorted(METHODS)}, got {self.method!r}")
         self.method = METHODS[self.method.lower()]
@@ -134,7 +137,7 @@ class Options:
 
     def uses_embedding(self, names: list[str]) -> bool:
         """Whether selection reads the embedding column (facility location, or modes to compute)."""
-        from mrt_fast.selection.select import FACILITY_METHODS
+        from mrt_fast.selection.options import FACILITY_METHODS
 
         return self.method in FACILITY_METHODS or (self.method == "stratified" and self.mode not in names)
 
@@ -194,13 +197,14 @@ def select_frame(df: pl.DataFrame, opts: Options, *, layout: str = "rows", first
     ``list_columns`` exploded to candidates, selected, and gathered back into
     lists (with ``pick_rank``/``gain``/``weight`` lists).
     """
-    from mrt_fast.selection.select import SmallPoolWarning, select
+    from mrt_fast.selection.select import select
+    from mrt_fast.errors import SmallPoolWarning
 
     if layout == "grouped":
         return _select_grouped(df, opts, list_columns or opts.list_columns(df.schema))
     if ROW in df.columns and not df[ROW].is_sorted():
         df = df.sort(ROW)
-    df = _io.decode_embedding(df, opts.embedding)
+    df = _formats.decode_embedding(df, opts.embedding)
     if opts.method == "stratified" and opts.mode not in df.columns:
         from mrt_fast.selection.modes import pool_modes
 
@@ -219,7 +223,8 @@ def select_frame(df: pl.DataFrame, opts: Options, *, layout: str = "rows", first
 
 
 def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
-    from mrt_fast.selection.select import SmallPoolWarning, select
+    from mrt_fast.selection.select import select
+    from mrt_fast.errors import SmallPoolWarning
 
     by = opts.by
     if df[by].null_count():
@@ -250,7 +255,7 @@ def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
     k_col = [opts.k] if isinstance(opts.k, str) and opts.k not in lists and opts.k != by else []
     flat = df.select([by, *k_col, *lists]).explode(lists)
     try:
-        flat = _io.decode_embedding(flat, opts.embedding)
+        flat = _formats.decode_embedding(flat, opts.embedding)
         if opts.method == "stratified" and opts.mode not in flat.columns:
             from mrt_fast.selection.modes import pool_modes
 
@@ -280,7 +285,7 @@ def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
 def write_part(df: pl.DataFrame, out_dir: Path, i: int) -> int:
     """Write part ``i`` of a dataset atomically; returns its row count (a full disk is one line naming the part)."""
     with reporting_full_disk(f"writing part {i} to", out_dir):
-        _io.write_parquet_atomic(df, part_path(out_dir, i))
+        _formats.write_parquet_atomic(df, part_path(out_dir, i))
     return df.height
 
 
@@ -389,7 +394,7 @@ class _Progress:
 # --------------------------------------------------------------------------- the engine
 
 
-def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
+def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
           on_rows: Callable[[int], None] | None = None, batch_rows: int = 200_000, threads: int = 1,
           staging: int | None = None) -> int:
     """Partition the dataset into ``n_buckets`` buckets of Arrow IPC files
@@ -447,7 +452,7 @@ def spill(ds: _io.Dataset, spill_dir: Path, n_buckets: int, by: str,
         if is_no_space(e):
             raise  # a full disk is not the input's fault: the caller says where it was writing
         ds.find_unreadable()
-        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+        raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
 
 
 def pa_index_type() -> type:
@@ -607,7 +612,7 @@ def _plan(total_bytes: int, budget: Budget, workers: int | None) -> tuple[int, i
     return n, w
 
 
-def _plan_memory(ds: _io.Dataset, total_bytes: int, n_rows: int | None, budget: Budget, workers: int | None,
+def _plan_memory(ds: _sources.Dataset, total_bytes: int, n_rows: int | None, budget: Budget, workers: int | None,
                  n_buckets: int | None = None) -> tuple[int, int, SpillPlan | None]:
     """(n_buckets, workers, how to spill) within the budget (``n_buckets`` given:
     a resumed job's or the caller's). A limit no plan fits is refused in one
@@ -657,7 +662,7 @@ def _bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) 
     return max(1, min(workers, int(budget.work // need)))
 
 
-def _spill_read_bytes(ds: _io.Dataset, total_bytes: int) -> int:
+def _spill_read_bytes(ds: _sources.Dataset, total_bytes: int) -> int:
     """Memory of reading a dataset that Arrow cannot read by runs of row groups (polars' streaming engine)."""
     from mrt_fast.datasets.arrow_runs import arrow_schema
 
@@ -725,20 +730,20 @@ def select_dataset(
     t0 = time.perf_counter()
     opts = Options(k=k, method=method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
                    kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, candidate_columns=candidate_columns)
-    from mrt_fast.selection.select import _check_common
+    from mrt_fast.selection.options import check_common
 
-    _check_common(0.0 if opts.method == "diverse" else alpha, 1e-6, opts.k, k_max, kernel)
+    check_common(0.0 if opts.method == "diverse" else alpha, 1e-6, opts.k, k_max, kernel)
     limit = default_memory_limit() if memory_limit is None else parse_memory(memory_limit)
     out = Path(output)
-    ds = _io.discover(source)
-    if _io.output_inside_input(out, ds):
+    ds = _sources.discover(source)
+    if _sources.output_inside_input(out, ds):
         raise MrtInputError(f"output {str(out)!r} is the input or inside it; write it elsewhere")
     first_schema = ds.file_schemas()[0]
-    names = list(first_schema.names()) + _io.hive_columns(ds)
+    names = list(first_schema.names()) + _sources.hive_columns(ds)
     schema = ds.check_columns(opts.needed(names))
     lay = opts.resolve_layout(schema)
     lists = opts.list_columns(schema) if lay == "grouped" else None
-    to_dir = out.is_dir() or out.suffix.lower() not in _io.FORMATS
+    to_dir = out.is_dir() or out.suffix.lower() not in _formats.FORMATS
     if not to_dir:
         parent = out.parent if str(out.parent) else Path(".")
         if not parent.is_dir():
@@ -891,7 +896,7 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                     if to_dir:
                         _finish_part(kept, out, i, man, _fail_after, written)
                     else:
-                        _io.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
+                        _formats.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
                     del kept
                     _drop_bucket(spill_dir, i)
                     bar.advance(n)
@@ -950,7 +955,7 @@ def remove_stale_spills(directory: Path, name: str) -> int:
 
 def _run_all(one: Callable[[int], None], todo: list[int], workers: int) -> None:
     """``one(i)`` for every part, ``workers`` at a time (threads: the core, polars and Arrow release the GIL)."""
-    from mrt_fast.selection.select import SmallPoolWarning
+    from mrt_fast.errors import SmallPoolWarning
 
     # the warnings filter is process-wide: set once here, not per thread (catch_warnings is not thread-safe)
     with warnings.catch_warnings():
@@ -970,14 +975,14 @@ def _run_all(one: Callable[[int], None], todo: list[int], workers: int) -> None:
                 one(i)
 
 
-def _count_rows(ds: _io.Dataset, known: int | None) -> int:
+def _count_rows(ds: _sources.Dataset, known: int | None) -> int:
     if known is not None:
         return known
     try:
         return int(ds.scan().select(pl.len()).collect().item())
     except Exception as e:  # noqa: BLE001
         ds.find_unreadable()
-        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+        raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
 
 
 _manifest_lock = threading.Lock()
@@ -1000,17 +1005,17 @@ class _SimulatedKill(RuntimeError):
     """Raised by the test hook ``_fail_after`` (a job killed after N parts)."""
 
 
-def _read_all(ds: _io.Dataset, embedding: str | None = None) -> pl.DataFrame:
+def _read_all(ds: _sources.Dataset, embedding: str | None = None) -> pl.DataFrame:
     try:
         return ds.read(contiguous=embedding)
     except MrtInputError:
         raise
     except Exception as e:  # noqa: BLE001
         ds.find_unreadable()
-        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+        raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
 
 
-def _select_rows(df: pl.DataFrame, opts: Options, ds: _io.Dataset, offset: int = 0, **kw):
+def _select_rows(df: pl.DataFrame, opts: Options, ds: _sources.Dataset, offset: int = 0, **kw):
     """:func:`select_frame` on rows of ``ds`` (global rows ``__row``, else ``offset`` on);
     an error about one of them names its file and its row there."""
     from mrt_fast.datasets.row_origin import in_file
@@ -1024,7 +1029,7 @@ def _select_rows(df: pl.DataFrame, opts: Options, ds: _io.Dataset, offset: int =
         raise in_file(e, ds, row) from None
 
 
-def _check_nulls(df: pl.DataFrame, by: str, ds: _io.Dataset) -> None:
+def _check_nulls(df: pl.DataFrame, by: str, ds: _sources.Dataset) -> None:
     n = df[by].null_count()
     if n:
         row = int(df[by].is_null().arg_true()[0])
@@ -1033,7 +1038,7 @@ def _check_nulls(df: pl.DataFrame, by: str, ds: _io.Dataset) -> None:
                             "give every row a prompt id", column=by, row=r0)
 
 
-def _empty_output(ds: _io.Dataset, opts: Options, to_dir: bool) -> pl.DataFrame:
+def _empty_output(ds: _sources.Dataset, opts: Options, to_dir: bool) -> pl.DataFrame:
     """The kept rows of an empty bucket: no rows, the output's columns."""
     df = ds.scan().head(0).collect()
     cols = {c: t for c, t in df.schema.items()}
@@ -1050,12 +1055,12 @@ def _empty_output(ds: _io.Dataset, opts: Options, to_dir: bool) -> pl.DataFrame:
 
 
 def _write_file(df: pl.DataFrame, out: Path) -> None:
-    with _io.AtomicWriter(out) as wr:
+    with _formats.AtomicWriter(out) as wr:
         wr.write(df)
         wr.commit()
 
 
-def _refuse_repeated_prompt(ds: _io.Dataset, lf: pl.LazyFrame, by: str) -> None:
+def _refuse_repeated_prompt(ds: _sources.Dataset, lf: pl.LazyFrame, by: str) -> None:
     """Grouped layout: name the first prompt id on more than one row, and two of its rows."""
     dup = (lf.select(pl.col(by)).with_row_index("__i").filter(pl.col(by).is_duplicated())
            .filter(pl.col(by) == pl.col(by).first()).head(2).collect())
@@ -1080,7 +1085,7 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
                                  pl.col(opts.by).n_unique().alias("ids")).collect().row(0)
     except Exception as e:  # noqa: BLE001
         ds.find_unreadable()
-        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+        raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
     if nulls:
         ids = lf.select(pl.col(opts.by).is_null().arg_true().first()).collect().item()
         f, r0 = ds.locate(int(ids))
@@ -1121,7 +1126,7 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
             df = lf.slice(i * per, per).collect()
         except Exception as e:  # noqa: BLE001
             ds.find_unreadable()
-            raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+            raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
         kept, r = _select_rows(df, opts, ds, offset=i * per, layout="grouped", list_columns=lists)
         tot.add(r)
         if to_dir:

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mrt_fast.errors import MrtInputError
-from mrt_fast.datasets.io import clean_stale_temps, temp_name
+from mrt_fast._util.files import clean_stale_temps, temp_name
 
 LOCK_NAME = "_mrt.lock"
 

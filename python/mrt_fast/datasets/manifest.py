@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mrt_fast.errors import MrtInputError
-from mrt_fast.datasets.io import atomic_write_bytes, remove_stale_temps
+from mrt_fast._util.files import atomic_write_bytes, remove_stale_temps
 from mrt_fast.datasets.lock import LOCK_NAME
 
 MANIFEST = "_manifest.json"

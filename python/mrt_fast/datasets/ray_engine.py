@@ -275,7 +275,8 @@ def _maybe_fail(marker: str | None) -> None:
 
 
 def _select_frame(df: pl.DataFrame, k: int, method: str, opts: dict) -> pl.DataFrame:
-    from mrt_fast.selection.select import SmallPoolWarning, select as local_select
+    from mrt_fast.selection.select import select as local_select
+    from mrt_fast.errors import SmallPoolWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallPoolWarning)
@@ -475,12 +476,12 @@ class _Fold:
         self.__name__ = "fold_variance"
 
     def __call__(self, t: pa.Table) -> pa.Table:
-        from mrt_fast.variance.law import VarianceAccumulator, _loss_column
+        from mrt_fast.variance.law import VarianceAccumulator, loss_column
 
         df = _to_polars(t.select([self.by, self.loss]))
         if self.grouped:
             df = explode(df, self.by, [self.loss])
-        x = _loss_column(df, self.loss)
+        x = loss_column(df, self.loss)
         acc = VarianceAccumulator().update(df[self.by], x)
         lo = float(x.min()) if len(x) else np.inf
         hi = float(x.max()) if len(x) else -np.inf
@@ -531,12 +532,11 @@ def variance_budget(ds: Any, *, by: str = "prompt_id", loss: str = "loss", layou
 
 def read(source: Any, columns: list[str] | None = None):
     """A Ray Dataset over the files of a source (a file, a directory of
-    Parquet/JSONL files or a glob, found as `mrt_fast.datasets.io.discover` finds
+    Parquet/JSONL files or a glob, found as `mrt_fast.datasets.sources.discover` finds
     them), rows in the same order: files sorted by path, then row order."""
     ray = _ray()
-    from mrt_fast.datasets import io as _io
-
-    src = source if isinstance(source, _io.Dataset) else _io.discover(source)
+    from mrt_fast.datasets import sources as _sources
+    src = source if isinstance(source, _sources.Dataset) else _sources.discover(source)
     files = [str(f) for f in src.files]
     if src.fmt == "parquet":
         return ray.data.read_parquet(files, columns=columns, shuffle=None)
@@ -700,11 +700,11 @@ class _ReadAndSplit(_SplitToFiles):
         self.__name__ = "read_and_split"
 
     def __call__(self, t: pa.Table) -> pa.Table:
-        from mrt_fast.datasets import io as _io
-
+        from mrt_fast._util import messages as _messages
+        from mrt_fast.datasets import sources as _sources
         d = t.to_pylist()[0]
         f = self.src.files[d["file"]]
-        one = _io.Dataset(str(f), [f], self.src.fmt, self.src.hive, self.src.root)
+        one = _sources.Dataset(str(f), [f], self.src.fmt, self.src.hive, self.src.root)
         try:
             lf = one.scan()
             if d["rows"] >= 0:
@@ -713,7 +713,7 @@ class _ReadAndSplit(_SplitToFiles):
         except MrtInputError:
             raise
         except Exception as e:  # noqa: BLE001 - name the file
-            raise MrtInputError(f"cannot read {str(f)!r}: {_io._one_line(e)}") from None
+            raise MrtInputError(f"cannot read {str(f)!r}: {_messages.one_line(e)}") from None
         if d["start"] >= 0:
             row = np.arange(d["start"], d["start"] + df.height, dtype=np.int64)
         else:  # text formats: the file index in the high bits keeps the order
@@ -816,27 +816,30 @@ def select_dataset(
     `mrt_fast.datasets.local.BatchReport`."""
     import time
 
-    from mrt_fast.datasets import io as _io
+
+    from mrt_fast.datasets import formats as _formats
+
+    from mrt_fast.datasets import sources as _sources
     from mrt_fast.datasets.local import FIRST, BatchReport, Options, _empty_output, _write_file, peak_rss
     from mrt_fast.datasets.lock import output_lock
     from mrt_fast.datasets.manifest import Manifest, discard_unfinished, part_check, part_path, prepare_output
-    from mrt_fast.selection.select import _check_common
+    from mrt_fast.selection.options import check_common
 
     t0 = time.perf_counter()
     opts = Options(k=k, method=method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
                    kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, candidate_columns=candidate_columns)
-    _check_common(0.0 if opts.method == "diverse" else alpha, 1e-6, opts.k if isinstance(opts.k, int) else 1, k_max,
+    check_common(0.0 if opts.method == "diverse" else alpha, 1e-6, opts.k if isinstance(opts.k, int) else 1, k_max,
                   kernel)
     fault = fault_once if fault_once is not None else os.environ.get(FAULT_ENV) or None
     out = Path(output)
-    src = _io.discover(source)
-    if _io.output_inside_input(out, src):
+    src = _sources.discover(source)
+    if _sources.output_inside_input(out, src):
         raise MrtInputError(f"output {str(out)!r} is the input or inside it; write it elsewhere")
-    names = list(_io.file_schema(src.files[0], src.fmt).names()) + _io.hive_columns(src)
+    names = list(_formats.file_schema(src.files[0], src.fmt).names()) + _sources.hive_columns(src)
     schema = src.check_columns(opts.needed(names))
     lay = opts.resolve_layout(schema)
     lists = opts.list_columns(schema) if lay == "grouped" else None
-    to_dir = out.is_dir() or out.suffix.lower() not in _io.FORMATS
+    to_dir = out.is_dir() or out.suffix.lower() not in _formats.FORMATS
     if not to_dir:
         parent = out.parent if str(out.parent) else Path(".")
         if not parent.is_dir():
@@ -996,9 +999,8 @@ def variance_budget_dataset(source: Any, *, by: str = "prompt_id", loss: str = "
                             **options: Any):
     """`mrt_fast.variance_budget` over the files of a source on Ray: each block
     of the two columns folds into an accumulator, the driver merges them."""
-    from mrt_fast.datasets import io as _io
-
-    src = _io.discover(source)
+    from mrt_fast.datasets import sources as _sources
+    src = _sources.discover(source)
     schema = src.check_columns([(by, "prompt id"), (loss, "loss")])
     if not schema[loss].is_numeric():
         raise MrtInputError(f"column {loss!r} (loss) must be numeric, got {schema[loss]}", column=loss)

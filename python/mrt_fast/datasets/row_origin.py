@@ -4,7 +4,7 @@ Selection reads a dataset as frames of rows (the whole dataset, a bucket of
 pools, a part of consecutive prompts), and an error about one of their rows
 names its index in that frame, which means nothing to the user. Here such an
 error is restated with the file the row came from and its row in that file
-(:meth:`mrt_fast.datasets.io.Dataset.locate`); only when an error is raised, so the
+(:meth:`mrt_fast.datasets.sources.Dataset.locate`); only when an error is raised, so the
 reads themselves carry nothing extra.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from mrt_fast.errors import MrtInputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mrt_fast.datasets.io import Dataset
+    from mrt_fast.datasets.sources import Dataset
 
 #: "pool 3 (prompt_id=15)": the index of a pool within a frame, and its id
 _POOL_INDEX = re.compile(r"\bpool \d+ \(([^()]*)\)")

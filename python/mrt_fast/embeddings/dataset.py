@@ -1,6 +1,6 @@
 """Embedding a dataset: a file, directory or glob in; a file or a resumable dataset directory out.
 
-The input is found by :func:`mrt_fast.datasets.io.discover` (one file, a directory of
+The input is found by :func:`mrt_fast.datasets.sources.discover` (one file, a directory of
 Parquet/JSONL files with hive partitions, or a glob). Its rows, in file order,
 are cut into parts of ``rows_per_part``; each part is read, embedded
 (:func:`mrt_fast.embeddings.embed.embed`) and written as ``part-NNNNN.parquet`` under a
@@ -23,7 +23,11 @@ from typing import Any, Callable
 
 import polars as pl
 
-from mrt_fast.datasets import io as _io
+from mrt_fast._util import messages as _messages
+
+from mrt_fast.datasets import formats as _formats
+
+from mrt_fast.datasets import sources as _sources
 from mrt_fast.errors import MrtInputError
 from mrt_fast.datasets.lock import output_lock
 from mrt_fast.datasets.manifest import Manifest, discard_unfinished, part_check, part_path, prepare_output
@@ -57,7 +61,7 @@ class _Killed(RuntimeError):
     """Raised by the test hook ``_fail_after`` (a job stopped after N parts)."""
 
 
-def _count(ds: _io.Dataset) -> int:
+def _count(ds: _sources.Dataset) -> int:
     counts = ds.row_counts()
     if counts is not None:
         return sum(counts)
@@ -65,7 +69,7 @@ def _count(ds: _io.Dataset) -> int:
         return int(ds.scan().select(pl.len()).collect().item())
     except Exception as e:  # noqa: BLE001
         ds.find_unreadable()
-        raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+        raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
 
 
 def embed_dataset(
@@ -99,17 +103,17 @@ def embed_dataset(
     if not isinstance(rows_per_part, int) or rows_per_part < 1:
         raise MrtInputError(f"rows_per_part must be an integer >= 1, got {rows_per_part!r}")
     out = Path(output)
-    ds = _io.discover(source)
-    if _io.output_inside_input(out, ds):
+    ds = _sources.discover(source)
+    if _sources.output_inside_input(out, ds):
         raise MrtInputError(f"output {str(out)!r} is the input or inside it; write it elsewhere")
     schema = ds.check_columns([(text, "text to embed")])
     names = list(schema.names())
     if schema[text] not in (pl.String, pl.Utf8):
         raise MrtInputError(f"column {text!r} (text to embed) must hold strings, got {schema[text]}", column=text)
     check_output_column(names, column, text, overwrite_column)
-    to_dir = out.is_dir() or out.suffix.lower() not in _io.FORMATS
+    to_dir = out.is_dir() or out.suffix.lower() not in _formats.FORMATS
     if not to_dir:
-        _io.fmt_of(out, "output")
+        _formats.fmt_of(out, "output")
         parent = out.parent if str(out.parent) else Path(".")
         if not parent.is_dir():
             raise MrtInputError(f"output directory {str(parent)!r} does not exist")
@@ -143,7 +147,7 @@ def embed_dataset(
                 df = lf.slice(start, rows).collect()
             except Exception as e:  # noqa: BLE001
                 ds.find_unreadable()
-                raise MrtInputError(f"cannot read {ds.source!r}: {_io._one_line(e)}") from None
+                raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
             st: dict = {}
             try:
                 df = embed(df, stats=st, **kw)
@@ -160,7 +164,7 @@ def embed_dataset(
         if not to_dir:
             if on_total is not None:
                 on_total(n, 0)
-            with _io.AtomicWriter(out) as w:
+            with _formats.AtomicWriter(out) as w:
                 for i in range(n_parts):
                     df = part(i, rows_per_part)
                     w.write(df)
@@ -182,7 +186,7 @@ def embed_dataset(
         try:
             for i in todo:
                 df = part(i, rows_per_part)
-                _io.write_parquet_atomic(df, part_path(out, i))
+                _formats.write_parquet_atomic(df, part_path(out, i))
                 man.record(i, df.height, part_check(part_path(out, i)))
                 man.write(out)
                 rep.parts_done_now += 1
@@ -209,7 +213,7 @@ def read_dataset(path: str | os.PathLike) -> pl.DataFrame:
         if m is None or not m.done:
             raise MrtInputError(f"{str(p)!r} is not a finished dataset (its job has not completed)")
         return pl.read_parquet([str(part_path(p, i)) for i in range(m.n_parts)])
-    return _io.read_table(p)
+    return _formats.read_table(p)
 
 
 __all__: list[Any] = ["EmbedReport", "embed_dataset", "read_dataset"]

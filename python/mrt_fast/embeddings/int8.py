@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mrt_fast.errors import MrtInputError
+from mrt_fast.errors import MissingDependencyError, MrtInputError
 
 #: names that select the int8 tier of the bundled MiniLM
 INT8_ALIASES = frozenset({"int8", "minilm-int8"})
@@ -49,7 +49,7 @@ def _need_onnx():
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
-        raise MrtInputError("the int8 tier needs onnxruntime and onnx (pip install 'mrt_fast[int8]')") from None
+        raise MissingDependencyError("the int8 tier needs onnxruntime and onnx (pip install 'mrt_fast[int8]')") from None
     return onnxruntime
 
 
@@ -102,7 +102,7 @@ class Int8Model:
 
     def encode(self, texts: Sequence[str], batch_size: int = MAX_BATCH) -> np.ndarray:
         """Unit-norm float32 embeddings, shape (len(texts), dim); batches of at most :data:`MAX_BATCH`."""
-        from mrt_fast.embeddings.embed import padded_batch
+        from mrt_fast.embeddings.tiers import padded_batch
 
         batch_size = max(1, min(int(batch_size), MAX_BATCH))
         enc = [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=True)]
@@ -123,14 +123,14 @@ class Int8Model:
 
 def _source(model) -> tuple[Path, str, str]:
     """(source model directory, source weights sha256, readable name) of an int8 model name."""
-    from mrt_fast.embeddings.embed import tier_source
+    from mrt_fast.embeddings.tiers import tier_source
 
     return tier_source(model, INT8_ALIASES, INT8_PREFIX, "int8")
 
 
 def int8_path(model, cache_dir: str | os.PathLike | None = None) -> Path:
     """Where the quantized model of ``model`` is (or will be) stored."""
-    from mrt_fast.embeddings.embed import tier_path
+    from mrt_fast.embeddings.tiers import tier_path
 
     return tier_path(model, INT8_ALIASES, INT8_PREFIX, "int8", cache_dir, f"qint8-v{FORMAT_VERSION}.onnx")
 
@@ -160,7 +160,7 @@ def _meta_path(path: Path) -> Path:
 
 
 def _file_sha256(path: Path) -> str:
-    from mrt_fast.embeddings.embed import sha256_file
+    from mrt_fast.embeddings.tiers import sha256_file
 
     return sha256_file(path)
 
@@ -190,7 +190,7 @@ def build(src: Path, path: Path, *, source_sha256: str, source_name: str, progre
     import sys
     import warnings
 
-    from mrt_fast.datasets.io import atomic_path, write_text
+    from mrt_fast._util.files import atomic_path, write_text
 
     if progress:
         print(f"exporting {source_name} to ONNX and quantizing it to int8 (once)", file=sys.stderr)

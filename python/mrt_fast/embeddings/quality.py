@@ -44,7 +44,7 @@ _MODE = "__mrt_mode"
 
 def _kept_scores(df: pl.DataFrame, kept: pl.DataFrame, x_ref: np.ndarray, by: str) -> tuple[np.ndarray, np.ndarray]:
     """Per pool (coverage, diversity) under the reference embeddings ``x_ref``, pools in ``df``'s order."""
-    from mrt_fast.cli.demo import kept_metrics
+    from mrt_fast.selection.metrics import kept_metrics
 
     covs, divs = [], []
     rows = df.select(_ROW, by).group_by(by, maintain_order=True).agg(pl.col(_ROW))
@@ -81,7 +81,8 @@ def select_all(df: pl.DataFrame, x: np.ndarray, k: int, *, by: str = "prompt_id"
                methods: Sequence[str] = METHODS) -> dict[str, pl.DataFrame]:
     """Each selector's kept rows at K = k, choosing with embeddings ``x`` (rows of ``df``)."""
     from mrt_fast.selection.modes import pool_modes
-    from mrt_fast.selection.select import SmallPoolWarning, select
+    from mrt_fast.selection.select import select
+    from mrt_fast.errors import SmallPoolWarning
 
     t = df.with_columns(pl.Series(_EMB, x, dtype=pl.Array(pl.Float32, x.shape[1])))
     if "stratified" in methods:
@@ -209,10 +210,10 @@ def markdown(rows: Sequence[dict], reference: str = "MiniLM") -> str:
 def _scan(data: Any) -> tuple[pl.LazyFrame, str]:
     """A lazy frame over a table or a dataset path, and how to name it in errors."""
     if isinstance(data, (str, os.PathLike)):
-        from mrt_fast.datasets.io import discover
+        from mrt_fast.datasets.sources import discover
 
         return discover(data).scan(), repr(str(data))
-    from mrt_fast.datasets.io import as_polars
+    from mrt_fast.datasets.formats import as_polars
 
     return as_polars(data).lazy(), "the table"
 

@@ -44,7 +44,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mrt_fast.errors import MrtInputError
+from mrt_fast.errors import MissingDependencyError, MrtInputError
 
 #: names that select the static tier distilled from the bundled MiniLM
 STATIC_ALIASES = frozenset({"static", "static-minilm", "minilm-static"})
@@ -72,7 +72,7 @@ def is_static(model) -> bool:
 
 def _source(model) -> tuple[Path, str, str]:
     """(source model directory, source weights sha256, readable name) of a static model name."""
-    from mrt_fast.embeddings.embed import tier_source
+    from mrt_fast.embeddings.tiers import tier_source
 
     return tier_source(model, STATIC_ALIASES, STATIC_PREFIX, "static")
 
@@ -141,7 +141,7 @@ class StaticModel:
 
 def static_path(model, cache_dir: str | os.PathLike | None = None) -> Path:
     """Where the distilled model of ``model`` is (or will be) stored."""
-    from mrt_fast.embeddings.embed import tier_path
+    from mrt_fast.embeddings.tiers import tier_path
 
     return tier_path(model, STATIC_ALIASES, STATIC_PREFIX, "static", cache_dir,
                      f"pca{PCA_DIMS}-sif{SIF_COEFFICIENT:g}-tl{TRAIN_TEXTS}-v{FORMAT_VERSION}.npz")
@@ -188,7 +188,7 @@ def _read(path: Path) -> StaticModel | None:
 def _write(m: StaticModel, path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        from mrt_fast.datasets.io import atomic_path
+        from mrt_fast._util.files import atomic_path
 
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             extra = {"center": m.center} if m.center is not None else {}
@@ -237,7 +237,7 @@ def distill(src: str | os.PathLike, *, source_sha256: str, source_name: str, pca
         import torch
         from transformers import AutoModel
     except ImportError:
-        raise MrtInputError("distilling the static model needs torch and transformers (pip install 'mrt_fast[embed]')") \
+        raise MissingDependencyError("distilling the static model needs torch and transformers (pip install 'mrt_fast[embed]')") \
             from None
     from tqdm.auto import tqdm
 
@@ -307,7 +307,7 @@ def source_sentence_embeddings(net, dev, tok_json: str, texts: Sequence[str], *,
     from tokenizers import Tokenizer
     from tqdm.auto import tqdm
 
-    from mrt_fast.embeddings.embed import padded_batch
+    from mrt_fast.embeddings.tiers import padded_batch
 
     tok = Tokenizer.from_str(tok_json)
     limit = min(max_tokens, int(getattr(net.config, "max_position_embeddings", max_tokens)))

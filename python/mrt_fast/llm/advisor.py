@@ -22,7 +22,8 @@ from typing import Any
 import polars as pl
 
 from mrt_fast.errors import MrtInputError
-from mrt_fast.datasets.io import read_table, require_columns, write_table
+from mrt_fast.datasets.formats import read_table, write_table
+from mrt_fast.tables.arrays import require_columns
 
 #: keys of the `select` config section that belong to the advisor
 AUTO_KEYS = ("cost_prompt", "cost_response", "budget", "neighbours", "n_boot", "validation_prompts")
@@ -116,9 +117,9 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
 
 
 def _jsonable(d: dict) -> dict:
-    from mrt_fast.variance.law import _json_num
+    from mrt_fast.variance.law import json_num
 
-    return {k: ([_json_num(x) for x in v] if isinstance(v, list) and k != "notes" else _json_num(v))
+    return {k: ([json_num(x) for x in v] if isinstance(v, list) and k != "notes" else json_num(v))
             for k, v in d.items()}
 
 

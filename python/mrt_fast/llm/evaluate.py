@@ -24,14 +24,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from mrt_fast.llm.models import load_causal_lm, load_tokenizer, pick_device, unit_rows
-from mrt_fast.datasets.io import as_polars, require_columns
+from mrt_fast.datasets.formats import as_polars
+from mrt_fast.tables.arrays import require_columns
 from mrt_fast.errors import MrtInputError
 
 from mrt_fast.embeddings.embedders import Embedder, default_embedder, make_embedder, sentence_transformer_embedder  # noqa: F401
@@ -272,7 +272,7 @@ def evaluate(
             rows["reward"] = np.concatenate(rewards).tolist()
         if passed is not None:
             rows["passed"] = [b for p in passed for b in p]
-        from mrt_fast.datasets.io import write_table
+        from mrt_fast.datasets.formats import write_table
 
         write_table(pl.DataFrame(rows), samples_out)
     return res

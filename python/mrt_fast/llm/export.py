@@ -26,7 +26,8 @@ from typing import Any
 import polars as pl
 
 from mrt_fast.errors import MrtInputError
-from mrt_fast.datasets.io import as_polars, require_columns, write_table
+from mrt_fast.datasets.formats import as_polars, write_table
+from mrt_fast.tables.arrays import require_columns
 
 FORMATS = ("trl", "openrlhf")
 

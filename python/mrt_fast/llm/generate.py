@@ -24,17 +24,18 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from mrt_fast.llm.models import format_prompt, load_causal_lm, load_tokenizer, pick_device, prompt_ids, resolve_model_path, stable_seed
-from mrt_fast.datasets.io import as_polars, read_table, require_columns, write_table, write_text
-from mrt_fast.errors import MrtInputError
+from mrt_fast.datasets.formats import as_polars, write_table
+from mrt_fast.tables.arrays import require_columns
+from mrt_fast._util.files import write_text
+from mrt_fast.errors import MissingDependencyError, MrtInputError
 
 SCHEMA = {
     "prompt_id": pl.Utf8,
@@ -106,7 +107,7 @@ def _vllm_usable(cfg: GenerationConfig) -> bool:
 
         gpu = torch.cuda.is_available()
     if cfg.backend == "vllm" and not (has and gpu):
-        raise MrtInputError("backend='vllm' needs vllm installed (pip install 'mrt_fast[vllm]') and a CUDA GPU")
+        raise MissingDependencyError("backend='vllm' needs vllm installed (pip install 'mrt_fast[vllm]') and a CUDA GPU")
     return has and gpu
 
 

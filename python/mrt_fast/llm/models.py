@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 
-from mrt_fast.errors import MrtInputError
+from mrt_fast.errors import MissingDependencyError, MrtInputError
 
 PROMPT_FORMATS = ("auto", "chat", "plain")
 
@@ -50,7 +49,7 @@ def resolve_model_path(spec: str) -> str:
         pkg, _, rest = spec[len("pkg://") :].partition("/")
         found = importlib.util.find_spec(pkg)
         if found is None or not found.submodule_search_locations:
-            raise MrtInputError(f"model {spec!r}: package {pkg!r} is not installed")
+            raise MissingDependencyError(f"model {spec!r}: package {pkg!r} is not installed")
         p = Path(list(found.submodule_search_locations)[0]) / rest
         if not p.exists():
             raise MrtInputError(f"model {spec!r}: {rest!r} not found in package {pkg!r}")

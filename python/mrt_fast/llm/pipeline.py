@@ -33,7 +33,8 @@ import polars as pl
 
 from mrt_fast.llm.models import set_threads
 from mrt_fast.embeddings.embedders import make_embedder
-from mrt_fast.datasets.io import read_table, require_columns, write_table
+from mrt_fast.datasets.formats import read_table, write_table
+from mrt_fast.tables.arrays import require_columns
 from mrt_fast.errors import MrtInputError
 
 STAGES = ("generate", "embed", "score", "select", "train", "evaluate")
@@ -138,7 +139,8 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     from mrt_fast.llm.evaluate import EvalConfig, evaluate
     from mrt_fast.llm.generate import GenerationConfig, generate
     from mrt_fast.llm.reward import load_reward_fn, score, score_with
-    from mrt_fast.selection.select import METHODS, select
+    from mrt_fast.selection.select import select
+    from mrt_fast.selection.options import METHODS
     from mrt_fast.llm.train import TrainConfig, train
 
     if isinstance(config, (str, os.PathLike)):

@@ -11,7 +11,8 @@ import numpy as np
 import polars as pl
 
 from mrt_fast.llm.models import load_tokenizer, pick_device, resolve_dtype, resolve_model_path
-from mrt_fast.datasets.io import as_polars, require_columns
+from mrt_fast.datasets.formats import as_polars
+from mrt_fast.tables.arrays import require_columns
 from mrt_fast.errors import MrtInputError
 
 

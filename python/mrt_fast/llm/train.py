@@ -46,7 +46,8 @@ import polars as pl
 
 from mrt_fast.llm.models import load_causal_lm, load_tokenizer, pick_device
 from mrt_fast.llm.loss import build_example, collate, sequence_losses  # noqa: F401  (the one definition of l_ij)
-from mrt_fast.datasets.io import as_polars, require_columns
+from mrt_fast.datasets.formats import as_polars
+from mrt_fast.tables.arrays import require_columns
 from mrt_fast.errors import MrtInputError
 
 PAPER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"]

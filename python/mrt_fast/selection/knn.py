@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mrt_fast.errors import MrtInputError
+from mrt_fast.errors import MissingDependencyError, MrtInputError
 
 INDEXES = ("flat", "ivf", "hnsw")
 KERNELS = ("shift", "clip")
@@ -30,7 +30,7 @@ def faiss_module():
     try:
         import faiss
     except ImportError:
-        raise MrtInputError("this needs faiss (pip install 'mrt_fast[embed]')") from None
+        raise MissingDependencyError("this needs faiss (pip install 'mrt_fast[embed]')") from None
     return faiss
 
 
@@ -248,7 +248,7 @@ def facility_location_corpus(
     runs the core's sparse (quality-weighted) facility location on it: memory
     O(n * n_neighbors), never n x n.
     """
-    from mrt_fast.selection.select import facility_location
+    from mrt_fast.selection.facility import facility_location
 
     g = knn_graph(x, n_neighbors, **knn)
     res = facility_location(similarity=g.csr, k=k, rewards=rewards, alpha=alpha, eps=eps, k_max=k_max,

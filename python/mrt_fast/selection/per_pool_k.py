@@ -52,7 +52,8 @@ def select_k_column(select: Callable, table: Any, k_col: str, method: str, *, by
     """`select(table, K, method, ...)` with each pool's K from column `k_col`;
     `select` is the one-K selection (it takes ``added_columns``)."""
     from mrt_fast.selection.candidate_keys import checked_key
-    from mrt_fast.selection.select import SelectionReport, SmallPoolWarning
+    from mrt_fast.selection.report import SelectionReport
+    from mrt_fast.errors import SmallPoolWarning
 
     kind = table_kind(table)
     cols = columns_of(table, kind)
@@ -111,7 +112,7 @@ def select_k_column(select: Callable, table: Any, k_col: str, method: str, *, by
 
 
 def _rewarn(caught) -> None:
-    from mrt_fast.selection.select import SmallPoolWarning
+    from mrt_fast.errors import SmallPoolWarning
 
     small = [w for w in caught if issubclass(w.category, SmallPoolWarning)]
     for w in caught:

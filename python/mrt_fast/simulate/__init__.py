@@ -91,7 +91,7 @@ def run(quick: bool = False, out: str | Path | None = None, seed: int = 0, threa
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         res["figures"] = [p.name for p in plot_all(res, out)]
-        from mrt_fast.datasets.io import write_text
+        from mrt_fast._util.files import write_text
 
         write_text(out / "results.json", json.dumps(res, indent=1, default=float))
     return res

@@ -20,7 +20,7 @@ import torch
 from torch.func import grad, jacrev, vmap
 
 from mrt_fast import select as _select
-from mrt_fast.selection.select import SmallPoolWarning
+from mrt_fast.errors import SmallPoolWarning
 from mrt_fast.simulate import _data as D
 from mrt_fast.simulate import _mdn as M
 

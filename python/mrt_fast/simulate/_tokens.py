@@ -22,7 +22,7 @@ import polars as pl
 import torch
 
 from mrt_fast import select as _select
-from mrt_fast.selection.select import SmallPoolWarning
+from mrt_fast.errors import SmallPoolWarning
 
 VOCAB = 64
 PROMPT_LEN = 4

@@ -104,7 +104,7 @@ def plot_all(res: dict, out: Path) -> list[Path]:
     paths = []
 
     def save(fig, name):
-        from mrt_fast.datasets.io import atomic_path
+        from mrt_fast._util.files import atomic_path
 
         p = out / name
         fig.tight_layout()

@@ -62,7 +62,7 @@ def to_polars(table: Any, kind: str, cols: list[str]) -> pl.DataFrame:
     import pandas as pd  # noqa: F401  (pandas input implies pandas is installed)
 
     at = {name: i for i, name in enumerate(names)}
-    return pl.DataFrame({c: _pandas_column(table.iloc[:, at[c]], c) for c in cols})
+    return pl.DataFrame({c: pandas_column(table.iloc[:, at[c]], c) for c in cols})
 
 
 def _narrow_decimals(t: pa.DataType) -> pa.DataType:
@@ -103,7 +103,7 @@ def readable_by_polars(table: pa.Table) -> pa.Table:
     return table
 
 
-def _pandas_column(col: Any, name: str) -> pl.Series:
+def pandas_column(col: Any, name: str) -> pl.Series:
     """One pandas column as a polars Series; a column polars cannot hold (mixed
     value types, arrays of different ranks) is an `MrtInputError` naming it."""
     if getattr(col.dtype, "kind", "") == "c":
@@ -326,3 +326,24 @@ def take(table: Any, kind: str, idx: np.ndarray, extra: dict[str, np.ndarray]) -
     for k, v in extra.items():
         out[k] = v
     return out
+
+
+def require_columns(df: pl.DataFrame, cols: list[str], what: str) -> None:
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise MrtInputError(f"{what}: column(s) {missing} not found; the table has columns {df.columns}",
+                            column=missing[0])
+
+
+def as_frame(table: Any) -> pl.DataFrame:
+    """A table in memory (polars, pyarrow, pandas, or a list of dicts) as a polars DataFrame."""
+    if isinstance(table, pl.DataFrame):
+        return table
+    if isinstance(table, list):
+        return pl.DataFrame(table)
+    if type(table).__module__.startswith("pyarrow"):
+        return pl.from_arrow(table)  # type: ignore[return-value]
+    if type(table).__module__.startswith("pandas"):
+        return pl.from_pandas(table)
+    raise MrtInputError(f"expected a table (polars, pyarrow, pandas or a list of dicts), got {type(table).__name__}")
+

@@ -243,9 +243,9 @@ def allocate_k(
             ps = pl.DataFrame({"prompt_id": list(pool_sizes), "pool_size": list(pool_sizes.values())},
                               schema_overrides={"prompt_id": ids.dtype})
         else:
-            from mrt_fast.datasets.io import as_polars, require_columns
+            from mrt_fast.tables.arrays import as_frame, require_columns
 
-            ps = as_polars(pool_sizes)
+            ps = as_frame(pool_sizes)
             require_columns(ps, ["prompt_id", "pool_size"], "pool_sizes")
             ps = ps.select(pl.col("prompt_id").cast(ids.dtype), "pool_size")
         j = stats.select("prompt_id").join(ps, on="prompt_id", how="left", maintain_order="left")

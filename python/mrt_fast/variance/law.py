@@ -30,7 +30,7 @@ import polars as pl
 
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
-from mrt_fast.tables.arrays import _pandas_column, columns_of, pool_keys, require, table_kind, to_polars
+from mrt_fast.tables.arrays import pandas_column, columns_of, pool_keys, require, table_kind, to_polars
 from mrt_fast.tables.key_values import refuse_nan
 from mrt_fast.variance.intervals import INTERVALS, _t_quantile, bootstrap_intervals, expanded_tail  # noqa: F401
 
@@ -91,7 +91,7 @@ def _id_series(ids: Any, name: str = "prompt ids") -> pl.Series:
     else:
         mod = type(ids).__module__
         if mod.startswith("pyarrow") or mod.startswith("pandas"):
-            s = pl.Series("id", ids) if mod.startswith("pyarrow") else _pandas_column(ids, "id")
+            s = pl.Series("id", ids) if mod.startswith("pyarrow") else pandas_column(ids, "id")
         else:
             arr = np.asarray(ids)
             if arr.ndim != 1:
@@ -177,7 +177,7 @@ class VarianceAccumulator:
     def update_table(self, table: Any, *, by: str = "prompt_id", loss: str = "loss") -> "VarianceAccumulator":
         """Add the rows of a polars/Arrow/pandas table."""
         df = _frame(table, by, loss)
-        return self.update(df[by], _loss_column(df, loss))
+        return self.update(df[by], loss_column(df, loss))
 
     def merge(self, other: "VarianceAccumulator") -> "VarianceAccumulator":
         """Fold `other` into this accumulator (exact Chan merge); returns self.
@@ -388,7 +388,7 @@ def _bootstrap(core_acc, p, gbar, *, n_boot, seed, cp, cr, k_max, level, method=
 # --------------------------------------------------------------------------- report
 
 
-def _json_num(v: Any) -> Any:
+def json_num(v: Any) -> Any:
     """JSON-safe number: +/-inf -> "inf"/"-inf" strings, nan -> None."""
     if isinstance(v, (bool, np.bool_)):
         return bool(v)
@@ -449,13 +449,13 @@ class VarianceReport:
             if k.startswith("_"):
                 continue
             if k == "predicted":
-                d[k] = [{c: _json_num(x) for c, x in row.items()} for row in v.iter_rows(named=True)]
+                d[k] = [{c: json_num(x) for c, x in row.items()} for row in v.iter_rows(named=True)]
             elif k == "ci":
-                d[k] = {n: [_json_num(a), _json_num(b)] for n, (a, b) in v.items()}
+                d[k] = {n: [json_num(a), json_num(b)] for n, (a, b) in v.items()}
             elif k == "notes":
                 d[k] = list(v)
             else:
-                d[k] = _json_num(v)
+                d[k] = json_num(v)
         return d
 
     def __repr__(self) -> str:
@@ -547,7 +547,7 @@ class VarianceReport:
             ax.legend(fontsize=8)
         fig.tight_layout()
         if path is not None:
-            from mrt_fast.datasets.io import atomic_path
+            from mrt_fast._util.files import atomic_path
 
             fmt = Path(path).suffix.lower().lstrip(".") or "png"
             if fmt not in PLOT_FORMATS:
@@ -572,7 +572,7 @@ def _frame(table: Any, by: str, loss: str) -> pl.DataFrame:
     return to_polars(table, kind, [by, loss])
 
 
-def _loss_column(df: pl.DataFrame, loss: str) -> np.ndarray:
+def loss_column(df: pl.DataFrame, loss: str) -> np.ndarray:
     s = df[loss]
     if not s.dtype.is_numeric():
         raise MrtInputError(f"column {loss!r} (loss) must be numeric, got {s.dtype}")
@@ -774,7 +774,7 @@ def variance_budget(
     normal approximation. Measured coverage: docs/interval_coverage.md.
     """
     df = _frame(table, by, loss)
-    x = _loss_column(df, loss)
+    x = loss_column(df, loss)
     acc = VarianceAccumulator().update(df[by], x)
     notes_extra = []
     if loss_bound is None and len(x):
@@ -832,14 +832,14 @@ class RedundancyReport:
         return {
             "n_prompts": self.n_prompts,
             "n_clusters": self.n_clusters,
-            "k_eff": _json_num(self.k_eff),
+            "k_eff": json_num(self.k_eff),
             "method": self.method,
             "threshold": self.threshold,
             "largest_cluster": int(self.cluster_sizes.max()) if len(self.cluster_sizes) else 0,
-            "v_x_star": _json_num(self.v_x_star),
-            "v_y_given_x_star": _json_num(self.v_y_given_x_star),
-            "implied_variance": _json_num(self.implied_variance),
-            "naive_variance": _json_num(self.naive_variance),
+            "v_x_star": json_num(self.v_x_star),
+            "v_y_given_x_star": json_num(self.v_y_given_x_star),
+            "implied_variance": json_num(self.implied_variance),
+            "naive_variance": json_num(self.naive_variance),
             "notes": list(self.notes),
         }
 

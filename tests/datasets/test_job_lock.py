@@ -200,7 +200,7 @@ def test_a_lock_of_another_host_is_refused_with_what_to_do(tmp_path):
 def test_the_lock_is_invisible_to_readers_and_released_on_errors(tmp_path):
     import pyarrow.dataset as pads
 
-    from mrt_fast.datasets.io import discover
+    from mrt_fast.datasets.sources import discover
 
     make_input(tmp_path / "in", n_pools=30)
     out = tmp_path / "out"

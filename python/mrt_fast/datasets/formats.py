@@ -1,0 +1,218 @@
+"""Every table read and write of mrt_fast: Parquet, JSONL and CSV with polars.
+
+Reads are lazy scans (only the needed columns, only the needed rows); writes
+go through :mod:`mrt_fast._util.files`, so a failed run never leaves a
+half-written file. CSV cannot hold lists: embedding columns are written as
+JSON text and read back from it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+import polars as pl
+from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.arrays import as_frame
+from mrt_fast._util.messages import one_line
+from mrt_fast._util.files import atomic_path, new_temp
+
+
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+
+
+def fmt_of(path: Path, role: str) -> str:
+    f = FORMATS.get(path.suffix.lower())
+    if f is None:
+        raise MrtInputError(
+            f"{role} file {str(path)!r}: unsupported format {path.suffix!r} (use .parquet, .jsonl/.ndjson or .csv)"
+        )
+    return f
+
+
+def scan(path: Path) -> pl.LazyFrame:
+    """A lazy scan of an input table; fails with a one-line error if unreadable."""
+    path = Path(path)
+    f = fmt_of(path, "input")
+    if not path.exists():
+        raise MrtInputError(f"input file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise MrtInputError(f"input {str(path)!r} is not a file")
+    if not os.access(path, os.R_OK):
+        raise MrtInputError(f"input file {str(path)!r} is not readable (permission denied)")
+    try:
+        if f == "parquet":
+            lf = pl.scan_parquet(path)
+        elif f == "jsonl":
+            lf = pl.scan_ndjson(path, infer_schema_length=None)
+        else:
+            lf = pl.scan_csv(path)
+        lf.collect_schema()
+    except Exception as e:  # noqa: BLE001 - polars raises several kinds for a bad file
+        raise MrtInputError(f"cannot read {str(path)!r} as {f}: {one_line(e)}") from None
+    return lf
+
+
+def collect(lf: pl.LazyFrame, path: Path) -> pl.DataFrame:
+    try:
+        return lf.collect()
+    except Exception as e:  # noqa: BLE001
+        raise MrtInputError(f"cannot read {str(path)!r}: {one_line(e)}") from None
+
+
+def decode_embedding(df: pl.DataFrame, name: str) -> pl.DataFrame:
+    """An embedding column stored as JSON text (CSV) becomes a list of floats."""
+    if name in df.columns and df[name].dtype in (pl.Utf8, pl.String):
+        try:
+            return df.with_columns(pl.col(name).str.json_decode(pl.List(pl.Float32)))
+        except Exception as e:  # noqa: BLE001
+            raise MrtInputError(f"column {name!r} holds text that is not a JSON list of numbers: {one_line(e)}") from None
+    return df
+
+
+def csv_safe(df: pl.DataFrame) -> pl.DataFrame:
+    nested = [c for c, t in df.schema.items() if isinstance(t, (pl.List, pl.Array, pl.Struct))]
+    if not nested:
+        return df
+    return df.with_columns(
+        pl.Series(c, [None if v is None else json.dumps(v if not hasattr(v, "tolist") else v.tolist())
+                      for v in df[c].to_list()], dtype=pl.Utf8)
+        for c in nested
+    )
+
+
+def check_output(path: str | os.PathLike, role: str = "output", *, table: bool = True) -> Path:
+    """Fail now, before any work, if ``path`` cannot be written.
+
+    Checks the format (for tables), that the directory exists and that a file
+    can be created there (by creating and removing a temp file), and that
+    ``path`` itself is not a directory.
+    """
+    path = Path(path)
+    if table:
+        fmt_of(path, role)
+    if path.is_dir():
+        raise MrtInputError(f"{role} {str(path)!r} is a directory")
+    if path.exists() and not path.is_file():  # a device or a FIFO: the rename would replace it
+        raise MrtInputError(f"{role} {str(path)!r} is not a regular file")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise MrtInputError(f"{role} directory {str(parent)!r} does not exist")
+    new_temp(path).unlink()
+    return path
+
+
+class AtomicWriter:
+    """Append polars frames to a temp file; `commit` renames it onto `path`."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.fmt = fmt_of(self.path, "output")
+        self.tmp = new_temp(self.path)
+        self._pq = None
+        self._fh = None
+        self.rows = 0
+        self._first = True
+
+    def write(self, df: pl.DataFrame) -> None:
+        if self.fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            t = df.to_arrow()
+            if self._pq is None:
+                self._pq = pq.ParquetWriter(self.tmp, t.schema)
+            self._pq.write_table(t.cast(self._pq.schema) if t.schema != self._pq.schema else t)
+        else:
+            if self._fh is None:
+                self._fh = open(self.tmp, "wb")
+            if self.fmt == "jsonl":
+                df.write_ndjson(self._fh)
+            else:
+                csv_safe(df).write_csv(self._fh, include_header=self._first)
+        self._first = False
+        self.rows += df.height
+
+    def _close(self) -> None:
+        if self._pq is not None:
+            self._pq.close()
+            self._pq = None
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def commit(self, empty_schema: pl.DataFrame | None = None) -> None:
+        if self._first and empty_schema is not None:
+            self.write(empty_schema.clear())
+        self._close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self._close()
+        try:
+            self.tmp.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, ev, tb):
+        if et is not None or self.tmp.exists():
+            self.abort()
+        return False
+
+
+def read_table(path: str | os.PathLike) -> pl.DataFrame:
+    """Read a .parquet / .jsonl / .csv file into polars (one-line error if unreadable)."""
+    path = Path(path)
+    return decode_embedding_columns(collect(scan(path), path))
+
+
+def decode_embedding_columns(df: pl.DataFrame) -> pl.DataFrame:
+    """Columns named like an embedding that hold JSON text (CSV) become lists of floats."""
+    for c in df.columns:
+        if c == "embedding" or c.endswith("_embedding"):
+            df = decode_embedding(df, c)
+    return df
+
+
+def write_table(df: pl.DataFrame, path: str | os.PathLike) -> Path:
+    """Write atomically (temp file + rename) as .parquet / .jsonl / .csv, creating the directory."""
+    path = Path(path)
+    fmt_of(path, "output")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with AtomicWriter(path) as w:
+        w.write(df)
+        w.commit()
+    return path
+
+
+def as_polars(table: Any) -> pl.DataFrame:
+    """A table in memory or a path to one -> polars DataFrame."""
+    if isinstance(table, (str, os.PathLike)):
+        return read_table(table)
+    return as_frame(table)
+
+
+def file_schema(f: Path, fmt: str) -> pl.Schema:
+    """One file's schema, read from its footer/first lines; a one-line error naming it if unreadable."""
+    if not os.access(f, os.R_OK):
+        raise MrtInputError(f"input file {str(f)!r} is not readable (permission denied)")
+    try:
+        if fmt == "parquet":
+            return pl.Schema(pl.read_parquet_schema(f))
+        if fmt == "jsonl":
+            if f.stat().st_size == 0:
+                raise MrtInputError(f"input file {str(f)!r} is empty")
+            return pl.scan_ndjson(f, infer_schema_length=None).collect_schema()
+        return pl.scan_csv(f).collect_schema()
+    except MrtInputError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise MrtInputError(f"cannot read {str(f)!r} as {fmt}: {one_line(e)}") from None
+
+
+def write_parquet_atomic(df: pl.DataFrame, path: Path) -> None:
+    """Write a Parquet file under a temp name beside ``path``, renamed into place when complete."""
+    with atomic_path(path, clean=False) as tmp:
+        df.write_parquet(tmp)

@@ -1,0 +1,335 @@
+"""Where a dataset's rows come from: one file, a directory (hive partitions too) or a glob.
+
+:func:`discover` finds the files and checks them once (formats, broken links,
+hive keys, schemas); a :class:`Dataset` scans or reads them as one table and
+knows the file and row of any row it reads.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import polars as pl
+
+from mrt_fast.errors import MrtInputError
+from mrt_fast._util.messages import one_line
+from mrt_fast.datasets.formats import FORMATS, file_schema, fmt_of
+
+
+# --------------------------------------------------------------------------- datasets
+
+DATASET_FORMATS = ("parquet", "jsonl")
+_GLOB_CHARS = set("*?[")
+#: how a Parquet file's column is read when another file holds it wider
+_WIDEN = pl.ScanCastOptions(integer_cast=["upcast", "allow-float"], float_cast="upcast")
+
+
+class Dataset:
+    """The files of an input: one file, a directory of Parquet/JSONL files (hive
+    partitions included: ``key=value`` folders become columns) or a glob.
+
+    ``files`` are sorted by path; rows are read file by file in that order, so
+    a row's position in the dataset is its position in that concatenation.
+    Every file holds the same columns; a column's type may widen from file to
+    file (:mod:`mrt_fast.datasets.schema`), and is read as the widest.
+    """
+
+    def __init__(self, source: str | os.PathLike, files: list[Path], fmt: str, hive: bool, root: Path | None):
+        self.source = str(source)
+        self.files = files
+        self.fmt = fmt
+        self.hive = hive
+        self.root = root  # the directory the files live under (None for one file)
+        self._file_schemas: list[pl.Schema] | None = None
+        self._files_schema: pl.Schema | None = None
+
+    def __repr__(self) -> str:
+        return f"Dataset({self.source!r}, {len(self.files)} {self.fmt} file(s){', hive' if self.hive else ''})"
+
+    def scan(self, row_index: str | None = None) -> pl.LazyFrame:
+        """One lazy scan over every file (in order), optionally with a global row index."""
+        files = [str(f) for f in self.files]
+        if self.fmt in DATASET_FORMATS:
+            schema = self.files_schema()
+        try:
+            if self.fmt == "parquet":
+                cast = {} if self.uniform() else {"schema": schema, "cast_options": _WIDEN}
+                lf = pl.scan_parquet(files, row_index_name=row_index, hive_partitioning=self.hive,
+                                     glob=False, **cast)
+            elif self.fmt == "jsonl" and self.hive:
+                lf = _hive_ndjson(self)
+                if row_index is not None:
+                    lf = lf.with_row_index(row_index)
+            elif self.fmt == "jsonl":
+                lf = pl.scan_ndjson(files, row_index_name=row_index, schema=schema)
+            else:
+                lf = pl.scan_csv(files, row_index_name=row_index)
+        except Exception as e:  # noqa: BLE001
+            raise MrtInputError(f"cannot read {self.source!r}: {one_line(e)}") from None
+        return lf
+
+    def read(self, contiguous: str | None = None) -> pl.DataFrame:
+        """Every row in memory, in dataset order. Parquet files without hive
+        partitions are decoded by several threads at once, one run of
+        consecutive files each (polars decodes a multi-file scan largely on one
+        core); anything else, or a dataset that fails that way, is one scan,
+        which also gives the error a bad dataset should get.
+
+        ``contiguous`` names an embedding column (float32 vectors of one
+        length, no nulls) to be delivered as one chunk, rows back to back:
+        each file's vectors are decoded straight into their place in one
+        buffer (:mod:`mrt_fast.datasets.contiguous`), so the column is never held
+        twice. A column that is not like that is read as any other."""
+        if contiguous is not None:
+            from mrt_fast.datasets.contiguous import read_contiguous
+
+            df = read_contiguous(self, contiguous)
+            if df is not None:
+                return df
+        n = min(len(self.files), pl.thread_pool_size(), os.cpu_count() or 1)
+        if self.fmt == "parquet" and not self.hive and n > 1 and self.uniform():
+            from concurrent.futures import ThreadPoolExecutor
+
+            files = [str(f) for f in self.files]
+            cuts = [round(i * len(files) / n) for i in range(n + 1)]
+            runs = [files[cuts[i]:cuts[i + 1]] for i in range(n)]
+            try:
+                with ThreadPoolExecutor(max_workers=n) as ex:
+                    parts = list(ex.map(lambda fs: pl.scan_parquet(fs, glob=False).collect(), runs))
+                return pl.concat(parts, how="vertical", rechunk=False)
+            except Exception:  # noqa: BLE001 - the single scan below reports it
+                pass
+        return self.scan().collect()
+
+    def schema(self) -> pl.Schema:
+        """The schema shared by every file (checked file by file, so a corrupt file
+        or one lacking a column is named)."""
+        return self.check_columns([])
+
+    def check_columns(self, needed: list[tuple[str, str]]) -> pl.Schema:
+        """Every file readable and holding every ``(column, role)`` of ``needed``,
+        and the files agreeing on their columns; returns the dataset's schema
+        (hive columns included)."""
+        hive_cols = hive_columns(self)
+        for f, s in zip(self.files, self.file_schemas()):
+            names = set(s.names()) | set(hive_cols)
+            for col, role in needed:
+                if col not in names:
+                    raise MrtInputError(
+                        f"column {col!r} ({role}) not found in {str(f)!r}; it has columns {s.names()}", column=col
+                    )
+        schema = self.files_schema()
+        if self.hive:
+            schema = self.scan().collect_schema()
+        return schema
+
+    def file_schemas(self) -> list[pl.Schema]:
+        """Each file's own schema, in file order (read once)."""
+        if self._file_schemas is None:
+            self._file_schemas = [file_schema(f, self.fmt) for f in self.files]
+        return self._file_schemas
+
+    def files_schema(self) -> pl.Schema:
+        """The schema the files are read with (hive columns not included): the
+        same columns in every file, each type the widest any file holds; a
+        one-line error naming the file that differs otherwise, or whose hive
+        key is one of its columns."""
+        if self._files_schema is None:
+            from mrt_fast.datasets.schema import check_hive_collision, hive_values, unify
+
+            if self.hive:
+                for f, s in zip(self.files, self.file_schemas()):
+                    check_hive_collision(f, self.fmt, s, hive_values(f.relative_to(self.root)))
+            self._files_schema = unify(list(zip(self.files, self.file_schemas())))
+        return self._files_schema
+
+    def uniform(self) -> bool:
+        """Whether every file holds exactly the dataset's types (nothing to widen)."""
+        want = dict(self.files_schema())
+        return all(dict(s) == want for s in self.file_schemas())
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.files)
+
+    def size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.files)
+
+    def row_counts(self) -> list[int] | None:
+        """Rows per file from Parquet footers (None for text formats)."""
+        if self.fmt != "parquet":
+            return None
+        import pyarrow.parquet as pq
+
+        out = []
+        for f in self.files:
+            try:
+                out.append(pq.ParquetFile(f).metadata.num_rows)
+            except Exception as e:  # noqa: BLE001
+                raise MrtInputError(f"cannot read {str(f)!r} as parquet: {one_line(e)}") from None
+        return out
+
+    def memory_bytes(self) -> int:
+        """Estimated in-memory (Arrow) size of the whole dataset."""
+        if self.fmt != "parquet":
+            return self.size_bytes()
+        import pyarrow.parquet as pq
+
+        tot = 0
+        for f in self.files:
+            md = pq.ParquetFile(f).metadata
+            tot += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        return tot
+
+    def locate(self, row: int) -> tuple[Path, int]:
+        """The file holding global row ``row`` and the row's index in it."""
+        counts = self.row_counts()
+        if counts is None:
+            counts = [int(pl.scan_ndjson(f, schema=self.files_schema()).select(pl.len()).collect().item())
+                      for f in self.files]
+        for f, n in zip(self.files, counts):
+            if row < n:
+                return f, row
+            row -= n
+        return self.files[-1], row
+
+    def find_unreadable(self) -> None:
+        """Read every file to the end; raise naming the first that fails."""
+        for f in self.files:
+            try:
+                if self.fmt == "parquet":
+                    import pyarrow.parquet as pq
+
+                    for _ in pq.ParquetFile(f).iter_batches(batch_size=65536):
+                        pass
+                else:
+                    pl.scan_ndjson(f, schema=self.files_schema()).collect()
+            except Exception as e:  # noqa: BLE001
+                raise MrtInputError(f"cannot read {str(f)!r} as {self.fmt}: {one_line(e)}") from None
+
+
+def _is_glob(s: str) -> bool:
+    return any(c in _GLOB_CHARS for c in s)
+
+
+def hive_columns(ds: Dataset) -> list[str]:
+    """The hive keys of the dataset (the same above every file, see :func:`discover`)."""
+    if not ds.hive or ds.root is None:
+        return []
+    from mrt_fast.datasets.schema import hive_keys
+
+    return list(hive_keys(ds.files[0].relative_to(ds.root)))
+
+
+def _hive_ndjson(ds: Dataset) -> pl.LazyFrame:
+    """JSONL files under ``key=value`` folders, the keys as (text) columns.
+    (polars reads the hive partitions of Parquet itself.)"""
+    from mrt_fast.datasets.schema import hive_values
+
+    schema = ds.files_schema()
+    parts = []
+    for f in ds.files:
+        one = pl.scan_ndjson(f, schema=schema)
+        vals = hive_values(f.relative_to(ds.root))  # a key the file holds keeps the file's column
+        parts.append(one.with_columns(pl.lit(v).alias(k) for k, v in vals.items() if k not in schema))
+    return pl.concat(parts, how="vertical")
+
+
+def discover(source: str | os.PathLike) -> Dataset:
+    """The files of an input (a file, a directory or a glob); a one-line error if none."""
+    import glob as _glob
+
+    s = str(source)
+    p = Path(s)
+    if p.is_file():
+        fmt = fmt_of(p, "input")
+        return Dataset(s, [p], fmt, False, None)
+    if p.is_dir():
+        found = [f for f in p.rglob("*") if f.suffix.lower() in FORMATS
+                 and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts)]
+        _refuse_broken_links(found)
+        files = sorted(f for f in found if f.is_file())
+        root = p
+        what = f"directory {s!r}"
+    elif _is_glob(s):
+        found = [Path(f) for f in _glob.glob(s, recursive=True)]
+        _refuse_broken_links(found)
+        files = sorted(f for f in found if f.is_file())
+        fixed = []
+        for part in p.parts:
+            if _is_glob(part):
+                break
+            fixed.append(part)
+        root = Path(*fixed) if fixed else Path(".")
+        what = f"glob {s!r}"
+    else:
+        _refuse_broken_links([p])
+        raise MrtInputError(f"input {s!r} does not exist")
+    if not files:
+        raise MrtInputError(f"{what} matches no .parquet/.jsonl file")
+    fmts = {fmt_of(f, "input") for f in files}
+    if len(fmts) > 1:
+        raise MrtInputError(f"{what} mixes formats {sorted(fmts)}; use one format per dataset")
+    fmt = fmts.pop()
+    if fmt not in DATASET_FORMATS:
+        raise MrtInputError(f"{what}: a dataset of several files must be Parquet or JSONL, got {fmt}")
+    from mrt_fast.datasets.schema import common_hive_keys
+
+    hive = bool(common_hive_keys(files, root))
+    return Dataset(s, files, fmt, hive, root)
+
+
+def _refuse_broken_links(paths: list[Path]) -> None:
+    """A symbolic link whose target is missing (a git-annex or DVC file not
+    fetched) is an input file that cannot be read: refused, never skipped."""
+    for f in paths:
+        if f.is_symlink() and not f.exists():
+            raise MrtInputError(f"input file {str(f)!r} is a symbolic link to {os.readlink(f)!r}, which does not "
+                                "exist (fetch it, or remove the link)")
+
+
+def fingerprint(files: list[Path]) -> str:
+    """A digest of the sorted (path, size, mtime_ns) of the files."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(files):
+        st = f.stat()
+        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def output_inside_input(out: Path, ds: Dataset) -> bool:
+    """True when ``out`` is one of the input files, is inside the input's
+    directory, holds an input file, or matches the input glob; symbolic links
+    and ``..`` are followed (an output reached through a link into the input
+    is inside it)."""
+    outs = {Path(os.path.abspath(out)), Path(os.path.realpath(out))}
+    for f in ds.files:
+        for fa in {Path(os.path.abspath(f)), Path(os.path.realpath(f))}:
+            if any(fa == o or o in fa.parents for o in outs):
+                return True
+    if ds.root is not None and Path(ds.source).is_dir():
+        for r in {Path(os.path.abspath(ds.root)), Path(os.path.realpath(ds.root))}:
+            if any(o == r or r in o.parents for o in outs):
+                return True
+    if ds.root is not None and _is_glob(ds.source):
+        pat = Path(os.path.abspath(ds.source)).parts
+        for o in outs:
+            cand = [o] + [o / f"part-00000{sfx}" for sfx in (".parquet", ".jsonl")]
+            if any(_glob_match(c.parts, pat) for c in cand):
+                return True
+    return False
+
+
+def _glob_match(parts: tuple[str, ...], pat: tuple[str, ...]) -> bool:
+    """Whether a path (its parts) matches a glob (its parts) as `glob.glob(recursive=True)` would."""
+    import fnmatch
+
+    if not pat:
+        return not parts
+    if pat[0] == "**":
+        return any(_glob_match(parts[i:], pat[1:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pat[0]) and _glob_match(parts[1:], pat[1:])
+
+
