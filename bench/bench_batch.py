@@ -174,7 +174,7 @@ def main() -> None:
                 for name, limit in cases:
                     out = work / f"out_{name}_{size}"
                     shutil.rmtree(out, ignore_errors=True)
-                    cmd = [sys.executable, "-m", "mrt_fast.cli.app", "select", str(d), str(out), "--k", str(args.k),
+                    cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(args.k),
                            "--method", args.method, "--memory-limit", str(limit)]
                     r = measure(cmd, env)
                     man = json.loads((out / "_manifest.json").read_text())

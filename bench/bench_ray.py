@@ -161,7 +161,7 @@ def main() -> None:
             "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "load_average_before": os.getloadavg()}
         out = work / "out-local"
-        r = measure([sys.executable, "-m", "mrt_fast.cli.app", "select", str(data), str(out), "--k", "4"], env)
+        r = measure([sys.executable, "-m", "mrt_fast.cli", "select", str(data), str(out), "--k", "4"], env)
         res["local"] = {"seconds": r["seconds"], "peak_rss_bytes": r["peak_rss_bytes"]}
         print("local", json.dumps(res["local"]), flush=True)
         local_parts = sorted(out.glob("part-*.parquet"))

@@ -141,7 +141,7 @@ def test_memory_limit_chooses_buckets_and_keeps_the_result(tmp_path, monkeypatch
 #: `mrt` in a child that reports its own peak resident memory (VmHWM: the os.wait4 of a child forked
 #: from the test process counts the test process's memory too)
 _CHILD = ("import runpy, sys\nsys.argv = ['mrt', *sys.argv[1:]]\ntry:\n"
-          "    runpy.run_module('mrt_fast.cli.app', run_name='__main__')\nfinally:\n"
+          "    runpy.run_module('mrt_fast.cli', run_name='__main__')\nfinally:\n"
           "    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]\n"
           "    sys.stderr.write(f'\\npeak {int(hwm) * 1024}\\n')\n")
 
@@ -370,7 +370,7 @@ def test_resume_grouped(tmp_path):
 
 
 def _cli(*args):
-    return [sys.executable, "-m", "mrt_fast.cli.app", "select", *map(str, args)]
+    return [sys.executable, "-m", "mrt_fast.cli", "select", *map(str, args)]
 
 
 @pytest.mark.slow

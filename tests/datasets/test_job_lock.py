@@ -62,7 +62,7 @@ def make_input(d: Path, n_pools: int = 300, seed: int = 0) -> pl.DataFrame:
 
 
 def mrt_select(inp: Path, out: Path, *extra: str, **kw) -> subprocess.Popen | subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "mrt_fast.cli.app", "select", str(inp), str(out), "--k", "2", *extra]
+    cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(inp), str(out), "--k", "2", *extra]
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, **kw)
 
 
@@ -102,7 +102,7 @@ def test_a_second_real_job_refuses_and_a_rerun_finishes_a_killed_first(tmp_path)
     assert mrt_select(tmp_path / "in", full, "--chunk-rows", "800").returncode == 0
     for attempt in range(5):  # the first job must still be running when it is stopped
         out = tmp_path / f"out{attempt}"
-        first = subprocess.Popen([sys.executable, "-m", "mrt_fast.cli.app", "select", str(tmp_path / "in"), str(out),
+        first = subprocess.Popen([sys.executable, "-m", "mrt_fast.cli", "select", str(tmp_path / "in"), str(out),
                                   "--k", "2", "--chunk-rows", "800"], env=ENV, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
         while not (out / LOCK_NAME).exists() and first.poll() is None:

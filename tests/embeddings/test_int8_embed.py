@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from mrt_fast import MrtInputError
+from mrt_fast import MissingDependencyError, MrtInputError
 from mrt_fast.cli.app import app
 
 pytestmark = [pytest.mark.embed, pytest.mark.int8]
@@ -161,8 +161,10 @@ def test_cuda_and_missing_onnxruntime_are_clear_errors(tiny_source, int8_cache, 
         int8_embed.load_int8(f"int8:{tmp_path / 'nowhere'}", tmp_path, progress=False)
     int8_embed._LOADED.clear()
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    with pytest.raises(MrtInputError, match=r"mrt_fast\[int8\]"):
+    # a missing extra is a broken install, not bad input: an ImportError, never a ValueError
+    with pytest.raises(MissingDependencyError, match=r"mrt_fast\[int8\]") as e:
         embed_texts(["x y"], name, cache_dir=tmp_path, progress=False)
+    assert isinstance(e.value, ImportError) and not isinstance(e.value, ValueError)
 
 
 def test_cli_writes_int8_embeddings(tiny_source, int8_cache, tmp_path):

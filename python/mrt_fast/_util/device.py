@@ -1,4 +1,11 @@
-"""Which torch device a model runs on: ``auto``, ``cpu`` or ``cuda`` (``cuda:N``)."""
+"""The one device rule: which torch device a model runs on.
+
+``auto`` (or ``None``) is ``cuda`` when a CUDA device is present, else
+``cpu``; ``cpu``, ``cuda``, ``cuda:N`` and ``mps`` are taken as asked, and one
+that is not present is an :class:`MrtInputError`, never a silent fall back.
+Every command with ``--device`` (embed, generate, score, nll, train, evaluate,
+the advisor) goes through :func:`resolve_device`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import re
 
 from mrt_fast.errors import MrtInputError
 
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 def cuda_available() -> bool:
@@ -53,4 +60,14 @@ def resolve_device(device: str | None) -> str:
         if ":" in d and int(d.split(":")[1]) >= torch.cuda.device_count():
             raise MrtInputError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) present")
         return d
-    raise MrtInputError(f"device must be one of auto, cpu, cuda (or cuda:N), got {device!r}")
+    if d == "mps":
+        try:
+            import torch
+
+            ok = bool(torch.backends.mps.is_available())
+        except (ImportError, AttributeError):
+            ok = False
+        if not ok:
+            raise MrtInputError(f"device {device!r} asked for, but no MPS device is available (use --device cpu or auto)")
+        return d
+    raise MrtInputError(f"device must be one of auto, cpu, cuda (or cuda:N), mps; got {device!r}")

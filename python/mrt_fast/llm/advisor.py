@@ -84,7 +84,8 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
         advice = json.loads(report_f.read_text())["advice"]
         if all(advice.get(k) == v for k, v in settings.items()):
             return advice
-    from mrt_fast.llm.models import load_causal_lm, load_tokenizer, pick_device
+    from mrt_fast._util.device import resolve_device
+    from mrt_fast.llm.models import load_causal_lm, load_tokenizer
     from mrt_fast.llm.loss import pair_losses
     from mrt_fast.variance.law import variance_budget
 
@@ -93,7 +94,7 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
     if losses_f.exists():
         losses = pl.read_parquet(losses_f)
     else:
-        dev = pick_device(device)
+        dev = resolve_device(device)
         tok = load_tokenizer(model)
         net = load_causal_lm(model, device=dev, dtype=dtype)
         x = pair_losses(net, tok, pairs["prompt"].to_list(), pairs["response"].to_list(), batch_size=batch_size,

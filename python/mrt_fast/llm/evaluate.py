@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from mrt_fast.llm.models import load_causal_lm, load_tokenizer, pick_device, unit_rows
+from mrt_fast._util.device import resolve_device
+
+from mrt_fast.llm.models import load_causal_lm, load_tokenizer, unit_rows
 from mrt_fast.datasets.formats import as_polars
 from mrt_fast.tables.arrays import require_columns
 from mrt_fast.errors import MrtInputError
@@ -194,7 +196,7 @@ def evaluate(
         from mrt_fast.sandbox.run import require_isolation
 
         require_isolation(cfg.sandbox.get("isolation"), cfg.sandbox.get("python"))
-    device = pick_device(cfg.device)
+    device = resolve_device(cfg.device)
     if tokenizer is None and not isinstance(model, (str, os.PathLike)):
         raise MrtInputError("pass tokenizer= when model is a loaded object")
     tok = load_tokenizer(tokenizer if tokenizer is not None else model)

@@ -31,7 +31,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from mrt_fast.llm.models import format_prompt, load_causal_lm, load_tokenizer, pick_device, prompt_ids, resolve_model_path, stable_seed
+from mrt_fast._util.device import resolve_device
+
+from mrt_fast.llm.models import format_prompt, load_causal_lm, load_tokenizer, prompt_ids, resolve_model_path, stable_seed
 from mrt_fast.datasets.formats import as_polars, write_table
 from mrt_fast.tables.arrays import require_columns
 from mrt_fast._util.files import write_text
@@ -114,7 +116,7 @@ def _vllm_usable(cfg: GenerationConfig) -> bool:
 class _TransformersSampler:
     def __init__(self, model, tokenizer, cfg: GenerationConfig):
         self.cfg = cfg
-        self.device = pick_device(cfg.device)
+        self.device = resolve_device(cfg.device)
         if tokenizer is None and not isinstance(model, (str, os.PathLike)):
             raise MrtInputError("pass tokenizer= when model is a loaded object")
         self.tok = load_tokenizer(tokenizer if tokenizer is not None else model)

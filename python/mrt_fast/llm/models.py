@@ -20,14 +20,6 @@ def stable_seed(seed: int, key: Any) -> int:
     return int.from_bytes(h, "little") & ((1 << 63) - 1)
 
 
-def pick_device(device: str | None = None) -> str:
-    if device and device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def resolve_dtype(dtype: str | None, device: str):
     import torch
 

@@ -10,7 +10,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import polars as pl
 
-from mrt_fast.llm.models import load_tokenizer, pick_device, resolve_dtype, resolve_model_path
+from mrt_fast._util.device import resolve_device
+
+from mrt_fast.llm.models import load_tokenizer, resolve_dtype, resolve_model_path
 from mrt_fast.datasets.formats import as_polars
 from mrt_fast.tables.arrays import require_columns
 from mrt_fast.errors import MrtInputError
@@ -29,7 +31,7 @@ class RewardModel:
 
     def __init__(self, model: Any, tokenizer: Any = None, *, device: str = "auto", dtype: str = "auto",
                  batch_size: int = 16, max_length: int = 2048):
-        self.device = pick_device(device)
+        self.device = resolve_device(device)
         if isinstance(model, (str, os.PathLike)):
             from transformers import AutoModelForSequenceClassification
 

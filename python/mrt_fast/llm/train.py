@@ -44,7 +44,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from mrt_fast.llm.models import load_causal_lm, load_tokenizer, pick_device
+from mrt_fast._util.device import resolve_device
+
+from mrt_fast.llm.models import load_causal_lm, load_tokenizer
 from mrt_fast.llm.loss import build_example, collate, sequence_losses  # noqa: F401  (the one definition of l_ij)
 from mrt_fast.datasets.formats import as_polars
 from mrt_fast.tables.arrays import require_columns
@@ -229,7 +231,7 @@ def train(
     if tokenizer is None and not isinstance(model, (str, os.PathLike)):
         raise MrtInputError("pass tokenizer= when model is a loaded object")
     tok = load_tokenizer(tokenizer if tokenizer is not None else model)
-    device = pick_device(cfg.device)
+    device = resolve_device(cfg.device)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / "checkpoints"
