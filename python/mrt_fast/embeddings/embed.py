@@ -34,6 +34,7 @@ import numpy as np
 import polars as pl
 
 from mrt_fast.errors import MissingDependencyError, MrtInputError
+from mrt_fast.tables.layouts import GROUPED, attach, detect, explode
 from mrt_fast.tables.arrays import columns_of, table_kind, to_polars
 from mrt_fast._util.device import check_device, resolve_device
 from mrt_fast.embeddings.int8 import is_int8, load_int8
@@ -346,18 +347,30 @@ def embed(
     progress: bool = True,
     callback: Callable[[int], None] | None = None,
     stats: dict | None = None,
+    layout: str = "auto",
+    by: str = "prompt_id",
 ) -> pl.DataFrame:
     """The table (as polars) with an ``out`` column of unit-norm embeddings,
     ``Array(Float32, d)``, of the ``text`` column.
 
-    An existing column named ``out`` is an error unless ``overwrite=True``
-    (never the ``text`` column itself)."""
+    In the grouped layout (``text`` holds a list of responses per prompt, told
+    apart by ``layout="auto"``) ``out`` holds one list of vectors per prompt,
+    in the order of its responses. An existing column named ``out`` is an
+    error unless ``overwrite=True`` (never the ``text`` column itself)."""
     kind = table_kind(table)
     cols = columns_of(table, kind)
     if text not in cols:
         raise MrtInputError(f"column {text!r} (text to embed) not found; the table has columns {cols}", column=text)
     check_output_column(cols, out, text, overwrite)
     df = table if kind == "polars" else to_polars(table, kind, cols)
+    if detect(df.schema, {text: 0}, layout) == GROUPED:
+        keyed = df.select(by, text) if by in df.columns else df.select(text).with_row_index(by)
+        flat = explode(keyed, by, [text])
+        inner = embed(flat, text=text, out=out, model=model, batch_size=batch_size, cache_dir=cache_dir,
+                      device=device, processes=processes, overwrite=True, progress=progress, callback=callback,
+                      stats=stats, layout="flat", by=by)
+        vectors = inner[out]
+        return attach(df.drop(out) if out in df.columns else df, [text], {out: vectors})
     s = df[text]
     if s.dtype not in (pl.Utf8, pl.String):
         raise MrtInputError(f"column {text!r} (text to embed) must hold strings, got {s.dtype}", column=text)

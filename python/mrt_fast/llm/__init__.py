@@ -12,7 +12,7 @@ import importlib
 _WHERE = {
     "GenerationConfig": "generate",
     "RewardModel": "reward", "load_reward_fn": "reward", "score_with": "reward",
-    "response_nll": "nll",
+    "response_nll": "nll", "nll_table": "nll", "score": "reward",
     "TrainConfig": "train", "TrainResult": "train",
     "EvalConfig": "evaluate", "pass_at_k": "evaluate",
     "RunConfig": "pipeline",

@@ -26,6 +26,7 @@ from typing import Any
 import polars as pl
 
 from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.layouts import GROUPED, candidate_columns, detect, explode
 from mrt_fast.datasets.formats import as_polars, write_table
 from mrt_fast.tables.arrays import require_columns
 
@@ -34,14 +35,21 @@ FORMATS = ("trl", "openrlhf")
 
 def export(kept: Any, out: str | os.PathLike, format: str = "trl", *, conversational: bool = False,
            by: str = "prompt_id", prompt: str = "prompt", response: str = "response", reward: str = "reward",
-           weight: str = "weight") -> pl.DataFrame:
-    """Write the kept rows (a table or a path) as a TRL or OpenRLHF training file; returns what was written."""
+           weight: str = "weight", layout: str = "auto") -> pl.DataFrame:
+    """Write the kept rows (a table or a path) as a TRL or OpenRLHF training file; returns what was written.
+
+    One training row per kept response, whatever the layout: a grouped table
+    (one row per prompt, ``response`` holding the list of kept responses, as
+    `select` writes it for grouped input) is exploded first, so each response
+    gets its own row and its own weight."""
     from mrt_fast.llm.train import pair_weights
 
     if format not in FORMATS:
         raise MrtInputError(f"format must be one of {FORMATS}, got {format!r}")
     df = as_polars(kept)
     require_columns(df, [by, prompt, response], "kept rows")
+    if detect(df.schema, {response: 0}, layout) == GROUPED:
+        df = explode(df, by, candidate_columns(df, by))
     if df.height == 0:
         raise MrtInputError("the kept rows are empty: there is nothing to export")
     for c in (prompt, response):

@@ -15,10 +15,12 @@ import os
 from typing import Any, Sequence
 
 import numpy as np
+import polars as pl
 
+from mrt_fast.errors import MrtInputError
 from mrt_fast.llm.loss import pair_losses
 
-__all__ = ["response_nll", "load_smollm2", "smollm2_gguf_path"]
+__all__ = ["response_nll", "nll_table", "load_smollm2", "smollm2_gguf_path"]
 
 
 def response_nll(
@@ -75,3 +77,37 @@ def load_smollm2(dtype: Any = None, device: Any = None):
         model.to(device)
     model.eval()
     return model, tok
+
+
+def nll_table(table: Any, model: Any, tokenizer: Any, *, prompt: str = "prompt", response: str = "response",
+              out: str = "loss", by: str = "prompt_id", layout: str = "auto", **kw: Any) -> pl.DataFrame:
+    """The table with an ``out`` column: each response's loss under ``model`` (:func:`response_nll`).
+
+    In the grouped layout (``response`` holds a list of responses per prompt)
+    ``out`` holds one list of losses per prompt, in the order of its responses."""
+    from mrt_fast.datasets.formats import as_polars
+    from mrt_fast.tables.layouts import GROUPED, attach, detect, explode
+
+    df = as_polars(table)
+    for c in (prompt, response):
+        if c not in df.columns:
+            raise MrtInputError(f"column {c!r} not found; the table has columns {df.columns}", column=c)
+    if out in df.columns:
+        raise MrtInputError(f"the table already has a {out!r} column", column=out)
+    grouped = detect(df.schema, {response: 0}, layout) == GROUPED
+    if grouped:
+        keyed = df.select(by, prompt, response) if by in df.columns else (
+            df.select(prompt, response).with_row_index(by))
+        flat = explode(keyed, by, [response])
+    else:
+        flat = df
+    for c in (prompt, response):
+        if flat[c].dtype != pl.Utf8:
+            raise MrtInputError(f"column {c!r} must hold text, got {flat[c].dtype}", column=c)
+        if flat[c].null_count():
+            row = int(flat[c].is_null().arg_true()[0])
+            raise MrtInputError(f"column {c!r} is null in row {row}", column=c, row=row)
+    vals = response_nll(model, tokenizer, flat[prompt].to_list(), flat[response].to_list(), **kw)
+    if grouped:
+        return attach(df, [response], {out: pl.Series(out, vals, dtype=pl.Float64)})
+    return df.with_columns(pl.Series(out, vals, dtype=pl.Float64))

@@ -16,6 +16,7 @@ from mrt_fast.llm.models import load_tokenizer, resolve_dtype, resolve_model_pat
 from mrt_fast.datasets.formats import as_polars
 from mrt_fast.tables.arrays import require_columns
 from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.layouts import GROUPED, attach, detect, explode
 
 
 class RewardModel:
@@ -90,11 +91,21 @@ class RewardModel:
 
 
 def score(table: Any, model: Any, *, tokenizer: Any = None, prompt: str = "prompt", response: str = "response",
-          column: str = "reward", batch_size: int = 16, progress: bool = True, **kw) -> pl.DataFrame:
-    """Add a ``reward`` column scoring every (prompt, response) row of ``table``."""
+          column: str = "reward", batch_size: int = 16, progress: bool = True, by: str = "prompt_id",
+          layout: str = "auto", **kw) -> pl.DataFrame:
+    """Add a ``reward`` column scoring every (prompt, response) row of ``table``.
+
+    In the grouped layout (``response`` holds a list of responses per prompt)
+    the column holds one list of rewards per prompt, in the order of its responses."""
     df = as_polars(table)
     require_columns(df, [prompt, response], "score")
     rm = model if isinstance(model, RewardModel) else RewardModel(model, tokenizer, batch_size=batch_size, **kw)
+    if detect(df.schema, {response: 0}, layout) == GROUPED:
+        keyed = df.select(by, prompt, response) if by in df.columns else (
+            df.select(prompt, response).with_row_index(by))
+        flat = explode(keyed, by, [response])
+        r = rm(flat[prompt].to_list(), flat[response].fill_null("").to_list(), progress=progress)
+        return attach(df, [response], {column: pl.Series(column, r, dtype=pl.Float64)})
     r = rm(df[prompt].to_list(), df[response].fill_null("").to_list(), progress=progress)
     return df.with_columns(pl.Series(column, r))
 

@@ -17,6 +17,7 @@ import polars as pl
 from mrt_fast import _grades_core as core
 from mrt_fast.selection.candidate_keys import checked_key
 from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.layouts import GROUPED, table_layout
 from mrt_fast.tables.arrays import (
     columns_of,
     embeddings as _embeddings,
@@ -69,6 +70,8 @@ def select(
     candidate_key: str | None = None,
     optimizer: str = "lazy",
     return_report: bool = False,
+    layout: str = "auto",
+    candidate_columns: list[str] | None = None,
 ):
     """Keep K candidates per prompt.
 
@@ -110,6 +113,13 @@ def select(
         Greedy variant for facility location; both return the same picks.
     return_report : bool
         Also return a :class:`SelectionReport`.
+    layout : "auto" | "flat" | "grouped"
+        ``flat``: one row per candidate. ``grouped``: one row per prompt, the
+        candidates' values in list columns (``candidate_columns``, else every
+        list column but ``by``); the result is grouped too: each prompt's kept
+        values in pick order, with ``pick_rank``/``gain``/``weight`` lists.
+        ``auto`` reads it from the columns: grouped when the embedding holds a
+        list of vectors or the reward or mode column holds lists.
 
     A pool whose n x n similarity would exceed ``DENSE_LIMIT_BYTES`` (2 GiB)
     runs with similarity columns recomputed on demand. Bad input raises
@@ -128,6 +138,13 @@ def select(
         by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
         seed=seed, candidate_key=candidate_key, optimizer=optimizer, return_report=return_report,
     )
+    kind = table_kind(table)
+    if table_layout(table, kind, {embedding: 1, reward: 0, mode: 0}, layout) == GROUPED:
+        from mrt_fast.selection.grouped import select_grouped
+
+        del opts["by"], opts["return_report"]
+        return select_grouped(select, table, kind, k, method, by=by, candidate_columns_=candidate_columns,
+                              return_report=return_report, **opts)
     if isinstance(k, str):  # a per-pool K column
         from mrt_fast.selection.per_pool_k import select_k_column
 

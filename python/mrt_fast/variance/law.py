@@ -30,6 +30,7 @@ import polars as pl
 
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.layouts import GROUPED, detect, explode
 from mrt_fast.tables.arrays import pandas_column, columns_of, pool_keys, require, table_kind, to_polars
 from mrt_fast.tables.key_values import refuse_nan
 from mrt_fast.variance.intervals import INTERVALS, _t_quantile, bootstrap_intervals, expanded_tail  # noqa: F401
@@ -562,14 +563,18 @@ class VarianceReport:
         return fig
 
 
-def _frame(table: Any, by: str, loss: str) -> pl.DataFrame:
+def _frame(table: Any, by: str, loss: str, layout: str = "auto") -> pl.DataFrame:
+    """The prompt id and loss columns as one flat polars frame (a grouped table's loss lists exploded)."""
     kind = table_kind(table)
     cols = columns_of(table, kind)
     require(cols, by, "prompt id")
     require(cols, loss, "loss")
     if by == loss:
         raise MrtInputError(f"the prompt id and loss columns are both {by!r}", column=by)
-    return to_polars(table, kind, [by, loss])
+    df = to_polars(table, kind, [by, loss])
+    if detect(df.schema, {loss: 0}, layout) == GROUPED:
+        df = explode(df, by, [loss])
+    return df
 
 
 def loss_column(df: pl.DataFrame, loss: str) -> np.ndarray:
@@ -749,12 +754,15 @@ def variance_budget(
     ci_level: float = 0.95,
     bootstrap: str = "auto",
     interval: str = "auto",
+    layout: str = "auto",
 ) -> VarianceReport:
     """Estimate V_x and V_y|x from a table of per-response losses and say how
     many responses per prompt the budget law recommends.
 
     `table`: polars/Arrow/pandas, one row per response with a prompt id column
-    `by` (any type) and a numeric `loss` column. `cost_prompt`/`cost_response`
+    `by` (any type) and a numeric `loss` column, or one row per prompt with a
+    list of losses (the grouped layout; `layout` "auto" tells them apart by the
+    loss column, "flat" or "grouped" says which). `cost_prompt`/`cost_response`
     are C_p, C_r (only their ratio matters for K*). `k_grid`: the K values of the
     predicted-variance table; `k_max`: the largest K considered for `k_best`.
     `budget`: B, to tabulate Np = floor(B / (C_p + K C_r)) and the variance it
@@ -773,7 +781,7 @@ def variance_budget(
     (default): studentized where prompts are resampled, expanded with the
     normal approximation. Measured coverage: docs/interval_coverage.md.
     """
-    df = _frame(table, by, loss)
+    df = _frame(table, by, loss, layout)
     x = loss_column(df, loss)
     acc = VarianceAccumulator().update(df[by], x)
     notes_extra = []
