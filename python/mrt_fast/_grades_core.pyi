@@ -12,6 +12,9 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+# Bytes of a pool's n x n float32 similarity above which fl_batch computes
+# columns on demand (2 GiB: pools of more than 23,170 candidates).
+DENSE_LIMIT_BYTES: int
 
 class FlBatch(TypedDict):
     indices: npt.NDArray[np.uint64]  # positions within each pool, pick order
@@ -56,7 +59,7 @@ def fl_batch(
     kernel: str = "shift",
     dense_limit: Optional[int] = None,
 ) -> FlBatch:
-    """A pool whose n x n block exceeds dense_limit bytes (default 2 GiB) runs on demand."""
+    """A pool whose n x n block exceeds dense_limit bytes (default DENSE_LIMIT_BYTES) runs on demand."""
 def fl_dense(
     sim: npt.NDArray[np.float32],
     params: FlParams,

@@ -93,7 +93,8 @@ def _as_f64_1d(x: Any, name: str, n: int) -> np.ndarray:
 
 #: a single pool whose n x n float32 similarity would exceed this many bytes (2 GiB) is
 #: solved with similarity columns recomputed on demand instead.
-DENSE_LIMIT_BYTES = 2 * 1024 * 1024 * 1024
+#: a pool's n x n similarity is held while it fits this many bytes (defined once, in the core)
+DENSE_LIMIT_BYTES = core.DENSE_LIMIT_BYTES
 
 
 def facility_location(

@@ -44,8 +44,8 @@ fn opt1<'a, T: numpy::Element>(a: &'a Option<PyReadonlyArray1<'_, T>>, name: &st
 }
 
 /// Facility location over a ragged batch of pools. A pool whose n x n
-/// similarity would take more than `dense_limit` bytes (default 2 GiB) runs
-/// with columns recomputed on demand.
+/// similarity would take more than `dense_limit` bytes (default
+/// `DENSE_LIMIT_BYTES`, 2 GiB) runs with columns recomputed on demand.
 /// Returns dict(indices, offsets, gains, objective, upper_bound): pool p's picks
 /// are indices[offsets[p]:offsets[p+1]] (positions within the pool).
 #[pyfunction]
@@ -199,6 +199,8 @@ fn fl_on_demand<'py>(
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // the one definition of the dense size limit; Python reads it from here
+    m.add("DENSE_LIMIT_BYTES", facility::DENSE_LIMIT_BYTES)?;
     m.add_class::<PyFlParams>()?;
     m.add_function(wrap_pyfunction!(fl_batch, m)?)?;
     m.add_function(wrap_pyfunction!(fl_dense, m)?)?;

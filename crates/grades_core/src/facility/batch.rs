@@ -1,0 +1,152 @@
+//! Facility location over a ragged batch of pools, in parallel over pools: a
+//! pool's Gram block while it fits the dense size limit, similarity columns
+//! on demand above it.
+
+use rayon::prelude::*;
+
+use super::dense::DenseSource;
+use super::greedy::greedy;
+use super::on_demand::OnDemandSource;
+use super::params::{need_rewards_error, FlResult, Params};
+use super::sweep::{greedy_sweep_with, use_sweep, SweepScratch};
+use super::weights::{ground_set, remap, weights_for};
+use crate::error::{invalid, Result};
+use crate::kernel::{cosine_gram, gather_normalized, gather_rows, Kernel};
+use crate::pools::Pools;
+
+/// Bytes of the n x n float32 similarity block of a pool of `n` candidates.
+pub fn dense_bytes(n: usize) -> usize {
+    n.saturating_mul(n).saturating_mul(std::mem::size_of::<f32>())
+}
+
+/// A pool whose n x n similarity block would take more bytes than this (2 GiB,
+/// n > 23,170) is solved with similarity columns recomputed on demand.
+pub const DENSE_LIMIT_BYTES: usize = 2 << 30;
+
+/// Facility location on every pool of a ragged batch, in parallel over pools.
+/// `rewards`, when given, is indexed by matrix row (like the embeddings).
+/// Pools above [`DENSE_LIMIT_BYTES`] run on demand, as in
+/// [`facility_location_batch_within`].
+pub fn facility_location_batch(
+    pools: &Pools<'_>,
+    rewards: Option<&[f64]>,
+    params: &Params,
+    kernel: Kernel,
+) -> Result<Vec<FlResult>> {
+    facility_location_batch_within(pools, rewards, params, kernel, DENSE_LIMIT_BYTES)
+}
+
+/// [`facility_location_batch`] holding a pool's n x n similarity block only
+/// while it takes at most `dense_limit` bytes; a larger pool (its ground set,
+/// after `k_max`) runs with similarity columns recomputed on demand (memory
+/// O(n d), as [`facility_location_on_demand`](super::facility_location_on_demand)).
+pub fn facility_location_batch_within(
+    pools: &Pools<'_>,
+    rewards: Option<&[f64]>,
+    params: &Params,
+    kernel: Kernel,
+    dense_limit: usize,
+) -> Result<Vec<FlResult>> {
+    params.validate()?;
+    if params.needs_rewards() && rewards.is_none() {
+        return Err(need_rewards_error());
+    }
+    if let Some(r) = rewards {
+        if r.len() != pools.layout.n_rows() {
+            return invalid(format!(
+                "rewards has {} entries but embeddings have {} rows",
+                r.len(),
+                pools.layout.n_rows()
+            ));
+        }
+    }
+    let out: Vec<Result<FlResult>> = (0..pools.layout.n_pools())
+        .into_par_iter()
+        .map_init(Scratch::default, |sc, p| run_pool(pools, p, rewards, params, kernel, dense_limit, sc))
+        .collect();
+    // the first failing pool, deterministically
+    out.into_iter().collect()
+}
+
+/// Per-thread buffers for the batched path.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    s: Vec<f32>,
+    r: Vec<f64>,
+    inv: Vec<f32>,
+    sweep: SweepScratch,
+}
+
+fn run_pool(
+    pools: &Pools<'_>,
+    p: usize,
+    rewards: Option<&[f64]>,
+    params: &Params,
+    kernel: Kernel,
+    dense_limit: usize,
+    sc: &mut Scratch,
+) -> Result<FlResult> {
+    let n = pools.layout.len(p);
+    if n == 0 {
+        return Ok(FlResult::default());
+    }
+    let pool_rewards = match rewards {
+        Some(r) => {
+            sc.r.clear();
+            sc.r.extend((0..n).map(|i| r[pools.layout.row(p, i)]));
+            Some(&sc.r[..])
+        }
+        None => None,
+    };
+    let (q, u) = ground_set(p, &|i| pools.layout.row(p, i), n, pool_rewards, params)?;
+    let m = u.len();
+    let d = pools.dim;
+    if dense_bytes(m) > dense_limit {
+        // too large for its n x n block: similarity columns on demand
+        let mut xn = Vec::new();
+        gather_normalized(pools, p, &u, &mut xn)?;
+        let w = weights_for(p, q.as_deref(), &u, params)?;
+        let mut src = OnDemandSource::new(xn, m, d, kernel);
+        return Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u));
+    }
+    // the pool's rows straight from the caller's matrix when they are
+    // contiguous and all in the ground set; a gathered copy otherwise
+    let first = pools.layout.row(p, 0);
+    let contiguous = m == n && (0..n).all(|i| pools.layout.row(p, i) == first + i);
+    let x: &[f32] = if contiguous {
+        &pools.data[first * d..(first + n) * d]
+    } else {
+        gather_rows(pools, p, &u, &mut sc.x);
+        &sc.x
+    };
+    let name = |i: usize| {
+        let row = pools.layout.row(p, u[i]);
+        (p, row, format!("candidate {} (row {row})", u[i]))
+    };
+    // the next pool's rows (when contiguous), prefetched while this one computes
+    let next: &[f32] = if p + 1 < pools.layout.n_pools() && pools.layout.len(p + 1) > 0 {
+        let (f, len) = (pools.layout.row(p + 1, 0), pools.layout.len(p + 1));
+        if pools.layout.row(p + 1, len - 1) == f + len - 1 {
+            &pools.data[f * d..(f + len) * d]
+        } else {
+            &[]
+        }
+    } else {
+        &[]
+    };
+    cosine_gram(x, m, d, kernel, &mut sc.s, &mut sc.inv, &name, next).map_err(|e| e.in_pool(p))?;
+    let w = weights_for(p, q.as_deref(), &u, params)?;
+    // the Gram block is exactly symmetric: small pools with a small K take
+    // the sweep, which gives what naive (and so lazy) greedy gives
+    let mut res = if use_sweep(m, params.k) {
+        greedy_sweep_with(&sc.s, m, &w, params.k, &mut sc.sweep)
+    } else {
+        let mut src = DenseSource::new(&sc.s, m);
+        greedy(&mut src, &w, params.k, params.optimizer)
+    };
+    for i in res.indices.iter_mut() {
+        *i = u[*i];
+    }
+    Ok(res)
+}

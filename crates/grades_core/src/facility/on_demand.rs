@@ -1,0 +1,239 @@
+//! Similarity columns recomputed on demand from embeddings (memory O(n d)),
+//! the recent ones kept in a bounded LRU cache.
+
+use rayon::prelude::*;
+
+use super::column::{column_cover, column_gain_fast};
+use super::source::Source;
+use crate::kernel::{gemm_abt, Kernel};
+
+/// Rows per chunk when a column block is computed in parallel.
+const CHUNK: usize = 512;
+
+/// A bounded cache of similarity columns, least recently used out.
+struct ColumnCache {
+    n: usize,
+    slots: Vec<f32>,
+    slot_of: Vec<u32>,
+    owner: Vec<usize>,
+    last: Vec<u64>,
+    clock: u64,
+}
+
+impl ColumnCache {
+    fn new(n: usize, cap: usize) -> Self {
+        Self {
+            n,
+            slots: Vec::new(),
+            slot_of: vec![u32::MAX; n],
+            owner: Vec::with_capacity(cap),
+            last: Vec::with_capacity(cap),
+            clock: 0,
+        }
+    }
+    fn cap(&self) -> usize {
+        self.owner.capacity()
+    }
+    fn get(&self, j: usize) -> Option<&[f32]> {
+        let s = self.slot_of[j];
+        (s != u32::MAX).then(|| &self.slots[s as usize * self.n..(s as usize + 1) * self.n])
+    }
+    fn touch(&mut self, j: usize) {
+        let s = self.slot_of[j];
+        if s != u32::MAX {
+            self.last[s as usize] = self.clock;
+        }
+    }
+    /// A slot for column j: a free one, else the least recently used one not
+    /// touched at the current clock.
+    fn insert(&mut self, j: usize, col: &[f32]) {
+        let n = self.n;
+        let s = if self.owner.len() < self.cap() {
+            self.owner.push(j);
+            self.last.push(self.clock);
+            self.slots.extend_from_slice(col);
+            self.owner.len() - 1
+        } else {
+            let s = (0..self.owner.len()).min_by_key(|&s| self.last[s]).expect("cache has slots");
+            self.slot_of[self.owner[s]] = u32::MAX;
+            self.owner[s] = j;
+            self.last[s] = self.clock;
+            self.slots[s * n..(s + 1) * n].copy_from_slice(col);
+            s
+        };
+        self.slot_of[j] = s as u32;
+    }
+}
+
+/// Similarity columns recomputed on demand from unit-norm embeddings, never
+/// the n x n matrix: missing columns of a batch are one GEMM (row chunks in
+/// parallel) and recent columns are kept in a bounded LRU cache of at most
+/// `8 d` columns, so memory stays O(n d) (at most 8x the embeddings).
+pub struct OnDemandSource {
+    x: Vec<f32>,
+    n: usize,
+    d: usize,
+    kernel: Kernel,
+    batch: usize,
+    cache: ColumnCache,
+}
+
+impl OnDemandSource {
+    /// `x` must hold unit-norm rows (see [`crate::kernel::gather_normalized`]).
+    pub fn new(x: Vec<f32>, n: usize, d: usize, kernel: Kernel) -> Self {
+        const BATCH: usize = 64;
+        let cap = (8 * d).max(BATCH).min(n.max(1));
+        Self { x, n, d, kernel, batch: BATCH.min(cap), cache: ColumnCache::new(n, cap) }
+    }
+
+    /// Columns `js` (`b x n`, row r = column js[r]) by one GEMM in row chunks.
+    fn columns(&self, js: &[usize]) -> Vec<f32> {
+        let (n, d, kernel) = (self.n, self.d, self.kernel);
+        let b = js.len();
+        let mut xb = Vec::with_capacity(b * d);
+        for &j in js {
+            xb.extend_from_slice(&self.x[j * d..(j + 1) * d]);
+        }
+        // (n x b) blocks per row chunk, then transposed into (b x n)
+        let blocks: Vec<Vec<f32>> = (0..n.div_ceil(CHUNK))
+            .into_par_iter()
+            .map(|ci| {
+                let r0 = ci * CHUNK;
+                let rows = CHUNK.min(n - r0);
+                let mut blk = vec![0f32; rows * b];
+                gemm_abt(&self.x[r0 * d..(r0 + rows) * d], rows, &xb, b, d, &mut blk);
+                blk
+            })
+            .collect();
+        let mut out = vec![0f32; b * n];
+        for (ci, blk) in blocks.iter().enumerate() {
+            let r0 = ci * CHUNK;
+            for (ii, row) in blk.chunks_exact(b).enumerate() {
+                for (r, &v) in row.iter().enumerate() {
+                    out[r * n + r0 + ii] = kernel.apply(v);
+                }
+            }
+        }
+        for (r, &j) in js.iter().enumerate() {
+            out[r * n + j] = kernel.apply(1.0);
+        }
+        out
+    }
+
+    /// Make every column of `js` (at most the cache's size) resident.
+    fn ensure(&mut self, js: &[usize]) {
+        self.cache.clock += 1;
+        for &j in js {
+            self.cache.touch(j);
+        }
+        let missing: Vec<usize> = js.iter().copied().filter(|&j| self.cache.get(j).is_none()).collect();
+        if missing.is_empty() {
+            return;
+        }
+        let cols = self.columns(&missing);
+        let n = self.n;
+        for (r, &j) in missing.iter().enumerate() {
+            self.cache.insert(j, &cols[r * n..(r + 1) * n]);
+        }
+    }
+}
+
+impl Source for OnDemandSource {
+    fn n(&self) -> usize {
+        self.n
+    }
+    fn batch(&self) -> usize {
+        self.batch
+    }
+    fn batch_min(&self) -> usize {
+        // a batch of columns is one GEMM streaming all the embeddings: more
+        // columns per batch cost little more than fewer
+        self.batch
+    }
+    fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
+        let step = self.batch.max(1);
+        for (jb, ob) in js.chunks(step).zip(out.chunks_mut(step)) {
+            self.ensure(jb);
+            let cache = &self.cache;
+            ob.par_iter_mut().zip(jb.par_iter()).for_each(|(o, &j)| {
+                *o = column_gain_fast(cache.get(j).expect("column was just made resident"), w[j], w, c);
+            });
+        }
+    }
+    fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
+        self.ensure(&[j]);
+        column_cover(self.cache.get(j).expect("column was just made resident"), w[j], c);
+    }
+    fn initial_bounds(&mut self, w: &[f64], out: &mut [f64]) {
+        // Upper bounds on the empty-cover gains `w_j sum_i w_i S_ij`, computed
+        // another way than `gains` (so they may differ in the last bits) and
+        // padded: any valid bound keeps lazy greedy exact, because a pick is
+        // always re-evaluated by `gains` first.
+        let (n, d) = (self.n, self.d);
+        let sw: f64 = w.iter().sum();
+        let pad = |j: usize, v: f64| v.max(0.0) * (1.0 + 1e-5) + 1e-5 * w[j] * sw + 1e-12;
+        match self.kernel {
+            Kernel::Shift => {
+                // sum_i w_i (1 + x_i.x_j)/2 = (sum w + x_j . sum_i w_i x_i) / 2
+                let mut m = vec![0f64; d];
+                for (i, row) in self.x.chunks_exact(d).enumerate() {
+                    for (a, &v) in m.iter_mut().zip(row) {
+                        *a += w[i] * v as f64;
+                    }
+                }
+                for (j, o) in out.iter_mut().enumerate() {
+                    let row = &self.x[j * d..(j + 1) * d];
+                    let dot: f64 = row.iter().zip(&m).map(|(&a, &b)| a as f64 * b).sum();
+                    *o = pad(j, w[j] * 0.5 * (sw + dot));
+                }
+            }
+            Kernel::Clip => {
+                // one pass over the upper block triangle of S (half the flops
+                // of the full matrix, one stripe x stripe block at a time),
+                // partial sums reduced in a fixed order
+                const B: usize = crate::gram::STRIPE;
+                let nb = n.div_ceil(B);
+                let pairs: Vec<(usize, usize)> = (0..nb).flat_map(|a| (a..nb).map(move |b| (a, b))).collect();
+                let (x, kernel) = (&self.x, self.kernel);
+                let parts: Vec<(Vec<f64>, Vec<f64>)> = pairs
+                    .par_iter()
+                    .map(|&(a, b)| {
+                        let (i0, j0) = (a * B, b * B);
+                        let (mi, mj) = (B.min(n - i0), B.min(n - j0));
+                        let mut blk = vec![0f32; mi * mj];
+                        gemm_abt(&x[i0 * d..(i0 + mi) * d], mi, &x[j0 * d..(j0 + mj) * d], mj, d, &mut blk);
+                        let mut col = vec![0f64; mj]; // sum_i w_i S_ij for j in block b
+                        let mut row = vec![0f64; mi]; // sum_j w_j S_ij for i in block a (a != b)
+                        for (ii, r) in blk.chunks_exact(mj).enumerate() {
+                            let i = i0 + ii;
+                            let mut rs = 0f64;
+                            for (jj, &v) in r.iter().enumerate() {
+                                let j = j0 + jj;
+                                let s = if i == j { kernel.apply(1.0) } else { kernel.apply(v) } as f64;
+                                col[jj] += w[i] * s;
+                                rs += w[j] * s;
+                            }
+                            row[ii] = rs;
+                        }
+                        if a == b {
+                            row.clear();
+                        }
+                        (col, row)
+                    })
+                    .collect();
+                let mut acc = vec![0f64; n];
+                for (&(a, b), (col, row)) in pairs.iter().zip(&parts) {
+                    for (jj, v) in col.iter().enumerate() {
+                        acc[b * B + jj] += v;
+                    }
+                    for (ii, v) in row.iter().enumerate() {
+                        acc[a * B + ii] += v;
+                    }
+                }
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = pad(j, w[j] * acc[j]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! The interface through which greedy queries similarities.
+
+/// A source of similarities that greedy can query.
+pub trait Source {
+    /// Size of the ground set.
+    fn n(&self) -> usize;
+    /// `sum_i w_i * max(0, w_j * S_ij - c_i)` for each `j` in `js`.
+    fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]);
+    /// `c_i = max(c_i, w_j * S_ij)` for every i.
+    fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]);
+    /// Upper bounds on every gain with an empty cover (default: exact).
+    fn initial_bounds(&mut self, w: &[f64], out: &mut [f64]) {
+        let n = self.n();
+        let all: Vec<usize> = (0..n).collect();
+        let c = vec![0.0; n];
+        self.gains(&all, w, &c, out);
+    }
+    /// How many stale heap tops lazy greedy re-evaluates at once, at most.
+    fn batch(&self) -> usize {
+        1
+    }
+    /// The fewest stale tops re-evaluated at once once a step needed few
+    /// (default: 1/16 of `batch`).
+    fn batch_min(&self) -> usize {
+        (self.batch() / 16).max(1)
+    }
+    /// Called once with the weights before greedy starts (a source may
+    /// specialise on them).
+    fn prepare(&mut self, _w: &[f64]) {}
+}
