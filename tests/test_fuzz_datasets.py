@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,22 +180,41 @@ def drifting_shards(draw):
     return sfx, shards, faulty
 
 
-def run_case(source, out: Path, k, method, **kw):
-    return outcome(lambda: select_dataset(source, out, k, method, **kw))
+#: now and then a case runs through `mrt select` in a subprocess
+VIA_CLI = st.sampled_from([False] * 9 + [True])
+
+
+def run_case(source, out: Path, k, method, cli: bool = False, seed: int = 0, **kw):
+    """("ok", report) or ("input_error", its one line): `select_dataset` here, or
+    with ``cli`` `mrt select` in a subprocess (exit 0, or 2 with one line on
+    stderr; of ``kw`` it takes ``rows_per_bucket``, as ``--chunk-rows``)."""
+    if not cli:
+        return outcome(lambda: select_dataset(source, out, k, method, seed=seed, **kw))
+    argv = [sys.executable, "-m", "mrt_fast.cli", "select", str(source), str(out), "--k", str(k), "--method", method,
+            "--seed", str(seed)]
+    rows_per_bucket = kw.pop("rows_per_bucket", None)
+    if rows_per_bucket is not None:
+        argv += ["--chunk-rows", str(rows_per_bucket)]
+    assert not kw, kw
+    r = subprocess.run(argv, env=ENV, capture_output=True, text=True)
+    if r.returncode == 2:
+        return "input_error", one_error_line(r.stderr).removeprefix("error: ").rstrip("\n")
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    return "ok", None
 
 
 @cases(60)
 @given(case=drifting_shards(), method=st.sampled_from(["top", "random", "grades"]), k=st.integers(1, 4),
-       n_parts=st.integers(1, 3), to_file=st.booleans(), seed=st.integers(0, 2**32))
+       n_parts=st.integers(1, 3), to_file=st.booleans(), seed=st.integers(0, 2**32), cli=VIA_CLI)
 def test_drifting_shards_give_the_in_memory_rows_or_one_line(tmp_path_factory, case, method, k, n_parts, to_file,
-                                                            seed):
+                                                            seed, cli):
     sfx, shards, faulty = case
     tmp = tmp_path_factory.mktemp("drift")
     for i, (df, _) in enumerate(shards):
         write(df, tmp / "in" / f"f{i}{sfx}")
     before = snapshot(tmp / "in")
     out = tmp / ("o.parquet" if to_file else "o")
-    kind, got = run_case(tmp / "in", out, k, method, seed=seed, _n_parts=n_parts)
+    kind, got = run_case(tmp / "in", out, k, method, cli, seed, **({} if cli else {"_n_parts": n_parts}))
     note(f"{[d for _, d in shards]} -> {kind}: {got if kind != 'ok' else ''}")
     assert snapshot(tmp / "in") == before
     if faulty:
@@ -246,9 +266,9 @@ def corrupt(path: Path, kind: str, rnd) -> Path:
 @cases(40)
 @given(data=st.data(), sfx=st.sampled_from([".parquet", ".jsonl"]), n_files=st.integers(1, 3),
        method=st.sampled_from(["top", "grades"]), n_parts=st.integers(1, 3), to_file=st.booleans(),
-       how=st.sampled_from(["directory", "glob"]))
+       how=st.sampled_from(["directory", "glob"]), cli=VIA_CLI)
 def test_a_corrupt_shard_or_broken_link_is_one_line_naming_it(tmp_path_factory, data, sfx, n_files, method, n_parts,
-                                                              to_file, how):
+                                                              to_file, how, cli):
     tmp = tmp_path_factory.mktemp("corrupt")
     files = [write(pools(4, i), tmp / "in" / f"f{i}{sfx}") for i in range(n_files)]
     kind, i, rnd = data.draw(corruptions(n_files, sfx))
@@ -256,7 +276,7 @@ def test_a_corrupt_shard_or_broken_link_is_one_line_naming_it(tmp_path_factory, 
     before = snapshot(tmp / "in")
     out = tmp / ("o.parquet" if to_file else "o")
     source = tmp / "in" if how == "directory" else f"{tmp / 'in'}/*{sfx}"
-    got = run_case(source, out, 2, method, _n_parts=n_parts)
+    got = run_case(source, out, 2, method, cli, **({} if cli else {"_n_parts": n_parts}))
     note(f"{kind} {bad.name} -> {got}")
     assert got[0] == "input_error", f"{kind} {bad.name} was read"
     assert bad.name in one_line(got[1]), got[1]
@@ -301,15 +321,16 @@ def hive_layouts(draw):
 
 
 @cases(40)
-@given(case=hive_layouts(), method=st.sampled_from(["top", "random"]), k=st.integers(1, 3), n_parts=st.integers(1, 3))
-def test_hive_keys_are_read_as_columns_or_refused(tmp_path_factory, case, method, k, n_parts):
+@given(case=hive_layouts(), method=st.sampled_from(["top", "random"]), k=st.integers(1, 3), n_parts=st.integers(1, 3),
+       cli=VIA_CLI)
+def test_hive_keys_are_read_as_columns_or_refused(tmp_path_factory, case, method, k, n_parts, cli):
     sfx, files, key, verdict = case
     tmp = tmp_path_factory.mktemp("hive")
     for i, (folder, df) in enumerate(files):
         write(df, tmp / "in" / folder / f"f{i}{sfx}")
     before = snapshot(tmp / "in")
     out = tmp / "o"
-    got = run_case(tmp / "in", out, k, method, _n_parts=n_parts)
+    got = run_case(tmp / "in", out, k, method, cli, **({} if cli else {"_n_parts": n_parts}))
     note(f"{[f for f, _ in files]} -> {got}")
     assert snapshot(tmp / "in") == before
     if verdict != "ok":
@@ -380,9 +401,9 @@ def test_a_job_stopped_after_any_part_reruns_to_the_same_bytes(tmp_path_factory,
 # --------------------------------------------------------------------------- real processes: kill -9, two jobs
 
 
-def mrt_select(inp: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "mrt_fast.cli", "select", str(inp), str(out), "--k", "2", "--chunk-rows", "2000",
-            *extra]
+def mrt_select(inp: Path, out: Path, *extra: str, chunk_rows: int = 2000) -> list[str]:
+    return [sys.executable, "-m", "mrt_fast.cli", "select", str(inp), str(out), "--k", "2", "--chunk-rows",
+            str(chunk_rows), *extra]
 
 
 def one_error_line(stderr: str) -> str:
@@ -421,23 +442,37 @@ def wait_for_lock(p: subprocess.Popen, out: Path) -> float:
     return time.monotonic()
 
 
+def wait_for_parts(p: subprocess.Popen, out: Path, n: int) -> None:
+    """Until ``out`` holds ``n`` parts (or ``p`` ended)."""
+    while len(list(out.glob("part-*.parquet"))) < n and p.poll() is None:
+        time.sleep(0.0005)
+
+
+#: where a kill lands: ("time", x) x times an uninterrupted job's lock time after the
+#: lock is taken, or ("part", n) as the n-th part appears
+KILL_POINTS = st.tuples(st.just("time"), st.floats(0.0, 1.2)) | st.tuples(st.just("part"), st.integers(1, 10))
+
+
 @pytest.mark.slow
-@cases(6)
-@given(at=st.floats(0.0, 1.2), twice=st.booleans())
-def test_kill_9_of_a_real_job_at_a_random_point_then_a_rerun_gives_the_same_parts(job, tmp_path_factory, at, twice):
-    """`mrt select` killed with SIGKILL at a random point of its life (``at`` times
-    how long an uninterrupted job holds its lock, after it took it), maybe twice,
-    then run again: exit 0, and the parts are byte for byte an uninterrupted run's."""
+@cases(8)
+@given(points=st.lists(KILL_POINTS, min_size=1, max_size=2))
+def test_kill_9_of_a_real_job_at_a_random_point_then_a_rerun_gives_the_same_parts(job, tmp_path_factory, points):
+    """`mrt select` killed with SIGKILL at random points of its life (once or twice),
+    then run again: exit 0, and the parts are byte for byte an uninterrupted run's,
+    each as the manifest records it."""
     inp, clean, held, before = job
     out = tmp_path_factory.mktemp("kill") / "o"
-    for _ in range(2 if twice else 1):
+    for how, at in points:
         p = subprocess.Popen(mrt_select(inp, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True)
         wait_for_lock(p, out)
-        time.sleep(at * held)
+        if how == "time":
+            time.sleep(at * held)
+        else:
+            wait_for_parts(p, out, at)
         p.send_signal(signal.SIGKILL)
         rc = p.wait()
-        note(f"killed at {at:.2f} x {held:.2f}s: rc {rc}")
+        note(f"killed at {how} {at} ({held:.2f}s): rc {rc}, {len(list(out.glob('part-*')))} parts")
         assert rc in (0, -signal.SIGKILL), p.stderr.read()
     r = subprocess.run(mrt_select(inp, out), env=ENV, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -447,20 +482,19 @@ def test_kill_9_of_a_real_job_at_a_random_point_then_a_rerun_gives_the_same_part
 
 @pytest.mark.slow
 @cases(4)
-@given(gap=st.floats(0.0, 1.0))
+@given(gap=st.floats(0.0, 0.6))
 def test_two_real_jobs_on_one_output_finish_it_once_or_refuse_in_one_line(job, tmp_path_factory, gap):
-    """A second `mrt select` started ``gap`` times a job's lock time after the first,
-    on the same output: each exits 0 or refuses in one line naming the holder; the
-    output ends complete, with an uninterrupted run's parts."""
+    """Two `mrt select` on the same output, the second started ``gap`` times a job's
+    lock time after the first: each exits 0 or refuses in one line naming the
+    holder; the output ends complete, with an uninterrupted run's parts."""
     inp, clean, held, before = job
     out = tmp_path_factory.mktemp("two") / "o"
-    first = subprocess.Popen(mrt_select(inp, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)
-    wait_for_lock(first, out)
-    time.sleep(gap * held)
-    second = subprocess.run(mrt_select(inp, out), env=ENV, capture_output=True, text=True)
-    first.wait()
-    results = [(first.returncode, first.stderr.read()), (second.returncode, second.stderr)]
+    jobs = []
+    for _ in range(2):
+        jobs.append(subprocess.Popen(mrt_select(inp, out), env=ENV, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True))
+        time.sleep(gap * held)
+    results = [(p.wait(), p.stderr.read()) for p in jobs]
     note(f"gap {gap:.2f} x {held:.2f}s: {results}")
     for rc, err in results:
         assert rc in (0, 2), err
@@ -469,3 +503,82 @@ def test_two_real_jobs_on_one_output_finish_it_once_or_refuse_in_one_line(job, t
     assert 0 in [rc for rc, _ in results]
     assert_complete(out, clean)
     assert snapshot(inp) == before
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture(scope="module")
+def small_disk(tmp_path_factory):
+    """An 8 MiB tmpfs (root only; skipped where it cannot be mounted), unmounted at the end."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    d = tmp_path_factory.mktemp("disk")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def leave_free(disk: Path, free: int) -> None:
+    """Empty ``disk``, then fill it (a ballast file) until ``free`` bytes are left."""
+    for p in disk.iterdir():
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    st_ = os.statvfs(disk)
+    fill = st_.f_bavail * st_.f_frsize - free
+    if fill > 0:
+        with open(disk / "ballast", "wb") as fh:
+            os.posix_fallocate(fh.fileno(), 0, fill)
+
+
+@pytest.fixture(scope="module")
+def spill_input(tmp_path_factory):
+    """12,000 candidates with 16-d embeddings in three Parquet files (about 1 MB spilled)."""
+    tmp = tmp_path_factory.mktemp("spill_in")
+    rng = np.random.default_rng(1)
+    n = 12_000
+    ids = np.repeat(np.arange(n), rng.integers(1, 12, n))[:n]
+    df = pl.DataFrame({"prompt_id": ids, "reward": rng.integers(-16, 16, n) / 8 + 1 / 16,
+                       "embedding": rng.standard_normal((n, 16)).astype(np.float32)})
+    df = df.sample(fraction=1.0, shuffle=True, seed=1)
+    for i in range(3):
+        write(df[i * n // 3:(i + 1) * n // 3], tmp / "in" / f"f{i}.parquet")
+    return tmp / "in"
+
+
+FREE = st.sampled_from([0, 1, 4096, 64 << 10]) | st.integers(0, 3 << 20)
+
+
+@cases(12)
+@given(free=FREE, to_file=st.booleans(), rows_per_bucket=st.sampled_from([2500, 6000, 20000]),
+       method=st.sampled_from(["top", "grades"]), cli=VIA_CLI)
+def test_a_full_disk_is_one_line_and_a_rerun_with_room_finishes_as_a_clean_run(small_disk, spill_input, tmp_path_factory,
+                                                                                free, to_file, rows_per_bucket, method,
+                                                                                cli):
+    """A job on a disk with ``free`` bytes left finishes, or stops with one
+    `MrtInputError` line saying the disk is full (the CLI: exit 2, one line); with
+    room again the same job finishes with a clean run's rows (a directory: its parts,
+    byte for byte)."""
+    name = "o.parquet" if to_file else "o"
+    clean = tmp_path_factory.mktemp("clean") / name
+    select_dataset(spill_input, clean, 2, method, rows_per_bucket=rows_per_bucket)
+    before = snapshot(spill_input)
+    out = small_disk / name
+    leave_free(small_disk, free)
+    got = run_case(spill_input, out, 2, method, cli, rows_per_bucket=rows_per_bucket)
+    note(f"{free} bytes free: {got}")
+    if got[0] == "input_error":
+        msg = one_line(got[1])
+        assert "no space left on device while" in msg and "bytes free" in msg and "rerun" in msg, msg
+        assert str(spill_input) not in msg, "a full disk blamed on the input"
+        (small_disk / "ballast").unlink()
+        got = run_case(spill_input, out, 2, method, cli, rows_per_bucket=rows_per_bucket)
+    assert got[0] == "ok", got[1]
+    assert snapshot(spill_input) == before
+    if to_file:
+        assert_same_rows(kept(out), kept(clean), ordered=True)
+        assert sorted(p.name for p in small_disk.iterdir()) in (["ballast", name], [name])
+    else:
+        assert_complete(out, clean)
