@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 import mrt_fast
 from mrt_fast.batch import select_dataset
 from mrt_fast.io import temp_name
-from mrt_fast.job_lock import LOCK_NAME
+from mrt_fast.job_lock import lock_path
 from mrt_fast.manifest import Manifest, part_check, part_name
 
 from test_fuzz_api import EXAMPLES, outcome
@@ -414,8 +414,9 @@ def one_error_line(stderr: str) -> str:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    """An input of 20,000 candidates in two shuffled Parquet files (10 parts of
-    2,000 rows), its uninterrupted output, and how long that job held its lock."""
+    """An input of 20,000 candidates in two shuffled Parquet files, its
+    uninterrupted outputs (a directory of 10 parts of 2,000 rows, and a file),
+    how long the directory's job held its lock, and the input's snapshot."""
     tmp = tmp_path_factory.mktemp("job")
     rng = np.random.default_rng(0)
     n = 20_000
@@ -432,19 +433,29 @@ def job(tmp_path_factory):
     assert p.wait() == 0, p.stderr.read()
     held = time.monotonic() - t_lock
     assert Manifest.read(tmp / "clean").n_parts == 10
-    return tmp / "in", tmp / "clean", held, snapshot(tmp / "in")
+    r = subprocess.run(mrt_select(tmp / "in", tmp / "clean.parquet"), env=ENV, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return tmp / "in", {False: tmp / "clean", True: tmp / "clean.parquet"}, held, snapshot(tmp / "in")
 
 
 def wait_for_lock(p: subprocess.Popen, out: Path) -> float:
     """When ``p`` took the lock of ``out`` (or ended)."""
-    while not (out / LOCK_NAME).exists() and p.poll() is None:
+    lock = lock_path(out, directory=not out.suffix)
+    while not lock.exists() and p.poll() is None:
         time.sleep(0.0005)
     return time.monotonic()
 
 
+def finished_parts(out: Path) -> int:
+    """The parts a job on ``out`` has written so far (a file output's are in its spill)."""
+    if out.suffix:
+        return len(list(out.parent.glob(f".{out.name}.spill-*/parts/*.parquet")))
+    return len(list(out.glob("part-*.parquet")))
+
+
 def wait_for_parts(p: subprocess.Popen, out: Path, n: int) -> None:
-    """Until ``out`` holds ``n`` parts (or ``p`` ended)."""
-    while len(list(out.glob("part-*.parquet"))) < n and p.poll() is None:
+    """Until a job on ``out`` has written ``n`` parts (or ``p`` ended)."""
+    while finished_parts(out) < n and p.poll() is None:
         time.sleep(0.0005)
 
 
@@ -455,13 +466,14 @@ KILL_POINTS = st.tuples(st.just("time"), st.floats(0.0, 1.2)) | st.tuples(st.jus
 
 @pytest.mark.slow
 @cases(8)
-@given(points=st.lists(KILL_POINTS, min_size=1, max_size=2))
-def test_kill_9_of_a_real_job_at_a_random_point_then_a_rerun_gives_the_same_parts(job, tmp_path_factory, points):
+@given(points=st.lists(KILL_POINTS, min_size=1, max_size=2), to_file=st.sampled_from([False, False, True]))
+def test_kill_9_of_a_real_job_at_a_random_point_then_a_rerun_gives_the_same_parts(job, tmp_path_factory, points,
+                                                                                  to_file):
     """`mrt select` killed with SIGKILL at random points of its life (once or twice),
     then run again: exit 0, and the parts are byte for byte an uninterrupted run's,
-    each as the manifest records it."""
+    each as the manifest records it (a file output: the file, and nothing beside it)."""
     inp, clean, held, before = job
-    out = tmp_path_factory.mktemp("kill") / "o"
+    out = tmp_path_factory.mktemp("kill") / ("o.parquet" if to_file else "o")
     for how, at in points:
         p = subprocess.Popen(mrt_select(inp, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True)
@@ -472,11 +484,15 @@ def test_kill_9_of_a_real_job_at_a_random_point_then_a_rerun_gives_the_same_part
             wait_for_parts(p, out, at)
         p.send_signal(signal.SIGKILL)
         rc = p.wait()
-        note(f"killed at {how} {at} ({held:.2f}s): rc {rc}, {len(list(out.glob('part-*')))} parts")
+        note(f"killed at {how} {at} ({held:.2f}s): rc {rc}, {finished_parts(out)} parts")
         assert rc in (0, -signal.SIGKILL), p.stderr.read()
     r = subprocess.run(mrt_select(inp, out), env=ENV, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert_complete(out, clean)
+    if to_file:
+        assert out.read_bytes() == clean[True].read_bytes()
+        assert os.listdir(out.parent) == [out.name]  # a dead job's spill and lock are gone
+    else:
+        assert_complete(out, clean[False])
     assert snapshot(inp) == before
 
 
@@ -488,6 +504,7 @@ def test_two_real_jobs_on_one_output_finish_it_once_or_refuse_in_one_line(job, t
     lock time after the first: each exits 0 or refuses in one line naming the
     holder; the output ends complete, with an uninterrupted run's parts."""
     inp, clean, held, before = job
+    clean = clean[False]
     out = tmp_path_factory.mktemp("two") / "o"
     jobs = []
     for _ in range(2):
