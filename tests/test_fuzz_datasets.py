@@ -11,9 +11,7 @@ disk writes parts byte-identical to an uninterrupted run's.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -385,7 +383,7 @@ def test_a_job_stopped_after_any_part_reruns_to_the_same_bytes(tmp_path_factory,
     for i in range(n_files):
         write(pools(30, seed + i, first=100 * i), tmp / "in" / f"f{i}{sfx}")
     before = snapshot(tmp / "in")
-    kw = dict(seed=seed, _n_parts=n_parts, workers=workers)
+    kw = {"seed": seed, "_n_parts": n_parts, "workers": workers}
     select_dataset(tmp / "in", tmp / "clean", 2, method, **kw)
     j = data.draw(st.integers(1, n_parts - 1))
     with pytest.raises(RuntimeError, match="stopped after"):
