@@ -496,14 +496,14 @@ def test_kill_9_of_a_real_job_at_a_random_point_then_a_rerun_gives_the_same_part
 
 @pytest.mark.slow
 @cases(4)
-@given(gap=st.floats(0.0, 0.6))
-def test_two_real_jobs_on_one_output_finish_it_once_or_refuse_in_one_line(job, tmp_path_factory, gap):
+@given(gap=st.floats(0.0, 0.6), to_file=st.sampled_from([False, False, True]))
+def test_two_real_jobs_on_one_output_finish_it_once_or_refuse_in_one_line(job, tmp_path_factory, gap, to_file):
     """Two `mrt select` on the same output, the second started ``gap`` times a job's
     lock time after the first: each exits 0 or refuses in one line naming the
-    holder; the output ends complete, with an uninterrupted run's parts."""
+    holder; the output ends complete, with an uninterrupted run's parts (a file
+    output: its bytes, and nothing beside it)."""
     inp, clean, held, before = job
-    clean = clean[False]
-    out = tmp_path_factory.mktemp("two") / "o"
+    out = tmp_path_factory.mktemp("two") / ("o.parquet" if to_file else "o")
     jobs = []
     for _ in range(2):
         jobs.append(subprocess.Popen(mrt_select(inp, out), env=ENV, stdout=subprocess.DEVNULL,
@@ -516,7 +516,11 @@ def test_two_real_jobs_on_one_output_finish_it_once_or_refuse_in_one_line(job, t
         if rc == 2:
             assert "pid" in one_error_line(err) and "host" in err, err
     assert 0 in [rc for rc, _ in results]
-    assert_complete(out, clean)
+    if to_file:
+        assert out.read_bytes() == clean[True].read_bytes()
+        assert os.listdir(out.parent) == [out.name]
+    else:
+        assert_complete(out, clean[False])
     assert snapshot(inp) == before
 
 
