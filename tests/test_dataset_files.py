@@ -318,6 +318,8 @@ def test_a_bad_value_is_named_by_its_file_and_row(tmp_path_factory, data, n_pool
     df = with_embeddings(rows(n_pools, 3, seed=seed).sample(fraction=1.0, shuffle=True, seed=seed), seed)
     row = data.draw(st.integers(0, df.height - 1))
     cuts = data.draw(st.lists(st.integers(0, df.height), max_size=3))
+    if sfx == ".jsonl":  # a JSONL file of no rows is refused as empty: no shard without rows
+        cuts = sorted(set(cuts) - {0, df.height})
     files = shards(plant(df, row, fault), tmp / "in", cuts, sfx)
     with pytest.raises(MrtInputError) as info:
         select_dataset(tmp / "in", tmp / "o.parquet", 2, "grades", _n_parts=n_parts)
