@@ -549,6 +549,29 @@ def test_a_finished_directory_that_lost_or_changed_a_part_redoes_it(tmp_path, la
     assert select_dataset(tmp_path / "in", out, 2, "grades").already_done
 
 
+@pytest.mark.parametrize("damage", ["delete", "flip"])
+def test_a_stopped_job_that_lost_a_finished_part_redoes_it_from_the_input(tmp_path, damage):
+    """The spill of a stopped job no longer holds the buckets of its finished parts:
+    one of those parts lost or changed before the rerun is redone from the input,
+    with its rows, never from an emptied bucket."""
+    whole = _finished(tmp_path)
+    out = tmp_path / "stopped"
+    with pytest.raises(RuntimeError, match="stopped after 3"):
+        select_dataset(tmp_path / "in", out, 2, "grades", _n_parts=4, _fail_after=3)
+    assert (out / "_spill").is_dir()
+    p = out / "part-00001.parquet"
+    if damage == "delete":
+        p.unlink()
+    else:
+        b = bytearray(p.read_bytes())
+        b[len(b) // 2] ^= 0x01
+        p.write_bytes(bytes(b))
+    rep = select_dataset(tmp_path / "in", out, 2, "grades", _n_parts=4)
+    assert rep.resumed and rep.parts_done_now == 2
+    assert {q.name: q.read_bytes() for q in sorted(out.glob("part-*.parquet"))} == whole
+    assert Manifest.read(out).rows == sum(pl.read_parquet(out / n).height for n in whole)
+
+
 def test_a_manifest_of_the_first_format_is_read_and_checked(tmp_path):
     whole = _finished(tmp_path)
     out = tmp_path / "out"

@@ -240,3 +240,21 @@ def test_without_flock_the_recorded_pid_tells_whether_the_holder_lives(tmp_path,
     with JobLock.take(path):  # its holder is dead now
         assert json.loads(path.read_text())["pid"] == os.getpid()
     assert not path.exists()
+
+
+def test_a_full_disk_while_taking_the_lock_says_so_in_one_line(tmp_path, monkeypatch):
+    """No room for the lock file: the one line a full disk gets (what, where, the bytes free), nothing left."""
+    import errno
+
+    from mrt_fast import job_lock
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(job_lock, "_new_lock_file", full)
+    make_input(tmp_path / "in", n_pools=10)
+    for out in (tmp_path / "out", tmp_path / "out.parquet"):
+        with pytest.raises(MrtInputError, match=r"^no space left on device while taking the lock of '.*out(\.parquet)?' "
+                                                r"\([\d,]+ bytes free\); free space and rerun the same command"):
+            select_dataset(tmp_path / "in", out, 2, "random")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

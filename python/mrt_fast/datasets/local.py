@@ -522,8 +522,16 @@ def _take(t, idx):
 
 
 def _drop_bucket(spill_dir: Path, i: int) -> None:
+    """Delete bucket ``i`` of a spill, marked as dropped first: a rerun that must
+    redo its part (the part lost or changed) sees the spill no longer holds it."""
+    (Path(spill_dir) / f"bucket-{i:05d}.dropped").touch()
     for f in bucket_files(spill_dir, i):
         f.unlink(missing_ok=True)
+
+
+def holds_buckets(spill_dir: Path, todo: list[int]) -> bool:
+    """Whether a spill still holds every bucket of ``todo`` (none was dropped)."""
+    return not any((Path(spill_dir) / f"bucket-{i:05d}.dropped").exists() for i in todo)
 
 
 def bucket_files(spill_dir: Path, i: int) -> list[Path]:
@@ -837,7 +845,8 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                 spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-{os.getpid()}-", dir=parent))
             try:
                 done_marker = spill_dir / "_complete"
-                if not (done_marker.exists() and done_marker.read_text() == f"{fp} {n_buckets}"):
+                if not (done_marker.exists() and done_marker.read_text() == f"{fp} {n_buckets}"
+                        and holds_buckets(spill_dir, todo)):
                     shutil.rmtree(spill_dir, ignore_errors=True)
                     bar.phase("partitioning")
                     seen = [0]

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast._util.files import clean_stale_temps, temp_name
+from mrt_fast._util.disk_space import is_no_space, no_space_error
 
 LOCK_NAME = "_mrt.lock"
 
@@ -131,11 +132,15 @@ def output_lock(output: str | os.PathLike, *, directory: bool) -> Iterator[JobLo
         except FileExistsError:
             pass
         except OSError as e:
+            if is_no_space(e):
+                raise no_space_error("creating the output directory", out) from None
             raise MrtInputError(f"cannot create the output directory {str(out)!r}: {e.strerror or e}") from None
     try:
         lock = JobLock.take(lock_path(out, directory=directory), f"output {str(out)!r}")
     except OSError as e:
         _remove_if_empty(out, created)
+        if is_no_space(e):
+            raise no_space_error("taking the lock of", out) from None
         raise MrtInputError(f"cannot lock the output {str(out)!r}: {e.strerror or e}") from None
     except BaseException:
         _remove_if_empty(out, created)
