@@ -246,7 +246,7 @@ def test_a_full_disk_while_taking_the_lock_says_so_in_one_line(tmp_path, monkeyp
     """No room for the lock file: the one line a full disk gets (what, where, the bytes free), nothing left."""
     import errno
 
-    from mrt_fast import job_lock
+    from mrt_fast.datasets import lock as job_lock
 
     def full(path):
         raise OSError(errno.ENOSPC, "No space left on device")
