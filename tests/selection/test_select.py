@@ -239,7 +239,7 @@ def test_bad_inputs_raise_clear_errors():
     bad(df, r"method must be one of", 2, "best")
     bad(df, r"kernel must be one of", 2, "grades", kernel="rbf")
     bad(df.with_columns(pl.lit(None).alias("prompt_id")), r"null prompt id", 2, "random")
-    with pytest.raises(TypeError, match="polars DataFrame"):
+    with pytest.raises(MrtInputError, match="polars DataFrame.*datasets.Dataset"):
         select({"a": [1]}, 2)
     bad(df.with_columns(pick_rank=pl.lit(1)), r"already has column", 2, "random")
 

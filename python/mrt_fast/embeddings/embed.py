@@ -34,6 +34,7 @@ import numpy as np
 import polars as pl
 
 from mrt_fast.errors import MissingDependencyError, MrtInputError
+from mrt_fast.tables.hf import arrow_to_hf, hf_to_arrow, is_hf
 from mrt_fast.tables.layouts import GROUPED, attach, detect, explode
 from mrt_fast.tables.arrays import columns_of, table_kind, to_polars
 from mrt_fast._util.device import check_device, resolve_device
@@ -356,7 +357,13 @@ def embed(
     In the grouped layout (``text`` holds a list of responses per prompt, told
     apart by ``layout="auto"``) ``out`` holds one list of vectors per prompt,
     in the order of its responses. An existing column named ``out`` is an
-    error unless ``overwrite=True`` (never the ``text`` column itself)."""
+    error unless ``overwrite=True`` (never the ``text`` column itself). A
+    ``datasets.Dataset`` comes back as a ``Dataset``."""
+    if is_hf(table):
+        res = embed(hf_to_arrow(table), text=text, out=out, model=model, batch_size=batch_size, cache_dir=cache_dir,
+                    device=device, processes=processes, overwrite=overwrite, progress=progress, callback=callback,
+                    stats=stats, layout=layout, by=by)
+        return arrow_to_hf(res.to_arrow())
     kind = table_kind(table)
     cols = columns_of(table, kind)
     if text not in cols:

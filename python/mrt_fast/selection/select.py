@@ -17,6 +17,7 @@ import polars as pl
 from mrt_fast import _grades_core as core
 from mrt_fast.selection.candidate_keys import checked_key
 from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.hf import arrow_to_hf, hf_to_arrow, is_hf
 from mrt_fast.tables.layouts import GROUPED, table_layout
 from mrt_fast.tables.arrays import (
     columns_of,
@@ -77,8 +78,9 @@ def select(
 
     Parameters
     ----------
-    table : polars.DataFrame | pyarrow.Table | pandas.DataFrame
-        One row per candidate response.
+    table : polars.DataFrame | pyarrow.Table | pandas.DataFrame | datasets.Dataset
+        One row per candidate response (or one per prompt: ``layout``). The
+        result has the same type.
     k : int | str
         Candidates kept per pool (prompt), or the name of an integer column
         holding each pool's K (constant within a pool, >= 1; e.g. from
@@ -138,6 +140,9 @@ def select(
         by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
         seed=seed, candidate_key=candidate_key, optimizer=optimizer, return_report=return_report,
     )
+    if is_hf(table):  # a datasets.Dataset: selected as its Arrow table, handed back as a Dataset
+        res = select(hf_to_arrow(table), k, method, layout=layout, candidate_columns=candidate_columns, **opts)
+        return (arrow_to_hf(res[0]), res[1]) if return_report else arrow_to_hf(res)
     kind = table_kind(table)
     if table_layout(table, kind, {embedding: 1, reward: 0, mode: 0}, layout) == GROUPED:
         from mrt_fast.selection.grouped import select_grouped

@@ -29,8 +29,9 @@ def table_kind(table: Any) -> str:
         return "pandas"
     if isinstance(table, pl.LazyFrame):
         raise MrtInputError("select needs a DataFrame, not a LazyFrame: call .collect() first")
-    raise TypeError(
-        f"table must be a polars DataFrame, a pyarrow Table or a pandas DataFrame, got {type(table).__name__}"
+    raise MrtInputError(
+        "table must be a polars DataFrame, a pyarrow Table, a pandas DataFrame or a datasets.Dataset, "
+        f"got {type(table).__name__}"
     )
 
 

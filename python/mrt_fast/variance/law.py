@@ -30,6 +30,7 @@ import polars as pl
 
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.hf import hf_to_arrow, is_hf
 from mrt_fast.tables.layouts import GROUPED, detect, explode
 from mrt_fast.tables.arrays import pandas_column, columns_of, pool_keys, require, table_kind, to_polars
 from mrt_fast.tables.key_values import refuse_nan
@@ -565,6 +566,8 @@ class VarianceReport:
 
 def _frame(table: Any, by: str, loss: str, layout: str = "auto") -> pl.DataFrame:
     """The prompt id and loss columns as one flat polars frame (a grouped table's loss lists exploded)."""
+    if is_hf(table):
+        table = hf_to_arrow(table)
     kind = table_kind(table)
     cols = columns_of(table, kind)
     require(cols, by, "prompt id")
