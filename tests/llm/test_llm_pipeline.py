@@ -274,6 +274,21 @@ def test_generation_resumes_without_duplicates_or_losses(tiny_paths, tmp_path):
         generate(prompts, out, str(tiny_paths["lm"]), **{**kw, "n": 4})
 
 
+@pytest.mark.parametrize("ids", [[10, 2, 33], [1.5, -0.25, 7.0], ["a", "b", "c"]])
+def test_generation_keeps_prompt_ids_as_given(tiny_paths, tmp_path, ids):
+    """Ids come back with their value and type: they join back to the prompt table, and the
+    random picks of `select` (keyed by value and type) are those of the prompt table's ids."""
+    from mrt_fast.llm.generate import generate
+    from mrt_fast.llm.testing import tiny_prompt_table
+
+    prompts = tiny_prompt_table(3, with_reference=False).with_columns(pl.Series("prompt_id", ids))
+    got = generate(prompts, tmp_path / "g.parquet", str(tiny_paths["lm"]), n=2, max_new_tokens=3, progress=False)
+    assert got["prompt_id"].dtype == prompts["prompt_id"].dtype
+    assert got["prompt_id"].unique(maintain_order=True).to_list() == ids
+    assert got.join(prompts.select("prompt_id"), on="prompt_id").height == got.height
+    assert pl.read_parquet(tmp_path / "g.parquet")["prompt_id"].dtype == prompts["prompt_id"].dtype
+
+
 def test_generation_rejects_bad_input(tiny_paths, tmp_path):
     from mrt_fast.llm.generate import generate
 

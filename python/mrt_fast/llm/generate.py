@@ -239,6 +239,11 @@ def generate(
     cfg.validate()
     df = as_polars(prompts)
     require_columns(df, [id_column, prompt_column], "prompts")
+    if df[id_column].null_count():
+        row = int(df[id_column].is_null().arg_true()[0])
+        raise MrtInputError(f"column {id_column!r} has a null prompt id at row {row}", column=id_column, row=row)
+    # shards key prompts by the id's text; the output keeps the ids as given (value and type)
+    ids = df[id_column]
     df = df.with_columns(pl.col(id_column).cast(pl.Utf8))
     dup = df[id_column].is_duplicated()
     if dup.any():
@@ -283,12 +288,14 @@ def generate(
         bar.close()
 
     allc = load_shards(out)
-    order = pl.DataFrame({"prompt_id": df[id_column], "_order": np.arange(df.height)})
+    order = pl.DataFrame({"prompt_id": df[id_column], "_order": np.arange(df.height), "_id": ids})
     allc = (
         allc.join(order, on="prompt_id", how="inner")
         .sort(["_order", "candidate_index"])
-        .drop("_order")
+        .with_columns(pl.col("_id").alias("prompt_id"))
+        .drop("_order", "_id")
     )
+    df = df.with_columns(ids.alias(id_column))
     extra = [c for c in df.columns if c not in (id_column, prompt_column) and c not in allc.columns]
     if extra:
         allc = allc.join(df.select([id_column, *extra]).rename({id_column: "prompt_id"}), on="prompt_id", how="left")
