@@ -633,3 +633,20 @@ def test_cli_diagnose_bad_input(tmp_path):
     pl.DataFrame({"prompt_id": [1, 2, 3], "loss": [0.1, 0.2, 0.3]}).write_csv(f)
     res = CliRunner().invoke(app, ["diagnose", str(f)])
     assert res.exit_code == 2 and "single response" in res.output
+
+
+def test_generation_logprobs_as_the_pilot_loss():
+    """`tokens=` turns a sum of token log-probabilities into the mean token NLL, in either layout."""
+    rng = np.random.default_rng(4)
+    ids = np.repeat(np.arange(40), 4)
+    n = rng.integers(1, 30, len(ids))
+    nll = rng.gamma(2.0, 0.5, len(ids)) + np.repeat(rng.normal(0, 0.3, 40), 4) ** 2
+    gen = pl.DataFrame({"prompt_id": ids, "logprob": -nll * n, "n_tokens": n})
+    a = mrt_fast.variance_budget(gen, loss="logprob", tokens="n_tokens", n_boot=50)
+    b = mrt_fast.variance_budget(pl.DataFrame({"prompt_id": ids, "loss": nll}), n_boot=50)
+    assert a.v_y_given_x == pytest.approx(b.v_y_given_x) and a.v_x == pytest.approx(b.v_x)
+    grouped = gen.group_by("prompt_id", maintain_order=True).agg("logprob", "n_tokens")
+    c = mrt_fast.variance_budget(grouped, loss="logprob", tokens="n_tokens", n_boot=50)
+    assert c.v_y_given_x == pytest.approx(a.v_y_given_x)
+    with pytest.raises(MrtInputError, match="token count.*>= 1"):
+        mrt_fast.variance_budget(gen.with_columns(pl.lit(0).alias("n_tokens")), loss="logprob", tokens="n_tokens")

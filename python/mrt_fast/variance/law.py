@@ -564,8 +564,11 @@ class VarianceReport:
         return fig
 
 
-def _frame(table: Any, by: str, loss: str, layout: str = "auto") -> pl.DataFrame:
-    """The prompt id and loss columns as one flat polars frame (a grouped table's loss lists exploded)."""
+def _frame(table: Any, by: str, loss: str, layout: str = "auto", tokens: str | None = None) -> pl.DataFrame:
+    """The prompt id and loss columns as one flat polars frame (a grouped table's lists exploded).
+
+    With ``tokens``, ``loss`` is a sum of token log-probabilities (``mrt generate``'s ``logprob``)
+    and the loss used is its mean token negative log-likelihood, ``-loss / tokens``."""
     if is_hf(table):
         table = hf_to_arrow(table)
     kind = table_kind(table)
@@ -574,9 +577,22 @@ def _frame(table: Any, by: str, loss: str, layout: str = "auto") -> pl.DataFrame
     require(cols, loss, "loss")
     if by == loss:
         raise MrtInputError(f"the prompt id and loss columns are both {by!r}", column=by)
-    df = to_polars(table, kind, [by, loss])
+    if tokens is not None:
+        require(cols, tokens, "token count")
+    df = to_polars(table, kind, [by, loss] + ([tokens] if tokens is not None else []))
     if detect(df.schema, {loss: 0}, layout) == GROUPED:
-        df = explode(df, by, [loss])
+        df = explode(df, by, [loss] + ([tokens] if tokens is not None else []))
+    if tokens is not None:
+        n = df[tokens]
+        if not n.dtype.is_numeric():
+            raise MrtInputError(f"column {tokens!r} (token count) must be numeric, got {n.dtype}", column=tokens)
+        bad = (n.cast(pl.Float64) < 1).fill_null(True)
+        if bad.any():
+            r = int(bad.arg_true()[0])
+            raise MrtInputError(f"column {tokens!r} (token count) must be >= 1, got {n[r]!r} at row {r}",
+                                column=tokens, row=r)
+        lp = loss_column(df, loss)
+        df = df.select(by).with_columns(pl.Series(loss, -lp / n.cast(pl.Float64).to_numpy()))
     return df
 
 
@@ -758,6 +774,7 @@ def variance_budget(
     bootstrap: str = "auto",
     interval: str = "auto",
     layout: str = "auto",
+    tokens: str | None = None,
 ) -> VarianceReport:
     """Estimate V_x and V_y|x from a table of per-response losses and say how
     many responses per prompt the budget law recommends.
@@ -765,7 +782,10 @@ def variance_budget(
     `table`: polars/Arrow/pandas, one row per response with a prompt id column
     `by` (any type) and a numeric `loss` column, or one row per prompt with a
     list of losses (the grouped layout; `layout` "auto" tells them apart by the
-    loss column, "flat" or "grouped" says which). `cost_prompt`/`cost_response`
+    loss column, "flat" or "grouped" says which). `tokens`: a column of token
+    counts; then `loss` is a sum of token log-probabilities (the `logprob` that
+    `mrt generate` writes) and the loss is the mean token NLL `-loss / tokens`,
+    a pilot loss that costs no extra forward pass. `cost_prompt`/`cost_response`
     are C_p, C_r (only their ratio matters for K*). `k_grid`: the K values of the
     predicted-variance table; `k_max`: the largest K considered for `k_best`.
     `budget`: B, to tabulate Np = floor(B / (C_p + K C_r)) and the variance it
@@ -784,7 +804,7 @@ def variance_budget(
     (default): studentized where prompts are resampled, expanded with the
     normal approximation. Measured coverage: docs/interval_coverage.md.
     """
-    df = _frame(table, by, loss, layout)
+    df = _frame(table, by, loss, layout, tokens)
     x = loss_column(df, loss)
     acc = VarianceAccumulator().update(df[by], x)
     notes_extra = []
