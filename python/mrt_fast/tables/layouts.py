@@ -61,12 +61,14 @@ def detect(schema: Any, probes: dict[str, int], layout: str = "auto") -> str:
     layout = check_layout(layout)
     if layout != "auto":
         return layout
-    names = schema.names() if isinstance(schema, pl.Schema) else list(schema.names)
     for col, flat in probes.items():
-        if col in names:
-            t = schema[col] if isinstance(schema, pl.Schema) else schema.field(col).type
-            if list_depth(t) == flat + 1:
-                return GROUPED
+        if isinstance(schema, pl.Schema):
+            t = schema.get(col)
+        else:  # Arrow allows a name twice: such a column is left to the checks that name it
+            at = schema.get_all_field_indices(col)
+            t = schema.field(at[0]).type if len(at) == 1 else None
+        if t is not None and list_depth(t) == flat + 1:
+            return GROUPED
     return FLAT
 
 
