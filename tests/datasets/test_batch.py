@@ -26,7 +26,7 @@ from mrt_fast.datasets import local as batch
 from mrt_fast.datasets.manifest import MANIFEST
 from mrt_fast._util.memory import parse_memory, rss
 from mrt_fast.datasets.local import bucket_of, select_dataset
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
 from mrt_fast.datasets.manifest import Manifest, part_path
 
 runner = CliRunner()

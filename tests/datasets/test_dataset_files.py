@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 import mrt_fast
 from mrt_fast import MrtInputError
 from mrt_fast.datasets.local import select_dataset
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
 from mrt_fast.datasets.diagnose import variance_budget_dataset
 
 runner = CliRunner()

@@ -402,7 +402,7 @@ def test_grouped_job_parts_equal_the_local_engines(tmp_path):
 def test_cli_engine_ray_select_and_diagnose(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from mrt_fast.cli.app import app
+    from mrt_fast.cli import app
 
     df = make_table(n_pools=50, seed=24)
     src = write_files(df, tmp_path / "in", 3)

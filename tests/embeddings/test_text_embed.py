@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from mrt_fast import MrtInputError
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
 
 runner = CliRunner()
 
