@@ -17,7 +17,7 @@ import importlib
 from mrt_fast._grades_core import __version__
 from mrt_fast.errors import MissingDependencyError, MrtInputError, SmallPoolWarning
 from mrt_fast.selection.facility import FacilityLocationResult, Ragged, facility_location
-from mrt_fast.selection.options import METHODS
+from mrt_fast.selection.options import METHODS, SelectOptions
 from mrt_fast.selection.report import SelectionReport
 from mrt_fast.selection.select import select
 
@@ -50,6 +50,7 @@ __all__ = sorted([
     "MissingDependencyError",
     "MrtInputError",
     "Ragged",
+    "SelectOptions",
     "SelectionReport",
     "SmallPoolWarning",
     "facility_location",

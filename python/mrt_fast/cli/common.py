@@ -41,13 +41,32 @@ def k_or_column(k: str):
         return k
 
 
-def check_engine(engine: str, ray_address: Optional[str]) -> None:
+def check_engine(engine: str, ray_address: Optional[str], local_only: dict | None = None,
+                 ray_only: dict | None = None, parts: dict | None = None) -> None:
+    """--engine local|ray, and the flags given that have no meaning on it, refused in one line
+    (``local_only``/``ray_only``: flag -> value, None when not given; ``parts``: flags that
+    both set the part count, of which one at most)."""
     from mrt_fast.errors import MrtInputError
 
     if engine not in ("local", "ray"):
         raise MrtInputError(f"--engine must be 'local' or 'ray', got {engine!r}")
     if ray_address is not None and engine != "ray":
         raise MrtInputError("--ray-address needs --engine ray")
+    if engine == "ray":
+        given = [f for f, v in (local_only or {}).items() if v is not None]
+        if given:
+            raise MrtInputError(f"{', '.join(given)} applies to --engine local only (Ray sizes its own workers "
+                                "and memory); leave it out or use --engine local")
+    else:
+        given = [f for f, v in (ray_only or {}).items() if v is not None]
+        if given:
+            raise MrtInputError(f"{', '.join(given)} applies to --engine ray only")
+    given = [f for f, v in (parts or {}).items() if v is not None]
+    if len(given) > 1:
+        raise MrtInputError(f"give {' or '.join(given)}, not both: each sets the number of parts")
+    for f in given:
+        if parts[f] < 1:
+            raise MrtInputError(f"{f} must be >= 1, got {parts[f]}")
     if engine == "ray":
         import importlib.util
 

@@ -45,46 +45,44 @@ def select_cmd(
     workers: Optional[int] = typer.Option(None, help="Buckets selected at once (default: as memory and cores allow)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job "
                                    "(deletes only the files a job wrote)."),
-    chunk_rows: Optional[int] = typer.Option(None, "--chunk-rows", hidden=True,
-                                             help="Candidates per bucket (prefer --memory-limit)."),
+    chunk_rows: Optional[int] = typer.Option(None, "--chunk-rows", help="Input rows per part, instead of parts "
+                                             "planned from the memory limit (both engines)."),
     engine: str = typer.Option("local", "--engine", help="local (this machine) or ray (Ray Data: a local "
                                "instance, or the cluster at --ray-address)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join (e.g. auto, "
                                               "host:6379, ray://host:10001); --engine ray only."),
-    parts: Optional[int] = typer.Option(None, "--parts", help="--engine ray: number of buckets/parts "
-                                        "(default: from the data and the cluster's CPUs)."),
+    parts: Optional[int] = typer.Option(None, "--parts", help="Number of parts (buckets of pools), both engines "
+                                        "(default: local from --memory-limit, ray from the data and the CPUs)."),
+    eps: float = typer.Option(1e-6, help="Quality floor eps of GRADES weights."),
+    candidate_key: Optional[str] = typer.Option(None, "--candidate-key", help="Column ordering each pool's "
+                                                "candidates (results then independent of row order)."),
+    optimizer: str = typer.Option("lazy", help="lazy | naive greedy (same picks)."),
 ) -> None:
     """Keep K responses per prompt of a table or dataset, in bounded memory (resumable to a directory)."""
     import shlex
     import sys
 
     from mrt_fast.datasets.local import select_dataset
+    from mrt_fast.selection.options import SelectOptions
 
     with user_errors():
-        if chunk_rows is not None and chunk_rows < 1:
-            raise typer.BadParameter("--chunk-rows must be >= 1")
-        check_engine(engine, ray_address)
+        check_engine(engine, ray_address, {"--memory-limit": memory_limit, "--workers": workers},
+                     parts={"--parts": parts, "--chunk-rows": chunk_rows})
         command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
-        k = k_or_column(k)
         cand_cols = None if candidate_columns is None else [c.strip() for c in candidate_columns.split(",")
                                                             if c.strip()]
+        opts = SelectOptions(k=k_or_column(k), method=method, by=by, embedding=embedding, reward=reward, mode=mode,
+                             alpha=alpha, eps=eps, k_max=k_max, kernel=kernel, seed=seed,
+                             candidate_key=candidate_key, optimizer=optimizer, n_modes=n_modes, layout=layout,
+                             candidate_columns=cand_cols)
         if engine == "ray":
-            from mrt_fast.datasets.ray_engine import (
-                select_dataset as ray_select_dataset,
-            )
+            from mrt_fast.datasets.ray_engine import select_dataset as ray_select_dataset
 
-            rep = ray_select_dataset(
-                inp, out, k, method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
-                kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, n_buckets=parts, overwrite=overwrite,
-                address=ray_address, command=command, candidate_columns=cand_cols,
-            )
+            rep = ray_select_dataset(inp, out, options=opts, parts=parts, rows_per_part=chunk_rows,
+                                     overwrite=overwrite, address=ray_address, command=command)
         else:
-            rep = select_dataset(
-                inp, out, k, method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
-                kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, memory_limit=memory_limit, workers=workers,
-                candidate_columns=cand_cols, overwrite=overwrite, progress=console, command=command,
-                rows_per_bucket=chunk_rows,
-            )
+            rep = select_dataset(inp, out, options=opts, memory_limit=memory_limit, workers=workers, parts=parts,
+                                 rows_per_part=chunk_rows, overwrite=overwrite, progress=console, command=command)
     if rep.already_done:
         console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
                       soft_wrap=True, highlight=False)
@@ -105,6 +103,6 @@ def select_cmd(
     console.print(tab)
     for note in rep.notes:
         typer.echo(f"warning: {note}", err=True)
-    what = "rows" if rep.layout == "rows" else "prompts"
+    what = "rows" if rep.layout == "flat" else "prompts"
     console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
                   highlight=False)

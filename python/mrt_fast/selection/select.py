@@ -31,7 +31,8 @@ from mrt_fast.tables.arrays import (
 )
 from mrt_fast.errors import SmallPoolWarning
 from mrt_fast.selection.report import SelectionReport
-from mrt_fast.selection.options import FACILITY_METHODS, METHODS, check_common, check_k, check_optimizer, check_seed
+from mrt_fast.selection.options import (FACILITY_METHODS, METHODS, SelectOptions, check_common, check_k,
+                                       check_optimizer, check_seed)
 from mrt_fast.selection.facility import DENSE_LIMIT_BYTES
 
 
@@ -54,7 +55,7 @@ def _said_of_table(e: MrtInputError, keys: pl.Series, by: str, columns: dict) ->
 
 def select(
     table: Any,
-    k: int | str,
+    k: int | str | None = None,
     method: str = "grades",
     *,
     by: str = "prompt_id",
@@ -69,6 +70,7 @@ def select(
     candidate_key: str | None = None,
     optimizer: str = "lazy",
     return_report: bool = False,
+    options: SelectOptions | None = None,
 ):
     """Keep K candidates per prompt.
 
@@ -110,6 +112,9 @@ def select(
         Greedy variant for facility location; both return the same picks.
     return_report : bool
         Also return a :class:`SelectionReport`.
+    options : SelectOptions, optional
+        Every knob above at once (then give the table only): the object the
+        dataset jobs, the Ray engine and ``mrt select`` share.
 
     A pool whose n x n similarity would exceed ``DENSE_LIMIT_BYTES`` (2 GiB)
     runs with similarity columns recomputed on demand. Bad input raises
@@ -124,10 +129,20 @@ def select(
     marginal gain, facility-location methods) and ``weight`` (stratified: the
     per-row weight that keeps the weighted estimate unbiased).
     """
-    opts = dict(
-        by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
-        seed=seed, candidate_key=candidate_key, optimizer=optimizer, return_report=return_report,
-    )
+    if options is not None:
+        if not isinstance(options, SelectOptions):
+            raise MrtInputError(f"options must be a SelectOptions, got {type(options).__name__}")
+        if k is not None:
+            raise MrtInputError("give either options=SelectOptions(...) or k and the keywords, not both")
+        k, method = options.k, options.method
+        opts = {**options.select_kwargs(), "return_report": return_report}
+    else:
+        if k is None:
+            raise MrtInputError("k is required: an integer >= 1 or the name of a column holding each pool's K")
+        opts = dict(
+            by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
+            seed=seed, candidate_key=candidate_key, optimizer=optimizer, return_report=return_report,
+        )
     if isinstance(k, str):  # a per-pool K column
         from mrt_fast.selection.per_pool_k import select_k_column
 
