@@ -26,7 +26,7 @@ _LAZY = {
     "pool_modes": "mrt_fast.selection.modes",
     "knn_graph": "mrt_fast.selection.knn",
     "facility_location_corpus": "mrt_fast.selection.knn",
-    "variance_budget": "mrt_fast.variance.law",
+    "variance_budget": "mrt_fast.datasets.diagnose",
     "VarianceAccumulator": "mrt_fast.variance.law",
     "VarianceReport": "mrt_fast.variance.law",
     "select_dataset": "mrt_fast.datasets.local",

@@ -655,13 +655,12 @@ def _losses(n_prompts=60, seed=0):
 
 
 def test_diagnose_dataset_equals_the_whole_table(tmp_path):
-    from mrt_fast.datasets.diagnose import variance_budget_dataset
-    from mrt_fast.variance.law import variance_budget
+    from mrt_fast import variance_budget  # one entry: a table or a path
 
     df = _losses()
     cut(df, tmp_path / "in", 4)
     a = variance_budget(df, n_boot=50).to_dict()
-    b = variance_budget_dataset(tmp_path / "in", n_boot=50, batch_rows=37).to_dict()
+    b = variance_budget(tmp_path / "in", n_boot=50, batch_rows=37).to_dict()
     for key in ("v_x", "v_y_given_x", "k_star", "n_prompts"):
         if key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-9), key

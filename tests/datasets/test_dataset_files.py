@@ -20,7 +20,7 @@ import mrt_fast
 from mrt_fast import MrtInputError
 from mrt_fast.datasets.local import select_dataset
 from mrt_fast.cli import app
-from mrt_fast.datasets.diagnose import variance_budget_dataset
+from mrt_fast.datasets import variance_budget
 
 runner = CliRunner()
 
@@ -64,7 +64,7 @@ def test_a_hive_key_that_is_a_column_is_refused(tmp_path, sfx, key):
         select_dataset(tmp_path / "in", tmp_path / "o.parquet", 1, "top")
     assert not (tmp_path / "o.parquet").exists()
     with pytest.raises(MrtInputError, match=f"hive key '{key}'"):
-        variance_budget_dataset(tmp_path / "in", n_boot=0)
+        variance_budget(tmp_path / "in", n_boot=0)
     one_line_exit_2(runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o"), "--k", "1",
                                         "--method", "top"]), f"hive key '{key}'")
     assert not (tmp_path / "o").exists()
@@ -120,7 +120,7 @@ def test_a_shard_that_is_a_broken_symlink_is_refused(tmp_path, how):
         select_dataset(source, tmp_path / "o.parquet", 1, "top")
     assert not (tmp_path / "o.parquet").exists()
     with pytest.raises(MrtInputError, match="symbolic link"):
-        variance_budget_dataset(source, n_boot=0)
+        variance_budget(source, n_boot=0)
     one_line_exit_2(runner.invoke(app, ["diagnose", source, "--n-boot", "0"]), "b.parquet", "symbolic link")
     one_line_exit_2(runner.invoke(app, ["select", source, str(tmp_path / "o"), "--k", "1", "--method", "top"]),
                     "symbolic link")
@@ -144,7 +144,7 @@ def test_a_column_only_some_shards_hold_is_refused_for_both_formats(tmp_path, sf
         select_dataset(tmp_path / "in", tmp_path / "o.parquet", 1, "top")
     assert info.value.column == "note"
     with pytest.raises(MrtInputError, match=msg):
-        variance_budget_dataset(tmp_path / "in", n_boot=0)
+        variance_budget(tmp_path / "in", n_boot=0)
     one_line_exit_2(runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o"), "--k", "1",
                                         "--method", "top"]), "column 'note'")
 
@@ -210,7 +210,7 @@ def test_shards_with_drifting_schemas_read_as_one_table_or_are_refused(tmp_path_
     assert got.height == want.height
     assert got.select(want.columns).sort("prompt_id", "pick_rank").equals(
         want.sort("prompt_id", "pick_rank"), null_equal=True)
-    rep = variance_budget_dataset(tmp / "in", n_boot=0)
+    rep = variance_budget(tmp / "in", n_boot=0)
     assert rep.n_prompts == whole["prompt_id"].n_unique()
 
 
@@ -345,5 +345,5 @@ def test_diagnose_names_the_file_and_row_of_a_bad_loss(tmp_path):
     files = shards(df.with_columns(pl.Series("loss", loss)), tmp_path / "in", [10, 35])
     for batch_rows in (7, 1000):
         with pytest.raises(MrtInputError, match=rf"loss at {where(files, 41)} is NaN") as info:
-            variance_budget_dataset(tmp_path / "in", n_boot=0, batch_rows=batch_rows)
+            variance_budget(tmp_path / "in", n_boot=0, batch_rows=batch_rows)
         assert "update" not in str(info.value) and info.value.row == 6

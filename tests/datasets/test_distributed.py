@@ -302,7 +302,6 @@ def test_job_parts_are_the_local_engines_parts_byte_for_byte(tmp_path, method, s
     assert rep.n_parts == 4 and rep.n_input_rows == df.height
     a, b = parts_bytes(tmp_path / "local"), parts_bytes(tmp_path / "ray")
     assert list(a) == list(b) and a == b
-    import json
 
     m = Manifest.read(tmp_path / "ray")
     assert m.done and m.rows == rep.n_kept == local(df, 3, method).height
@@ -320,7 +319,6 @@ def test_job_to_a_file_equals_select_on_the_whole_table(tmp_path):
 
 
 def test_a_job_that_died_resumes_with_the_missing_parts_only(tmp_path):
-    import json
 
     df = make_table(n_pools=60, seed=22)
     src = write_files(df, tmp_path / "in", 2)
@@ -465,3 +463,22 @@ def test_hive_partitioned_input_gives_the_local_engines_parts(tmp_path):
     D.select_dataset(tmp_path / "in", tmp_path / "ray", 2, "random", parts=3)
     assert parts_bytes(tmp_path / "local") == parts_bytes(tmp_path / "ray")
     assert "split" in pl.read_parquet(tmp_path / "ray" / "part-00000.parquet").columns
+
+
+def test_every_knob_of_select_runs_on_ray_and_the_directory_reads_as_it_stands(tmp_path):
+    """SelectOptions is shared: eps, optimizer and candidate_key reach the Ray job; polars reads its output."""
+    from mrt_fast import SelectOptions
+
+    df = make_table(n_pools=30, seed=31).sample(fraction=1.0, shuffle=True, seed=2)
+    src = write_files(df, tmp_path / "in", 3)
+    opts = SelectOptions(k=2, method="grades", eps=0.25, optimizer="naive", candidate_key="response")
+    want = mrt_fast.select(pl.concat([pl.read_parquet(f) for f in sorted((tmp_path / "in").glob("*.parquet"))]),
+                           options=opts)
+    rep = D.select_dataset(src, tmp_path / "ray", options=opts, parts=4)
+    assert rep.n_parts == 4 and Manifest.read(tmp_path / "ray").parameters["eps"] == 0.25
+    got = pl.scan_parquet(tmp_path / "ray").collect()
+    assert got.sort(["prompt_id", "pick_rank"]).equals(want.sort(["prompt_id", "pick_rank"]))
+    ds = ray.data.from_arrow(df.to_arrow())
+    lazy = D.collect(D.select(ds, options=opts))
+    assert lazy.sort(["prompt_id", "pick_rank"]).equals(mrt_fast.select(df, options=opts)
+                                                        .sort(["prompt_id", "pick_rank"]))

@@ -86,14 +86,21 @@ def kv_options(pairs: list[str] | None) -> dict:
         out[k.strip()] = yaml.safe_load(v)
     return out
 
-def check_input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input"):
-    """Check an input table before any work: readable, the columns present, at least one row."""
+def check_input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input", *, dataset: bool = False):
+    """Check an input table before any work: readable, the columns present, at least one row.
+    ``dataset``: ``path`` may also be a directory (an ``mrt`` output included) or a glob,
+    found as every dataset job finds its input."""
     import polars as pl
 
     from mrt_fast.datasets import formats as _formats
     from mrt_fast.errors import MrtInputError
 
-    lf = _formats.scan(path)
+    if dataset:
+        from mrt_fast.datasets.sources import discover
+
+        lf = discover(str(path)).scan()
+    else:
+        lf = _formats.scan(path)
     names = lf.collect_schema().names()
     missing = [c for c in columns if c not in names]
     if missing:

@@ -19,7 +19,8 @@ from mrt_fast.cli.common import (
 
 @app.command("nll")
 def nll_cmd(
-    inp: Path = typer.Argument(..., help="Table with prompt and response text columns."),
+    inp: Path = typer.Argument(..., help="Table with prompt and response text columns: a file, a directory "
+                               "(an mrt output included) or a quoted glob."),
     out: Path = typer.Argument(..., help="Output table with the loss column added; format from the suffix."),
     model: str = typer.Option("smollm2", help="'smollm2' (bundled GGUF) or a local Hugging Face model directory."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
@@ -41,7 +42,7 @@ def nll_cmd(
             raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
         if max_length is not None and max_length < 1:
             raise MrtInputError(f"--max-length must be >= 1, got {max_length}")
-        lf = check_input_table(inp, (prompt, response))
+        lf = check_input_table(inp, (prompt, response), dataset=True)
         if loss in lf.collect_schema().names():
             raise MrtInputError(f"{str(inp)!r} already has a {loss!r} column", column=loss)
         _formats.check_output(out)
@@ -112,7 +113,8 @@ def generate_cmd(
 
 @app.command("score")
 def score_cmd(
-    inp: Path = typer.Argument(..., help="Candidate table with prompt and response columns."),
+    inp: Path = typer.Argument(..., help="Candidate table with prompt and response columns: a file, a "
+                               "directory (an mrt output included) or a quoted glob."),
     out: Path = typer.Argument(..., help="Output table with a reward column."),
     model: str = typer.Option(..., "--model", help="Sequence-classification reward model (num_labels=1)."),
     batch_size: int = typer.Option(16),
@@ -124,7 +126,7 @@ def score_cmd(
     with user_errors():
         if batch_size < 1:
             raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
-        lf = check_input_table(inp, ("prompt", "response"))
+        lf = check_input_table(inp, ("prompt", "response"), dataset=True)
         _formats.check_output(out)
         with needs("train"):
             from mrt_fast.llm.reward import score
@@ -211,7 +213,8 @@ def run_cmd(
 
 @app.command("export")
 def export_cmd(
-    kept: Path = typer.Argument(..., help="Kept rows (from mrt select): prompt_id, prompt, response[, weight, reward]."),
+    kept: Path = typer.Argument(..., help="Kept rows (from mrt select: a file, a dataset directory or a quoted "
+                                "glob): prompt_id, prompt, response[, weight, reward]."),
     out: Path = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet)."),
     fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight) or openrlhf (input/output/reward)."),
     conversational: bool = typer.Option(False, "--conversational", help="TRL: user/assistant message lists."),
@@ -223,7 +226,10 @@ def export_cmd(
     """Write kept rows as a TRL or OpenRLHF training file."""
     from mrt_fast.llm.export import export
 
+    from mrt_fast.datasets import formats as _formats
+
     with user_errors():
-        res = export(kept, out, fmt, conversational=conversational, by=by, prompt=prompt, response=response,
+        rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(kept, dataset=True), kept))
+        res = export(rows, out, fmt, conversational=conversational, by=by, prompt=prompt, response=response,
                      reward=reward)
     console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")

@@ -49,21 +49,13 @@ def diagnose_cmd(
     """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
     import json
 
-    from mrt_fast.datasets.diagnose import variance_budget_dataset
+    from mrt_fast.datasets.diagnose import variance_budget
     from mrt_fast.errors import MrtInputError
 
     with user_errors():
         check_engine(engine, ray_address)
         if allocation is not None and allocate is None:
             raise MrtInputError("--allocation needs --allocate TOTAL")
-        if engine == "ray":
-            from functools import partial
-
-            from mrt_fast.datasets.ray_engine import (
-                variance_budget_dataset as ray_variance_budget_dataset,
-            )
-
-            variance_budget_dataset = partial(ray_variance_budget_dataset, address=ray_address)  # noqa: F811
         _check_report_outputs(json_out, plot, allocation)
         opts = dict(by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
                     k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap,
@@ -71,13 +63,12 @@ def diagnose_cmd(
         if allocate is not None:
             # per-prompt K names each prompt: the (id, loss) columns are read into memory
             from mrt_fast.datasets.sources import discover
-            from mrt_fast.variance.law import variance_budget
 
             ds = discover(inp)
             ds.check_columns([(by, "prompt id"), (loss, "loss")])
             rep = variance_budget(ds.scan().select([by, loss]).collect(), **opts)
         else:
-            rep = variance_budget_dataset(inp, **opts)
+            rep = variance_budget(inp, engine=engine, address=ray_address, **opts)
     console.print(repr(rep), highlight=False)
     tab = Table(title="predicted variance by K")
     cols = rep.predicted.columns

@@ -49,7 +49,6 @@ __all__ = [
     "select",
     "variance_budget",
     "select_dataset",
-    "variance_budget_dataset",
     "read",
     "collect",
     "run",
@@ -971,7 +970,7 @@ def select_dataset(
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def variance_budget_dataset(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
+def _variance_budget_files(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
                             **options: Any):
     """`mrt_fast.variance_budget` over the files of a source on Ray: each block
     of the two columns folds into an accumulator, the driver merges them."""
