@@ -10,7 +10,7 @@ into a temporary folder beside the output in one pass over the input, read by
 Arrow threads over runs of row groups (:mod:`mrt_fast.datasets.arrow_runs`), and each
 bucket is then selected in memory, several at a time where memory allows.
 Bucket ``i`` becomes part ``i`` of the output dataset (``part-00000.parquet``
-..., with a ``_manifest.json``), written atomically, so a killed job resumes
+..., with the ``.mrt/`` manifest), written atomically, so a killed job resumes
 with the missing parts only.
 
 In the grouped layout (one row per prompt, list columns, as vLLM returns the
