@@ -38,6 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mrt_fast.datasets import Manifest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -177,7 +179,7 @@ def main() -> None:
                     cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(args.k),
                            "--method", args.method, "--memory-limit", str(limit)]
                     r = measure(cmd, env)
-                    man = json.loads((out / "_manifest.json").read_text())
+                    man = json.loads(Manifest.read(out).to_json())
                     n_kept = sum(man["parts"].values())
                     r.update(limit_bytes=limit, parts=man["n_parts"], kept=n_kept)
                     per_case[name].append(r)

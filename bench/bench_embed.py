@@ -57,7 +57,7 @@ def main() -> None:
     from typer.testing import CliRunner
 
     from embed_corpus import docstring_pools, mixed_texts, pydoc_pools
-    from mrt_fast.cli.app import app
+    from mrt_fast.cli import app
     from mrt_fast.cli.demo import load_examples
     from mrt_fast.embeddings.embed import embed_texts, load_model
     from mrt_fast.embeddings.int8 import int8_path, load_int8

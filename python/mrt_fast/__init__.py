@@ -17,7 +17,7 @@ import importlib
 from mrt_fast._grades_core import __version__
 from mrt_fast.errors import MissingDependencyError, MrtInputError, SmallPoolWarning
 from mrt_fast.selection.facility import FacilityLocationResult, Ragged, facility_location
-from mrt_fast.selection.options import METHODS
+from mrt_fast.selection.options import METHODS, SelectOptions
 from mrt_fast.selection.report import SelectionReport
 from mrt_fast.selection.select import select
 
@@ -26,7 +26,7 @@ _LAZY = {
     "pool_modes": "mrt_fast.selection.modes",
     "knn_graph": "mrt_fast.selection.knn",
     "facility_location_corpus": "mrt_fast.selection.knn",
-    "variance_budget": "mrt_fast.variance.law",
+    "variance_budget": "mrt_fast.datasets.diagnose",
     "VarianceAccumulator": "mrt_fast.variance.law",
     "VarianceReport": "mrt_fast.variance.law",
     "select_dataset": "mrt_fast.datasets.local",
@@ -50,6 +50,7 @@ __all__ = sorted([
     "MissingDependencyError",
     "MrtInputError",
     "Ragged",
+    "SelectOptions",
     "SelectionReport",
     "SmallPoolWarning",
     "facility_location",

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import mrt_fast._grades_core as core
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
 from mrt_fast.selection.modes import pool_modes
 
 runner = CliRunner()

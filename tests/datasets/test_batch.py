@@ -23,10 +23,12 @@ from typer.testing import CliRunner
 import mrt_fast
 from mrt_fast import MrtInputError
 from mrt_fast.datasets import local as batch
+from mrt_fast.datasets.job import StoppedForTest, stopping_after
+from mrt_fast.datasets.lock import lock_path
 from mrt_fast.datasets.manifest import MANIFEST
 from mrt_fast._util.memory import parse_memory, rss
 from mrt_fast.datasets.local import bucket_of, select_dataset
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
 from mrt_fast.datasets.manifest import Manifest, part_path
 
 runner = CliRunner()
@@ -69,7 +71,8 @@ def ref_select(df, k, method, **kw):
 
 
 def read_dir(out: Path) -> pl.DataFrame:
-    return pl.read_parquet(sorted(str(p) for p in out.glob("part-*.parquet")))
+    """A finished dataset directory, read by polars as it stands (the .mrt/ metadata included)."""
+    return pl.scan_parquet(out).collect()
 
 
 def by_pool(df: pl.DataFrame) -> pl.DataFrame:
@@ -103,7 +106,7 @@ def test_equals_select_on_the_whole_table(tmp_path_factory, n_pools, seed, n_fil
     with mock.patch.object(batch, "WORK_FACTOR", 2e4):
         try:
             rep = select_dataset(tmp / "in", tmp / "out.parquet", k, method, seed=seed % 7, workers=workers,
-                                 rows_per_bucket=None if limit_mib else max(1, df.height // n_parts),
+                                 rows_per_part=None if limit_mib else max(1, df.height // n_parts),
                                  memory_limit=rss() + (limit_mib << 20) if limit_mib else None)
         except MrtInputError as e:
             assert limit_mib and "is too small" in str(e) and "\n" not in str(e), e
@@ -112,13 +115,14 @@ def test_equals_select_on_the_whole_table(tmp_path_factory, n_pools, seed, n_fil
         got = pl.read_parquet(tmp / "out.parquet")
         assert got.equals(ref), (rep, got, ref)
     # a dataset output: the same rows per pool, in pick order, each pool in one part
-    select_dataset(str(tmp / "in" / "*.parquet"), tmp / "out", k, method, seed=seed % 7, _n_parts=n_parts,
+    select_dataset(str(tmp / "in" / "*.parquet"), tmp / "out", k, method, seed=seed % 7, parts=n_parts,
                    workers=workers)
     got = read_dir(tmp / "out")
     assert by_pool(got).equals(by_pool(ref))
     m = Manifest.read(tmp / "out")
     assert m.done and m.n_parts == n_parts and m.rows == ref.height
-    per_part = [pl.read_parquet(part_path(tmp / "out", i))["prompt_id"].unique() for i in range(n_parts)]
+    per_part = [pl.read_parquet(part_path(tmp / "out", i))["prompt_id"].unique() for i in range(n_parts)
+                if part_path(tmp / "out", i).exists()]  # a part no pool went to has no file
     assert sum(len(p) for p in per_part) == ref["prompt_id"].n_unique()
 
 
@@ -191,7 +195,7 @@ def test_stratified_with_computed_modes(tmp_path):
     cut(df, tmp_path / "in", 3)
     ref = ref_select(pool_modes(df, by="prompt_id", embedding="embedding", out="mode", seed=0), 3, "stratified")
     for n in (1, 4):
-        select_dataset(tmp_path / "in", tmp_path / f"o{n}.parquet", 3, "stratified", _n_parts=n)
+        select_dataset(tmp_path / "in", tmp_path / f"o{n}.parquet", 3, "stratified", parts=n)
         assert pl.read_parquet(tmp_path / f"o{n}.parquet").equals(ref)
 
 
@@ -199,7 +203,7 @@ def test_stratified_with_computed_modes(tmp_path):
 def test_empty_buckets_have_the_parts_schema(tmp_path, method):
     df = make_rows(3, 2, max_pool=8).drop("mode")
     cut(df, tmp_path / "in", 2)
-    select_dataset(tmp_path / "in", tmp_path / "o", 2, method, _n_parts=9)  # most buckets empty
+    select_dataset(tmp_path / "in", tmp_path / "o", 2, method, parts=9)  # most buckets empty
     schemas = {tuple(pl.read_parquet_schema(p).items()) for p in (tmp_path / "o").glob("part-*.parquet")}
     assert len(schemas) == 1
     assert pl.scan_parquet(str(tmp_path / "o" / "*.parquet")).collect().height == ref_select(df if method != "stratified"
@@ -236,7 +240,7 @@ def test_dirs_globs_jsonl_and_hive(tmp_path):
     df = make_rows(25, 5)
     ref = by_pool(ref_select(df, 2, "top"))
     jf = cut(df, tmp_path / "j", 3, fmt="jsonl")
-    select_dataset(tmp_path / "j", tmp_path / "oj", 2, "top", _n_parts=3)
+    select_dataset(tmp_path / "j", tmp_path / "oj", 2, "top", parts=3)
     ref_j = by_pool(ref_select(pl.concat([pl.read_ndjson(f) for f in jf if f.stat().st_size]), 2, "top"))
     assert by_pool(read_dir(tmp_path / "oj")).equals(ref_j)
     # hive: split=a/ and split=b/ folders; the key becomes a column
@@ -246,7 +250,7 @@ def test_dirs_globs_jsonl_and_hive(tmp_path):
     (h / "split=b").mkdir(parents=True)
     a.write_parquet(h / "split=a" / "x.parquet")
     b.write_parquet(h / "split=b" / "x.parquet")
-    select_dataset(h, tmp_path / "oh", 2, "top", _n_parts=2)
+    select_dataset(h, tmp_path / "oh", 2, "top", parts=2)
     got = by_pool(read_dir(tmp_path / "oh"))
     assert "split" in got.columns
     assert got.select(ref.columns).equals(ref)
@@ -264,7 +268,7 @@ def test_grouped_layout_in_and_out(tmp_path):
     ref = ref_select(rows.rename({"text": "responses"}), 3, "grades")
     for n_parts in (1, 4):
         out = tmp_path / f"out{n_parts}"
-        rep = select_dataset(tmp_path / "g", out, 3, "grades", _n_parts=n_parts)
+        rep = select_dataset(tmp_path / "g", out, 3, "grades", parts=n_parts)
         assert rep.layout == "grouped"
         got = read_dir(out)
         assert got.height == grouped.height  # one row per prompt
@@ -273,7 +277,7 @@ def test_grouped_layout_in_and_out(tmp_path):
         flat = got.drop("prompt").explode(["responses", "reward", "embedding", "mode", "pick_rank", "gain"])
         assert by_pool(flat).equals(by_pool(ref).select(flat.columns))
     # a file output in the grouped layout keeps the input's prompt order
-    select_dataset(tmp_path / "g", tmp_path / "g.parquet", 3, "grades", _n_parts=2)
+    select_dataset(tmp_path / "g", tmp_path / "g.parquet", 3, "grades", parts=2)
     assert pl.read_parquet(tmp_path / "g.parquet")["prompt_id"].to_list() == grouped["prompt_id"].to_list()
 
 
@@ -288,7 +292,7 @@ def test_grouped_equals_select_on_the_rows(tmp_path_factory, n_pools, seed, n_fi
     g = g.sample(fraction=1.0, shuffle=True, seed=seed)
     cut(g, tmp / "g", n_files, seed)
     ref = ref_select(g.explode(["text", "reward", "embedding", "mode"]), k, method, seed=seed)
-    select_dataset(tmp / "g", tmp / "out.parquet", k, method, seed=seed, _n_parts=n_parts, layout="grouped")
+    select_dataset(tmp / "g", tmp / "out.parquet", k, method, seed=seed, parts=n_parts, layout="grouped")
     got = pl.read_parquet(tmp / "out.parquet")
     assert got["prompt_id"].to_list() == g["prompt_id"].to_list()
     lists = [c for c in got.columns if c != "prompt_id"]
@@ -318,9 +322,9 @@ def test_grouped_layout_refuses_ragged_lists(tmp_path):
 def test_resume_after_a_kill_gives_byte_identical_parts(tmp_path):
     df = make_rows(80, 11)
     cut(df, tmp_path / "in", 4)
-    select_dataset(tmp_path / "in", tmp_path / "full", 3, "grades", _n_parts=6)
-    with pytest.raises(batch._SimulatedKill):
-        select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades", _n_parts=6, _fail_after=2)
+    select_dataset(tmp_path / "in", tmp_path / "full", 3, "grades", parts=6)
+    with stopping_after(2), pytest.raises(StoppedForTest):
+        select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades", parts=6)
     m = Manifest.read(tmp_path / "part")
     assert not m.done and len(m.parts) == 2
     # a half-written temp file is never read and is cleaned
@@ -331,10 +335,10 @@ def test_resume_after_a_kill_gives_byte_identical_parts(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # what a kill -9 mid-write leaves: a temp file whose writer is gone
     (tmp_path / "part" / temp_name("part-00005.parquet", dead.pid)).write_bytes(b"half")
-    rep = select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades", _n_parts=6)
+    rep = select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades", parts=6)
     assert rep.resumed and rep.parts_done_now == 4
     for i in range(6):
-        assert part_path(tmp_path / "part", i).read_bytes() == part_path(tmp_path / "full", i).read_bytes()
+        assert _bytes(part_path(tmp_path / "part", i)) == _bytes(part_path(tmp_path / "full", i))
     assert not list((tmp_path / "part").glob(".*.tmp"))
     assert not (tmp_path / "part" / batch.SPILL_DIR).exists()
     # finished: says so, does nothing
@@ -353,7 +357,7 @@ def test_stale_spill_of_a_killed_file_output_is_removed(tmp_path):
     (stale / "parts").mkdir(parents=True)
     live = tmp_path / f".o.parquet.spill-{os.getpid()}-abc"
     live.mkdir()
-    select_dataset(tmp_path / "in", tmp_path / "o.parquet", 2, "random", _n_parts=2)
+    select_dataset(tmp_path / "in", tmp_path / "o.parquet", 2, "random", parts=2)
     assert not stale.exists() and live.exists()
 
 
@@ -361,12 +365,12 @@ def test_resume_grouped(tmp_path):
     rows = make_rows(30, 2)
     g = rows.group_by("prompt_id", maintain_order=True).agg(pl.col("reward"), pl.col("embedding"))
     cut(g, tmp_path / "g", 2)
-    select_dataset(tmp_path / "g", tmp_path / "full", 2, "grades", _n_parts=5)
-    with pytest.raises(batch._SimulatedKill):
-        select_dataset(tmp_path / "g", tmp_path / "part", 2, "grades", _n_parts=5, _fail_after=3)
+    select_dataset(tmp_path / "g", tmp_path / "full", 2, "grades", parts=5)
+    with stopping_after(3), pytest.raises(StoppedForTest):
+        select_dataset(tmp_path / "g", tmp_path / "part", 2, "grades", parts=5)
     select_dataset(tmp_path / "g", tmp_path / "part", 2, "grades")
     for i in range(5):
-        assert part_path(tmp_path / "part", i).read_bytes() == part_path(tmp_path / "full", i).read_bytes()
+        assert _bytes(part_path(tmp_path / "part", i)) == _bytes(part_path(tmp_path / "full", i))
 
 
 def _cli(*args):
@@ -399,7 +403,7 @@ def test_sigkill_at_any_moment_then_rerun(tmp_path):
         r = subprocess.run(cmd(out), env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         for i in range(n_parts):
-            assert part_path(out, i).read_bytes() == part_path(tmp_path / "full", i).read_bytes()
+            assert _bytes(part_path(out, i)) == _bytes(part_path(tmp_path / "full", i))
         assert Manifest.read(out).done and not (out / batch.SPILL_DIR).exists()
     assert unfinished >= 2  # the kills did land mid-run
 
@@ -410,7 +414,7 @@ def test_sigkill_at_any_moment_then_rerun(tmp_path):
 def test_refusals_and_overwrite(tmp_path):
     df = make_rows(20, 1)
     files = cut(df, tmp_path / "in", 2)
-    select_dataset(tmp_path / "in", tmp_path / "o", 2, "random", _n_parts=2)
+    select_dataset(tmp_path / "in", tmp_path / "o", 2, "random", parts=2)
     with pytest.raises(MrtInputError, match=r"another job: its parameters differ \(k: 2 -> 3\)"):
         select_dataset(tmp_path / "in", tmp_path / "o", 3, "random")
     r = runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o"), "--k", "3", "--method", "random"])
@@ -422,7 +426,7 @@ def test_refusals_and_overwrite(tmp_path):
     assert rep.n_kept == ref_select(df, 3, "random").height
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x.txt").write_text("mine")
-    with pytest.raises(MrtInputError, match="not empty and has no _manifest.json"):
+    with pytest.raises(MrtInputError, match="not empty and has no manifest"):
         select_dataset(tmp_path / "in", tmp_path / "busy", 2, "random")
 
 
@@ -471,7 +475,7 @@ def test_overwrite_replaces_only_what_a_job_wrote(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # a directory holding files no job wrote, with or without a manifest: refused, nothing deleted
     foreign = tmp_path / "foreign"
-    select_dataset(tmp_path / "in", foreign, 2, "random", _n_parts=2)
+    select_dataset(tmp_path / "in", foreign, 2, "random", parts=2)
     (foreign / "README.md").write_text("notes")
     for d in (foreign, tmp_path / "elsewhere"):
         before = _snapshot(tmp_path)
@@ -486,11 +490,12 @@ def test_overwrite_replaces_only_what_a_job_wrote(tmp_path, monkeypatch):
         assert _snapshot(tmp_path) == before
     # a job's directory (with a dead job's lock and temp file) is replaced
     ours = tmp_path / "ours"
-    select_dataset(tmp_path / "in", ours, 2, "random", _n_parts=3)
-    (ours / "_mrt.lock").write_text('{"pid": 999999999, "host": "%s"}' % __import__("socket").gethostname())
-    rep = select_dataset(tmp_path / "in", ours, 3, "random", overwrite=True, _n_parts=2)
+    select_dataset(tmp_path / "in", ours, 2, "random", parts=3)
+    lock_path(ours, directory=True).write_text('{"pid": 999999999, "host": "%s"}' % __import__("socket").gethostname())
+    rep = select_dataset(tmp_path / "in", ours, 3, "random", overwrite=True, parts=2)
     assert rep.n_kept == ref_select(df, 3, "random").height
-    assert sorted(p.name for p in ours.iterdir()) == ["_manifest.json", "part-00000.parquet", "part-00001.parquet"]
+    assert sorted(p.name for p in ours.iterdir()) == [".mrt", "part-00000.parquet", "part-00001.parquet"]
+    assert os.listdir(ours / ".mrt") == ["manifest.parquet"]
 
 
 def test_an_output_reached_through_a_link_into_the_input_is_refused(tmp_path):
@@ -520,7 +525,7 @@ def _finished(tmp_path, layout="rows"):
     if layout == "grouped":
         df = df.group_by("prompt_id", maintain_order=True).agg(pl.col("reward"), pl.col("embedding"))
     cut(df, tmp_path / "in", 3)
-    select_dataset(tmp_path / "in", tmp_path / "out", 2, "grades", _n_parts=4)
+    select_dataset(tmp_path / "in", tmp_path / "out", 2, "grades", parts=4)
     return {p.name: p.read_bytes() for p in sorted((tmp_path / "out").glob("part-*.parquet"))}
 
 
@@ -549,6 +554,17 @@ def test_a_finished_directory_that_lost_or_changed_a_part_redoes_it(tmp_path, la
     assert select_dataset(tmp_path / "in", out, 2, "grades").already_done
 
 
+def _bytes(p):
+    """A part file's bytes (None: a part of no rows, which has no file)."""
+    return p.read_bytes() if p.exists() else None
+
+
+def _old_manifest(out, d):
+    """Leave ``out`` with the manifest ``d`` as earlier versions kept it: ``_manifest.json``."""
+    (out / MANIFEST).unlink(missing_ok=True)
+    (out / "_manifest.json").write_text(json.dumps(d))
+
+
 @pytest.mark.parametrize("damage", ["delete", "flip"])
 def test_a_stopped_job_that_lost_a_finished_part_redoes_it_from_the_input(tmp_path, damage):
     """The spill of a stopped job no longer holds the buckets of its finished parts:
@@ -556,9 +572,9 @@ def test_a_stopped_job_that_lost_a_finished_part_redoes_it_from_the_input(tmp_pa
     with its rows, never from an emptied bucket."""
     whole = _finished(tmp_path)
     out = tmp_path / "stopped"
-    with pytest.raises(RuntimeError, match="stopped after 3"):
-        select_dataset(tmp_path / "in", out, 2, "grades", _n_parts=4, _fail_after=3)
-    assert (out / "_spill").is_dir()
+    with stopping_after(3), pytest.raises(StoppedForTest):
+        select_dataset(tmp_path / "in", out, 2, "grades", parts=4)
+    assert (out / batch.SPILL_DIR).is_dir()
     p = out / "part-00001.parquet"
     if damage == "delete":
         p.unlink()
@@ -566,7 +582,7 @@ def test_a_stopped_job_that_lost_a_finished_part_redoes_it_from_the_input(tmp_pa
         b = bytearray(p.read_bytes())
         b[len(b) // 2] ^= 0x01
         p.write_bytes(bytes(b))
-    rep = select_dataset(tmp_path / "in", out, 2, "grades", _n_parts=4)
+    rep = select_dataset(tmp_path / "in", out, 2, "grades", parts=4)
     assert rep.resumed and rep.parts_done_now == 2
     assert {q.name: q.read_bytes() for q in sorted(out.glob("part-*.parquet"))} == whole
     assert Manifest.read(out).rows == sum(pl.read_parquet(out / n).height for n in whole)
@@ -575,18 +591,19 @@ def test_a_stopped_job_that_lost_a_finished_part_redoes_it_from_the_input(tmp_pa
 def test_a_manifest_of_the_first_format_is_read_and_checked(tmp_path):
     whole = _finished(tmp_path)
     out = tmp_path / "out"
-    d = json.loads((out / "_manifest.json").read_text())
+    d = json.loads(Manifest.read(out).to_json())
     d["format"] = "mrt_fast.dataset/1"
+    d["parameters"]["layout"] = d["layout"] = "rows"  # the flat layout's earlier name
     del d["checks"]
-    (out / "_manifest.json").write_text(json.dumps(d))
+    _old_manifest(out, d)  # as an earlier version wrote it
     assert select_dataset(tmp_path / "in", out, 2, "grades").already_done
     assert set(Manifest.read(out).checks) == set(whole)  # the checks are recorded now
     d["parts"]["part-00003.parquet"] += 1  # a part whose rows are not the recorded ones
-    (out / "_manifest.json").write_text(json.dumps(d))
+    _old_manifest(out, d)
     rep = select_dataset(tmp_path / "in", out, 2, "grades")
     assert rep.resumed and rep.parts_done_now == 1
     assert {q.name: q.read_bytes() for q in sorted(out.glob("part-*.parquet"))} == whole
-    (out / "_manifest.json").write_text(json.dumps({**d, "format": "mrt_fast.dataset/9"}))
+    _old_manifest(out, {**d, "format": "mrt_fast.dataset/9"})
     with pytest.raises(MrtInputError, match="not a manifest this version can read"):
         select_dataset(tmp_path / "in", out, 2, "grades")
 
@@ -602,7 +619,7 @@ def test_null_prompt_ids_are_counted_and_refused(tmp_path, n_parts):
     assert n_null > 1
     cut(df, tmp_path / "in", 3)
     with pytest.raises(MrtInputError, match=f"has {n_null} null prompt id\\(s\\), the first in '.*f00.\\.parquet'"):
-        select_dataset(tmp_path / "in", tmp_path / "o", 2, "random", _n_parts=n_parts)
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "random", parts=n_parts)
     assert not (tmp_path / "o").exists()
     r = runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o.parquet"), "--k", "2",
                             "--method", "random", "--chunk-rows", "50"])
@@ -617,17 +634,17 @@ def test_corrupt_file_is_named_before_any_output(tmp_path, n_parts):
     files[1].write_bytes(data[: len(data) // 2] + b"\0" * 64 + data[len(data) // 2 + 64:])  # damaged pages
     files[2].write_bytes(b"not parquet at all")
     with pytest.raises(MrtInputError, match="f002.parquet"):
-        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", parts=n_parts)
     assert not (tmp_path / "o").exists()  # nothing committed, nothing left behind
     files[2].unlink()
     with pytest.raises(MrtInputError, match="f001.parquet"):
-        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", parts=n_parts)
     assert not (tmp_path / "o").exists()
     with pytest.raises(MrtInputError, match="f001.parquet"):
-        select_dataset(tmp_path / "in", tmp_path / "o.parquet", 2, "grades", _n_parts=n_parts)
+        select_dataset(tmp_path / "in", tmp_path / "o.parquet", 2, "grades", parts=n_parts)
     assert not (tmp_path / "o.parquet").exists() and not list(tmp_path.glob(".o.parquet*"))
     files[1].unlink()  # once fixed, the same command runs
-    rep = select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
+    rep = select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", parts=n_parts)
     assert rep.n_kept == ref_select(pl.read_parquet(files[0]), 2, "grades").height
 
 
@@ -661,13 +678,12 @@ def _losses(n_prompts=60, seed=0):
 
 
 def test_diagnose_dataset_equals_the_whole_table(tmp_path):
-    from mrt_fast.datasets.diagnose import variance_budget_dataset
-    from mrt_fast.variance.law import variance_budget
+    from mrt_fast import variance_budget  # one entry: a table or a path
 
     df = _losses()
     cut(df, tmp_path / "in", 4)
     a = variance_budget(df, n_boot=50).to_dict()
-    b = variance_budget_dataset(tmp_path / "in", n_boot=50, batch_rows=37).to_dict()
+    b = variance_budget(tmp_path / "in", n_boot=50, batch_rows=37).to_dict()
     for key in ("v_x", "v_y_given_x", "k_star", "n_prompts"):
         if key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-9), key
@@ -892,7 +908,7 @@ def test_signed_zero_ids_are_one_pool_when_the_job_spills(tmp_path_factory, seed
     cut(df, tmp / "in", 3, seed)
     ref = ref_select(df, 2, method, seed=seed)
     select_dataset(tmp / "in", tmp / "out.parquet", 2, method, seed=seed,
-                   rows_per_bucket=max(1, df.height // n_parts))
+                   rows_per_part=max(1, df.height // n_parts))
     got = pl.read_parquet(tmp / "out.parquet")
     assert got["text"].to_list() == ref["text"].to_list()
     plain = ref_select(df.with_columns(pl.col("prompt_id").abs()), 2, method, seed=seed)

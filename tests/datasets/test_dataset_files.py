@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 import mrt_fast
 from mrt_fast import MrtInputError
 from mrt_fast.datasets.local import select_dataset
-from mrt_fast.cli.app import app
-from mrt_fast.datasets.diagnose import variance_budget_dataset
+from mrt_fast.cli import app
+from mrt_fast.datasets import variance_budget
 
 runner = CliRunner()
 
@@ -64,7 +64,7 @@ def test_a_hive_key_that_is_a_column_is_refused(tmp_path, sfx, key):
         select_dataset(tmp_path / "in", tmp_path / "o.parquet", 1, "top")
     assert not (tmp_path / "o.parquet").exists()
     with pytest.raises(MrtInputError, match=f"hive key '{key}'"):
-        variance_budget_dataset(tmp_path / "in", n_boot=0)
+        variance_budget(tmp_path / "in", n_boot=0)
     one_line_exit_2(runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o"), "--k", "1",
                                         "--method", "top"]), f"hive key '{key}'")
     assert not (tmp_path / "o").exists()
@@ -120,7 +120,7 @@ def test_a_shard_that_is_a_broken_symlink_is_refused(tmp_path, how):
         select_dataset(source, tmp_path / "o.parquet", 1, "top")
     assert not (tmp_path / "o.parquet").exists()
     with pytest.raises(MrtInputError, match="symbolic link"):
-        variance_budget_dataset(source, n_boot=0)
+        variance_budget(source, n_boot=0)
     one_line_exit_2(runner.invoke(app, ["diagnose", source, "--n-boot", "0"]), "b.parquet", "symbolic link")
     one_line_exit_2(runner.invoke(app, ["select", source, str(tmp_path / "o"), "--k", "1", "--method", "top"]),
                     "symbolic link")
@@ -144,7 +144,7 @@ def test_a_column_only_some_shards_hold_is_refused_for_both_formats(tmp_path, sf
         select_dataset(tmp_path / "in", tmp_path / "o.parquet", 1, "top")
     assert info.value.column == "note"
     with pytest.raises(MrtInputError, match=msg):
-        variance_budget_dataset(tmp_path / "in", n_boot=0)
+        variance_budget(tmp_path / "in", n_boot=0)
     one_line_exit_2(runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o"), "--k", "1",
                                         "--method", "top"]), "column 'note'")
 
@@ -199,18 +199,18 @@ def test_shards_with_drifting_schemas_read_as_one_table_or_are_refused(tmp_path_
         write(df, tmp / "in" / f"f{i}{sfx}")
     if fault is not None:
         with pytest.raises(MrtInputError, match=rf"'.*{fault[0]}' (has|lacks) column '{fault[1]}'"):
-            select_dataset(tmp / "in", tmp / "o.parquet", 2, "top", _n_parts=n_parts)
+            select_dataset(tmp / "in", tmp / "o.parquet", 2, "top", parts=n_parts)
         assert not (tmp / "o.parquet").exists()
         return
     whole = pl.concat([f.with_columns(pl.col("prompt_id").cast(pl.Int64), pl.col("reward").cast(pl.Float64))
                        for f in frames])
-    select_dataset(tmp / "in", tmp / "o.parquet", 2, "top", _n_parts=n_parts)
+    select_dataset(tmp / "in", tmp / "o.parquet", 2, "top", parts=n_parts)
     got = pl.read_parquet(tmp / "o.parquet")
     want = ref_select(whole, 2, "top")
     assert got.height == want.height
     assert got.select(want.columns).sort("prompt_id", "pick_rank").equals(
         want.sort("prompt_id", "pick_rank"), null_equal=True)
-    rep = variance_budget_dataset(tmp / "in", n_boot=0)
+    rep = variance_budget(tmp / "in", n_boot=0)
     assert rep.n_prompts == whole["prompt_id"].n_unique()
 
 
@@ -244,7 +244,7 @@ def test_grouped_layout_takes_a_per_prompt_k_column(tmp_path_factory, n_prompts,
     if method == "grades":  # a 2-d embedding per candidate
         g = g.with_columns(embedding=pl.col("reward").list.eval(pl.concat_list(pl.element(), pl.lit(1.0))))
     g.write_parquet(tmp / "g.parquet")
-    select_dataset(tmp / "g.parquet", tmp / "o.parquet", "k", method, _n_parts=n_parts)
+    select_dataset(tmp / "g.parquet", tmp / "o.parquet", "k", method, parts=n_parts)
     got = pl.read_parquet(tmp / "o.parquet")
     assert got["prompt_id"].to_list() == g["prompt_id"].to_list()
     flat = g.explode([c for c in g.columns if isinstance(g.schema[c], pl.List)])
@@ -268,7 +268,7 @@ def test_grouped_layout_refuses_a_repeated_prompt_for_every_part_count(tmp_path,
     second = ("a", where[1]) if where[1] < 5 else ("b", where[1] - 5)
     with pytest.raises(MrtInputError, match=rf"prompt id {ids[where[0]]} is on more than one row, row {where[0]} of "
                                             rf"'.*a\.parquet' and row {second[1]} of '.*{second[0]}\.parquet'"):
-        select_dataset(str(tmp_path / "*.parquet"), tmp_path / "o", 2, "top", _n_parts=n_parts)
+        select_dataset(str(tmp_path / "*.parquet"), tmp_path / "o", 2, "top", parts=n_parts)
     assert not (tmp_path / "o").exists()
 
 
@@ -320,7 +320,7 @@ def test_a_bad_value_is_named_by_its_file_and_row(tmp_path_factory, data, n_pool
     cuts = data.draw(st.lists(st.integers(1, df.height - 1), max_size=3, unique=True))  # no empty file
     files = shards(plant(df, row, fault), tmp / "in", cuts, sfx)
     with pytest.raises(MrtInputError) as info:
-        select_dataset(tmp / "in", tmp / "o.parquet", 2, "grades", _n_parts=n_parts)
+        select_dataset(tmp / "in", tmp / "o.parquet", 2, "grades", parts=n_parts)
     assert where(files, row) in str(info.value), (str(info.value), where(files, row))
     assert info.value.row == int(where(files, row).split()[1])
     assert "\n" not in str(info.value)
@@ -335,7 +335,7 @@ def test_a_bad_candidate_of_the_grouped_layout_is_named_by_its_prompts_file_and_
     g = g.with_columns(pl.Series("embedding", e, dtype=g.schema["embedding"]))
     files = shards(g, tmp_path / "in", [5, 9])
     with pytest.raises(MrtInputError, match=rf"candidate 2 \({where(files, prompt)}\)"):
-        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", _n_parts=n_parts)
+        select_dataset(tmp_path / "in", tmp_path / "o", 2, "grades", parts=n_parts)
 
 
 def test_diagnose_names_the_file_and_row_of_a_bad_loss(tmp_path):
@@ -345,5 +345,5 @@ def test_diagnose_names_the_file_and_row_of_a_bad_loss(tmp_path):
     files = shards(df.with_columns(pl.Series("loss", loss)), tmp_path / "in", [10, 35])
     for batch_rows in (7, 1000):
         with pytest.raises(MrtInputError, match=rf"loss at {where(files, 41)} is NaN") as info:
-            variance_budget_dataset(tmp_path / "in", n_boot=0, batch_rows=batch_rows)
+            variance_budget(tmp_path / "in", n_boot=0, batch_rows=batch_rows)
         assert "update" not in str(info.value) and info.value.row == 6

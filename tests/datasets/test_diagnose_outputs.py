@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
 
 runner = CliRunner()
 

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 import mrt_fast  # noqa: E402
 from mrt_fast import MrtInputError, SmallPoolWarning  # noqa: E402
-from mrt_fast.datasets import ray_engine as D  # noqa: E402
+from mrt_fast.datasets import Manifest, ray_engine as D  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -113,10 +113,11 @@ def test_injected_fault_is_retried_with_the_same_output(tmp_path, monkeypatch):
     df = make_table(seed=4)
     ref = local(df, 3, "random", seed=1)
     marker = tmp_path / "fault"
-    out = D.collect(D.select(dataset(df, 4), 3, "random", seed=1, n_buckets=3, fault_once=str(marker)))
+    monkeypatch.setenv(D.FAULT_ENV, str(marker))
+    out = D.collect(D.select(dataset(df, 4), 3, "random", seed=1, n_buckets=3))
     assert marker.exists()  # the fault did fire in one task's first attempt
     assert_same_per_pool(out, ref)  # and the retry left no duplicate and lost nothing
-    # the same through the environment variable, on the grouped layout too
+    # the same on the grouped layout
     marker2 = tmp_path / "fault2"
     monkeypatch.setenv(D.FAULT_ENV, str(marker2))
     g = grouped(df)
@@ -125,13 +126,14 @@ def test_injected_fault_is_retried_with_the_same_output(tmp_path, monkeypatch):
     assert_same_per_pool(flat_of(out2), ref)
 
 
-def test_a_fault_that_is_not_retried_surfaces(tmp_path):
+def test_a_fault_that_is_not_retried_surfaces(tmp_path, monkeypatch):
     # a retry budget of zero attempts would lose the work: Ray reports the failure
     from ray.exceptions import RayTaskError
 
     df = make_table(seed=4)
     marker = tmp_path / "fault"
-    ds = D.select(dataset(df, 2), 3, "random", n_buckets=2, fault_once=str(marker), max_retries=0)
+    monkeypatch.setenv(D.FAULT_ENV, str(marker))
+    ds = D.select(dataset(df, 2), 3, "random", n_buckets=2, max_retries=0)
     with pytest.raises((RayTaskError, D.TransientTaskError, Exception)) as e:
         D.collect(ds)
     assert "injected fault" in str(e.value)
@@ -294,23 +296,22 @@ def test_job_parts_are_the_local_engines_parts_byte_for_byte(tmp_path, method, s
 
     df = make_table(n_pools=60, seed=20)
     src = write_files(df, tmp_path / "in", 3)
-    local_job(src, tmp_path / "local", 3, method, _n_parts=4)
-    rep = D.select_dataset(src, tmp_path / "ray", 3, method, n_buckets=4, shuffle=shuffle)
+    local_job(src, tmp_path / "local", 3, method, parts=4)
+    rep = D.select_dataset(src, tmp_path / "ray", 3, method, parts=4, shuffle=shuffle)
     assert not (tmp_path / "ray" / "_spill").exists()
     assert rep.n_parts == 4 and rep.n_input_rows == df.height
     a, b = parts_bytes(tmp_path / "local"), parts_bytes(tmp_path / "ray")
     assert list(a) == list(b) and a == b
-    import json
 
-    m = json.loads((tmp_path / "ray" / "_manifest.json").read_text())
-    assert m["done"] and sum(m["parts"].values()) == rep.n_kept == local(df, 3, method).height
-    assert m["checks"] == json.loads((tmp_path / "local" / "_manifest.json").read_text())["checks"]
+    m = Manifest.read(tmp_path / "ray")
+    assert m.done and m.rows == rep.n_kept == local(df, 3, method).height
+    assert m.checks == Manifest.read(tmp_path / "local").checks
 
 
 def test_job_to_a_file_equals_select_on_the_whole_table(tmp_path):
     df = make_table(n_pools=50, seed=21)
     src = write_files(df, tmp_path / "in", 4, fmt="jsonl")
-    D.select_dataset(src, tmp_path / "kept.parquet", 2, "random", seed=3, n_buckets=3)
+    D.select_dataset(src, tmp_path / "kept.parquet", 2, "random", seed=3, parts=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "kept.parquet"]  # no spill left
     got = pl.read_parquet(tmp_path / "kept.parquet")
     ref = local(pl.read_ndjson(sorted((tmp_path / "in").glob("*.jsonl"))), 2, "random", seed=3)
@@ -318,20 +319,19 @@ def test_job_to_a_file_equals_select_on_the_whole_table(tmp_path):
 
 
 def test_a_job_that_died_resumes_with_the_missing_parts_only(tmp_path):
-    import json
 
     df = make_table(n_pools=60, seed=22)
     src = write_files(df, tmp_path / "in", 2)
     out = tmp_path / "out"
-    D.select_dataset(src, out, 3, "grades", n_buckets=5)
+    D.select_dataset(src, out, 3, "grades", parts=5)
     whole = parts_bytes(out)
     # the state a job killed after three parts leaves: two parts missing, manifest not done
-    m = json.loads((out / "_manifest.json").read_text())
+    m = Manifest.read(out)
     for name in ("part-00001.parquet", "part-00003.parquet"):
         (out / name).unlink()
-        del m["parts"][name]
-    m["done"] = False
-    (out / "_manifest.json").write_text(json.dumps(m))
+        del m.parts[name]
+    m.done = False
+    m.write(out)
     rep = D.select_dataset(src, out, 3, "grades")
     assert rep.resumed and rep.parts_done_now == 2 and rep.n_parts == 5
     assert parts_bytes(out) == whole
@@ -342,10 +342,10 @@ def test_a_job_that_died_resumes_with_the_missing_parts_only(tmp_path):
     from mrt_fast.datasets.local import select_dataset as local_job
 
     (out / "part-00002.parquet").unlink()
-    m = json.loads((out / "_manifest.json").read_text())
-    del m["parts"]["part-00002.parquet"]
-    m["done"] = False
-    (out / "_manifest.json").write_text(json.dumps(m))
+    m = Manifest.read(out)
+    del m.parts["part-00002.parquet"]
+    m.done = False
+    m.write(out)
     rep = local_job(src, out, 3, "grades")
     assert rep.resumed and rep.parts_done_now == 1
     assert parts_bytes(out) == whole
@@ -367,7 +367,7 @@ def test_bad_input_found_by_a_task_is_named_as_itself_and_leaves_nothing_behind(
     before = sorted(p.name for p in tmp_path.iterdir())
     for out in (tmp_path / "kept.parquet", tmp_path / "new"):
         with pytest.raises(MrtInputError) as e:  # (grouped: one part, so that none is committed before)
-            D.select_dataset(src, out, 2, "top", n_buckets=1 if layout == "grouped" else 3)
+            D.select_dataset(src, out, 2, "top", parts=1 if layout == "grouped" else 3)
         assert type(e.value) is MrtInputError  # not Ray's wrapper, whose text is its task banner
         msg = str(e.value)
         assert "\n" not in msg and "ray::" not in msg and re.search(want, msg), msg
@@ -385,8 +385,8 @@ def test_a_live_jobs_output_is_refused_on_ray_too(tmp_path):
             out.mkdir()
         with JobLock.take(lock_path(out, directory=is_dir)):
             with pytest.raises(MrtInputError, match=f"in use by another job \\(pid {os.getpid()} on host"):
-                D.select_dataset(src, out, 2, "random", n_buckets=2)
-        assert not (out / "_manifest.json").exists() and not (tmp_path / "kept.parquet").exists()
+                D.select_dataset(src, out, 2, "random", parts=2)
+        assert not Manifest.exists(out) and not (tmp_path / "kept.parquet").exists()
 
 
 def test_grouped_job_parts_equal_the_local_engines(tmp_path):
@@ -394,15 +394,15 @@ def test_grouped_job_parts_equal_the_local_engines(tmp_path):
 
     g = grouped(make_table(n_pools=40, seed=23))
     src = write_files(g, tmp_path / "in", 2)
-    local_job(src, tmp_path / "local", 2, "grades", _n_parts=3)
-    D.select_dataset(src, tmp_path / "ray", 2, "grades", n_buckets=3)
+    local_job(src, tmp_path / "local", 2, "grades", parts=3)
+    D.select_dataset(src, tmp_path / "ray", 2, "grades", parts=3)
     assert parts_bytes(tmp_path / "local") == parts_bytes(tmp_path / "ray")
 
 
 def test_cli_engine_ray_select_and_diagnose(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from mrt_fast.cli.app import app
+    from mrt_fast.cli import app
 
     df = make_table(n_pools=50, seed=24)
     src = write_files(df, tmp_path / "in", 3)
@@ -459,7 +459,26 @@ def test_hive_partitioned_input_gives_the_local_engines_parts(tmp_path):
         d = tmp_path / "in" / f"split={v}"
         d.mkdir(parents=True)
         df.filter(pl.col("split") == v).drop("split").write_parquet(d / "x.parquet")
-    local_job(tmp_path / "in", tmp_path / "local", 2, "random", _n_parts=3)
-    D.select_dataset(tmp_path / "in", tmp_path / "ray", 2, "random", n_buckets=3)
+    local_job(tmp_path / "in", tmp_path / "local", 2, "random", parts=3)
+    D.select_dataset(tmp_path / "in", tmp_path / "ray", 2, "random", parts=3)
     assert parts_bytes(tmp_path / "local") == parts_bytes(tmp_path / "ray")
     assert "split" in pl.read_parquet(tmp_path / "ray" / "part-00000.parquet").columns
+
+
+def test_every_knob_of_select_runs_on_ray_and_the_directory_reads_as_it_stands(tmp_path):
+    """SelectOptions is shared: eps, optimizer and candidate_key reach the Ray job; polars reads its output."""
+    from mrt_fast import SelectOptions
+
+    df = make_table(n_pools=30, seed=31).sample(fraction=1.0, shuffle=True, seed=2)
+    src = write_files(df, tmp_path / "in", 3)
+    opts = SelectOptions(k=2, method="grades", eps=0.25, optimizer="naive", candidate_key="response")
+    want = mrt_fast.select(pl.concat([pl.read_parquet(f) for f in sorted((tmp_path / "in").glob("*.parquet"))]),
+                           options=opts)
+    rep = D.select_dataset(src, tmp_path / "ray", options=opts, parts=4)
+    assert rep.n_parts == 4 and Manifest.read(tmp_path / "ray").parameters["eps"] == 0.25
+    got = pl.scan_parquet(tmp_path / "ray").collect()
+    assert got.sort(["prompt_id", "pick_rank"]).equals(want.sort(["prompt_id", "pick_rank"]))
+    ds = ray.data.from_arrow(df.to_arrow())
+    lazy = D.collect(D.select(ds, options=opts))
+    assert lazy.sort(["prompt_id", "pick_rank"]).equals(mrt_fast.select(df, options=opts)
+                                                        .sort(["prompt_id", "pick_rank"]))

@@ -85,13 +85,13 @@ def test_a_live_holder_is_named_in_one_line_and_a_dead_ones_lock_is_taken_over(t
         assert r.returncode == 2, r.stderr
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
         assert f"pid {holder.pid} on host {socket.gethostname()}" in r.stderr
-        assert sorted(os.listdir(out)) == [LOCK_NAME]  # the refused job wrote nothing
+        assert sorted(os.listdir(out)) == [".mrt"] and os.listdir(out / ".mrt") == [LOCK_NAME]  # the refused job wrote nothing
     finally:
         kill9(holder)
-    assert (out / LOCK_NAME).exists()  # what a kill -9 leaves
+    assert lock_path(out, directory=True).exists()  # what a kill -9 leaves
     r = mrt_select(tmp_path / "in", out)
     assert r.returncode == 0, r.stderr
-    assert Manifest.read(out).done and not (out / LOCK_NAME).exists()
+    assert Manifest.read(out).done and not lock_path(out, directory=True).exists()
     assert kept_pools(out) == set(df["prompt_id"].to_list())
     assert sum(Manifest.read(out).parts.values()) == reference(df).height
 
@@ -105,10 +105,10 @@ def test_a_second_real_job_refuses_and_a_rerun_finishes_a_killed_first(tmp_path)
         first = subprocess.Popen([sys.executable, "-m", "mrt_fast.cli", "select", str(tmp_path / "in"), str(out),
                                   "--k", "2", "--chunk-rows", "800"], env=ENV, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
-        while not (out / LOCK_NAME).exists() and first.poll() is None:
+        while not lock_path(out, directory=True).exists() and first.poll() is None:
             time.sleep(0.001)
         first.send_signal(signal.SIGSTOP)  # alive, holding the lock, mid-job
-        if first.poll() is None and (out / LOCK_NAME).exists():
+        if first.poll() is None and lock_path(out, directory=True).exists():
             break
         kill9(first)
     else:
@@ -166,7 +166,7 @@ lock.release()
 
 
 def test_of_many_processes_taking_over_one_stale_lock_exactly_one_gets_it(tmp_path):
-    path = tmp_path / "out" / LOCK_NAME
+    path = lock_path(tmp_path / "out", directory=True)
     kill9(hold(tmp_path / "out"))
     stale = json.loads(path.read_text())
     go, stop = tmp_path / "go", tmp_path / "stop"
@@ -207,21 +207,21 @@ def test_the_lock_is_invisible_to_readers_and_released_on_errors(tmp_path):
     select_dataset(tmp_path / "in", out, 2, "random")
     n = sum(Manifest.read(out).parts.values())
     with output_lock(out, directory=True):
-        assert (out / LOCK_NAME).exists()
+        assert lock_path(out, directory=True).exists()
         assert pads.dataset(out).to_table().num_rows == n
         assert pl.scan_parquet(out / "*.parquet").collect().height == n
         assert all(f.name.startswith("part-") for f in discover(out).files)
-    assert not (out / LOCK_NAME).exists()
+    assert not lock_path(out, directory=True).exists()
     # a job that fails on bad input found while it runs releases the lock and leaves no new directory
     bad = tmp_path / "bad"
     bad.mkdir()
     pl.DataFrame({"prompt_id": [1, None, 2], "reward": [0.1, 0.2, 0.3]}).write_parquet(bad / "x.parquet")
     for n_parts in (1, 2):
         with pytest.raises(MrtInputError, match="null prompt id"):
-            select_dataset(bad, tmp_path / "new", 1, "top", _n_parts=n_parts)
+            select_dataset(bad, tmp_path / "new", 1, "top", parts=n_parts)
         assert not (tmp_path / "new").exists()
         with pytest.raises(MrtInputError, match="null prompt id"):
-            select_dataset(bad, tmp_path / "new.parquet", 1, "top", _n_parts=n_parts)
+            select_dataset(bad, tmp_path / "new.parquet", 1, "top", parts=n_parts)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "in", "out"]
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from mrt_fast import MrtInputError
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
 from mrt_fast.embeddings.quality import METHODS, compare_embeddings, markdown, quality_rows, sample_pools, summarize
 
 runner = CliRunner()

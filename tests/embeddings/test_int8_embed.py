@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from mrt_fast import MissingDependencyError, MrtInputError
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
 
 pytestmark = [pytest.mark.embed, pytest.mark.int8]
 runner = CliRunner()

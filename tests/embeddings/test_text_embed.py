@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from mrt_fast import MrtInputError
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
+from mrt_fast.datasets import Manifest
 
 runner = CliRunner()
 
@@ -436,7 +437,8 @@ def _write_parts(df: pl.DataFrame, d, sizes, fmt="parquet"):
 def test_dataset_embed_resumes_to_the_in_memory_result(tiny_source, static_cache, tmp_path_factory, n, per_part,
                                                         fail_after, seed):
     from mrt_fast.embeddings.embed import embed
-    from mrt_fast.embeddings.dataset import _Killed, embed_dataset, read_dataset
+    from mrt_fast.datasets.job import StoppedForTest, stopping_after
+    from mrt_fast.embeddings.dataset import embed_dataset, read_dataset
 
     name = f"static:{tiny_source}"
     tmp = tmp_path_factory.mktemp("ds")
@@ -448,9 +450,8 @@ def test_dataset_embed_resumes_to_the_in_memory_result(tiny_source, static_cache
     n_parts = -(-n // per_part)
     out = tmp / "out"
     if fail_after < n_parts:
-        with pytest.raises(_Killed):
-            embed_dataset(tmp / "in", out, model=name, cache_dir=cache, rows_per_part=per_part,
-                          _fail_after=fail_after)
+        with stopping_after(fail_after), pytest.raises(StoppedForTest):
+            embed_dataset(tmp / "in", out, model=name, cache_dir=cache, rows_per_part=per_part)
         assert len(list(out.glob("part-*.parquet"))) == fail_after
         import subprocess, sys
 
@@ -511,8 +512,9 @@ def test_dataset_embed_cli_and_bad_rows(tiny_source, tmp_path):
                             "--cache-dir", str(tmp_path), "--chunk-rows", "6"])
     assert r.exit_code == 0, r.output
     assert "texts/s" in r.output and "20" in r.output
-    man = json.loads((tmp_path / "out" / "_manifest.json").read_text())
-    assert man["done"] and man["n_parts"] == 4 and sum(man["parts"].values()) == 20
+    man = Manifest.read(tmp_path / "out")
+    assert man.done and man.n_parts == 4 and man.rows == 20
+    assert pl.scan_parquet(tmp_path / "out").collect().height == 20  # the directory reads as it stands
     r = runner.invoke(app, ["embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", name,
                             "--cache-dir", str(tmp_path), "--chunk-rows", "6"])
     assert r.exit_code == 0 and "already complete" in r.output

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mrt_fast import MrtInputError
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
 from mrt_fast.llm.export import export
 
 KEPT = pl.DataFrame({"prompt_id": ["a", "a", "a", "b"], "prompt": ["2+2?"] * 3 + ["Capital of France?"],

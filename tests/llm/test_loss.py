@@ -104,7 +104,7 @@ def test_nll_cli_writes_the_same_losses(tmp_path):
     import torch
     from typer.testing import CliRunner
 
-    from mrt_fast.cli.app import app
+    from mrt_fast.cli import app
     from mrt_fast.llm.loss import pair_losses
     from mrt_fast.llm.testing import save_tiny_models, tiny_tokenizer
     from transformers import AutoModelForCausalLM

@@ -168,7 +168,7 @@ def test_run_cli_k_option(tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from mrt_fast.cli.app import app
+    from mrt_fast.cli import app
 
     cfg = {"out_dir": str(tmp_path / "o"), "model": "m", "data": {"train_prompts": "a", "eval": "b"},
            "select": {"methods": ["random"], "ks": [1]}}

@@ -95,7 +95,7 @@ def test_allocation_feeds_select():
 def test_cli_diagnose_allocate_then_select(tmp_path):
     from typer.testing import CliRunner
 
-    from mrt_fast.cli.app import app
+    from mrt_fast.cli import app
 
     rng = np.random.default_rng(5)
     sd = np.repeat([0.2, 2.0], 10)

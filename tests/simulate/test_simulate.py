@@ -177,7 +177,7 @@ def test_cli_prints_comparison(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
     import mrt_fast.simulate as sim
-    from mrt_fast.cli.app import app
+    from mrt_fast.cli import app
 
     seen = {}
 

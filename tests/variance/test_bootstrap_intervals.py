@@ -215,7 +215,7 @@ def test_cli_interval_option(tmp_path):
 
     from typer.testing import CliRunner
 
-    from mrt_fast.cli.app import app
+    from mrt_fast.cli import app
 
     df = _data(6, 30, 4)
     df.write_parquet(tmp_path / "losses.parquet")

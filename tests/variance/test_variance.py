@@ -602,7 +602,7 @@ def test_implicit_mrt_clusters():
 def test_cli_diagnose_round_trip(tmp_path, suffix):
     from typer.testing import CliRunner
 
-    from mrt_fast.cli.app import app
+    from mrt_fast.cli import app
 
     rng = np.random.default_rng(4)
     x = simulate(rng, 1, 60, 5, 1.0, 4.0)[0]
@@ -627,7 +627,7 @@ def test_cli_diagnose_round_trip(tmp_path, suffix):
 def test_cli_diagnose_bad_input(tmp_path):
     from typer.testing import CliRunner
 
-    from mrt_fast.cli.app import app
+    from mrt_fast.cli import app
 
     f = tmp_path / "x.csv"
     pl.DataFrame({"prompt_id": [1, 2, 3], "loss": [0.1, 0.2, 0.3]}).write_csv(f)

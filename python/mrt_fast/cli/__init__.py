@@ -1,5 +1,15 @@
-"""The `mrt` command."""
+"""The `mrt` command: one module per command group, registered on one Typer app.
 
-from mrt_fast.cli.app import app
+``python -m mrt_fast.cli`` and the ``mrt`` script (``mrt_fast.cli:app``) run it.
+"""
+
+# the command groups register their commands on import, in the order `mrt --help` lists them
+from mrt_fast.cli import demo_cmd  # noqa: F401, I001
+from mrt_fast.cli import embed  # noqa: F401
+from mrt_fast.cli import select  # noqa: F401
+from mrt_fast.cli import variance  # noqa: F401
+from mrt_fast.cli import llm  # noqa: F401
+from mrt_fast.cli import simulate  # noqa: F401
+from mrt_fast.cli.common import app
 
 __all__ = ["app"]

@@ -1,3 +1,3 @@
-from mrt_fast.cli.app import app
+from mrt_fast.cli import app
 
 app()

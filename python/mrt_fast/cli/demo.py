@@ -8,8 +8,6 @@ response and the item's base theme), standing in for a reward model.
 
 from __future__ import annotations
 
-from mrt_fast.errors import MissingDependencyError
-
 import json
 import time
 import warnings
@@ -18,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from mrt_fast.errors import MissingDependencyError
 from mrt_fast.selection.metrics import kept_metrics
 
 METHODS = ("random", "top", "diverse", "grades", "stratified")
@@ -47,11 +47,10 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
     from rich.markup import escape
     from rich.table import Table
 
-    from mrt_fast.errors import MrtInputError
     from mrt_fast._util.files import check_output_dir
+    from mrt_fast.errors import MrtInputError, SmallPoolWarning
     from mrt_fast.selection.modes import pool_modes
     from mrt_fast.selection.select import select
-    from mrt_fast.errors import SmallPoolWarning
 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise MrtInputError(f"k must be an integer >= 1, got {k!r}")

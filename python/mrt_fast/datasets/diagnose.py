@@ -1,10 +1,14 @@
-"""The variance diagnosis of a dataset, streamed in bounded memory.
+"""The one `variance_budget`: over a table, a path or a Ray Dataset.
 
-The prompt id and loss columns of a file, directory, glob or hive-partitioned
-dataset are read batch by batch (polars' streaming engine) into a
-:class:`~mrt_fast.variance.law.VarianceAccumulator`; memory grows with the number
-of prompts, not of rows. The report is the one `variance_budget` gives on the
-whole table.
+:func:`variance_budget` dispatches on what it is given: a table (polars,
+Arrow, pandas) goes to :func:`mrt_fast.variance.law.variance_budget`; a path
+(a file, a directory of Parquet/JSONL files, a finished ``mrt`` dataset
+directory, a glob) is a fold stage of the dataset job, streamed: the prompt
+id and loss columns are read batch by batch (polars' streaming engine) into a
+:class:`~mrt_fast.variance.law.VarianceAccumulator`, so memory grows with the
+number of prompts, not of rows (``engine="ray"``: the blocks fold on Ray
+tasks and the accumulators merge exactly); a ``ray.data.Dataset`` folds on
+Ray. The report is the one `variance_budget` gives on the whole table.
 """
 
 from __future__ import annotations
@@ -22,7 +26,46 @@ from mrt_fast.datasets import sources as _sources
 from mrt_fast.errors import MrtInputError
 
 
-def variance_budget_dataset(
+def variance_budget(
+    data: Any,
+    *,
+    by: str = "prompt_id",
+    loss: str = "loss",
+    engine: str = "local",
+    address: str | None = None,
+    batch_rows: int = 1_000_000,
+    **kwargs: Any,
+):
+    """`variance_budget` over ``data``: a table, a path (file, directory, glob;
+    streamed) or a ``ray.data.Dataset`` (see the module doc). ``engine``
+    (``"local"`` or ``"ray"``) and ``address`` (the Ray cluster) apply to a
+    path; ``batch_rows`` to a path on the local engine. The other keywords are
+    those of :func:`mrt_fast.variance.law.variance_budget` (costs, ``k_grid``,
+    ``k_max``, ``budget``, ``n_prompts``, ``delta``, ``loss_bound``,
+    ``n_boot``, ``seed``, ``ci_level``, ``bootstrap``, ``interval``). A flag
+    that does not apply to ``data`` is refused in one line."""
+    if engine not in ("local", "ray"):
+        raise MrtInputError(f"engine must be 'local' or 'ray', got {engine!r}")
+    if address is not None and engine != "ray":
+        raise MrtInputError("address needs engine='ray'")
+    if type(data).__module__.startswith("ray.data"):
+        from mrt_fast.datasets.ray_engine import variance_budget as on_ray
+
+        return on_ray(data, by=by, loss=loss, **kwargs)
+    if isinstance(data, (str, os.PathLike)):
+        if engine == "ray":
+            from mrt_fast.datasets.ray_engine import _variance_budget_files
+
+            return _variance_budget_files(data, by=by, loss=loss, address=address, **kwargs)
+        return _streamed(data, by=by, loss=loss, batch_rows=batch_rows, **kwargs)
+    if engine == "ray":
+        raise MrtInputError("engine='ray' applies to a path; pass a ray.data.Dataset to fold a table on Ray")
+    from mrt_fast.variance.law import variance_budget as in_memory
+
+    return in_memory(data, by=by, loss=loss, **kwargs)
+
+
+def _streamed(
     source: str | os.PathLike,
     *,
     by: str = "prompt_id",

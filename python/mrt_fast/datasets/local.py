@@ -10,7 +10,7 @@ into a temporary folder beside the output in one pass over the input, read by
 Arrow threads over runs of row groups (:mod:`mrt_fast.datasets.arrow_runs`), and each
 bucket is then selected in memory, several at a time where memory allows.
 Bucket ``i`` becomes part ``i`` of the output dataset (``part-00000.parquet``
-..., with a ``_manifest.json``), written atomically, so a killed job resumes
+..., with the ``.mrt/`` manifest), written atomically, so a killed job resumes
 with the missing parts only.
 
 In the grouped layout (one row per prompt, list columns, as vLLM returns the
@@ -18,7 +18,7 @@ completions of a prompt) the pools are already together: parts are runs of
 consecutive rows, read straight from the input, nothing is spilled.
 
 The pieces other engines reuse: :func:`bucket_of` (which bucket a prompt id
-goes to), :class:`Options` (the job's parameters), :func:`select_frame` (one
+goes to), :class:`~mrt_fast.selection.options.SelectOptions` (the job's parameters), :func:`select_frame` (one
 bucket or part in memory -> its kept rows), :func:`write_part` and
 :mod:`mrt_fast.datasets.manifest` (parts and the manifest).
 """
@@ -48,10 +48,10 @@ from mrt_fast.datasets import formats as _formats
 
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.tables.arrays import pool_keys
-from mrt_fast._util.disk_space import is_no_space, no_space_error, reporting_full_disk
+from mrt_fast._util.disk_space import is_no_space, no_space_error
 from mrt_fast.errors import MrtInputError
-from mrt_fast.datasets.lock import output_lock
-from mrt_fast.datasets.manifest import Manifest, discard_unfinished, part_check, part_path, prepare_output
+from mrt_fast.selection.options import SelectOptions
+from mrt_fast.datasets.job import Job, run_all, write_part  # noqa: F401  (write_part: for Ray tasks)
 from mrt_fast._util.memory import (Budget, available_memory, default_memory_limit, parse_memory, peak_rss,  # noqa: F401
                             least_work, plan_spill, polars_read_bytes, release_unused, rss, size_text,
                             whole_read_bytes)
@@ -96,97 +96,39 @@ def bucket_of(prompt_ids: pl.Series, n_buckets: int) -> np.ndarray:
 # --------------------------------------------------------------------------- the job
 
 
-@dataclass
-class Options:
-    """The parameters of a selection job (everything its result depends on)."""
-
-    k: int | str  # an int, or the name of an integer column holding each pool's K
-    method: str = "grades"
-    by: str = "prompt_id"
-    embedding: str = "embedding"
-    reward: str = "reward"
-    mode: str = "mode"
-    alpha: float = 0.75
-    k_max: int | None = None
-    kernel: str = "shift"
-    n_modes: int | None = None
-    seed: int = 0
-    layout: str = "auto"  # auto | rows | grouped (auto resolved by `resolve_layout`)
-    candidate_columns: list[str] | None = None  # grouped: list columns holding one value per candidate
-
-    def __post_init__(self) -> None:
-        from mrt_fast.selection.options import METHODS, check_k
-
-        if isinstance(self.k, str):
-            if not self.k:
-                raise MrtInputError("k must be an integer >= 1 or the name of a column holding each pool's K")
-        else:
-            self.k = check_k(self.k)
-        if not isinstance(self.method, str) or self.method.lower() not in METHODS:
-            raise MrtInputError(f"method must be one of {sorted(METHODS)}, got {self.method!r}")
-        self.method = METHODS[self.method.lower()]
-        if self.layout not in ("auto", "rows", "grouped"):
-            raise MrtInputError(f"layout must be 'auto', 'rows' or 'grouped', got {self.layout!r}")
-        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) or self.seed < 0:
-            raise MrtInputError(f"seed must be an integer >= 0, got {self.seed!r}")
-
-    def parameters(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["alpha"] = float(d["alpha"])
-        return d
-
-    def uses_embedding(self, names: list[str]) -> bool:
-        """Whether selection reads the embedding column (facility location, or modes to compute)."""
-        from mrt_fast.selection.options import FACILITY_METHODS
-
-        return self.method in FACILITY_METHODS or (self.method == "stratified" and self.mode not in names)
-
-    def needed(self, names: list[str]) -> list[tuple[str, str]]:
-        """(column, role) pairs the input must have."""
-        m = self.method
-        out = [(self.by, "prompt id")]
-        if isinstance(self.k, str):
-            out.append((self.k, "per-prompt K"))
-        if self.uses_embedding(names):
-            out.append((self.embedding, "embedding"))
-        if m == "top" or (m == "grades" and (self.alpha > 0 or self.k_max is not None)):
-            out.append((self.reward, "reward"))
-        for c in self.candidate_columns or []:
-            out.append((c, "candidate column"))
-        return out
-
-    def resolve_layout(self, schema: pl.Schema) -> str:
-        """``rows`` or ``grouped``: grouped when the embedding holds a list of
-        vectors or the reward/mode column holds lists."""
-        if self.layout != "auto":
-            return self.layout
-        emb = schema.get(self.embedding)
-        if isinstance(emb, (pl.List, pl.Array)) and isinstance(emb.inner, (pl.List, pl.Array)):
+def resolve_layout(opts: SelectOptions, schema: pl.Schema) -> str:
+    """``flat`` or ``grouped``: grouped when the embedding holds a list of
+    vectors or the reward/mode column holds lists."""
+    if opts.layout != "auto":
+        return opts.layout
+    emb = schema.get(opts.embedding)
+    if isinstance(emb, (pl.List, pl.Array)) and isinstance(emb.inner, (pl.List, pl.Array)):
+        return "grouped"
+    for c in (opts.reward, opts.mode):
+        if isinstance(schema.get(c), (pl.List, pl.Array)):
             return "grouped"
-        for c in (self.reward, self.mode):
-            if isinstance(schema.get(c), (pl.List, pl.Array)):
-                return "grouped"
-        return "rows"
+    return "flat"
 
-    def list_columns(self, schema: pl.Schema) -> list[str]:
-        """Grouped layout: the per-candidate (list) columns."""
-        if self.candidate_columns is not None:
-            cols = list(self.candidate_columns)
-        else:
-            cols = [c for c, t in schema.items() if isinstance(t, (pl.List, pl.Array)) and c != self.by]
-        bad = [c for c in cols if not isinstance(schema.get(c), (pl.List, pl.Array))]
-        if bad:
-            raise MrtInputError(f"grouped layout: column(s) {bad} must hold one list per prompt, "
-                                f"got {[str(schema.get(c)) for c in bad]}", column=bad[0])
-        if not cols:
-            raise MrtInputError("grouped layout: the table has no list column (one list of candidates per prompt)")
-        return cols
+
+def list_columns(opts: SelectOptions, schema: pl.Schema) -> list[str]:
+    """Grouped layout: the per-candidate (list) columns."""
+    if opts.candidate_columns is not None:
+        cols = list(opts.candidate_columns)
+    else:
+        cols = [c for c, t in schema.items() if isinstance(t, (pl.List, pl.Array)) and c != opts.by]
+    bad = [c for c in cols if not isinstance(schema.get(c), (pl.List, pl.Array))]
+    if bad:
+        raise MrtInputError(f"grouped layout: column(s) {bad} must hold one list per prompt, "
+                            f"got {[str(schema.get(c)) for c in bad]}", column=bad[0])
+    if not cols:
+        raise MrtInputError("grouped layout: the table has no list column (one list of candidates per prompt)")
+    return cols
 
 
 # --------------------------------------------------------------------------- one bucket
 
 
-def select_frame(df: pl.DataFrame, opts: Options, *, layout: str = "rows", first: bool = False,
+def select_frame(df: pl.DataFrame, opts: SelectOptions, *, layout: str = "flat", first: bool = False,
                  list_columns: list[str] | None = None):
     """Select one bucket (or part) held in memory; returns ``(kept, SelectionReport)``.
 
@@ -201,7 +143,7 @@ def select_frame(df: pl.DataFrame, opts: Options, *, layout: str = "rows", first
     from mrt_fast.errors import SmallPoolWarning
 
     if layout == "grouped":
-        return _select_grouped(df, opts, list_columns or opts.list_columns(df.schema))
+        return _select_grouped(df, opts, list_columns or globals()["list_columns"](opts, df.schema))
     if ROW in df.columns and not df[ROW].is_sorted():
         df = df.sort(ROW)
     df = _formats.decode_embedding(df, opts.embedding)
@@ -211,9 +153,7 @@ def select_frame(df: pl.DataFrame, opts: Options, *, layout: str = "rows", first
         df = pool_modes(df, by=opts.by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes, seed=opts.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallPoolWarning)
-        kept, rep = select(df, opts.k, opts.method, by=opts.by, embedding=opts.embedding, reward=opts.reward,
-                           mode=opts.mode, alpha=opts.alpha, k_max=opts.k_max, kernel=opts.kernel, seed=opts.seed,
-                           return_report=True)
+        kept, rep = select(df, options=opts, return_report=True)
     if ROW in kept.columns:
         if first:
             f = df.group_by(opts.by).agg(pl.col(ROW).min().alias(FIRST))
@@ -222,7 +162,7 @@ def select_frame(df: pl.DataFrame, opts: Options, *, layout: str = "rows", first
     return kept, rep
 
 
-def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
+def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
     from mrt_fast.selection.select import select
     from mrt_fast.errors import SmallPoolWarning
 
@@ -253,6 +193,8 @@ def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
         raise MrtInputError(f"grouped layout: {n_empty} prompt(s) have no candidates in {lists[0]!r}, "
                             f"the first {df[by][i]!r} at row {i}", pool=df[by][i], column=lists[0], row=i)
     k_col = [opts.k] if isinstance(opts.k, str) and opts.k not in lists and opts.k != by else []
+    if opts.candidate_key is not None and opts.candidate_key not in lists and opts.candidate_key != by:
+        k_col.append(opts.candidate_key)
     flat = df.select([by, *k_col, *lists]).explode(lists)
     try:
         flat = _formats.decode_embedding(flat, opts.embedding)
@@ -263,9 +205,7 @@ def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
                               seed=opts.seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SmallPoolWarning)
-            kept, rep = select(flat, opts.k, opts.method, by=by, embedding=opts.embedding, reward=opts.reward,
-                               mode=opts.mode, alpha=opts.alpha, k_max=opts.k_max, kernel=opts.kernel,
-                               seed=opts.seed, return_report=True)
+            kept, rep = select(flat, options=opts, return_report=True)
     except MrtInputError as e:  # a candidate's row -> its prompt's row
         if e.row is None or not 0 <= e.row < flat.height:
             raise
@@ -280,13 +220,6 @@ def _select_grouped(df: pl.DataFrame, opts: Options, lists: list[str]):
     out = df.select(scalars).join(agg, on=by, how="left", maintain_order="left")
     out = out.with_columns([pl.col(c).cast(df.schema[c]) for c in lists if isinstance(df.schema[c], pl.List)])
     return out.select([c for c in df.columns] + [c for c in added if c != by]), rep
-
-
-def write_part(df: pl.DataFrame, out_dir: Path, i: int) -> int:
-    """Write part ``i`` of a dataset atomically; returns its row count (a full disk is one line naming the part)."""
-    with reporting_full_disk(f"writing part {i} to", out_dir):
-        _formats.write_parquet_atomic(df, part_path(out_dir, i))
-    return df.height
 
 
 # --------------------------------------------------------------------------- report
@@ -687,131 +620,100 @@ def _spill_read_bytes(ds: _sources.Dataset, total_bytes: int) -> int:
     return min(polars_read_bytes(largest), 2 * total_bytes)
 
 
-def _describe_command(opts: Options) -> str:
+def _describe_command(opts: SelectOptions) -> str:
     return f"select_dataset(k={opts.k}, method={opts.method!r})"
 
 
 def select_dataset(
     source: str | os.PathLike,
     output: str | os.PathLike,
-    k: int | str,
-    method: str = "grades",
+    k: int | str | None = None,
+    method: str | None = None,
     *,
-    by: str = "prompt_id",
-    embedding: str = "embedding",
-    reward: str = "reward",
-    mode: str = "mode",
-    alpha: float = 0.75,
-    k_max: int | None = None,
-    kernel: str = "shift",
-    n_modes: int | None = None,
-    seed: int = 0,
-    layout: str = "auto",
-    candidate_columns: list[str] | None = None,
+    options: SelectOptions | None = None,
     memory_limit: Any = None,
     workers: int | None = None,
-    rows_per_bucket: int | None = None,
+    parts: int | None = None,
+    rows_per_part: int | None = None,
     overwrite: bool = False,
     progress: Any = False,
     command: str | None = None,
-    _n_parts: int | None = None,
-    _fail_after: int | None = None,
+    **knobs: Any,
 ) -> BatchReport:
     """Keep K candidates per prompt of a dataset, in bounded memory; resumable.
 
     ``source``: a file, a directory of Parquet/JSONL files (hive partitions
-    included) or a glob. ``output``: a directory (any name without a table suffix) that gets
-    ``part-00000.parquet`` ... and ``_manifest.json``, or a file
-    (``.parquet``/``.jsonl``/``.csv``) holding every kept row. The kept rows
-    are those of :func:`mrt_fast.select` on the whole table (the options mean
-    the same); a file output also has its order. ``memory_limit`` (bytes or
-    ``"2GB"``; default half the available memory) bounds the peak memory.
-    ``layout``: ``"rows"`` (one row per candidate), ``"grouped"`` (one row per
-    prompt, list columns) or ``"auto"``. Re-running an unfinished directory
-    output finishes it; a finished one is left as it is
-    (``report.already_done``); another job's directory is refused unless
-    ``overwrite``. ``workers``: buckets selected at once (default: as memory
-    and cores allow). ``rows_per_bucket``: plan buckets of about this many
-    input rows instead of from the memory limit. ``progress``: True or a rich
-    Console for a progress bar by rows.
+    included; a finished ``mrt`` output directory too) or a glob. ``output``:
+    a directory (any name without a table suffix) that gets
+    ``part-00000.parquet`` ... and the hidden ``.mrt/`` manifest, or a file
+    (``.parquet``/``.jsonl``/``.csv``) holding every kept row. The selection
+    is ``options`` (a :class:`~mrt_fast.selection.options.SelectOptions`) or
+    ``k``, ``method`` and the keywords of :func:`mrt_fast.select` (``by``,
+    ``embedding``, ``reward``, ``mode``, ``alpha``, ``eps``, ``k_max``,
+    ``kernel``, ``seed``, ``candidate_key``, ``optimizer``) with ``n_modes``,
+    ``layout`` and ``candidate_columns``; the kept rows are those of
+    :func:`mrt_fast.select` on the whole table; a file output also has its
+    order. ``memory_limit`` (bytes or ``"2GB"``; default half the available
+    memory) bounds the peak memory. Re-running an unfinished directory output
+    finishes it; a finished one is left as it is (``report.already_done``);
+    another job's directory is refused unless ``overwrite``. ``workers``:
+    buckets selected at once (default: as memory and cores allow). ``parts``:
+    the number of parts (buckets) instead of one planned from the memory
+    limit; ``rows_per_part``: parts of about this many input rows (the two
+    mean the same on the Ray engine). ``progress``: True or a rich Console
+    for a progress bar by rows.
     """
     t0 = time.perf_counter()
-    opts = Options(k=k, method=method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
-                   kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, candidate_columns=candidate_columns)
-    from mrt_fast.selection.options import check_common
-
-    check_common(0.0 if opts.method == "diverse" else alpha, 1e-6, opts.k, k_max, kernel)
+    opts = SelectOptions.of(k, method, options, **knobs)
+    if parts is not None and rows_per_part is not None:
+        raise MrtInputError("give parts or rows_per_part, not both")
+    for name, v in (("parts", parts), ("rows_per_part", rows_per_part), ("workers", workers)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+            raise MrtInputError(f"{name} must be an integer >= 1, got {v!r}")
     limit = default_memory_limit() if memory_limit is None else parse_memory(memory_limit)
-    out = Path(output)
     ds = _sources.discover(source)
-    if _sources.output_inside_input(out, ds):
-        raise MrtInputError(f"output {str(out)!r} is the input or inside it; write it elsewhere")
     first_schema = ds.file_schemas()[0]
     names = list(first_schema.names()) + _sources.hive_columns(ds)
     schema = ds.check_columns(opts.needed(names))
-    lay = opts.resolve_layout(schema)
-    lists = opts.list_columns(schema) if lay == "grouped" else None
-    to_dir = out.is_dir() or out.suffix.lower() not in _formats.FORMATS
-    if not to_dir:
-        parent = out.parent if str(out.parent) else Path(".")
-        if not parent.is_dir():
-            raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+    lay = resolve_layout(opts, schema)
+    lists = list_columns(opts, schema) if lay == "grouped" else None
     params = {**opts.parameters(), "layout": lay}
-    fp = ds.fingerprint()
-    with output_lock(out, directory=to_dir):
-        state, man = ("new", None)
-        if to_dir:
-            state, man = prepare_output(out, params, fp, overwrite=overwrite)
+    with Job(ds, output, params, overwrite=overwrite, command=command or _describe_command(opts)) as job:
         counts = ds.row_counts()
         n_rows = sum(counts) if counts is not None else None
-        rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
+        rep = BatchReport(output=str(job.out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
                           n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0, n_small_pools=0,
-                          modes_missed=0, mean_ratio=None, spilled=False, resumed=state == "resume",
-                          already_done=state == "done", memory_limit=limit, peak_rss=0, seconds=0.0)
-        if state == "done":
-            assert man is not None
-            rep.n_parts = man.n_parts
-            rep.n_kept = rep.n_out_rows = man.rows
+                          modes_missed=0, mean_ratio=None, spilled=False, resumed=job.resumed,
+                          already_done=job.done, memory_limit=limit, peak_rss=0, seconds=0.0)
+        if job.done:
+            assert job.man is not None
+            rep.n_parts = job.man.n_parts
+            rep.n_kept = rep.n_out_rows = job.man.rows
             rep.peak_rss = peak_rss()
             rep.seconds = time.perf_counter() - t0
             return rep
-        try:
-            with reporting_full_disk("writing to", out):
-                rep = _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers,
-                               rows_per_bucket, progress, command, rep, t0, _n_parts, _fail_after)
-        except MrtInputError:
-            # bad input found before any part was committed: leave no half-made directory behind
-            if to_dir and state == "new":
-                discard_unfinished(out)
-            raise
+        rep = _execute(job, opts, lay, lists, schema, n_rows, limit, workers, parts, rows_per_part, progress, rep, t0)
     if rep.peak_rss > limit:
         rep.notes.append(f"peak memory {size_text(rep.peak_rss)} went over the limit of {size_text(limit)}")
     return rep
 
 
-def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows, limit, workers, rows_per_bucket,
-             progress, command, rep, t0, _n_parts, _fail_after):
+def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, rows_per_part, progress, rep, t0):
+    """The local executor of the select stage inside ``job``: one bucket in memory, or spilled buckets."""
+    ds, out, to_dir = job.ds, job.out, job.to_dir
+    if rows_per_part is not None:
+        parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_part))
     if lay == "grouped":
-        if rows_per_bucket is not None:
-            _n_parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_bucket))
-        return _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, progress, command, rep, t0,
-                            _n_parts, _fail_after)
+        return _run_grouped(job, opts, lists, limit, workers, progress, rep, t0, parts)
     total_bytes = ds.memory_bytes()
     budget = Budget.now(limit)
-    if rows_per_bucket is not None:
-        _n_parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_bucket))
-    fixed = man.n_parts if man is not None else None if _n_parts is None else int(_n_parts)
-    if _n_parts is not None:
+    fixed = job.n_parts if job.n_parts is not None else None if parts is None else int(parts)
+    if parts is not None:
         workers = max(1, int(workers or 1))
     n_buckets, w, sp = _plan_memory(ds, total_bytes, n_rows, budget, workers, fixed)
     rep.workers = w
-    if to_dir:
-        out.mkdir(exist_ok=True)
-        if man is None:
-            man = Manifest(command=command or _describe_command(opts), parameters=params,
-                           input={"source": ds.source, "files": len(ds.files), "fingerprint": fp,
-                                  "rows": n_rows}, n_parts=n_buckets, layout=lay)
-            man.write(out)
+    fp = job.fingerprint
+    todo = job.start(n_buckets, layout=lay, n_rows=n_rows)
     tot = _Totals()
     bar = _Progress(progress, None if n_rows is None else (n_rows if n_buckets == 1 else 2 * n_rows))
     try:
@@ -826,17 +728,15 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
             del df
             tot.add(r)
             if to_dir:
-                assert man is not None
-                _finish_part(kept, out, 0, man, _fail_after, [0])
+                job.commit(0, kept)
             else:
-                _write_file(kept, out)
+                job.write_file(kept)
             bar.advance(r.n_candidates)
             rep.n_parts = 1
             rep.parts_done_now = 1
         else:
             rep.spilled = True
             rep.n_parts = n_buckets
-            todo = man.missing_parts(out) if man is not None else list(range(n_buckets))
             if to_dir:
                 spill_dir = out / SPILL_DIR
             else:
@@ -887,7 +787,6 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                 parts_dir = spill_dir / "parts"
                 if not to_dir:
                     parts_dir.mkdir(exist_ok=True)
-                written = [0]
                 emb = opts.embedding if opts.uses_embedding(list(schema.names())) else None
                 buffers = threading.local()  # each worker's buffers, reused bucket after bucket
 
@@ -903,7 +802,7 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
                     n = df.height
                     del df
                     if to_dir:
-                        _finish_part(kept, out, i, man, _fail_after, written)
+                        job.commit(i, kept)
                     else:
                         _formats.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
                     del kept
@@ -912,25 +811,21 @@ def _execute(ds, out, to_dir, opts, params, fp, man, lay, lists, schema, n_rows,
 
                 w = _bucket_workers(spill_dir, todo, limit, w)
                 rep.workers = w
-                _run_all(one, todo, w)
+                run_all(one, todo, w)
                 rep.parts_done_now = len(todo)
                 if not to_dir:
                     files = sorted(parts_dir.glob("*.parquet"))
                     kept = pl.read_parquet([str(f) for f in files]) if files else pl.DataFrame()
                     if FIRST in kept.columns:
                         kept = kept.sort([FIRST, "pick_rank"]).drop(FIRST)
-                    _write_file(kept, out)
+                    job.write_file(kept)
             finally:
                 if not to_dir:
                     shutil.rmtree(spill_dir, ignore_errors=True)
             if to_dir:
                 shutil.rmtree(spill_dir, ignore_errors=True)
         if to_dir:
-            assert man is not None
-            man.done = True
-            man.finished = time.time()
-            man.write(out)
-            rep.n_kept = man.rows
+            rep.n_kept = job.finish()
         else:
             rep.n_kept = tot.kept
         rep.n_out_rows = rep.n_kept
@@ -962,28 +857,6 @@ def remove_stale_spills(directory: Path, name: str) -> int:
     return n
 
 
-def _run_all(one: Callable[[int], None], todo: list[int], workers: int) -> None:
-    """``one(i)`` for every part, ``workers`` at a time (threads: the core, polars and Arrow release the GIL)."""
-    from mrt_fast.errors import SmallPoolWarning
-
-    # the warnings filter is process-wide: set once here, not per thread (catch_warnings is not thread-safe)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SmallPoolWarning)
-        if workers > 1 and len(todo) > 1:
-            with ThreadPoolExecutor(max_workers=workers) as ex:
-                futures = [ex.submit(one, i) for i in todo]
-                try:
-                    for f in futures:
-                        f.result()
-                except BaseException:
-                    for f in futures:  # stop at the first failure: parts not started are not started
-                        f.cancel()
-                    raise
-        else:
-            for i in todo:
-                one(i)
-
-
 def _count_rows(ds: _sources.Dataset, known: int | None) -> int:
     if known is not None:
         return known
@@ -992,26 +865,6 @@ def _count_rows(ds: _sources.Dataset, known: int | None) -> int:
     except Exception as e:  # noqa: BLE001
         ds.find_unreadable()
         raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
-
-
-_manifest_lock = threading.Lock()
-
-
-def _finish_part(kept: pl.DataFrame, out: Path, i: int, man: Manifest | None, fail_after: int | None,
-                 written: list[int]) -> None:
-    n = write_part(kept, out, i)
-    check = part_check(part_path(out, i))
-    with _manifest_lock:
-        assert man is not None
-        man.record(i, n, check)
-        man.write(out)
-        written[0] += 1
-        if fail_after is not None and written[0] >= fail_after:
-            raise _SimulatedKill(f"stopped after {written[0]} part(s)")
-
-
-class _SimulatedKill(RuntimeError):
-    """Raised by the test hook ``_fail_after`` (a job killed after N parts)."""
 
 
 def _read_all(ds: _sources.Dataset, embedding: str | None = None) -> pl.DataFrame:
@@ -1024,7 +877,7 @@ def _read_all(ds: _sources.Dataset, embedding: str | None = None) -> pl.DataFram
         raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
 
 
-def _select_rows(df: pl.DataFrame, opts: Options, ds: _sources.Dataset, offset: int = 0, **kw):
+def _select_rows(df: pl.DataFrame, opts: SelectOptions, ds: _sources.Dataset, offset: int = 0, **kw):
     """:func:`select_frame` on rows of ``ds`` (global rows ``__row``, else ``offset`` on);
     an error about one of them names its file and its row there."""
     from mrt_fast.datasets.row_origin import in_file
@@ -1047,7 +900,7 @@ def _check_nulls(df: pl.DataFrame, by: str, ds: _sources.Dataset) -> None:
                             "give every row a prompt id", column=by, row=r0)
 
 
-def _empty_output(ds: _sources.Dataset, opts: Options, to_dir: bool) -> pl.DataFrame:
+def _empty_output(ds: _sources.Dataset, opts: SelectOptions, to_dir: bool) -> pl.DataFrame:
     """The kept rows of an empty bucket: no rows, the output's columns."""
     df = ds.scan().head(0).collect()
     cols = {c: t for c, t in df.schema.items()}
@@ -1063,12 +916,6 @@ def _empty_output(ds: _sources.Dataset, opts: Options, to_dir: bool) -> pl.DataF
     return pl.DataFrame(schema=cols)
 
 
-def _write_file(df: pl.DataFrame, out: Path) -> None:
-    with _formats.AtomicWriter(out) as wr:
-        wr.write(df)
-        wr.commit()
-
-
 def _refuse_repeated_prompt(ds: _sources.Dataset, lf: pl.LazyFrame, by: str) -> None:
     """Grouped layout: name the first prompt id on more than one row, and two of its rows."""
     dup = (lf.select(pl.col(by)).with_row_index("__i").filter(pl.col(by).is_duplicated())
@@ -1080,9 +927,9 @@ def _refuse_repeated_prompt(ds: _sources.Dataset, lf: pl.LazyFrame, by: str) -> 
                         row=r0)
 
 
-def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, progress, command, rep, t0,
-                 n_parts_override, fail_after):
+def _run_grouped(job: Job, opts, lists, limit, workers, progress, rep, t0, n_parts_override):
     """Grouped layout: parts are runs of consecutive prompts (rows); nothing is shuffled."""
+    ds, to_dir, man = job.ds, job.to_dir, job.man
     counts = ds.row_counts()
     lf = ds.scan()
     try:
@@ -1116,30 +963,18 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
         n_parts, per = man.n_parts, int(man.rows_per_part or per)
     rep.n_parts = n_parts
     rep.workers = w
-    if to_dir:
-        out.mkdir(exist_ok=True)
-        if man is None:
-            man = Manifest(command=command or _describe_command(opts), parameters=params,
-                           input={"source": ds.source, "files": len(ds.files), "fingerprint": fp, "rows": n_rows},
-                           n_parts=n_parts, layout="grouped", rows_per_part=per)
-            man.write(out)
-    todo = man.missing_parts(out) if man is not None else list(range(n_parts))
+    todo = job.start(n_parts, layout="grouped", rows_per_part=per, n_rows=n_rows)
     tot = _Totals()
     bar = _Progress(progress, n_rows)
     bar.phase(f"{opts.method}-{opts.k} by part")
     results: dict[int, pl.DataFrame] = {}
-    written = [0]
 
     def one(i: int) -> None:
-        try:
-            df = lf.slice(i * per, per).collect()
-        except Exception as e:  # noqa: BLE001
-            ds.find_unreadable()
-            raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
+        df = job.read_rows(i * per, per, lf)
         kept, r = _select_rows(df, opts, ds, offset=i * per, layout="grouped", list_columns=lists)
         tot.add(r)
         if to_dir:
-            _finish_part(kept, out, i, man, fail_after, written)
+            job.commit(i, kept)
         else:
             results[i] = kept
         bar.advance(df.height)
@@ -1147,16 +982,11 @@ def _run_grouped(ds, out, to_dir, opts, params, fp, man, lists, limit, workers, 
     try:
         if to_dir:
             bar.advance(n_rows - sum(min(per, n_rows - i * per) for i in todo))
-        _run_all(one, todo, w)
+        run_all(one, todo, w)
         if to_dir:
-            man.done = True
-            man.finished = time.time()
-            man.write(out)
-            rep.n_out_rows = man.rows
+            rep.n_out_rows = job.finish()
         else:
-            res = pl.concat([results[i] for i in sorted(results)])
-            _write_file(res, out)
-            rep.n_out_rows = res.height
+            rep.n_out_rows = job.write_file([results[i] for i in sorted(results)])
         rep.n_kept = tot.kept
     finally:
         bar.close()

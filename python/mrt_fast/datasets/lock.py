@@ -1,8 +1,8 @@
 """One job at a time per output: a lock file held for the job's life.
 
-A dataset job that writes a directory holds ``DIR/_mrt.lock``; one that
-writes a file holds ``.NAME.mrt.lock`` beside it. Readers of a dataset
-directory skip the lock (``_``-prefixed, no table suffix).
+A dataset job that writes a directory holds ``DIR/.mrt/lock`` (the hidden
+metadata folder, :mod:`mrt_fast.datasets.manifest`); one that writes a file
+holds ``.NAME.mrt.lock`` beside it. The lock lives only while its job does.
 
 The lock file records the holder's pid, host and start time, and the holder
 keeps an exclusive ``flock`` on it until the job ends, so the kernel releases
@@ -34,14 +34,16 @@ from mrt_fast.errors import MrtInputError
 from mrt_fast._util.files import clean_stale_temps, temp_name
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 
-LOCK_NAME = "_mrt.lock"
+#: the hidden folder of a dataset directory holding the job's metadata (manifest, lock)
+META_DIR = ".mrt"
+LOCK_NAME = "lock"
 
 
 def lock_path(output: str | os.PathLike, *, directory: bool) -> Path:
     """Where the lock of an output lives: inside a directory output, beside a file output."""
     out = Path(output)
     if directory:
-        return out / LOCK_NAME
+        return out / META_DIR / LOCK_NAME
     return out.parent / f".{out.name}.mrt.lock"
 
 
@@ -56,6 +58,8 @@ class JobLock:
     def take(cls, path: str | os.PathLike, what: str = "output") -> "JobLock":
         """Take the lock at ``path`` or raise `MrtInputError` naming its live holder."""
         path = Path(path)
+        if path.parent.name == META_DIR:
+            path.parent.mkdir(exist_ok=True)  # a dataset directory's metadata folder
         clean_stale_temps(path)
         seen: dict | None = None
         for _ in range(1000):
@@ -135,6 +139,11 @@ def output_lock(output: str | os.PathLike, *, directory: bool) -> Iterator[JobLo
             if is_no_space(e):
                 raise no_space_error("creating the output directory", out) from None
             raise MrtInputError(f"cannot create the output directory {str(out)!r}: {e.strerror or e}") from None
+        try:
+            (out / META_DIR).mkdir(exist_ok=True)
+        except OSError as e:
+            _remove_if_empty(out, created)
+            raise MrtInputError(f"cannot create {str(out / META_DIR)!r}: {e.strerror or e}") from None
     try:
         lock = JobLock.take(lock_path(out, directory=directory), f"output {str(out)!r}")
     except OSError as e:
@@ -153,6 +162,9 @@ def output_lock(output: str | os.PathLike, *, directory: bool) -> Iterator[JobLo
 
 
 def _remove_if_empty(out: Path, created: bool) -> None:
+    """Remove an empty metadata folder, and the output directory if this job created it and it is empty."""
+    with contextlib.suppress(OSError):
+        (out / META_DIR).rmdir()
     if created:
         with contextlib.suppress(OSError):
             out.rmdir()

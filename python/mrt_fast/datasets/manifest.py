@@ -1,10 +1,19 @@
 """The manifest of a dataset written part by part: what job wrote it, from
 which input, which parts are finished, and whether the job is done.
 
-A dataset directory holds ``part-00000.parquet`` ... and ``_manifest.json``.
-Each part is written under a temporary name and renamed into place, so a part
-file that exists is complete; the manifest is rewritten the same way after
-every part, recording each part's rows, byte size and BLAKE2b checksum. A job
+A dataset directory holds ``part-00000.parquet`` ... and a hidden ``.mrt/``
+folder with the job's metadata: ``.mrt/manifest.parquet`` (a Parquet file of
+no rows, with the parts' schema, the manifest's JSON in its key-value
+metadata) and, while a job runs, its lock ``.mrt/lock``. So the directory is
+read as it stands by polars (``pl.scan_parquet(DIR)``: zero rows of the same
+schema), Hugging Face datasets (hidden folders skipped), pyarrow.dataset and
+every ``mrt`` command. A part no row went to is recorded with no file (a
+zero-row part would stop Hugging Face datasets). Directories written with a
+``_manifest.json`` (earlier versions) are read for resume and rewritten in
+the new form. Each part is written under a temporary name and renamed into
+place, so a part file that exists is complete; the manifest is rewritten the
+same way after every part, recording each part's rows, byte size and BLAKE2b
+checksum. A job
 is identified by its parameters and the fingerprint of its input: re-running
 the same job checks the recorded parts against the files and redoes those
 missing or changed; another job is refused unless the directory is
@@ -25,16 +34,21 @@ from typing import Any
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast._util.files import atomic_write_bytes, remove_stale_temps
-from mrt_fast.datasets.lock import LOCK_NAME
+from mrt_fast.datasets.lock import LOCK_NAME, META_DIR
 
-MANIFEST = "_manifest.json"
+#: the manifest, inside the hidden metadata folder
+MANIFEST = f"{META_DIR}/manifest.parquet"
+#: the key of the manifest's JSON in the Parquet file's key-value metadata
+MANIFEST_KEY = b"mrt_fast.manifest"
+#: where earlier versions kept the manifest (read for resume, replaced on the next write)
+OLD_MANIFEST = "_manifest.json"
 FORMAT = "mrt_fast.dataset/2"
 #: formats this version reads (``/1`` recorded no part sizes or checksums)
 READ_FORMATS = ("mrt_fast.dataset/1", FORMAT)
-#: what a job writes in its directory (besides the lock): parts, the manifest,
-#: the spill folder and their temporary files
-_WRITTEN = re.compile(rf"^(part-\d{{5}}\.parquet|_manifest\.json|_spill"
-                      rf"|\.(part-\d{{5}}\.parquet|_manifest\.json|{re.escape(LOCK_NAME)})\..+\.tmp)$")
+#: what a job writes in its directory: parts, the metadata folder, the spill
+#: folder, an earlier version's manifest and lock, and their temporary files
+_WRITTEN = re.compile(rf"^(part-\d{{5}}\.parquet|{re.escape(META_DIR)}|_manifest\.json|_spill|_mrt\.lock"
+                      rf"|\.(part-\d{{5}}\.parquet|_manifest\.json|_mrt\.lock)\..+\.tmp)$")
 
 
 def part_name(i: int) -> str:
@@ -67,23 +81,79 @@ class Manifest:
     def path(out_dir: Path) -> Path:
         return Path(out_dir) / MANIFEST
 
+    @staticmethod
+    def exists(out_dir: Path) -> bool:
+        """Whether ``out_dir`` holds a manifest (of this version or an earlier one)."""
+        return (Path(out_dir) / MANIFEST).exists() or (Path(out_dir) / OLD_MANIFEST).exists()
+
     @classmethod
     def read(cls, out_dir: Path) -> "Manifest | None":
         """The manifest of ``out_dir`` (None when there is none)."""
-        p = cls.path(out_dir)
-        if not p.exists():
+        p, old = cls.path(out_dir), Path(out_dir) / OLD_MANIFEST
+        if not p.exists() and not old.exists():
             return None
         try:
-            d = json.loads(p.read_text())
+            if p.exists():
+                import pyarrow.parquet as pq
+
+                try:
+                    meta = pq.read_schema(p).metadata or {}
+                except Exception as e:  # noqa: BLE001 - pyarrow's words, on one line
+                    raise ValueError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+                if MANIFEST_KEY not in meta:
+                    raise ValueError("it holds no manifest")
+                d = json.loads(meta[MANIFEST_KEY])
+            else:
+                p = old
+                d = json.loads(old.read_text())
             if not isinstance(d, dict) or d.get("format") not in READ_FORMATS:
                 raise ValueError(f"unknown format {d.get('format') if isinstance(d, dict) else d!r}")
             d["format"] = FORMAT  # a /1 manifest is rewritten as /2 (its parts get checks when verified)
+            params = d.get("parameters")
+            if isinstance(params, dict) and params.get("layout") == "rows":
+                params["layout"] = "flat"  # the flat layout's earlier name
+            if d.get("layout") == "rows":
+                d["layout"] = "flat"
             return cls(**d)
         except (ValueError, TypeError) as e:
             raise MrtInputError(f"{str(p)!r} is not a manifest this version can read: {e}") from None
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
     def write(self, out_dir: Path) -> None:
-        atomic_write_bytes(self.path(out_dir), (json.dumps(asdict(self), indent=1, sort_keys=True) + "\n").encode())
+        """Write the manifest (atomically): a Parquet file of no rows with the
+        schema of the parts written so far, the manifest's JSON in its metadata."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        out_dir = Path(out_dir)
+        schema = self._schema(out_dir)
+        meta = {**(schema.metadata or {}), MANIFEST_KEY: self.to_json().encode()}
+        sink = pa.BufferOutputStream()
+        pq.write_table(schema.empty_table().replace_schema_metadata(meta), sink)
+        (out_dir / META_DIR).mkdir(exist_ok=True)
+        atomic_write_bytes(self.path(out_dir), sink.getvalue().to_pybytes())
+        (out_dir / OLD_MANIFEST).unlink(missing_ok=True)
+
+    def _schema(self, out_dir: Path):
+        """The parts' schema (that of the first part on disk; no columns before any part)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        cached = self.__dict__.get("_part_schema")
+        if cached is not None:
+            return cached
+        for name in sorted(self.parts):
+            f = out_dir / name
+            if self.parts[name] > 0 and f.exists():
+                try:
+                    sch = pq.read_schema(f)
+                except Exception:  # noqa: BLE001 - a damaged part is redone; it gives no schema
+                    continue
+                self.__dict__["_part_schema"] = sch
+                return sch
+        return pa.schema([])
 
     # ---- the job
     def same_job(self, parameters: dict[str, Any], fingerprint: str) -> str | None:
@@ -118,6 +188,8 @@ class Manifest:
         dropped = []
         for i in range(self.n_parts):
             name, p = part_name(i), part_path(out_dir, i)
+            if self.parts.get(name) == 0 and self.checks.get(name, {}).get("bytes") == 0 and not p.exists():
+                continue  # a part no row went to: recorded, no file
             if not p.exists():
                 if name in self.parts:
                     dropped.append(name)
@@ -150,6 +222,10 @@ class Manifest:
         return sum(self.parts.values())
 
 
+#: what the manifest records of a part with no rows (and no file)
+EMPTY_PART = {"bytes": 0, "blake2b": None}
+
+
 def part_check(path: str | os.PathLike) -> dict[str, Any]:
     """What the manifest records of a part file: its size and BLAKE2b-128 checksum."""
     h = hashlib.blake2b(digest_size=16)
@@ -162,8 +238,8 @@ def part_check(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def written_by_a_job(name: str) -> bool:
-    """Whether a file name in a dataset directory is one a job writes (or the job lock)."""
-    return name == LOCK_NAME or _WRITTEN.match(name) is not None
+    """Whether a file name in a dataset directory is one a job writes (its metadata folder included)."""
+    return _WRITTEN.match(name) is not None
 
 
 def prepare_output(out_dir: Path, parameters: dict[str, Any], fingerprint: str, *,
@@ -185,9 +261,11 @@ def prepare_output(out_dir: Path, parameters: dict[str, Any], fingerprint: str, 
     if not out_dir.exists():
         return "new", None
     remove_stale_temps(out_dir)
+    if (out_dir / META_DIR).is_dir():
+        remove_stale_temps(out_dir / META_DIR)
     names = sorted(os.listdir(out_dir))
     foreign = [n for n in names if not written_by_a_job(n)]
-    ours = [n for n in names if written_by_a_job(n) and n != LOCK_NAME]
+    ours = [n for n in names if written_by_a_job(n) and not _only_the_lock(out_dir, n)]
     if overwrite:
         _check_overwrite(out_dir, foreign)
         _delete_written(out_dir, ours)
@@ -196,7 +274,8 @@ def prepare_output(out_dir: Path, parameters: dict[str, Any], fingerprint: str, 
     if m is None:
         if foreign or ours:
             hint = "write to a new or empty directory" if foreign else "use --overwrite to replace it"
-            raise MrtInputError(f"output directory {str(out_dir)!r} is not empty and has no {MANIFEST}; {hint}")
+            raise MrtInputError(f"output directory {str(out_dir)!r} is not empty and has no manifest "
+                                f"({MANIFEST}); {hint}")
         return "new", None
     why = m.same_job(parameters, fingerprint)
     if why is not None:
@@ -227,12 +306,25 @@ def _check_overwrite(out_dir: Path, foreign: list[str]) -> None:
                             f"({_few(foreign)}); nothing was deleted")
 
 
+def _only_the_lock(out_dir: Path, name: str) -> bool:
+    """Whether ``name`` is the metadata folder holding nothing but the job's lock."""
+    return name == META_DIR and set(os.listdir(out_dir / name)) <= {LOCK_NAME}
+
+
 def _delete_written(out_dir: Path, names: list[str]) -> None:
     """Delete what a job wrote in ``out_dir``: the manifest first (a directory
-    left half-deleted is then refused, not taken for a finished job)."""
-    for n in sorted(names, key=lambda n: n != MANIFEST):
+    left half-deleted is then refused, not taken for a finished job); the
+    metadata folder keeps the lock of the job running."""
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    (out_dir / OLD_MANIFEST).unlink(missing_ok=True)
+    for n in names:
         p = out_dir / n
-        if p.is_dir() and not p.is_symlink():
+        if n == META_DIR and p.is_dir():
+            for f in os.listdir(p):
+                if f != LOCK_NAME:
+                    q = p / f
+                    shutil.rmtree(q) if q.is_dir() and not q.is_symlink() else q.unlink(missing_ok=True)
+        elif p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
             p.unlink(missing_ok=True)
@@ -244,4 +336,4 @@ def discard_unfinished(out_dir: Path) -> None:
     out_dir = Path(out_dir)
     if not out_dir.is_dir() or any(out_dir.glob("part-*.parquet")):
         return
-    _delete_written(out_dir, [n for n in os.listdir(out_dir) if written_by_a_job(n) and n != LOCK_NAME])
+    _delete_written(out_dir, [n for n in os.listdir(out_dir) if written_by_a_job(n)])

@@ -49,7 +49,6 @@ __all__ = [
     "select",
     "variance_budget",
     "select_dataset",
-    "variance_budget_dataset",
     "read",
     "collect",
     "run",
@@ -361,33 +360,33 @@ def _n_buckets(ds, n_buckets: int | None) -> int:
 
 def select(
     ds: Any,
-    k: int,
-    method: str = "grades",
+    k: int | str | None = None,
+    method: str | None = None,
     *,
-    layout: str = "auto",
+    options: Any = None,
     n_buckets: int | None = None,
     shuffle: str = "sort",
     max_retries: int = 3,
-    fault_once: str | None = None,
-    **options: Any,
+    **knobs: Any,
 ):
     """Keep K candidates per prompt of a Ray Dataset; returns a lazy
     `ray.data.Dataset` of the kept rows (with ``pick_rank`` and, by method,
     ``gain`` / ``weight``, as `mrt_fast.select` adds them).
 
-    `options` are those of `mrt_fast.select` (``by``, ``embedding``, ``reward``,
+    The selection is ``options`` (a `SelectOptions`) or ``k``, ``method`` and
+    the keywords of `mrt_fast.select` (``by``, ``embedding``, ``reward``,
     ``mode``, ``alpha``, ``eps``, ``k_max``, ``kernel``, ``seed``,
-    ``candidate_key``, ``optimizer``). ``layout`` is ``"flat"``, ``"grouped"``
-    or ``"auto"`` (see `layout_of`). ``n_buckets`` (flat layout) overrides the
-    bucket count, by default ``max(cluster CPUs, rows / 1e6)``.
+    ``candidate_key``, ``optimizer``) with ``layout`` (``"flat"``,
+    ``"grouped"`` or ``"auto"``, see `layout_of`). ``n_buckets`` (flat
+    layout) overrides the bucket count, by default ``max(cluster CPUs, rows / 1e6)``.
 
     Per pool, the kept rows and their order are those of `mrt_fast.select`
     on the dataset's rows in dataset order. The output holds the pools bucket
     by bucket (flat) or block by block (grouped), each bucket's pools in order
     of first appearance.
 
-    ``fault_once`` (or the ``MRT_RAY_FAULT_ONCE`` environment variable of the
-    driver) names a marker file: the first selection task that creates it
+    Test hook: the ``MRT_RAY_FAULT_ONCE`` environment variable of the driver
+    names a marker file: the first selection task that creates it
     raises a `TransientTaskError`, which Ray retries; the output is unchanged.
     Bad arguments and missing columns raise `MrtInputError` here, before any
     task runs; bad values found by a task raise the same `MrtInputError`.
@@ -395,12 +394,16 @@ def select(
     ray = _ray()
     from ray.data.expressions import monotonically_increasing_id
 
-    if "return_report" in options:
+    from mrt_fast.selection.options import SelectOptions
+
+    if "return_report" in knobs:
         raise MrtInputError("return_report is not available on a Dataset: the report is per bucket")
-    fault = fault_once if fault_once is not None else os.environ.get(FAULT_ENV) or None
+    opts = SelectOptions.of(k, method, options, **knobs)
+    k, method, options = opts.k, opts.method, opts.select_kwargs()
+    fault = os.environ.get(FAULT_ENV) or None
     schema = _schema(ds)
-    by = options.get("by", "prompt_id")
-    lay = _layout(schema, layout, options)
+    by = opts.by
+    lay = _layout(schema, opts.layout, options)
     _check_select_args(schema, lay, k, method, options)
     ds = _own_context(ds)
     with _quiet_remote_args():
@@ -776,78 +779,66 @@ def _tag_job(by: str, n_buckets: int, todo: set[int] | None):
 def select_dataset(
     source: Any,
     output: Any,
-    k: int,
-    method: str = "grades",
+    k: int | str | None = None,
+    method: str | None = None,
     *,
-    by: str = "prompt_id",
-    embedding: str = "embedding",
-    reward: str = "reward",
-    mode: str = "mode",
-    alpha: float = 0.75,
-    k_max: int | None = None,
-    kernel: str = "shift",
-    n_modes: int | None = None,
-    seed: int = 0,
-    layout: str = "auto",
-    candidate_columns: list[str] | None = None,
-    n_buckets: int | None = None,
+    options: Any = None,
+    parts: int | None = None,
+    rows_per_part: int | None = None,
     overwrite: bool = False,
     address: str | None = None,
     command: str | None = None,
     max_retries: int = 3,
     shuffle: str = "files",
-    fault_once: str | None = None,
+    **knobs: Any,
 ):
     """`mrt_fast.select_dataset` on Ray: the same input (file, directory, glob),
-    the same output (a directory of ``part-NNNNN.parquet`` + ``_manifest.json``,
-    or one file) and the same resume rules, the same parts as the local engine
-    with the same part count. Rows layout: part ``i`` holds the pools of bucket
-    ``i`` (``pool_key % n_parts``), selected by one Ray task after a shuffle by
-    bucket; grouped layout: part ``i`` holds input rows ``[i r, (i + 1) r)``,
-    read and selected by one task, nothing shuffled. ``n_buckets``: the part
-    count (default: from the data, ``max(cluster CPUs, rows / 1e6)``); a resumed
-    job keeps its manifest's. ``address``: the Ray cluster (None: the
-    current or a new local instance). ``shuffle`` (rows layout): how rows
-    reach their bucket's task: ``"files"`` (default: each read task writes
-    its rows, cut by bucket, as Arrow IPC pieces under ``OUTPUT/_spill``;
-    each bucket task reads its pieces: storage every worker sees, as the
-    parts need anyway) or Ray Data's own shuffle (``"sort"``, ``"hash"``,
-    ``"v2"``: through the object store, no shared storage). Returns a
-    `mrt_fast.datasets.local.BatchReport`."""
+    the same selection (``options`` or ``k``, ``method`` and every keyword of
+    `mrt_fast.select`, as `SelectOptions` holds them), the same output (a
+    directory of ``part-NNNNN.parquet`` + the ``.mrt/`` manifest, or one file)
+    and the same job (:class:`mrt_fast.datasets.job.Job`: lock, resume,
+    checksums), the same parts as the local engine with the same part count.
+    Flat layout: part ``i`` holds the pools of bucket ``i`` (``pool_key %
+    n_parts``), selected by one Ray task; grouped layout: part ``i`` holds
+    input rows ``[i r, (i + 1) r)``, read and selected by one task, nothing
+    shuffled. ``parts``: the part count (default: from the data,
+    ``max(cluster CPUs, rows / 1e6)``); ``rows_per_part``: parts of about
+    this many input rows; a resumed job keeps its manifest's. ``address``:
+    the Ray cluster (None: the current or a new local instance). ``shuffle``
+    (flat layout): how rows reach their bucket's task: ``"files"`` (default:
+    each read task writes its rows, cut by bucket, as Arrow IPC pieces under
+    ``OUTPUT/_spill``; each bucket task reads its pieces: storage every worker
+    sees, as the parts need anyway) or Ray Data's own shuffle (``"sort"``,
+    ``"hash"``, ``"v2"``: through the object store, no shared storage).
+    Returns a `mrt_fast.datasets.local.BatchReport`."""
     import time
 
-
-    from mrt_fast.datasets import formats as _formats
-
     from mrt_fast.datasets import sources as _sources
-    from mrt_fast.datasets.local import FIRST, BatchReport, Options, _empty_output, _write_file, peak_rss
-    from mrt_fast.datasets.lock import output_lock
-    from mrt_fast.datasets.manifest import Manifest, discard_unfinished, part_check, part_path, prepare_output
-    from mrt_fast.selection.options import check_common
+    from mrt_fast.datasets.job import Job
+    from mrt_fast.datasets.local import FIRST, BatchReport, _empty_output, list_columns, peak_rss, resolve_layout
+    from mrt_fast.selection.options import SelectOptions
 
     t0 = time.perf_counter()
-    opts = Options(k=k, method=method, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, k_max=k_max,
-                   kernel=kernel, n_modes=n_modes, seed=seed, layout=layout, candidate_columns=candidate_columns)
-    check_common(0.0 if opts.method == "diverse" else alpha, 1e-6, opts.k if isinstance(opts.k, int) else 1, k_max,
-                  kernel)
-    fault = fault_once if fault_once is not None else os.environ.get(FAULT_ENV) or None
-    out = Path(output)
+    opts = SelectOptions.of(k, method, options, **knobs)
+    if parts is not None and rows_per_part is not None:
+        raise MrtInputError("give parts or rows_per_part, not both")
+    if rows_per_part is not None and (isinstance(rows_per_part, bool) or not isinstance(rows_per_part, int)
+                                      or rows_per_part < 1):
+        raise MrtInputError(f"rows_per_part must be an integer >= 1, got {rows_per_part!r}")
+    if parts is not None:
+        _n_buckets(None, parts)
+    fault = os.environ.get(FAULT_ENV) or None
     src = _sources.discover(source)
-    if _sources.output_inside_input(out, src):
-        raise MrtInputError(f"output {str(out)!r} is the input or inside it; write it elsewhere")
-    names = list(_formats.file_schema(src.files[0], src.fmt).names()) + _sources.hive_columns(src)
+    names = list(src.file_schemas()[0].names()) + _sources.hive_columns(src)
     schema = src.check_columns(opts.needed(names))
-    lay = opts.resolve_layout(schema)
-    lists = opts.list_columns(schema) if lay == "grouped" else None
-    to_dir = out.is_dir() or out.suffix.lower() not in _formats.FORMATS
-    if not to_dir:
-        parent = out.parent if str(out.parent) else Path(".")
-        if not parent.is_dir():
-            raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+    lay = resolve_layout(opts, schema)
+    lists = list_columns(opts, schema) if lay == "grouped" else None
+    by = opts.by
     params = {**opts.parameters(), "layout": lay}
-    fp = src.fingerprint()
-    with output_lock(out, directory=to_dir):
-        state, man = prepare_output(out, params, fp, overwrite=overwrite) if to_dir else ("new", None)
+    cmd = command or f"ray_engine.select_dataset(k={opts.k}, method={opts.method!r})"
+    with Job(src, output, params, overwrite=overwrite, command=cmd) as job:
+        out, to_dir, man = job.out, job.to_dir, job.man
+        state = job.state
         cleanup: list[Path] = []
         try:
             counts = src.row_counts()
@@ -874,8 +865,10 @@ def select_dataset(
             cpus = int(ray.cluster_resources().get("CPU", 1))
             if man is not None:
                 nb = man.n_parts
-            elif n_buckets is not None:
-                nb = _n_buckets(None, n_buckets)
+            elif parts is not None:
+                nb = int(parts)
+            elif rows_per_part is not None:
+                nb = -(-n_rows // rows_per_part)
             else:
                 nb = max(cpus, -(-n_rows // ROWS_PER_BUCKET))
             per = None
@@ -884,15 +877,8 @@ def select_dataset(
                 per = int(man.rows_per_part) if man is not None and man.rows_per_part else -(-n_rows // nb)
                 nb = man.n_parts if man is not None else -(-n_rows // per)
             rep.n_parts, rep.workers = nb, cpus
-            if to_dir:
-                out.mkdir(exist_ok=True)
-                if man is None:
-                    man = Manifest(command=command or f"distributed.select_dataset(k={opts.k}, method={opts.method!r})",
-                                   parameters=params, input={"source": src.source, "files": len(src.files),
-                                                             "fingerprint": fp, "rows": n_rows},
-                                   n_parts=nb, layout=lay, rows_per_part=per)
-                    man.write(out)
-            todo = man.missing_parts(out) if man is not None else list(range(nb))
+            todo = job.start(nb, layout=lay, rows_per_part=per, n_rows=n_rows)
+            man = job.man
             out_dir = str(out) if to_dir else None
             ratio = [0.0, 0]
             kept_tables = []
@@ -901,14 +887,13 @@ def select_dataset(
             def account(t: pa.Table) -> None:
                 d = t.to_pydict()
                 for j in range(t.num_rows):
-                    man.record(d["part"][j], d["rows"][j], part_check(part_path(out, d["part"][j])))
+                    job.record_written(d["part"][j], d["rows"][j])
                     rep.n_pools += d["pools"][j]
                     rep.n_candidates += d["candidates"][j]
                     rep.n_small_pools += d["small"][j]
                     rep.modes_missed += d["missed"][j]
                     ratio[0] += d["ratio_sum"][j]
                     ratio[1] += d["ratio_n"][j]
-                man.write(out)
 
             with _Unwrapping(), _QuietInputErrors(), _quiet_remote_args():
                 if lay == "grouped":
@@ -965,13 +950,8 @@ def select_dataset(
                 _last_stats = None
             if to_dir:
                 for i in man.missing_parts(out):  # buckets no row went to
-                    from mrt_fast.datasets.local import write_part
-
-                    man.record(i, write_part(_empty_output(src, opts, True), out, i), part_check(part_path(out, i)))
-                man.done = True
-                man.finished = time.time()
-                man.write(out)
-                rep.n_kept = rep.n_out_rows = man.rows
+                    job.commit(i, _empty_output(src, opts, True))
+                rep.n_kept = rep.n_out_rows = job.finish()
             else:
                 kept = _to_polars(pa.concat_tables(kept_tables, promote_options="default")) if kept_tables \
                     else _empty_output(src, opts, False)
@@ -979,23 +959,18 @@ def select_dataset(
                     kept = kept.sort([FIRST, "pick_rank"]).drop(FIRST)
                 elif "__part" in kept.columns:
                     kept = kept.sort("__part", maintain_order=True).drop("__part")
-                _write_file(kept, out)
-                rep.n_kept = rep.n_out_rows = kept.height
+                rep.n_kept = rep.n_out_rows = job.write_file(kept)
             rep.parts_done_now = len(todo)
             rep.mean_ratio = ratio[0] / ratio[1] if ratio[1] else None
             rep.peak_rss = peak_rss()
             rep.seconds = time.perf_counter() - t0
             return rep
-        except MrtInputError:
-            if to_dir and state == "new":
-                discard_unfinished(out)  # bad input before any part: leave nothing behind
-            raise
         finally:
             for d in cleanup:  # the spill, also when the job fails
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def variance_budget_dataset(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
+def _variance_budget_files(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
                             **options: Any):
     """`mrt_fast.variance_budget` over the files of a source on Ray: each block
     of the two columns folds into an accumulator, the driver merges them."""

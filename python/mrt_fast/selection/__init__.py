@@ -9,7 +9,7 @@ from mrt_fast.selection.facility import DENSE_LIMIT_BYTES, FacilityLocationResul
 from mrt_fast.selection.knn import KnnGraph, facility_location_corpus, knn_graph
 from mrt_fast.selection.metrics import kept_metrics
 from mrt_fast.selection.modes import kmeans, pool_modes
-from mrt_fast.selection.options import FACILITY_METHODS, KERNELS, METHODS
+from mrt_fast.selection.options import FACILITY_METHODS, KERNELS, LAYOUTS, METHODS, SelectOptions
 from mrt_fast.selection.report import SelectionReport
 from mrt_fast.selection.select import select
 
@@ -19,8 +19,10 @@ __all__ = [
     "FacilityLocationResult",
     "KERNELS",
     "KnnGraph",
+    "LAYOUTS",
     "METHODS",
     "Ragged",
+    "SelectOptions",
     "SelectionReport",
     "facility_location",
     "facility_location_corpus",

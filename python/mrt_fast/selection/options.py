@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
+
 import numpy as np
+
 from mrt_fast.errors import MrtInputError
 
 
@@ -76,3 +80,128 @@ def check_optimizer(optimizer: Any) -> str:
     if not isinstance(optimizer, str) or optimizer not in ("lazy", "naive"):
         raise MrtInputError(f"optimizer must be 'lazy' or 'naive', got {optimizer!r}")
     return optimizer
+
+
+#: the layouts of a table of candidates: one row per candidate, or one row per prompt with list columns
+LAYOUTS = ("auto", "flat", "grouped")
+
+
+@dataclass(frozen=True)
+class SelectOptions:
+    """Every knob of selection, validated once; shared by :func:`mrt_fast.select`,
+    the dataset jobs (local and Ray) and ``mrt select``.
+
+    ``k`` is an int or the name of an integer column holding each pool's K;
+    ``method`` is canonical after construction (``"dbkon"`` becomes ``"grades"``).
+    ``n_modes`` is the number of k-means modes per pool when stratified
+    selection computes them (the ``mode`` column absent; default: silhouette
+    rule). ``layout`` is ``"flat"`` (one row per candidate; ``"rows"`` is read
+    as ``"flat"``), ``"grouped"`` (one row per prompt, list columns) or
+    ``"auto"``; ``candidate_columns`` names the grouped layout's per-candidate
+    list columns (default: every list column). A bad value is one
+    `MrtInputError` line naming the knob.
+    """
+
+    k: int | str
+    method: str = "grades"
+    by: str = "prompt_id"
+    embedding: str = "embedding"
+    reward: str = "reward"
+    mode: str = "mode"
+    alpha: float = 0.75
+    eps: float = 1e-6
+    k_max: int | None = None
+    kernel: str = "shift"
+    seed: int = 0
+    candidate_key: str | None = None
+    optimizer: str = "lazy"
+    n_modes: int | None = None
+    layout: str = "auto"
+    candidate_columns: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        k = self.k
+        if isinstance(k, str):
+            if not k:
+                raise MrtInputError("k must be an integer >= 1 or the name of a column holding each pool's K")
+        else:
+            k = check_k(k)
+        if not isinstance(self.method, str) or self.method.lower() not in METHODS:
+            raise MrtInputError(f"method must be one of {sorted(METHODS)}, got {self.method!r}")
+        method = METHODS[self.method.lower()]
+        alpha, eps = check_common(0.0 if method == "diverse" else self.alpha, self.eps, k if isinstance(k, int) else 1,
+                                  self.k_max, self.kernel)
+        if method != "diverse":
+            object.__setattr__(self, "alpha", alpha)
+        object.__setattr__(self, "eps", eps)
+        object.__setattr__(self, "seed", check_seed(self.seed))
+        check_optimizer(self.optimizer)
+        if self.n_modes is not None and (isinstance(self.n_modes, bool) or not isinstance(self.n_modes, (int, np.integer))
+                                         or self.n_modes < 1):
+            raise MrtInputError(f"n_modes must be None or an integer >= 1, got {self.n_modes!r}")
+        layout = "flat" if self.layout == "rows" else self.layout
+        if layout not in LAYOUTS:
+            raise MrtInputError(f"layout must be 'auto', 'flat' or 'grouped', got {self.layout!r}")
+        cc = self.candidate_columns
+        if cc is not None:
+            if isinstance(cc, str) or not all(isinstance(c, str) and c for c in cc):
+                raise MrtInputError(f"candidate_columns must be a list of column names, got {cc!r}")
+            object.__setattr__(self, "candidate_columns", tuple(cc))
+        object.__setattr__(self, "k", k)
+        object.__setattr__(self, "method", method)
+        object.__setattr__(self, "layout", layout)
+
+    @classmethod
+    def of(cls, k: Any = None, method: str | None = None, options: "SelectOptions | None" = None,
+           **knobs: Any) -> "SelectOptions":
+        """The options of a call: ``options`` as given, or built from ``k``, ``method``
+        and keyword knobs (an unknown keyword is one `MrtInputError` line)."""
+        if options is not None:
+            if not isinstance(options, SelectOptions):
+                raise MrtInputError(f"options must be a SelectOptions, got {type(options).__name__}")
+            if k is not None or method is not None or knobs:
+                raise MrtInputError("give either options=SelectOptions(...) or k, method and the keywords, not both")
+            return options
+        if k is None:
+            raise MrtInputError("k is required: an integer >= 1 or the name of a column holding each pool's K")
+        unknown = sorted(set(knobs) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise MrtInputError(f"unknown selection option(s) {unknown}; the options are "
+                                f"{sorted(set(cls.__dataclass_fields__) - {'k', 'method'})}")
+        return cls(k=k, method="grades" if method is None else method, **knobs)
+
+    def replace(self, **changes: Any) -> "SelectOptions":
+        return dataclasses.replace(self, **changes)
+
+    def select_kwargs(self) -> dict[str, Any]:
+        """The keywords of :func:`mrt_fast.select` (after ``k`` and ``method``)."""
+        return {n: getattr(self, n) for n in ("by", "embedding", "reward", "mode", "alpha", "eps", "k_max", "kernel",
+                                              "seed", "candidate_key", "optimizer")}
+
+    def parameters(self) -> dict[str, Any]:
+        """Everything a result depends on, as plain values (a job's manifest records them)."""
+        d = dataclasses.asdict(self)
+        d["alpha"] = float(d["alpha"])
+        d["candidate_columns"] = None if self.candidate_columns is None else list(self.candidate_columns)
+        return d
+
+    # ---- what a table must hold
+    def uses_embedding(self, names: list[str]) -> bool:
+        """Whether selection reads the embedding column (facility location, or modes to compute)."""
+        return self.method in FACILITY_METHODS or (self.method == "stratified" and self.mode not in names)
+
+    def needed(self, names: list[str]) -> list[tuple[str, str]]:
+        """(column, role) pairs a table must have."""
+        m = self.method
+        out = [(self.by, "prompt id")]
+        if isinstance(self.k, str):
+            out.append((self.k, "per-prompt K"))
+        if self.uses_embedding(names):
+            out.append((self.embedding, "embedding"))
+        if m == "top" or (m == "grades" and (self.alpha > 0 or self.k_max is not None)):
+            out.append((self.reward, "reward"))
+        if self.candidate_key is not None:
+            out.append((self.candidate_key, "candidate key"))
+        for c in self.candidate_columns or ():
+            out.append((c, "candidate column"))
+        return out

@@ -33,7 +33,8 @@ from mrt_fast.tables.arrays import (
 )
 from mrt_fast.errors import SmallPoolWarning
 from mrt_fast.selection.report import SelectionReport
-from mrt_fast.selection.options import FACILITY_METHODS, METHODS, check_common, check_k, check_optimizer, check_seed
+from mrt_fast.selection.options import (FACILITY_METHODS, METHODS, SelectOptions, check_common, check_k,
+                                       check_optimizer, check_seed)
 from mrt_fast.selection.facility import DENSE_LIMIT_BYTES
 
 
@@ -56,7 +57,7 @@ def _said_of_table(e: MrtInputError, keys: pl.Series, by: str, columns: dict) ->
 
 def select(
     table: Any,
-    k: int | str,
+    k: int | str | None = None,
     method: str = "grades",
     *,
     by: str = "prompt_id",
@@ -73,6 +74,7 @@ def select(
     return_report: bool = False,
     layout: str = "auto",
     candidate_columns: list[str] | None = None,
+    options: SelectOptions | None = None,
 ):
     """Keep K candidates per prompt.
 
@@ -122,6 +124,9 @@ def select(
         values in pick order, with ``pick_rank``/``gain``/``weight`` lists.
         ``auto`` reads it from the columns: grouped when the embedding holds a
         list of vectors or the reward or mode column holds lists.
+    options : SelectOptions, optional
+        Every knob above at once (then give the table only): the object the
+        dataset jobs, the Ray engine and ``mrt select`` share.
 
     A pool whose n x n similarity would exceed ``DENSE_LIMIT_BYTES`` (2 GiB)
     runs with similarity columns recomputed on demand. Bad input raises
@@ -136,19 +141,32 @@ def select(
     marginal gain, facility-location methods) and ``weight`` (stratified: the
     per-row weight that keeps the weighted estimate unbiased).
     """
-    opts = dict(
-        by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
-        seed=seed, candidate_key=candidate_key, optimizer=optimizer, return_report=return_report,
-    )
+    if options is not None:
+        if not isinstance(options, SelectOptions):
+            raise MrtInputError(f"options must be a SelectOptions, got {type(options).__name__}")
+        if k is not None:
+            raise MrtInputError("give either options=SelectOptions(...) or k and the keywords, not both")
+        k, method = options.k, options.method
+        layout, candidate_columns = options.layout, options.candidate_columns
+        opts = {**options.select_kwargs(), "return_report": return_report}
+    else:
+        if k is None:
+            raise MrtInputError("k is required: an integer >= 1 or the name of a column holding each pool's K")
+        opts = dict(
+            by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
+            seed=seed, candidate_key=candidate_key, optimizer=optimizer, return_report=return_report,
+        )
     if is_hf(table):  # a datasets.Dataset: selected as its Arrow table, handed back as a Dataset
         res = select(hf_to_arrow(table), k, method, layout=layout, candidate_columns=candidate_columns, **opts)
         return (arrow_to_hf(res[0]), res[1]) if return_report else arrow_to_hf(res)
     kind = table_kind(table)
-    if table_layout(table, kind, {embedding: 1, reward: 0, mode: 0}, layout) == GROUPED:
+    probes = {opts["embedding"]: 1, opts["reward"]: 0, opts["mode"]: 0}
+    if table_layout(table, kind, probes, layout) == GROUPED:
         from mrt_fast.selection.grouped import select_grouped
 
-        del opts["by"], opts["return_report"]
-        return select_grouped(select, table, kind, k, method, by=by, candidate_columns_=candidate_columns,
+        by_ = opts.pop("by")
+        opts.pop("return_report")
+        return select_grouped(select, table, kind, k, method, by=by_, candidate_columns_=candidate_columns,
                               return_report=return_report, **opts)
     if isinstance(k, str):  # a per-pool K column
         from mrt_fast.selection.per_pool_k import select_k_column

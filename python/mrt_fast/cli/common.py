@@ -1,0 +1,124 @@
+"""The `mrt` Typer app and what every command group shares: one-line errors, input checks, the extras."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from mrt_fast.errors import MissingDependencyError
+
+app = typer.Typer(
+    name="mrt",
+    help="Multi-response training: how many responses per prompt to keep, which ones, and training on them.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Bad input ends the command with one line on stderr and exit code 2."""
+    from mrt_fast.errors import MissingDependencyError, MrtInputError
+
+    try:
+        yield
+    except (MrtInputError, MissingDependencyError, OSError, TypeError) as e:
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        typer.echo(f"error: {msg}", err=True)
+        raise typer.Exit(2) from None
+
+
+def k_or_column(k: str):
+    """--k: an integer, or the name of a column with each pool's K."""
+    try:
+        return int(k)
+    except ValueError:
+        return k
+
+
+def check_engine(engine: str, ray_address: Optional[str], local_only: dict | None = None,
+                 ray_only: dict | None = None, parts: dict | None = None) -> None:
+    """--engine local|ray, and the flags given that have no meaning on it, refused in one line
+    (``local_only``/``ray_only``: flag -> value, None when not given; ``parts``: flags that
+    both set the part count, of which one at most)."""
+    from mrt_fast.errors import MrtInputError
+
+    if engine not in ("local", "ray"):
+        raise MrtInputError(f"--engine must be 'local' or 'ray', got {engine!r}")
+    if ray_address is not None and engine != "ray":
+        raise MrtInputError("--ray-address needs --engine ray")
+    if engine == "ray":
+        given = [f for f, v in (local_only or {}).items() if v is not None]
+        if given:
+            raise MrtInputError(f"{', '.join(given)} applies to --engine local only (Ray sizes its own workers "
+                                "and memory); leave it out or use --engine local")
+    else:
+        given = [f for f, v in (ray_only or {}).items() if v is not None]
+        if given:
+            raise MrtInputError(f"{', '.join(given)} applies to --engine ray only")
+    given = [f for f, v in (parts or {}).items() if v is not None]
+    if len(given) > 1:
+        raise MrtInputError(f"give {' or '.join(given)}, not both: each sets the number of parts")
+    for f in given:
+        if parts[f] < 1:
+            raise MrtInputError(f"{f} must be >= 1, got {parts[f]}")
+    if engine == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise MissingDependencyError("--engine ray needs Ray Data: pip install 'mrt_fast[ray]'")
+
+
+def kv_options(pairs: list[str] | None) -> dict:
+    """--set key=value pairs (values parsed as YAML scalars/lists)."""
+    import yaml
+
+    out = {}
+    for item in pairs or []:
+        if "=" not in item:
+            raise typer.BadParameter(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+def check_input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input", *, dataset: bool = False):
+    """Check an input table before any work: readable, the columns present, at least one row.
+    ``dataset``: ``path`` may also be a directory (an ``mrt`` output included) or a glob,
+    found as every dataset job finds its input."""
+    import polars as pl
+
+    from mrt_fast.datasets import formats as _formats
+    from mrt_fast.errors import MrtInputError
+
+    if dataset:
+        from mrt_fast.datasets.sources import discover
+
+        lf = discover(str(path)).scan()
+    else:
+        lf = _formats.scan(path)
+    names = lf.collect_schema().names()
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise MrtInputError(f"{role} {str(path)!r}: column(s) {missing} not found; it has columns {names}",
+                            column=missing[0])
+    if int(_formats.collect(lf.select(pl.len()), path).item()) == 0:
+        raise MrtInputError(f"{role} {str(path)!r} has no rows")
+    return lf
+
+
+def needs(extra: str):
+    """An ImportError of an optional stack becomes one line naming the extra."""
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except ImportError as e:
+            raise MissingDependencyError(f"this command needs the {extra} extra: pip install 'mrt_fast[{extra}]' ({e})") from None
+
+    return guard()

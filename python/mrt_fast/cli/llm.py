@@ -1,0 +1,235 @@
+"""The LLM pipeline commands: nll, generate, score, train, evaluate, run, export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mrt_fast.cli.common import (
+    app,
+    check_input_table,
+    console,
+    kv_options,
+    needs,
+    user_errors,
+)
+
+
+@app.command("nll")
+def nll_cmd(
+    inp: Path = typer.Argument(..., help="Table with prompt and response text columns: a file, a directory "
+                               "(an mrt output included) or a quoted glob."),
+    out: Path = typer.Argument(..., help="Output table with the loss column added; format from the suffix."),
+    model: str = typer.Option("smollm2", help="'smollm2' (bundled GGUF) or a local Hugging Face model directory."),
+    prompt: str = typer.Option("prompt", help="Prompt text column."),
+    response: str = typer.Option("response", help="Response text column."),
+    loss: str = typer.Option("loss", help="Name of the loss column written."),
+    batch_size: int = typer.Option(8, help="Pairs per forward pass."),
+    max_length: int = typer.Option(None, help="Truncate pairs longer than this many tokens as training does."),
+    prompt_format: str = typer.Option("auto", help="auto (chat template when the tokenizer has one) | chat | plain; "
+                                      "use the setting training will use."),
+) -> None:
+    """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM."""
+    import polars as pl
+
+    from mrt_fast.datasets import formats as _formats
+    from mrt_fast.errors import MrtInputError
+
+    with user_errors():
+        if batch_size < 1:
+            raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
+        if max_length is not None and max_length < 1:
+            raise MrtInputError(f"--max-length must be >= 1, got {max_length}")
+        lf = check_input_table(inp, (prompt, response), dataset=True)
+        if loss in lf.collect_schema().names():
+            raise MrtInputError(f"{str(inp)!r} already has a {loss!r} column", column=loss)
+        _formats.check_output(out)
+        df = _formats.decode_embedding_columns(_formats.collect(lf, inp))
+        for c in (prompt, response):
+            if df[c].dtype != pl.Utf8:
+                raise MrtInputError(f"column {c!r} must hold text, got {df[c].dtype}", column=c)
+            if df[c].null_count():
+                row = int(df[c].is_null().arg_true()[0])
+                raise MrtInputError(f"column {c!r} is null in row {row}", column=c, row=row)
+        with needs("train"):
+            from mrt_fast.llm.nll import load_smollm2, response_nll
+
+            if model == "smollm2":
+                m, tok = load_smollm2()
+            else:
+                if not Path(model).is_dir():
+                    raise MrtInputError(f"--model {model!r}: not 'smollm2' and not a local model directory")
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(model)
+                m = AutoModelForCausalLM.from_pretrained(model)
+                if tok.pad_token_id is None:
+                    tok.pad_token = tok.eos_token
+        vals = response_nll(m, tok, df[prompt].to_list(), df[response].to_list(),
+                            batch_size=batch_size, max_length=max_length, prompt_format=prompt_format)
+        res = df.with_columns(pl.Series(loss, vals))
+        _formats.write_table(res, out)
+    console.print(f"wrote {len(res)} rows with {loss!r} to {out}")
+
+
+@app.command("generate")
+def generate_cmd(
+    prompts: Path = typer.Argument(..., help="Prompt table (.parquet/.jsonl/.csv) with prompt_id and prompt."),
+    out: Path = typer.Argument(..., help="Candidate table to write; shards in OUT.parts/ make the run resumable."),
+    model: str = typer.Option(..., "--model", help="Model path, hub id, .gguf file or pkg://package/file."),
+    n: int = typer.Option(64, "--n", help="Candidates per prompt."),
+    temperature: float = typer.Option(1.0),
+    top_p: float = typer.Option(1.0),
+    max_new_tokens: int = typer.Option(256),
+    seed: int = typer.Option(0),
+    backend: str = typer.Option("auto", help="auto | vllm | transformers."),
+    shard_prompts: int = typer.Option(64, help="Prompts per shard (unit of resumption)."),
+) -> None:
+    """Overgenerate N candidate responses per prompt (vLLM on GPU, transformers on CPU); resumable."""
+    from mrt_fast.datasets import formats as _formats
+    with user_errors():
+        with needs("train"):
+            from mrt_fast.llm.generate import GenerationConfig, generate
+
+            cfg = GenerationConfig(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                   seed=seed, backend=backend, shard_prompts=shard_prompts)
+            cfg.validate()
+            check_input_table(prompts, ("prompt_id", "prompt"), "prompt table")
+            _formats.check_output(out)
+            parts = out.with_name(out.name + ".parts")
+            fresh = not parts.exists()
+            try:
+                df = generate(str(prompts), out, model, cfg)
+            except BaseException:
+                if fresh and parts.is_dir() and {f.name for f in parts.iterdir()} <= {"meta.json"}:
+                    import shutil
+
+                    shutil.rmtree(parts, ignore_errors=True)  # no shard written: nothing to resume from
+                raise
+    console.print(f"{df.height} candidates for {df['prompt_id'].n_unique()} prompts -> {out}")
+
+
+@app.command("score")
+def score_cmd(
+    inp: Path = typer.Argument(..., help="Candidate table with prompt and response columns: a file, a "
+                               "directory (an mrt output included) or a quoted glob."),
+    out: Path = typer.Argument(..., help="Output table with a reward column."),
+    model: str = typer.Option(..., "--model", help="Sequence-classification reward model (num_labels=1)."),
+    batch_size: int = typer.Option(16),
+) -> None:
+    """Score every (prompt, response) with a reward model."""
+    from mrt_fast.datasets import formats as _formats
+    from mrt_fast.errors import MrtInputError
+
+    with user_errors():
+        if batch_size < 1:
+            raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
+        lf = check_input_table(inp, ("prompt", "response"), dataset=True)
+        _formats.check_output(out)
+        with needs("train"):
+            from mrt_fast.llm.reward import score
+
+            df = score(_formats.decode_embedding_columns(_formats.collect(lf, inp)), model, batch_size=batch_size)
+        _formats.write_table(df, out)
+    console.print(f"scored {df.height} rows -> {out}; reward mean {df['reward'].mean():.4f}")
+
+
+@app.command("train")
+def train_cmd(
+    data: Path = typer.Argument(..., help="Kept rows: prompt_id, prompt, response."),
+    out: Path = typer.Argument(..., help="Output directory (adapter/, train_log.jsonl)."),
+    model: str = typer.Option(..., "--model"),
+    max_steps: int = typer.Option(200, help="Optimizer steps (the same for every K)."),
+    sets: list[str] = typer.Option(None, "--set", help="Any TrainConfig field, key=value (repeatable)."),
+) -> None:
+    """LoRA fine-tuning on the per-prompt-averaged multi-response loss."""
+    from mrt_fast._util import files as _files
+    with user_errors():
+        with needs("train"):
+            from mrt_fast.llm.train import TrainConfig, train
+
+            cfg = TrainConfig.from_dict({"max_steps": max_steps, **kv_options(sets)})
+            check_input_table(data, ("prompt_id", "prompt", "response"), "training data")
+            _files.check_output_dir(out)
+            r = train(str(data), model, out, cfg)
+    console.print(f"{r.steps} steps over {r.n_pairs} pairs ({r.n_prompts} prompts, {r.epochs:.2f} epochs); "
+                  f"final loss {r.log[-1]['loss']:.4f}; adapter -> {r.adapter_dir}")
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    data: Path = typer.Argument(..., help="Held-out prompts: prompt_id, prompt, reference[, tests]."),
+    model: str = typer.Option(..., "--model"),
+    adapter: Path = typer.Option(None, help="LoRA adapter directory."),
+    reward_model: str = typer.Option(None, help="Reward model for best-of-n reward."),
+    embedder: str = typer.Option("minilm", help="minilm | hashing | a sentence-transformers path."),
+    out: Path = typer.Option(None, help="Write the metrics as JSON here."),
+    sets: list[str] = typer.Option(None, "--set", help="Any EvalConfig field, key=value (repeatable)."),
+) -> None:
+    """Reference loss, coverage, diversity, best-of-n reward and pass@k on held-out prompts."""
+    import json
+
+    from mrt_fast.embeddings.embedders import make_embedder
+    from mrt_fast.llm.evaluate import EvalConfig, evaluate
+
+    with user_errors():
+        from mrt_fast._util import files as _files
+        from mrt_fast.datasets import formats as _formats
+        from mrt_fast.errors import MrtInputError
+
+        with needs("train"):
+            cfg = EvalConfig.from_dict(kv_options(sets))
+            check_input_table(data, ("prompt_id", "prompt", "reference"), "evaluation data")
+            if adapter is not None and not adapter.is_dir():
+                raise MrtInputError(f"--adapter {str(adapter)!r} is not a directory")
+            if out:
+                _formats.check_output(out, "--out", table=False)
+            m = evaluate(str(data), model, adapter=adapter, config=cfg,
+                         embedder=make_embedder(embedder), reward_model=reward_model)
+        if out:
+            _files.write_text(out, json.dumps(m, indent=2))
+    console.print(m)
+
+
+@app.command("run")
+def run_cmd(
+    config: Path = typer.Argument(..., help="Experiment YAML (see docs/pipeline.md)."),
+    k: Optional[str] = typer.Option(None, "--k", help="Override select.ks: 'auto' (K from the variance advisor, "
+                                    "needs select.cost_prompt and select.cost_response) or a list like '1,2,4'."),
+) -> None:
+    """Generate -> embed -> score -> select -> train -> evaluate over a method x K grid; writes results."""
+    from mrt_fast.llm.pipeline import RunConfig, results_markdown, run
+
+    with user_errors():
+        cfg = RunConfig.from_yaml(config)
+        if k is not None:
+            cfg.select = {**cfg.select, "ks": k}
+        res = run(cfg)
+    console.print(results_markdown(res))
+    console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
+
+
+@app.command("export")
+def export_cmd(
+    kept: Path = typer.Argument(..., help="Kept rows (from mrt select: a file, a dataset directory or a quoted "
+                                "glob): prompt_id, prompt, response[, weight, reward]."),
+    out: Path = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet)."),
+    fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight) or openrlhf (input/output/reward)."),
+    conversational: bool = typer.Option(False, "--conversational", help="TRL: user/assistant message lists."),
+    by: str = typer.Option("prompt_id", help="Prompt id column."),
+    prompt: str = typer.Option("prompt", help="Prompt text column."),
+    response: str = typer.Option("response", help="Response text column."),
+    reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
+) -> None:
+    """Write kept rows as a TRL or OpenRLHF training file."""
+    from mrt_fast.llm.export import export
+
+    from mrt_fast.datasets import formats as _formats
+
+    with user_errors():
+        rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(kept, dataset=True), kept))
+        res = export(rows, out, fmt, conversational=conversational, by=by, prompt=prompt, response=response,
+                     reward=reward)
+    console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")

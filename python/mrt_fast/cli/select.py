@@ -1,0 +1,108 @@
+"""`mrt select`: keep K responses per prompt of a file, directory or glob."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from mrt_fast.cli.common import (
+    app,
+    check_engine,
+    console,
+    k_or_column,
+    user_errors,
+)
+
+
+@app.command("select")
+def select_cmd(
+    inp: str = typer.Argument(..., help="Input: a file, a directory of Parquet/JSONL files (hive partitions "
+                              "included) or a quoted glob such as 'data/*.parquet'."),
+    out: Path = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
+                               "resumable) or a file (.parquet, .jsonl, .csv)."),
+    k: str = typer.Option(..., "--k", help="Responses kept per prompt, or the name of an integer column holding "
+                          "each prompt's K (e.g. from mrt diagnose --allocate)."),
+    method: str = typer.Option("grades", help="random | top | diverse | grades | stratified (or rkon/bkon/dkon/dbkon)."),
+    by: str = typer.Option("prompt_id", help="Prompt id column."),
+    embedding: str = typer.Option("embedding", help="Embedding column (diverse, grades; stratified without modes)."),
+    reward: str = typer.Option("reward", help="Reward column (top, grades)."),
+    mode: str = typer.Option("mode", help="Mode column (stratified); computed by k-means when absent."),
+    alpha: float = typer.Option(0.75, help="Quality exponent (grades)."),
+    k_max: Optional[int] = typer.Option(None, help="Prefilter: keep only the best K_MAX by reward as ground set (grades)."),
+    kernel: str = typer.Option("shift", help="shift: (1+c)/2, clip: max(0, c)."),
+    n_modes: Optional[int] = typer.Option(None, help="Modes per pool when they are computed (default: silhouette rule)."),
+    seed: int = typer.Option(0, help="Seed of random draws and k-means."),
+    layout: str = typer.Option("auto", help="rows (one row per candidate), grouped (one row per prompt, list "
+                               "columns) or auto (grouped when the embedding/reward columns hold lists)."),
+    candidate_columns: Optional[str] = typer.Option(
+        None, "--candidate-columns", help="Grouped layout: the list columns holding one value per candidate, "
+        "comma separated (default: every list column)."),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit",
+                                               help="Peak memory, e.g. 2GB or 512MiB (default: half the available)."),
+    workers: Optional[int] = typer.Option(None, help="Buckets selected at once (default: as memory and cores allow)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job "
+                                   "(deletes only the files a job wrote)."),
+    chunk_rows: Optional[int] = typer.Option(None, "--chunk-rows", help="Input rows per part, instead of parts "
+                                             "planned from the memory limit (both engines)."),
+    engine: str = typer.Option("local", "--engine", help="local (this machine) or ray (Ray Data: a local "
+                               "instance, or the cluster at --ray-address)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join (e.g. auto, "
+                                              "host:6379, ray://host:10001); --engine ray only."),
+    parts: Optional[int] = typer.Option(None, "--parts", help="Number of parts (buckets of pools), both engines "
+                                        "(default: local from --memory-limit, ray from the data and the CPUs)."),
+    eps: float = typer.Option(1e-6, help="Quality floor eps of GRADES weights."),
+    candidate_key: Optional[str] = typer.Option(None, "--candidate-key", help="Column ordering each pool's "
+                                                "candidates (results then independent of row order)."),
+    optimizer: str = typer.Option("lazy", help="lazy | naive greedy (same picks)."),
+) -> None:
+    """Keep K responses per prompt of a table or dataset, in bounded memory (resumable to a directory)."""
+    import shlex
+    import sys
+
+    from mrt_fast.datasets.local import select_dataset
+    from mrt_fast.selection.options import SelectOptions
+
+    with user_errors():
+        check_engine(engine, ray_address, {"--memory-limit": memory_limit, "--workers": workers},
+                     parts={"--parts": parts, "--chunk-rows": chunk_rows})
+        command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
+        cand_cols = None if candidate_columns is None else [c.strip() for c in candidate_columns.split(",")
+                                                            if c.strip()]
+        opts = SelectOptions(k=k_or_column(k), method=method, by=by, embedding=embedding, reward=reward, mode=mode,
+                             alpha=alpha, eps=eps, k_max=k_max, kernel=kernel, seed=seed,
+                             candidate_key=candidate_key, optimizer=optimizer, n_modes=n_modes, layout=layout,
+                             candidate_columns=cand_cols)
+        if engine == "ray":
+            from mrt_fast.datasets.ray_engine import select_dataset as ray_select_dataset
+
+            rep = ray_select_dataset(inp, out, options=opts, parts=parts, rows_per_part=chunk_rows,
+                                     overwrite=overwrite, address=ray_address, command=command)
+        else:
+            rep = select_dataset(inp, out, options=opts, memory_limit=memory_limit, workers=workers, parts=parts,
+                                 rows_per_part=chunk_rows, overwrite=overwrite, progress=console, command=command)
+    if rep.already_done:
+        console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
+                      soft_wrap=True, highlight=False)
+        return
+    tab = Table(title=f"mrt select: {rep.method}, K = {k}", show_header=False)
+    tab.add_column("")
+    tab.add_column("", justify="right")
+    ratio = f"{rep.mean_ratio:.4f}" if rep.mean_ratio is not None else "-"
+    buckets = f"{rep.n_parts}" + (" (spilled to disk)" if rep.spilled else " (in memory)")
+    if rep.resumed:
+        buckets += f", {rep.parts_done_now} done by this run"
+    for name, v in (("pools", f"{rep.n_pools:,}"), ("candidates", f"{rep.n_candidates:,}"),
+                    ("kept", f"{rep.n_kept:,}"), ("pools <= K (kept whole)", f"{rep.n_small_pools:,}"),
+                    ("mean certified ratio", ratio), ("buckets", buckets), ("rows/s", f"{rep.rows_per_second:,.0f}"),
+                    ("peak memory", f"{rep.peak_rss / 2**30:.2f} GiB (limit {rep.memory_limit / 2**30:.2f} GiB)"),
+                    ("seconds", f"{rep.seconds:.2f}")):
+        tab.add_row(name, v)
+    console.print(tab)
+    for note in rep.notes:
+        typer.echo(f"warning: {note}", err=True)
+    what = "rows" if rep.layout == "flat" else "prompts"
+    console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
+                  highlight=False)

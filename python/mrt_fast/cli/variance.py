@@ -1,0 +1,114 @@
+"""`mrt diagnose`: the variance budget of per-response losses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from mrt_fast.cli.common import (
+    app,
+    check_engine,
+    console,
+    user_errors,
+)
+
+
+@app.command("diagnose")
+def diagnose_cmd(
+    inp: str = typer.Argument(..., help="Per-response losses: a file (.parquet, .jsonl, .csv), a directory of "
+                              "Parquet/JSONL files or a quoted glob; streamed, never read whole."),
+    loss: str = typer.Option("loss", help="Loss column."),
+    by: str = typer.Option("prompt_id", help="Prompt id column."),
+    cost_prompt: float = typer.Option(1.0, help="Cost C_p of one prompt."),
+    cost_response: float = typer.Option(1.0, help="Cost C_r of one response."),
+    budget: float = typer.Option(None, help="Total budget B = Np (C_p + K C_r), for the budget table and plot."),
+    k_max: int = typer.Option(1024, help="Largest K considered."),
+    loss_bound: float = typer.Option(None, help="Loss range B_loss for the Bernstein bound (default: observed range)."),
+    delta: float = typer.Option(0.05, help="Failure probability of the Bernstein bound."),
+    n_boot: int = typer.Option(1000, help="Bootstrap resamples for the intervals (0: none)."),
+    seed: int = typer.Option(0, help="Bootstrap seed."),
+    bootstrap: str = typer.Option(
+        "auto", help="exact (resample prompts), normal (large-sample law of the resample means) or auto."
+    ),
+    interval: str = typer.Option(
+        "auto", help="Interval method: studentized, bca, calibrated, expanded, percentile or auto "
+        "(studentized; expanded with the normal approximation)."
+    ),
+    json_out: Path = typer.Option(None, "--json", help="Write the report as JSON here (inf as the string \"inf\")."),
+    plot: Path = typer.Option(None, "--plot", help="Write the variance-vs-K plot here (.png)."),
+    allocate: int = typer.Option(None, "--allocate", help="Per-prompt K for this total of responses (Neyman "
+                                 "allocation, capped by each prompt's number of losses and --k-max)."),
+    allocation: Path = typer.Option(None, "--allocation", help="Write the allocation (prompt_id, k, ...) here; "
+                                    "feed it to mrt select --k k after a join."),
+    engine: str = typer.Option("local", "--engine", help="local (streamed on this machine) or ray (Ray Data)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join; --engine ray only."),
+) -> None:
+    """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
+    import json
+
+    from mrt_fast.datasets.diagnose import variance_budget
+    from mrt_fast.errors import MrtInputError
+
+    with user_errors():
+        check_engine(engine, ray_address)
+        if allocation is not None and allocate is None:
+            raise MrtInputError("--allocation needs --allocate TOTAL")
+        _check_report_outputs(json_out, plot, allocation)
+        opts = dict(by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
+                    k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap,
+                    interval=interval)
+        if allocate is not None:
+            # per-prompt K names each prompt: the (id, loss) columns are read into memory
+            from mrt_fast.datasets.sources import discover
+
+            ds = discover(inp)
+            ds.check_columns([(by, "prompt id"), (loss, "loss")])
+            rep = variance_budget(ds.scan().select([by, loss]).collect(), **opts)
+        else:
+            rep = variance_budget(inp, engine=engine, address=ray_address, **opts)
+    console.print(repr(rep), highlight=False)
+    tab = Table(title="predicted variance by K")
+    cols = rep.predicted.columns
+    for c in cols:
+        tab.add_column(c, justify="right")
+    for row in rep.predicted.iter_rows():
+        tab.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
+    console.print(tab)
+    from mrt_fast._util.files import write_text
+    from mrt_fast.datasets.formats import write_table
+
+    with user_errors():
+        if json_out is not None:
+            write_text(json_out, json.dumps(rep.to_dict(), indent=2))
+            console.print(f"wrote {json_out}")
+        if plot is not None:
+            rep.plot(plot)
+            console.print(f"wrote {plot}")
+        if allocate is not None:
+            al = rep.allocate(allocate, k_max=k_max)
+            console.print(repr(al), highlight=False)
+            if allocation is not None:
+                write_table(al.table, allocation)
+                console.print(f"wrote {allocation}")
+
+
+def _check_report_outputs(json_out: Optional[Path], plot: Optional[Path], allocation: Optional[Path]) -> None:
+    """diagnose's outputs, checked before any work: a place a file can be written,
+    an image format matplotlib writes for --plot, a table format for --allocation."""
+    from mrt_fast.datasets.formats import check_output
+    from mrt_fast.errors import MrtInputError
+
+    if json_out is not None:
+        check_output(json_out, "--json", table=False)
+    if plot is not None:
+        from mrt_fast.variance.law import PLOT_FORMATS
+
+        if plot.suffix.lower().lstrip(".") not in PLOT_FORMATS:
+            raise MrtInputError(f"--plot {str(plot)!r}: unsupported image format {plot.suffix!r} "
+                                "(use .png, .pdf or .svg)")
+        check_output(plot, "--plot", table=False)
+    if allocation is not None:
+        check_output(allocation, "--allocation")

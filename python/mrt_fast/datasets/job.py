@@ -1,0 +1,364 @@
+"""The job: everything around a stage, written once.
+
+A **stage** maps a table of whole pools to a table (select, embed, nll,
+score, export) or folds one into an accumulator (diagnose). The **job** owns
+what surrounds it, whatever runs it:
+
+* discovery of the input (a file, a directory of Parquet/JSONL files with hive
+  partitions, or a glob: :func:`mrt_fast.datasets.sources.discover`), and the
+  refusal of an output inside its input;
+* the output: a file (``.parquet``/``.jsonl``/``.csv``, written whole or not at
+  all) or a resumable dataset directory (``part-NNNNN.parquet`` and the hidden
+  ``.mrt/`` metadata folder, readable as it stands by polars, Hugging Face
+  datasets and pyarrow);
+* the lock (:mod:`mrt_fast.datasets.lock`): one job per output, released by
+  the kernel when its holder dies;
+* the manifest (:mod:`mrt_fast.datasets.manifest`): the job's parameters and
+  input fingerprint, each finished part's rows, size and checksum; resume
+  (a rerun of the same job does the missing parts only; a finished directory
+  is left as it is; another job's directory is refused unless ``overwrite``);
+* committing a part (written atomically, checked, recorded; a full disk is one
+  line naming the part), and leaving nothing behind when bad input is found
+  before any part was committed.
+
+**Executors** run a stage's parts inside a job: the local engine
+(:mod:`mrt_fast.datasets.local`: bucketed by prompt, memory-bounded, spilled
+when needed; runs of consecutive rows for row-wise stages,
+:func:`run_row_parts`) and Ray (:mod:`mrt_fast.datasets.ray_engine`).
+
+Test hook: the environment variable :data:`STOP_AFTER_ENV` (an integer N)
+stops a job with :class:`StoppedForTest` once it has committed N parts, as a
+kill would (read in one place, :func:`stop_after`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Callable
+
+import polars as pl
+
+from mrt_fast._util import messages as _messages
+from mrt_fast._util.disk_space import reporting_full_disk
+from mrt_fast.datasets import formats as _formats
+from mrt_fast.datasets import sources as _sources
+from mrt_fast.datasets.lock import output_lock
+from mrt_fast.datasets.manifest import (EMPTY_PART, Manifest, discard_unfinished, part_check, part_path,
+                                        prepare_output)
+from mrt_fast.errors import MrtInputError
+
+__all__ = ["Job", "RowStage", "STOP_AFTER_ENV", "StoppedForTest", "is_directory_output", "run_all", "run_row_parts",
+           "stop_after",
+           "stopping_after", "write_part"]
+
+#: test hook: stop a job after it has committed this many parts (see the module doc)
+STOP_AFTER_ENV = "MRT_TEST_STOP_AFTER_PARTS"
+
+
+class StoppedForTest(RuntimeError):
+    """A job stopped by the test hook :data:`STOP_AFTER_ENV` (as if killed after N parts)."""
+
+
+def stop_after() -> int | None:
+    """The test hook's part count, or None (the one place it is read)."""
+    v = os.environ.get(STOP_AFTER_ENV)
+    return int(v) if v else None
+
+
+@contextlib.contextmanager
+def stopping_after(n: int):
+    """Within the block, jobs stop after ``n`` committed parts (the test hook, set and restored)."""
+    old = os.environ.get(STOP_AFTER_ENV)
+    os.environ[STOP_AFTER_ENV] = str(int(n))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(STOP_AFTER_ENV, None)
+        else:
+            os.environ[STOP_AFTER_ENV] = old
+
+
+def is_directory_output(out: Path) -> bool:
+    """A directory output: an existing directory, or a name without a table suffix."""
+    return out.is_dir() or out.suffix.lower() not in _formats.FORMATS
+
+
+class Job:
+    """One run of a stage from an input to an output (see the module doc).
+
+    ``with Job(source, output, parameters, ...) as job:`` discovers the input,
+    checks the output, takes its lock and reads its manifest: ``job.state`` is
+    ``"new"``, ``"resume"`` or ``"done"`` (a finished directory; nothing to
+    do). :meth:`start` records the plan (part count, layout) in a new
+    manifest and returns the parts still to do; :meth:`commit` writes one
+    part (thread-safe); :meth:`finish` marks the job done. A file output is
+    written once, by :meth:`write_file`. An `MrtInputError` leaving the block
+    before any part was committed leaves no half-made directory behind.
+    """
+
+    def __init__(self, source: Any, output: str | os.PathLike, parameters: dict[str, Any], *,
+                 overwrite: bool = False, command: str | None = None, what: str = "job"):
+        self.ds = source if isinstance(source, _sources.Dataset) else _sources.discover(source)
+        self.out = Path(output)
+        if _sources.output_inside_input(self.out, self.ds):
+            raise MrtInputError(f"output {str(self.out)!r} is the input or inside it; write it elsewhere")
+        self.to_dir = is_directory_output(self.out)
+        if not self.to_dir:
+            _formats.fmt_of(self.out, "output")
+            parent = self.out.parent if str(self.out.parent) else Path(".")
+            if not parent.is_dir():
+                raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+        self.parameters = parameters
+        self.overwrite = overwrite
+        self.command = command or what
+        self.fingerprint = self.ds.fingerprint()
+        self.state = "new"
+        self.man: Manifest | None = None
+        self._stack: ExitStack | None = None
+        self._lock = threading.Lock()
+        self._committed = 0
+        self._stop = stop_after()
+
+    # ---- the block
+    def __enter__(self) -> "Job":
+        self._stack = ExitStack()
+        self._stack.enter_context(output_lock(self.out, directory=self.to_dir))
+        try:
+            if self.to_dir:
+                self.state, self.man = prepare_output(self.out, self.parameters, self.fingerprint,
+                                                      overwrite=self.overwrite)
+        except BaseException:
+            self._stack.close()
+            raise
+        self._full_disk = reporting_full_disk("writing to", self.out)
+        self._full_disk.__enter__()
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        assert self._stack is not None
+        try:
+            try:
+                self._full_disk.__exit__(et, ev, tb)  # a full disk: one line saying where
+            except MrtInputError:
+                if self.to_dir and self.state == "new":
+                    discard_unfinished(self.out)  # bad input before any part: the directory is as it was
+                raise
+            if et is not None and issubclass(et, MrtInputError) and self.to_dir and self.state == "new":
+                discard_unfinished(self.out)
+        finally:
+            self._stack.close()
+
+    @property
+    def resumed(self) -> bool:
+        return self.state == "resume"
+
+    @property
+    def done(self) -> bool:
+        return self.state == "done"
+
+    # ---- the plan and the parts
+    def start(self, n_parts: int, *, layout: str = "flat", rows_per_part: int | None = None,
+              n_rows: int | None = None) -> list[int]:
+        """Record the plan in a new manifest (a resumed job keeps its own); the parts still to do."""
+        if not self.to_dir:
+            return list(range(n_parts))
+        if self.man is None:
+            self.man = Manifest(command=self.command, parameters=self.parameters,
+                                input={"source": self.ds.source, "files": len(self.ds.files),
+                                       "fingerprint": self.fingerprint, "rows": n_rows},
+                                n_parts=int(n_parts), layout=layout, rows_per_part=rows_per_part)
+            self.man.write(self.out)
+        return self.man.missing_parts(self.out)
+
+    @property
+    def n_parts(self) -> int | None:
+        return None if self.man is None else self.man.n_parts
+
+    @property
+    def rows_per_part(self) -> int | None:
+        return None if self.man is None else self.man.rows_per_part
+
+    def commit(self, i: int, df: pl.DataFrame) -> int:
+        """Write part ``i`` atomically and record it (its rows, size and checksum);
+        a part of no rows is recorded with no file. Returns its rows."""
+        assert self.to_dir and self.man is not None
+        write_part(df, self.out, i)
+        check = part_check(part_path(self.out, i)) if df.height else dict(EMPTY_PART)
+        self._record(i, df.height, check)
+        return df.height
+
+    def record_written(self, i: int, rows: int) -> None:
+        """Record part ``i``, written by another process (an executor's task) with
+        :func:`write_part`: its rows, and its file's size and checksum."""
+        assert self.to_dir and self.man is not None
+        self._record(i, rows, part_check(part_path(self.out, i)) if rows else dict(EMPTY_PART))
+
+    def _record(self, i: int, rows: int, check: dict) -> None:
+        with self._lock:
+            self.man.record(i, rows, check)
+            self.man.write(self.out)
+            self._committed += 1
+            if self._stop is not None and self._committed >= self._stop:
+                raise StoppedForTest(f"stopped after {self._committed} part(s)")
+
+    def finish(self) -> int:
+        """Mark a directory output done; returns the rows written."""
+        assert self.man is not None
+        self.man.done = True
+        self.man.finished = time.time()
+        self.man.write(self.out)
+        return self.man.rows
+
+    def write_file(self, df: pl.DataFrame | list[pl.DataFrame]) -> int:
+        """Write a file output whole (atomically); returns its rows."""
+        frames = df if isinstance(df, list) else [df]
+        with _formats.AtomicWriter(self.out) as wr:
+            for f in frames:
+                wr.write(f)
+            wr.commit()
+        return sum(f.height for f in frames)
+
+    # ---- reading the input
+    def count_rows(self) -> int:
+        counts = self.ds.row_counts()
+        if counts is not None:
+            return sum(counts)
+        try:
+            return int(self.ds.scan().select(pl.len()).collect().item())
+        except Exception as e:  # noqa: BLE001
+            self.ds.find_unreadable()
+            raise MrtInputError(f"cannot read {self.ds.source!r}: {_messages.one_line(e)}") from None
+
+    def read_rows(self, start: int, n: int, lf: pl.LazyFrame | None = None) -> pl.DataFrame:
+        """Input rows ``[start, start + n)`` in file order; an unreadable file is named."""
+        try:
+            return (lf if lf is not None else self.ds.scan()).slice(start, n).collect()
+        except MrtInputError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            self.ds.find_unreadable()
+            raise MrtInputError(f"cannot read {self.ds.source!r}: {_messages.one_line(e)}") from None
+
+    def in_file(self, e: MrtInputError, row: int) -> MrtInputError:
+        """An error about input row ``row`` (global), said with its file and its row there."""
+        from mrt_fast.datasets.row_origin import in_file
+
+        return in_file(e, self.ds, row)
+
+
+def write_part(df: pl.DataFrame, out_dir: Path, i: int) -> int:
+    """Write part ``i`` of a dataset directory atomically (a part of no rows has
+    no file); returns its rows. For executors whose tasks write parts where the
+    job does not run; the job records them (:meth:`Job.record_written`)."""
+    p = part_path(Path(out_dir), i)
+    if not df.height:
+        p.unlink(missing_ok=True)
+        return 0
+    with reporting_full_disk(f"writing part {i} to", Path(out_dir)):
+        _formats.write_parquet_atomic(df, p)
+    return df.height
+
+
+class RowStage:
+    """A stage that maps runs of consecutive input rows to rows (embed, nll,
+    score, export, grouped select): ``__call__(df) -> df``. ``parameters``
+    are what its result depends on; ``needed`` the (column, role) pairs the
+    input must have; ``check(schema)`` any further check of the input before
+    work; ``setup()`` runs once before the first part (a model loaded)."""
+
+    name = "stage"
+    parameters: dict[str, Any] = {}
+
+    def needed(self) -> list[tuple[str, str]]:
+        return []
+
+    def check(self, schema: pl.Schema) -> None:
+        return None
+
+    def setup(self) -> None:
+        return None
+
+    def __call__(self, df: pl.DataFrame) -> pl.DataFrame:  # pragma: no cover - an interface
+        raise NotImplementedError
+
+
+def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, rows_per_part: int,
+                  n_rows: int | None = None, layout: str = "flat", workers: int = 1,
+                  on_part: Callable[[int, pl.DataFrame, pl.DataFrame], None] | None = None,
+                  on_total: Callable[[int, int], None] | None = None) -> dict[str, int]:
+    """The local executor of a row-wise stage: part ``i`` is input rows
+    ``[i r, (i + 1) r)`` (``r = rows_per_part``; a resumed job keeps its
+    manifest's), read, mapped by ``stage`` and committed (a directory) or
+    gathered and written whole (a file). An `MrtInputError` about row ``j``
+    of a part is restated with the input file and row. ``on_part(i, input,
+    output)`` after each part; ``on_total(total, done)`` once the work is
+    known. Returns ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
+    n = job.count_rows() if n_rows is None else n_rows
+    if n == 0:
+        raise MrtInputError(f"{job.ds.source!r} has no rows: there is nothing to do")
+    per = int(job.rows_per_part or rows_per_part)
+    n_parts = job.n_parts or max(1, math.ceil(n / per))
+    todo = job.start(n_parts, layout=layout, rows_per_part=per, n_rows=n)
+    if on_total is not None:
+        on_total(n, sum(min(per, n - i * per) for i in range(n_parts) if i not in set(todo)))
+    lf = job.ds.scan()
+    results: dict[int, pl.DataFrame] = {}
+    done = {"rows_done_now": 0, "rows_out": 0}
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        df = job.read_rows(i * per, per, lf)
+        try:
+            res = stage(df)
+        except MrtInputError as e:
+            if e.row is None or not 0 <= e.row < df.height:
+                raise
+            raise job.in_file(e, i * per + e.row) from None
+        if job.to_dir:
+            job.commit(i, res)
+        else:
+            results[i] = res
+        with lock:
+            done["rows_done_now"] += df.height
+            done["rows_out"] += res.height
+        if on_part is not None:
+            on_part(i, df, res)
+
+    run_all(one, todo, workers)
+    if job.to_dir:
+        job.finish()
+    else:
+        job.write_file([results[i] for i in sorted(results)])
+    return {"parts": n_parts, "parts_done_now": len(todo), **done}
+
+
+def run_all(one: Callable[[int], None], todo: list[int], workers: int) -> None:
+    """``one(i)`` for every part, ``workers`` at a time (threads: the core, polars and
+    Arrow release the GIL); the first failure stops the parts not started."""
+    from mrt_fast.errors import SmallPoolWarning
+
+    # the warnings filter is process-wide: set once here, not per thread (catch_warnings is not thread-safe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        if workers > 1 and len(todo) > 1:
+            with ThreadPoolExecutor(max_workers=workers) as ex:
+                futures = [ex.submit(one, i) for i in todo]
+                try:
+                    for f in futures:
+                        f.result()
+                except BaseException:
+                    for f in futures:
+                        f.cancel()
+                    raise
+        else:
+            for i in todo:
+                one(i)
