@@ -188,14 +188,14 @@ VIA_CLI = st.sampled_from([False] * 9 + [True])
 def run_case(source, out: Path, k, method, cli: bool = False, seed: int = 0, **kw):
     """("ok", report) or ("input_error", its one line): `select_dataset` here, or
     with ``cli`` `mrt select` in a subprocess (exit 0, or 2 with one line on
-    stderr; of ``kw`` it takes ``rows_per_bucket``, as ``--chunk-rows``)."""
+    stderr; of ``kw`` it takes ``rows_per_part``, as ``--chunk-rows``)."""
     if not cli:
         return outcome(lambda: select_dataset(source, out, k, method, seed=seed, **kw))
     argv = [sys.executable, "-m", "mrt_fast.cli", "select", str(source), str(out), "--k", str(k), "--method", method,
             "--seed", str(seed)]
-    rows_per_bucket = kw.pop("rows_per_bucket", None)
-    if rows_per_bucket is not None:
-        argv += ["--chunk-rows", str(rows_per_bucket)]
+    rows_per_part = kw.pop("rows_per_part", None)
+    if rows_per_part is not None:
+        argv += ["--chunk-rows", str(rows_per_part)]
     assert not kw, kw
     r = subprocess.run(argv, env=ENV, capture_output=True, text=True)
     if r.returncode == 2:
@@ -574,10 +574,10 @@ FREE = st.sampled_from([0, 1, 4096, 64 << 10]) | st.integers(0, 3 << 20)
 
 
 @cases(12)
-@given(free=FREE, to_file=st.booleans(), rows_per_bucket=st.sampled_from([2500, 6000, 20000]),
+@given(free=FREE, to_file=st.booleans(), rows_per_part=st.sampled_from([2500, 6000, 20000]),
        method=st.sampled_from(["top", "grades"]), cli=VIA_CLI)
 def test_a_full_disk_is_one_line_and_a_rerun_with_room_finishes_as_a_clean_run(small_disk, spill_input, tmp_path_factory,
-                                                                                free, to_file, rows_per_bucket, method,
+                                                                                free, to_file, rows_per_part, method,
                                                                                 cli):
     """A job on a disk with ``free`` bytes left finishes, or stops with one
     `MrtInputError` line saying the disk is full (the CLI: exit 2, one line); with
@@ -585,18 +585,18 @@ def test_a_full_disk_is_one_line_and_a_rerun_with_room_finishes_as_a_clean_run(s
     byte for byte)."""
     name = "o.parquet" if to_file else "o"
     clean = tmp_path_factory.mktemp("clean") / name
-    select_dataset(spill_input, clean, 2, method, rows_per_bucket=rows_per_bucket)
+    select_dataset(spill_input, clean, 2, method, rows_per_part=rows_per_part)
     before = snapshot(spill_input)
     out = small_disk / name
     leave_free(small_disk, free)
-    got = run_case(spill_input, out, 2, method, cli, rows_per_bucket=rows_per_bucket)
+    got = run_case(spill_input, out, 2, method, cli, rows_per_part=rows_per_part)
     note(f"{free} bytes free: {got}")
     if got[0] == "input_error":
         msg = one_line(got[1])
         assert "no space left on device while" in msg and "bytes free" in msg and "rerun" in msg, msg
         assert str(spill_input) not in msg, "a full disk blamed on the input"
         (small_disk / "ballast").unlink()
-        got = run_case(spill_input, out, 2, method, cli, rows_per_bucket=rows_per_bucket)
+        got = run_case(spill_input, out, 2, method, cli, rows_per_part=rows_per_part)
     assert got[0] == "ok", got[1]
     assert snapshot(spill_input) == before
     if to_file:

@@ -25,6 +25,8 @@ bucket or part in memory -> its kept rows), :func:`write_part` and
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import re
@@ -153,13 +155,20 @@ def select_frame(df: pl.DataFrame, opts: SelectOptions, *, layout: str = "flat",
         df = pool_modes(df, by=opts.by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes, seed=opts.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallPoolWarning)
-        kept, rep = select(df, options=opts, return_report=True)
+        kept, rep = select(df, options=_flat(opts), return_report=True)
     if ROW in kept.columns:
         if first:
             f = df.group_by(opts.by).agg(pl.col(ROW).min().alias(FIRST))
             kept = kept.join(f, on=opts.by, how="left", maintain_order="left")
         kept = kept.drop(ROW)
     return kept, rep
+
+
+def _flat(opts: SelectOptions) -> SelectOptions:
+    """The options for the flat rows a bucket or an exploded grouped part holds."""
+    if opts.layout == "flat" and opts.candidate_columns is None:
+        return opts
+    return dataclasses.replace(opts, layout="flat", candidate_columns=None)
 
 
 def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
@@ -205,7 +214,7 @@ def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
                               seed=opts.seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SmallPoolWarning)
-            kept, rep = select(flat, options=opts, return_report=True)
+            kept, rep = select(flat, options=_flat(opts), return_report=True)
     except MrtInputError as e:  # a candidate's row -> its prompt's row
         if e.row is None or not 0 <= e.row < flat.height:
             raise
