@@ -146,3 +146,15 @@ def test_dpo_file_trains_with_trls_dpo_trainer_offline(tmp_path):
     trainer = trl.DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     out = trainer.train()
     assert out.global_step == 1 and np.isfinite(out.training_loss)
+
+
+def test_cli_exports_dpo_pairs_with_margin_and_cap(tmp_path):
+    PREF.write_parquet(tmp_path / "kept.parquet")
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "kept.parquet"), str(tmp_path / "p.jsonl"), "--format", "dpo",
+                                 "--min-margin", "0.5", "--max-pairs", "1"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [(x["chosen"], x["rejected"]) for x in rows] == [("b", "c"), ("h", "i")]
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "kept.parquet"), str(tmp_path / "q.jsonl"), "--format", "dpo",
+                                 "--min-margin", "-1"])
+    assert r.exit_code == 2 and "min_margin" in r.output

@@ -199,3 +199,15 @@ def test_config_paths_are_relative_to_the_yaml_file_and_overrides_apply(tmp_path
         RunConfig.from_yaml(tmp_path / "exp" / "cfg.yaml", {"trian.max_steps": 1})
     with pytest.raises(MrtInputError, match="does not exist"):
         RunConfig.from_yaml(tmp_path / "nope.yaml")
+
+
+def test_mrt_run_set_and_out_dir_are_checked_before_any_model_loads(tmp_path):
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+
+    (tmp_path / "cfg.yaml").write_text("out_dir: runs/a\nmodel: nowhere\ndata: {train_prompts: a.jsonl, eval: b.jsonl}\n")
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "cfg.yaml"), "--set", "trian.max_steps=1"])
+    assert r.exit_code == 2 and "unknown config key 'trian'" in r.output
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "cfg.yaml"), "--set", "train.max_steps", "--out-dir", "x"])
+    assert r.exit_code == 2 and "key=value" in r.output

@@ -198,12 +198,21 @@ def run_cmd(
     config: Path = typer.Argument(..., help="Experiment YAML (see docs/pipeline.md)."),
     k: Optional[str] = typer.Option(None, "--k", help="Override select.ks: 'auto' (K from the variance advisor, "
                                     "needs select.cost_prompt and select.cost_response) or a list like '1,2,4'."),
+    sets: Optional[list[str]] = typer.Option(None, "--set", help="Override a config value: key=value with a dotted "
+                                             "key (--set train.max_steps=2 --set generate.n=4); repeatable."),
+    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Override out_dir (relative to the current "
+                                           "directory)."),
 ) -> None:
-    """Generate -> embed -> score -> select -> train -> evaluate over a method x K grid; writes results."""
+    """Generate -> embed -> score -> select -> train -> evaluate over a method x K grid; writes results.
+
+    Relative paths in the config are relative to the YAML file."""
     from mrt_fast.llm.pipeline import RunConfig, results_markdown, run
 
     with user_errors():
-        cfg = RunConfig.from_yaml(config)
+        overrides = kv_options(sets)
+        if out_dir is not None:
+            overrides["out_dir"] = str(out_dir)
+        cfg = RunConfig.from_yaml(config, overrides)
         if k is not None:
             cfg.select = {**cfg.select, "ks": k}
         res = run(cfg)
@@ -216,14 +225,17 @@ def export_cmd(
     kept: Path = typer.Argument(..., help="Kept rows (from mrt select: a file, a dataset directory or a quoted "
                                 "glob): prompt_id, prompt, response[, weight, reward]."),
     out: Path = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet)."),
-    fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight) or openrlhf (input/output/reward)."),
+    fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight), openrlhf (input/output/reward), "
+                            "dpo (prompt/chosen/rejected pairs from the rewards) or kto (prompt/completion/label)."),
     conversational: bool = typer.Option(False, "--conversational", help="TRL: user/assistant message lists."),
+    min_margin: float = typer.Option(0.0, "--min-margin", help="dpo: the least reward gap of a pair."),
+    max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="dpo: at most this many pairs a prompt."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
     response: str = typer.Option("response", help="Response text column."),
     reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
 ) -> None:
-    """Write kept rows as a TRL or OpenRLHF training file."""
+    """Write kept rows as a TRL (SFT, DPO, KTO) or OpenRLHF training file."""
     from mrt_fast.llm.export import export
 
     from mrt_fast.datasets import formats as _formats
@@ -231,5 +243,5 @@ def export_cmd(
     with user_errors():
         rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(kept, dataset=True), kept))
         res = export(rows, out, fmt, conversational=conversational, by=by, prompt=prompt, response=response,
-                     reward=reward)
+                     reward=reward, min_margin=min_margin, max_pairs=max_pairs)
     console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")
