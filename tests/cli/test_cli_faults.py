@@ -333,3 +333,21 @@ def test_generate_refuses_a_corrupt_settings_file_of_an_earlier_run(tmp_path):
     r = invoke("generate", inp, tmp_path / "out.parquet", "--model", tmp_path / "no-model", "--n", "2")
     one_line_exit_2(r, "meta.json")
     assert (parts / "meta.json").exists()
+
+
+def test_help_and_a_one_line_error_import_no_heavy_stack(tmp_path):
+    """`mrt --help` and a bad-input error load neither pandas, torch, ray, transformers, faiss,
+    matplotlib nor pyarrow's dataset layer: a user waits only on what the command needs."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom mrt_fast.cli import app\n"
+            "for argv in (['--help'], ['select', sys.argv[1], sys.argv[2], '--k', '2']):\n"
+            "    try:\n        app(argv)\n    except SystemExit:\n        pass\n"
+            "heavy = {'pandas', 'torch', 'ray', 'transformers', 'faiss', 'sentence_transformers', 'matplotlib',"
+            " 'scipy', 'datasets', 'pyarrow.dataset'}\n"
+            "print('HEAVY', sorted(heavy & set(sys.modules)))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "missing.parquet"), str(tmp_path / "o.parquet")],
+                       capture_output=True, text=True)
+    assert "HEAVY []" in r.stdout, r.stdout + r.stderr
+    assert "does not exist" in r.stderr or "does not exist" in r.stdout
