@@ -180,3 +180,13 @@ def test_parts_means_the_same_on_the_local_engine(tmp_path):
     assert Manifest.read(out).n_parts == 3
     rep = select_dataset(tmp_path / "in", tmp_path / "rows", 2, "grades", rows_per_part=(df.height + 1) // 2)
     assert rep.n_parts == 2
+
+
+@pytest.mark.parametrize("name", ["kept.json", "x.arrow", "out.v2"])
+def test_an_unknown_output_suffix_is_refused_never_a_directory(tmp_path, name):
+    from mrt_fast.datasets.local import select_dataset
+
+    pl.DataFrame({"prompt_id": [1, 1, 2], "reward": [0.1, 0.2, 0.3]}).write_parquet(tmp_path / "in.parquet")
+    with pytest.raises(MrtInputError, match="unsupported format"):
+        select_dataset(tmp_path / "in.parquet", tmp_path / name, 1, "top")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]

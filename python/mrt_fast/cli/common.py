@@ -111,6 +111,39 @@ def check_input_table(path: Path, columns: tuple[str, ...] = (), role: str = "in
     return lf
 
 
+def check_text_columns(lf, path: Path, columns: tuple[str, ...]) -> None:
+    """Text columns hold text (one string, or a list of strings in the grouped layout) and no null,
+    checked before any model loads; the first null is named by its row."""
+    import polars as pl
+
+    from mrt_fast.errors import MrtInputError
+
+    schema = lf.collect_schema()
+    for c in columns:
+        t = schema[c]
+        if t != pl.Utf8 and not (isinstance(t, pl.List) and t.inner == pl.Utf8):
+            raise MrtInputError(f"column {c!r} must hold text, got {t}", column=c)
+    nulls = lf.select([pl.col(c).is_null().arg_max().alias(c) for c in columns]
+                      + [pl.col(c).null_count().alias(f"__n_{c}") for c in columns]).collect()
+    for c in columns:
+        if nulls[f"__n_{c}"][0]:
+            row = int(nulls[c][0])
+            raise MrtInputError(f"{str(path)!r}: column {c!r} is null in row {row}", column=c, row=row)
+
+
+def check_job_output(out: Path) -> None:
+    """Check a dataset job's output before any work (and before a model loads): a directory
+    (an existing one, or a name without a table suffix) that can be made, or a table file."""
+    from mrt_fast._util.files import check_output_dir
+    from mrt_fast.datasets.formats import check_output
+    from mrt_fast.datasets.job import is_directory_output
+
+    if is_directory_output(Path(out)):
+        check_output_dir(out)
+    else:
+        check_output(out)
+
+
 def needs(extra: str):
     """An ImportError of an optional stack becomes one line naming the extra."""
 

@@ -10,6 +10,8 @@ import typer
 from mrt_fast.cli.common import (
     app,
     check_input_table,
+    check_job_output,
+    check_text_columns,
     console,
     kv_options,
     needs,
@@ -30,11 +32,13 @@ def nll_cmd(
     max_length: int = typer.Option(None, help="Truncate pairs longer than this many tokens as training does."),
     prompt_format: str = typer.Option("auto", help="auto (chat template when the tokenizer has one) | chat | plain; "
                                       "use the setting training will use."),
+    device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda[:N] | mps."),
+    rows_per_part: int = typer.Option(50_000, "--rows-per-part", help="Directory output: input rows per part."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output an earlier mrt job wrote."),
 ) -> None:
-    """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM."""
-    import polars as pl
+    """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM.
 
-    from mrt_fast.datasets import formats as _formats
+    OUTPUT with a suffix is one file; without, a resumable directory of parts. Either layout."""
     from mrt_fast.errors import MrtInputError
 
     with user_errors():
@@ -45,33 +49,32 @@ def nll_cmd(
         lf = check_input_table(inp, (prompt, response), dataset=True)
         if loss in lf.collect_schema().names():
             raise MrtInputError(f"{str(inp)!r} already has a {loss!r} column", column=loss)
-        _formats.check_output(out)
-        df = _formats.decode_embedding_columns(_formats.collect(lf, inp))
-        for c in (prompt, response):
-            if df[c].dtype != pl.Utf8:
-                raise MrtInputError(f"column {c!r} must hold text, got {df[c].dtype}", column=c)
-            if df[c].null_count():
-                row = int(df[c].is_null().arg_true()[0])
-                raise MrtInputError(f"column {c!r} is null in row {row}", column=c, row=row)
+        check_text_columns(lf, inp, (prompt, response))
+        check_job_output(out)
+        if model != "smollm2" and not Path(model).is_dir():
+            raise MrtInputError(f"--model {model!r}: not 'smollm2' and not a local model directory")
         with needs("train"):
-            from mrt_fast.llm.nll import load_smollm2, response_nll
+            from mrt_fast._util.device import resolve_device
+            from mrt_fast.llm.dataset_stages import nll_dataset
+            from mrt_fast.llm.nll import load_smollm2
 
-            if model == "smollm2":
-                m, tok = load_smollm2()
-            else:
-                if not Path(model).is_dir():
-                    raise MrtInputError(f"--model {model!r}: not 'smollm2' and not a local model directory")
+            dev = resolve_device(device)
+
+            def loader():
+                if model == "smollm2":
+                    return load_smollm2()
                 from transformers import AutoModelForCausalLM, AutoTokenizer
 
                 tok = AutoTokenizer.from_pretrained(model)
-                m = AutoModelForCausalLM.from_pretrained(model)
                 if tok.pad_token_id is None:
                     tok.pad_token = tok.eos_token
-        vals = response_nll(m, tok, df[prompt].to_list(), df[response].to_list(),
-                            batch_size=batch_size, max_length=max_length, prompt_format=prompt_format)
-        res = df.with_columns(pl.Series(loss, vals))
-        _formats.write_table(res, out)
-    console.print(f"wrote {len(res)} rows with {loss!r} to {out}")
+                return AutoModelForCausalLM.from_pretrained(model), tok
+
+            loader.model_id = model
+            rep = nll_dataset(inp, out, loader=loader, prompt=prompt, response=response, loss=loss,
+                              batch_size=batch_size, max_length=max_length, prompt_format=prompt_format, device=dev,
+                              rows_per_part=rows_per_part, overwrite=overwrite)
+    console.print(f"{rep}; {loss!r} written to {out}")
 
 
 @app.command("generate")
@@ -115,25 +118,35 @@ def generate_cmd(
 def score_cmd(
     inp: Path = typer.Argument(..., help="Candidate table with prompt and response columns: a file, a "
                                "directory (an mrt output included) or a quoted glob."),
-    out: Path = typer.Argument(..., help="Output table with a reward column."),
+    out: Path = typer.Argument(..., help="Output with a reward column: a file, or a resumable directory."),
     model: str = typer.Option(..., "--model", help="Sequence-classification reward model (num_labels=1)."),
     batch_size: int = typer.Option(16),
+    prompt: str = typer.Option("prompt", help="Prompt text column."),
+    response: str = typer.Option("response", help="Response text column."),
+    column: str = typer.Option("reward", help="Name of the reward column written."),
+    device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda[:N] | mps."),
+    rows_per_part: int = typer.Option(50_000, "--rows-per-part", help="Directory output: input rows per part."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output an earlier mrt job wrote."),
 ) -> None:
-    """Score every (prompt, response) with a reward model."""
-    from mrt_fast.datasets import formats as _formats
+    """Score every (prompt, response) with a reward model; either layout, resumable to a directory."""
     from mrt_fast.errors import MrtInputError
 
     with user_errors():
         if batch_size < 1:
             raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
-        lf = check_input_table(inp, ("prompt", "response"), dataset=True)
-        _formats.check_output(out)
+        lf = check_input_table(inp, (prompt, response), dataset=True)
+        if column in lf.collect_schema().names():
+            raise MrtInputError(f"{str(inp)!r} already has a {column!r} column", column=column)
+        check_text_columns(lf, inp, (prompt, response))
+        check_job_output(out)
         with needs("train"):
-            from mrt_fast.llm.reward import score
+            from mrt_fast._util.device import resolve_device
+            from mrt_fast.llm.dataset_stages import score_dataset
 
-            df = score(_formats.decode_embedding_columns(_formats.collect(lf, inp)), model, batch_size=batch_size)
-        _formats.write_table(df, out)
-    console.print(f"scored {df.height} rows -> {out}; reward mean {df['reward'].mean():.4f}")
+            rep = score_dataset(inp, out, model, prompt=prompt, response=response, column=column,
+                                batch_size=batch_size, device=resolve_device(device), rows_per_part=rows_per_part,
+                                overwrite=overwrite)
+    console.print(f"{rep}; {column!r} written to {out}")
 
 
 @app.command("train")

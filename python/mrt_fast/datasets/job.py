@@ -88,8 +88,13 @@ def stopping_after(n: int):
 
 
 def is_directory_output(out: Path) -> bool:
-    """A directory output: an existing directory, or a name without a table suffix."""
-    return out.is_dir() or out.suffix.lower() not in _formats.FORMATS
+    """A directory output: an existing directory, or a name without a suffix. A name with a
+    suffix is a file, and a suffix that is no table format is refused (never silently a directory)."""
+    out = Path(out)
+    if out.is_dir() or not out.suffix:
+        return True
+    _formats.fmt_of(out, "output")
+    return False
 
 
 class Job:
