@@ -482,3 +482,47 @@ def test_every_knob_of_select_runs_on_ray_and_the_directory_reads_as_it_stands(t
     lazy = D.collect(D.select(ds, options=opts))
     assert lazy.sort(["prompt_id", "pick_rank"]).equals(mrt_fast.select(df, options=opts)
                                                         .sort(["prompt_id", "pick_rank"]))
+
+
+@pytest.mark.embed
+def test_embed_on_ray_writes_the_local_engines_parts_and_resumes(tmp_path):
+    """`embed_dataset(engine="ray")`: parts written by Ray workers (each loads the model once), the
+    same rows as the local engine, a directory readable as it stands, resumed after a lost part."""
+    from mrt_fast.datasets.job import part_path
+    from mrt_fast.embeddings.dataset import embed_dataset
+
+    df = pl.DataFrame({"prompt_id": np.repeat(np.arange(5), 3),
+                       "response": [f"answer number {i} about topic {i % 4}" for i in range(15)]})
+    (tmp_path / "in").mkdir()
+    df.head(7).write_parquet(tmp_path / "in" / "a.parquet")
+    df.tail(8).write_parquet(tmp_path / "in" / "b.parquet")
+    local = embed_dataset(tmp_path / "in", tmp_path / "local.parquet", cache_dir=False, rows_per_part=4)
+    rep = embed_dataset(tmp_path / "in", tmp_path / "ray", cache_dir=False, rows_per_part=4, engine="ray",
+                        workers=2)
+    assert rep.parts == 4 and rep.parts_done_now == 4 and local.rows == 15
+    want = pl.read_parquet(tmp_path / "local.parquet")
+    got = pl.read_parquet(tmp_path / "ray")
+    assert got.select("prompt_id", "response").equals(want.select("prompt_id", "response"))
+    np.testing.assert_allclose(np.array(got["embedding"].to_list()), np.array(want["embedding"].to_list()),
+                               rtol=1e-5, atol=1e-6)
+    part_path(tmp_path / "ray", 2).unlink()
+    again = embed_dataset(tmp_path / "in", tmp_path / "ray", cache_dir=False, rows_per_part=4, engine="ray")
+    assert again.resumed and again.parts_done_now == 1
+    assert pl.read_parquet(tmp_path / "ray").select("response").equals(want.select("response"))
+    f = embed_dataset(tmp_path / "in", tmp_path / "ray.parquet", cache_dir=False, rows_per_part=4, engine="ray")
+    assert f.rows == 15 and pl.read_parquet(tmp_path / "ray.parquet").select("response").equals(
+        want.select("response"))
+
+
+def test_embed_flags_that_do_not_apply_to_ray_are_refused(tmp_path):
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+
+    pl.DataFrame({"response": ["a"]}).write_parquet(tmp_path / "in.parquet")
+    r = CliRunner().invoke(app, ["embed", str(tmp_path / "in.parquet"), str(tmp_path / "o"), "--engine", "ray",
+                                 "--processes", "2"])
+    assert r.exit_code == 2 and "--processes applies to --engine local only" in r.output
+    r = CliRunner().invoke(app, ["embed", str(tmp_path / "in.parquet"), str(tmp_path / "o"), "--workers", "2"])
+    assert r.exit_code == 2 and "--workers applies to --engine ray only" in r.output
+    assert not (tmp_path / "o").exists()

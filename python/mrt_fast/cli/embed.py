@@ -10,6 +10,7 @@ from rich.table import Table
 
 from mrt_fast.cli.common import (
     app,
+    check_engine,
     console,
     user_errors,
 )
@@ -36,6 +37,12 @@ def embed_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output directory of another job "
                                    "(deletes only the files a job wrote)."),
     chunk_rows: int = typer.Option(100_000, "--chunk-rows", help="Rows read and embedded per part."),
+    engine: str = typer.Option("local", "--engine", help="local (this machine) or ray (a Ray cluster: each "
+                               "worker loads the model once and embeds whole parts)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: the cluster to join "
+                                              "(default: start or join a local one)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="--engine ray: model workers (default: the "
+                                          "cluster's CPUs)."),
 ) -> None:
     """Add unit-norm sentence embeddings of a text column to a table or dataset (resumable to a directory)."""
     import shlex
@@ -62,6 +69,8 @@ def embed_cmd(
             raise typer.BadParameter("--chunk-rows must be >= 1")
         if processes < 1:
             raise typer.BadParameter("--processes must be >= 1")
+        check_engine(engine, ray_address, local_only={"--processes": processes if processes != 1 else None},
+                     ray_only={"--workers": workers})
         command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
         with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                       _TextsPerSecond(), TimeElapsedColumn(), console=console, transient=True) as prog:
@@ -74,7 +83,9 @@ def embed_cmd(
                 inp, out, text=text, column=column, model=model, batch_size=batch_size,
                 cache_dir=False if no_cache else cache_dir, device=device, processes=processes,
                 overwrite_column=overwrite_column, overwrite=overwrite, rows_per_part=chunk_rows,
-                progress=lambda k: prog.advance(task, k), on_total=on_total, command=command,
+                progress=(lambda k: prog.advance(task, k)) if engine == "local" else None,
+                on_total=on_total if engine == "local" else None, command=command,
+                engine=engine, ray_address=ray_address, workers=workers,
             )
     if rep.already_done:
         console.print(f"{out} is already complete ({rep.parts} part(s), {rep.rows} rows); nothing to do",

@@ -981,3 +981,79 @@ def _variance_budget_files(source: Any, *, by: str = "prompt_id", loss: str = "l
         raise MrtInputError(f"column {loss!r} (loss) must be numeric, got {schema[loss]}", column=loss)
     init(address)
     return variance_budget(read(src, columns=[by, loss]), by=by, loss=loss, layout="flat", **options)
+
+
+# --------------------------------------------------------------------------- row stages on Ray
+
+
+class _RowPartWorker:
+    """A Ray actor running a row stage: ``make_stage()`` once (a model loaded once per worker), then
+    for each part index of a batch, that part's input rows read, mapped and (for a directory) written."""
+
+    def __init__(self, source: str, make_stage: Any, per: int, out_dir: str | None):
+        from mrt_fast.datasets.sources import discover
+
+        self.ds = discover(source)
+        self.stage = make_stage()
+        self.per, self.out_dir = per, out_dir
+        self.__name__ = "row_stage_part"
+
+    def __call__(self, batch: dict) -> dict:
+        from mrt_fast.datasets.job import write_part
+
+        parts, rows, tables = [], [], []
+        for i in batch["part"]:
+            i = int(i)
+            df = self.ds.scan().slice(i * self.per, self.per).collect()
+            res = self.stage(df)
+            if self.out_dir is not None:
+                rows.append(write_part(res, Path(self.out_dir), i))
+            else:
+                rows.append(res.height)
+                tables.append(res.write_ipc(None).getvalue())
+            parts.append(i)
+        out = {"part": np.asarray(parts, dtype=np.int64), "rows": np.asarray(rows, dtype=np.int64)}
+        if self.out_dir is None:
+            out["ipc"] = np.asarray(tables, dtype=object)
+        return out
+
+
+def run_row_parts(job: Any, make_stage: Any, *, rows_per_part: int, n_rows: int, workers: int | None = None,
+                  address: str | None = None) -> dict[str, int]:
+    """The Ray executor of a row-wise stage, the counterpart of
+    :func:`mrt_fast.datasets.job.run_row_parts`: part ``i`` is input rows ``[i r, (i + 1) r)``,
+    mapped by ``make_stage()`` (built once per worker) on a pool of ``workers`` actors (default: the
+    cluster's CPUs); a directory's parts are written by the workers and recorded by the job, a
+    file's rows gathered here. Returns ``{"parts", "parts_done_now", "rows_out"}``."""
+    import io
+
+    per = int(job.rows_per_part or rows_per_part)
+    n_parts = job.n_parts or max(1, -(-n_rows // per))
+    todo = job.start(n_parts, rows_per_part=per, n_rows=n_rows)
+    done = {"parts": n_parts, "parts_done_now": len(todo), "rows_out": 0}
+    if not todo:
+        if job.to_dir:
+            job.finish()
+        return done
+    init(address)
+    ray = _ray()
+    n_workers = max(1, min(len(todo), workers or int(ray.cluster_resources().get("CPU", 1))))
+    out_dir = str(job.out) if job.to_dir else None
+    results: dict[int, pl.DataFrame] = {}
+    with _Unwrapping(), _QuietInputErrors(), _quiet_remote_args():
+        items = ray.data.from_items([{"part": i} for i in todo], override_num_blocks=len(todo))
+        mapped = items.map_batches(_RowPartWorker, batch_size=1, concurrency=n_workers, batch_format="numpy",
+                                   fn_constructor_kwargs={"source": job.ds.source, "make_stage": make_stage,
+                                                          "per": per, "out_dir": out_dir})
+        for b in mapped.iter_batches(batch_size=None, batch_format="numpy"):
+            for j, i in enumerate(b["part"]):
+                done["rows_out"] += int(b["rows"][j])
+                if out_dir is not None:
+                    job.record_written(int(i), int(b["rows"][j]))
+                else:
+                    results[int(i)] = pl.read_ipc(io.BytesIO(b["ipc"][j]))
+    if job.to_dir:
+        job.finish()
+    else:
+        job.write_file([results[i] for i in sorted(results)])
+    return done

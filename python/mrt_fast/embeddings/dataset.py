@@ -72,6 +72,9 @@ def embed_dataset(
     progress: Callable[[int], None] | None = None,
     on_total: Callable[[int, int], None] | None = None,
     command: str | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
+    workers: int | None = None,
 ) -> EmbedReport:
     """Add an embedding column to every row of a dataset (see the module doc).
 
@@ -79,6 +82,8 @@ def embed_dataset(
     ``rows_per_part`` consecutive input rows. ``progress(n)`` is called as
     ``n`` more texts are done; ``on_total(total, already_done)`` once the work
     is known. The other options are those of :func:`mrt_fast.embeddings.embed.embed`.
+    ``engine="ray"`` runs the parts on a Ray cluster (``ray_address``; ``workers`` actors, each
+    loading the model once), with the same parts, manifest and resume as the local engine.
     """
     from mrt_fast.datasets.job import Job, run_row_parts
     from mrt_fast.embeddings.embed import check_model, check_output_column, embed
@@ -86,6 +91,11 @@ def embed_dataset(
     t0 = time.perf_counter()
     if isinstance(rows_per_part, bool) or not isinstance(rows_per_part, int) or rows_per_part < 1:
         raise MrtInputError(f"rows_per_part must be an integer >= 1, got {rows_per_part!r}")
+    if engine not in ("local", "ray"):
+        raise MrtInputError(f"engine must be 'local' or 'ray', got {engine!r}")
+    if engine == "ray" and (progress is not None or processes != 1):
+        raise MrtInputError("on the Ray engine each worker embeds its own parts: progress callbacks and "
+                            "processes apply to the local engine only")
     ds = _sources.discover(source)
     schema = ds.check_columns([(text, "text to embed")])
     names = list(schema.names())
@@ -119,12 +129,34 @@ def embed_dataset(
             rep.from_cache += st.get("hits", 0)
             return df
 
-        r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n, on_total=on_total)
+        if engine == "ray":
+            from mrt_fast.datasets import ray_engine
+
+            ray_kw = {k: v for k, v in kw.items() if k not in ("callback", "progress")}
+            r = ray_engine.run_row_parts(job, EmbedRows(ray_kw), rows_per_part=rows_per_part, n_rows=n,
+                                         workers=workers, address=ray_address)
+            r["rows_done_now"] = min(n, r["parts_done_now"] * rows_per_part)
+        else:
+            r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n, on_total=on_total)
         rep.parts_done_now = r["parts_done_now"] if job.to_dir else 1
         rep.rows_done_now = r["rows_done_now"]
         rep.embed_seconds = time.perf_counter() - t_work
         rep.seconds = time.perf_counter() - t0
         return rep
+
+
+class EmbedRows:
+    """The embed stage as a picklable factory for executors in other processes: ``EmbedRows(kw)()``
+    is the function of a part, :func:`mrt_fast.embeddings.embed.embed` with ``kw``."""
+
+    def __init__(self, kw: dict):
+        self.kw = kw
+
+    def __call__(self) -> Callable[[pl.DataFrame], pl.DataFrame]:
+        from mrt_fast.embeddings.embed import embed
+
+        kw = {**self.kw, "progress": False}
+        return lambda df: embed(df, **kw)
 
 
 def read_dataset(path: str | os.PathLike) -> pl.DataFrame:
