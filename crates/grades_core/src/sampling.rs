@@ -3,7 +3,12 @@
 //!
 //! Random draws are seeded per pool from `(seed, key)`, where `key` is the
 //! 64-bit key of the pool's prompt id ([`crate::keys`]), so a pool's draw does
-//! not depend on row order, sharding or the number of threads.
+//! not depend on the other pools, sharding or the number of threads. Given
+//! per-row content keys ([`crate::keys::content_key`]), each candidate draws
+//! its own priority from `(seed, key, content)` and the smallest priorities
+//! are kept: a uniform draw without replacement that does not depend on the
+//! order of the pool's rows either (rows with equal content are
+//! interchangeable). Top-K breaks equal rewards by content key the same way.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -39,6 +44,27 @@ pub fn sample_without_replacement(rng: &mut ChaCha8Rng, n: usize, k: usize) -> V
     }
     v.truncate(k);
     v
+}
+
+/// The priority of a candidate with content key `content` in the pool drawn
+/// from `(seed, key)`.
+#[inline]
+fn priority(seed: u64, key: u64, content: u64) -> u64 {
+    mix(mix(mix(seed) ^ key) ^ content)
+}
+
+/// The `k` of `members` (positions in the pool) with the smallest priorities
+/// (then content keys, then positions), in that order.
+fn draw_by_content(members: &[usize], content: &dyn Fn(usize) -> u64, seed: u64, key: u64, k: usize) -> Vec<usize> {
+    let mut v: Vec<(u64, u64, usize)> = members
+        .iter()
+        .map(|&i| {
+            let c = content(i);
+            (priority(seed, key, c), c, i)
+        })
+        .collect();
+    v.sort_unstable();
+    v.into_iter().take(k).map(|t| t.2).collect()
 }
 
 /// Selected candidates of many pools: `indices[offsets[p]..offsets[p+1]]` are
@@ -80,15 +106,31 @@ fn check_k(k: usize) -> Result<()> {
     Ok(())
 }
 
-/// Random-K: `min(k, n)` uniformly without replacement in every pool.
-pub fn random_k(layout: &Layout<'_>, keys: &[u64], k: usize, seed: u64) -> Result<Picks> {
+fn check_content(layout: &Layout<'_>, content: Option<&[u64]>) -> Result<()> {
+    match content {
+        Some(c) if c.len() != layout.n_rows() => {
+            invalid(format!("content keys have {} entries but there are {} rows", c.len(), layout.n_rows()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Random-K: `min(k, n)` uniformly without replacement in every pool; by
+/// content priorities when `content` (per row) is given, else by position.
+pub fn random_k(layout: &Layout<'_>, keys: &[u64], k: usize, seed: u64, content: Option<&[u64]>) -> Result<Picks> {
     check_k(k)?;
     check_keys(layout, keys)?;
+    check_content(layout, content)?;
     let per: Vec<_> = (0..layout.n_pools())
         .into_par_iter()
         .map(|p| {
-            let mut rng = pool_rng(seed, keys[p]);
-            let idx = sample_without_replacement(&mut rng, layout.len(p), k);
+            let idx = match content {
+                Some(c) => {
+                    let all: Vec<usize> = (0..layout.len(p)).collect();
+                    draw_by_content(&all, &|i| c[layout.row(p, i)], seed, keys[p], k)
+                }
+                None => sample_without_replacement(&mut pool_rng(seed, keys[p]), layout.len(p), k),
+            };
             let w = vec![1.0; idx.len()];
             (idx, w, 0u64)
         })
@@ -96,10 +138,12 @@ pub fn random_k(layout: &Layout<'_>, keys: &[u64], k: usize, seed: u64) -> Resul
     Ok(Picks::from_pools(per))
 }
 
-/// Top-K: the `min(k, n)` largest rewards of every pool, ties to the lower
-/// index (a stable descending sort). `rewards` is indexed by row.
-pub fn top_k(layout: &Layout<'_>, rewards: &[f64], k: usize) -> Result<Picks> {
+/// Top-K: the `min(k, n)` largest rewards of every pool, equal rewards by
+/// the smaller content key when `content` (per row) is given, then the lower
+/// index. `rewards` is indexed by row.
+pub fn top_k(layout: &Layout<'_>, rewards: &[f64], k: usize, content: Option<&[u64]>) -> Result<Picks> {
     check_k(k)?;
+    check_content(layout, content)?;
     if rewards.len() != layout.n_rows() {
         return invalid(format!("rewards has {} entries but there are {} rows", rewards.len(), layout.n_rows()));
     }
@@ -118,7 +162,8 @@ pub fn top_k(layout: &Layout<'_>, rewards: &[f64], k: usize) -> Result<Picks> {
             }
             let mut idx: Vec<usize> = (0..n).collect();
             // finite values (checked above); -0.0 and 0.0 tie, as they compare equal
-            idx.sort_by(|&a, &b| r[b].partial_cmp(&r[a]).unwrap_or(std::cmp::Ordering::Equal));
+            let ck = |i: usize| content.map_or(0, |c| c[layout.row(p, i)]);
+            idx.sort_by(|&a, &b| r[b].partial_cmp(&r[a]).unwrap_or(std::cmp::Ordering::Equal).then(ck(a).cmp(&ck(b))));
             idx.truncate(k.min(n));
             let w = vec![1.0; idx.len()];
             Ok((idx, w, 0u64))
@@ -153,13 +198,22 @@ pub fn largest_remainder(counts: &[usize], k: usize) -> Vec<usize> {
 
 /// Mode-stratified K. `modes` (indexed by row) labels each candidate's mode.
 /// Each pool allocates `k` over its modes by largest remainder of `k p_m`
-/// and draws uniformly inside each mode. Each pick carries the weight
+/// and draws uniformly inside each mode (by content priorities when
+/// `content` is given, as [`random_k`]). Each pick carries the weight
 /// `k p_m / k_m`, which makes the weighted mean of the picks an unbiased
 /// estimate of the pool mean whenever every mode gets a pick; modes that got
 /// none are counted in `modes_missed`.
-pub fn stratified_k(layout: &Layout<'_>, modes: &[i64], keys: &[u64], k: usize, seed: u64) -> Result<Picks> {
+pub fn stratified_k(
+    layout: &Layout<'_>,
+    modes: &[i64],
+    keys: &[u64],
+    k: usize,
+    seed: u64,
+    content: Option<&[u64]>,
+) -> Result<Picks> {
     check_k(k)?;
     check_keys(layout, keys)?;
+    check_content(layout, content)?;
     if modes.len() != layout.n_rows() {
         return invalid(format!("modes has {} entries but there are {} rows", modes.len(), layout.n_rows()));
     }
@@ -198,8 +252,14 @@ pub fn stratified_k(layout: &Layout<'_>, modes: &[i64], keys: &[u64], k: usize, 
                     continue;
                 }
                 let wt = kk as f64 * (mem.len() as f64 / n as f64) / km as f64;
-                for pos in sample_without_replacement(&mut rng, mem.len(), km) {
-                    idx.push(mem[pos]);
+                let drawn = match content {
+                    Some(c) => draw_by_content(mem, &|i| c[layout.row(p, i)], seed, keys[p], km),
+                    None => {
+                        sample_without_replacement(&mut rng, mem.len(), km).into_iter().map(|pos| mem[pos]).collect()
+                    }
+                };
+                for i in drawn {
+                    idx.push(i);
                     w.push(wt);
                 }
             }
