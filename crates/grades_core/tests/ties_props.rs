@@ -120,22 +120,31 @@ proptest! {
         let n = x.len();
         let flat: Vec<f32> = x.iter().flatten().copied().collect();
         let ck = content_keys(&flat, D, Some(&r), None).unwrap();
+        // duplicate classes: the embedding alone
+        let dk = content_keys(&flat, D, None, None).unwrap();
         let pi = perm(n, seed);
         let ckp: Vec<u64> = pi.iter().map(|&i| ck[i]).collect();
+        let dkp: Vec<u64> = pi.iter().map(|&i| dk[i]).collect();
+        let mut classes = dk.clone();
+        classes.sort();
+        classes.dedup();
+        let distinct = |idx: &[u64]| { let mut v: Vec<u64> = idx.iter().map(|&i| dk[i as usize]).collect(); v.sort(); v.dedup(); v.len() };
         let rp: Vec<f64> = pi.iter().map(|&i| r[i]).collect();
         let mp: Vec<i64> = pi.iter().map(|&i| modes[i]).collect();
         let off = [0u64, n as u64];
         let lay = grades_core::pools::Layout::new(&off, None, n).unwrap();
         let keys = [77u64];
         let by_content = |idx: &[u64], c: &[u64]| { let mut v: Vec<u64> = idx.iter().map(|&i| c[i as usize]).collect(); v.sort(); v };
-        let a = random_k(&lay, &keys, k, draw, Some(&ck)).unwrap();
-        let b = random_k(&lay, &keys, k, draw, Some(&ckp)).unwrap();
+        let a = random_k(&lay, &keys, k, draw, Some(&ck), Some(&dk)).unwrap();
+        let b = random_k(&lay, &keys, k, draw, Some(&ckp), Some(&dkp)).unwrap();
         prop_assert_eq!(by_content(&a.indices, &ck), by_content(&b.indices, &ckp));
-        let a = top_k(&lay, &r, k, Some(&ck)).unwrap();
-        let b = top_k(&lay, &rp, k, Some(&ckp)).unwrap();
+        prop_assert_eq!(distinct(&a.indices), k.min(n).min(classes.len()));
+        let a = top_k(&lay, &r, k, Some(&ck), Some(&dk)).unwrap();
+        let b = top_k(&lay, &rp, k, Some(&ckp), Some(&dkp)).unwrap();
         prop_assert_eq!(by_content(&a.indices, &ck), by_content(&b.indices, &ckp));
-        let a = stratified_k(&lay, &modes[..n], &keys, k, draw, Some(&ck)).unwrap();
-        let b = stratified_k(&lay, &mp, &keys, k, draw, Some(&ckp)).unwrap();
+        prop_assert_eq!(distinct(&a.indices), k.min(n).min(classes.len()));
+        let a = stratified_k(&lay, &modes[..n], &keys, k, draw, Some(&ck), Some(&dk)).unwrap();
+        let b = stratified_k(&lay, &mp, &keys, k, draw, Some(&ckp), Some(&dkp)).unwrap();
         prop_assert_eq!(by_content(&a.indices, &ck), by_content(&b.indices, &ckp));
     }
 }

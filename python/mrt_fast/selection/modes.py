@@ -9,7 +9,9 @@ One k-means policy serves every caller (``select``'s stratified method through
   mean silhouette (ties to the smaller m); below ``min_silhouette`` (0.25, the
   level Kaufman and Rousseeuw read as "no substantial structure") the set is a
   single mode;
-* labels are numbered by first appearance (the first row is mode 0);
+* labels are numbered by first appearance; :func:`pool_modes` visits each
+  pool's rows in the order of their content keys (a hash of the embedding),
+  so a pool's modes do not depend on the order of its rows;
 * draws are seeded from ``(seed, key)``, where ``key`` identifies the set (a
   pool's hashed prompt id): a pool's labels do not depend on other pools,
   batching or threads.
@@ -100,6 +102,27 @@ def _faiss_modes(xs: np.ndarray, n_modes: int | None, m_max: int, min_silhouette
     return best
 
 
+def _unit_keys(x: np.ndarray) -> np.ndarray:
+    """Content keys of the unit-normalised rows (rows of zero norm as they are)."""
+    nrm = np.linalg.norm(x, axis=1, keepdims=True)
+    return core.content_keys(np.ascontiguousarray(np.where(nrm > 0, x / np.where(nrm > 0, nrm, 1), x),
+                                                  dtype=np.float32))
+
+
+def _content_order(g, x: np.ndarray):
+    """`g` with each pool's rows in the order of their content keys (the
+    core's hash of the embedding; equal embeddings keep their row order), so
+    a pool's modes do not depend on the order of its rows."""
+    if not np.all(np.isfinite(x)):
+        return g  # the core names the bad row
+    ck = _unit_keys(x)
+    pool_of = np.repeat(np.arange(g.n_pools), g.sizes())
+    order = np.lexsort((ck[g.rows.astype(np.int64)], pool_of))
+    rows = g.rows[order]
+    return type(g)(keys=g.keys, offsets=g.offsets, rows=rows,
+                   identity=bool(np.array_equal(rows, np.arange(len(rows), dtype=rows.dtype))))
+
+
 def _check_params(n_modes: Any, m_max: Any, min_silhouette: Any, seed: Any) -> None:
     if n_modes is not None and (isinstance(n_modes, bool) or not isinstance(n_modes, (int, np.integer)) or n_modes < 1):
         raise MrtInputError(f"n_modes must be an integer >= 1 or None, got {n_modes!r}")
@@ -126,7 +149,8 @@ def kmeans(
     max_iter: int = 100,
     large_pool: int = LARGE_POOL,
 ) -> np.ndarray:
-    """Mode labels (int64, numbered by first appearance) of the rows of ``x`` under the policy above.
+    """Mode labels (int64) of the rows of ``x`` under the policy above, numbered by first
+    appearance in the order of the rows' content keys (so independent of the row order).
 
     ``n_modes=None`` chooses the number by the silhouette rule. ``key`` (a
     non-negative integer below 2^64) identifies the set for seeding, so two
@@ -134,6 +158,17 @@ def kmeans(
     """
     _check_params(n_modes, m_max, min_silhouette, seed)
     xs = unit_rows(x)
+    n = len(xs)
+    # rows in the order of their content keys, so the labels do not depend on the row order
+    order = np.argsort(_unit_keys(xs), kind="stable")
+    lab = _kmeans_ordered(np.ascontiguousarray(xs[order]), n_modes, m_max, min_silhouette, seed, key, max_iter,
+                          large_pool)
+    out = np.empty(n, dtype=np.int64)
+    out[order] = lab
+    return out
+
+
+def _kmeans_ordered(xs, n_modes, m_max, min_silhouette, seed, key, max_iter, large_pool) -> np.ndarray:
     n = len(xs)
     if n <= large_pool:
         try:
@@ -184,6 +219,7 @@ def pool_modes(
     df = full.select([by, embedding])
     g = group(df, by)
     x = _embeddings(df, embedding)
+    g = _content_order(g, x)
     sizes = g.sizes()
     labels = np.zeros(df.height, dtype=np.int64)
     n_m = np.zeros(g.n_pools, dtype=np.int64)

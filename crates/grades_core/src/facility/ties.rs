@@ -9,9 +9,9 @@
 //!
 //! 1. the higher quality (reward), when the pool has rewards;
 //! 2. the higher pure-coverage gain (the alpha = 0 gain, with the cover of
-//!    the kept set under weights 1), when the weights are not all 1;
+//!    the kept set under weights 1), when the weights are not all equal;
 //! 3. the smaller content key ([`crate::keys::content_key`]: a hash of the
-//!    candidate's embedding, its reward and its text key), or its position
+//!    candidate's embedding and its text key; rewards were rule 1), or its position
 //!    when the pool is already ordered by a `candidate_key` or when only a
 //!    similarity is known;
 //! 4. the lower position (only rows equal in all of the above remain).
@@ -37,8 +37,7 @@ pub struct Content<'a> {
     d: usize,
     /// matrix row of each ground-set element (empty: no content known)
     rows: Vec<usize>,
-    /// rewards and text keys, by matrix row
-    rewards: Option<&'a [f64]>,
+    /// text keys, by matrix row
     text: Option<&'a [u64]>,
     /// the ground set is in the order of a caller's key: positions decide
     ordered: bool,
@@ -51,15 +50,8 @@ impl<'a> Content<'a> {
     }
 
     /// The rows `rows` (by ground-set position) of `data` (`d` columns).
-    pub fn new(
-        data: &'a [f32],
-        d: usize,
-        rows: Vec<usize>,
-        rewards: Option<&'a [f64]>,
-        text: Option<&'a [u64]>,
-        ordered: bool,
-    ) -> Self {
-        Content { data, d, rows, rewards, text, ordered }
+    pub fn new(data: &'a [f32], d: usize, rows: Vec<usize>, text: Option<&'a [u64]>, ordered: bool) -> Self {
+        Content { data, d, rows, text, ordered }
     }
 
     fn known(&self) -> bool {
@@ -77,7 +69,7 @@ impl<'a> Content<'a> {
             return j as u64;
         }
         let r = self.rows[j];
-        crate::keys::content_key(self.row(j), self.rewards.map(|rw| rw[r]), self.text.map(|t| t[r]))
+        crate::keys::content_key(self.row(j), None, self.text.map(|t| t[r]))
     }
 
     /// Whether `a` and `b` are duplicates: the same text key, or the same
@@ -132,7 +124,8 @@ impl<'t, 'a> Picker<'t, 'a> {
     pub fn new(ties: &'t Ties<'a>, n: usize, w: &[f64]) -> Self {
         Picker {
             ties,
-            unit: w[..n].iter().all(|&v| v == 1.0),
+            // equal weights: every gain is the coverage gain times one factor
+            unit: w[..n].iter().all(|&v| v == w[0]),
             shadow: vec![false; n],
             live: n,
             g0: None,

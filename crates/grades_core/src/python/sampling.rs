@@ -23,12 +23,13 @@ fn picks_dict<'py>(py: Python<'py>, p: Picks) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("offsets", PyArray1::from_vec(py, p.offsets))?;
     d.set_item("weights", PyArray1::from_vec(py, p.weights))?;
     d.set_item("modes_missed", PyArray1::from_vec(py, p.modes_missed))?;
+    d.set_item("dup_skipped", PyArray1::from_vec(py, p.dup_skipped))?;
     Ok(d)
 }
 
 /// Random-K per pool, seeded per pool from (seed, key).
 #[pyfunction]
-#[pyo3(signature = (offsets, keys, k, seed, *, rows=None, n_rows=None, content=None))]
+#[pyo3(signature = (offsets, keys, k, seed, *, rows=None, n_rows=None, content=None, dups=None))]
 #[allow(clippy::too_many_arguments)]
 fn random_k<'py>(
     py: Python<'py>,
@@ -39,8 +40,10 @@ fn random_k<'py>(
     rows: Option<PyReadonlyArray1<'py, u64>>,
     n_rows: Option<usize>,
     content: Option<PyReadonlyArray1<'py, u64>>,
+    dups: Option<PyReadonlyArray1<'py, u64>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let content_s = opt(&content, "content")?;
+    let dups_s = opt(&dups, "dups")?;
     let off = slice1(&offsets, "offsets")?;
     let ks = slice1(&keys, "keys")?;
     let rows_s = match &rows {
@@ -48,13 +51,14 @@ fn random_k<'py>(
         None => None,
     };
     let nr = n_rows.unwrap_or_else(|| off.last().copied().unwrap_or(0) as usize);
-    let p = run(py, || sampling::random_k(&layout_args(off, rows_s, nr)?, ks, k, seed, content_s))?;
+    let p = run(py, || sampling::random_k(&layout_args(off, rows_s, nr)?, ks, k, seed, content_s, dups_s))?;
     picks_dict(py, p)
 }
 
 /// Top-K rewards per pool, ties to the lower index.
 #[pyfunction]
-#[pyo3(signature = (offsets, rewards, k, *, rows=None, content=None))]
+#[pyo3(signature = (offsets, rewards, k, *, rows=None, content=None, dups=None))]
+#[allow(clippy::too_many_arguments)]
 fn top_k<'py>(
     py: Python<'py>,
     offsets: PyReadonlyArray1<'py, u64>,
@@ -62,21 +66,23 @@ fn top_k<'py>(
     k: usize,
     rows: Option<PyReadonlyArray1<'py, u64>>,
     content: Option<PyReadonlyArray1<'py, u64>>,
+    dups: Option<PyReadonlyArray1<'py, u64>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let content_s = opt(&content, "content")?;
+    let dups_s = opt(&dups, "dups")?;
     let off = slice1(&offsets, "offsets")?;
     let r = slice1(&rewards, "rewards")?;
     let rows_s = match &rows {
         Some(x) => Some(slice1(x, "rows")?),
         None => None,
     };
-    let p = run(py, || sampling::top_k(&layout_args(off, rows_s, r.len())?, r, k, content_s))?;
+    let p = run(py, || sampling::top_k(&layout_args(off, rows_s, r.len())?, r, k, content_s, dups_s))?;
     picks_dict(py, p)
 }
 
 /// Mode-stratified K per pool (largest remainder allocation, uniform draws).
 #[pyfunction]
-#[pyo3(signature = (offsets, modes, keys, k, seed, *, rows=None, content=None))]
+#[pyo3(signature = (offsets, modes, keys, k, seed, *, rows=None, content=None, dups=None))]
 #[allow(clippy::too_many_arguments)]
 fn stratified_k<'py>(
     py: Python<'py>,
@@ -87,8 +93,10 @@ fn stratified_k<'py>(
     seed: u64,
     rows: Option<PyReadonlyArray1<'py, u64>>,
     content: Option<PyReadonlyArray1<'py, u64>>,
+    dups: Option<PyReadonlyArray1<'py, u64>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let content_s = opt(&content, "content")?;
+    let dups_s = opt(&dups, "dups")?;
     let off = slice1(&offsets, "offsets")?;
     let m = slice1(&modes, "modes")?;
     let ks = slice1(&keys, "keys")?;
@@ -96,7 +104,7 @@ fn stratified_k<'py>(
         Some(x) => Some(slice1(x, "rows")?),
         None => None,
     };
-    let p = run(py, || sampling::stratified_k(&layout_args(off, rows_s, m.len())?, m, ks, k, seed, content_s))?;
+    let p = run(py, || sampling::stratified_k(&layout_args(off, rows_s, m.len())?, m, ks, k, seed, content_s, dups_s))?;
     picks_dict(py, p)
 }
 

@@ -1,0 +1,73 @@
+"""Content keys: what ties and random draws are decided by instead of row positions.
+
+A candidate's content key is the core's xxh3 of its embedding, its reward and
+its text key (each where the table has it). Facility location computes it in
+the core for tied candidates only; random, top and stratified draws take it
+for every row, so a pool's kept rows do not depend on the order of its rows
+or how they are spread over files. With a ``candidate_key`` the pool is
+already ordered by the key, and positions decide. Without an embedding
+column, the content is every column of the row (polars' row hash, stable for
+one polars version).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from mrt_fast import _grades_core as core
+from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.arrays import embeddings as _embeddings, numeric, pool_keys
+
+
+def text_keys(df: pl.DataFrame, text: str) -> np.ndarray:
+    """A 64-bit key of each row's text (equal text, equal key); nulls refused."""
+    s = df[text]
+    if s.null_count():
+        row = int(s.is_null().arg_true()[0])
+        raise MrtInputError(f"column {text!r} (text) has {s.null_count()} null value(s), the first at row {row}",
+                            column=text, row=row)
+    if s.dtype != pl.Utf8:
+        try:
+            s = s.cast(pl.Utf8)
+        except pl.exceptions.PolarsError:
+            raise MrtInputError(f"column {text!r} (text) of type {s.dtype} cannot be read as text",
+                                column=text) from None
+    return np.ascontiguousarray(pool_keys(s), dtype=np.uint64)
+
+
+def content_keys(df: pl.DataFrame, embedding: str, reward: str, text_key: np.ndarray | None,
+                 full: pl.DataFrame | None) -> np.ndarray:
+    """One content key per row of `df`: from the embedding (with reward and
+    text key) when the frame has one, else a hash of every column of `full`
+    (the user's table as polars)."""
+    if embedding in df.columns:
+        x = _embeddings(df, embedding)
+        r = numeric(df, reward, "reward") if reward in df.columns else None
+        return core.content_keys(x, rewards=r, text=text_key)
+    if full is None:
+        full = df
+    h = full.hash_rows(seed=0).to_numpy().astype(np.uint64)
+    if text_key is not None:
+        h = h ^ text_key
+    return np.ascontiguousarray(h)
+
+
+def duplicate_classes(df: pl.DataFrame, embedding: str, text_key: np.ndarray | None,
+                      content: np.ndarray) -> np.ndarray:
+    """A class per row: rows with the same embedding, or the same text where
+    a text key is given, share a class (the union of both relations). Without
+    an embedding column, rows equal in `content` (every column) do."""
+    if embedding in df.columns:
+        e = core.content_keys(_embeddings(df, embedding))
+    else:
+        e = content
+    if text_key is None:
+        return np.ascontiguousarray(e, dtype=np.uint64)
+    d = pl.DataFrame({"e": e, "t": text_key, "c": np.arange(len(e), dtype=np.int64)})
+    for _ in range(64):  # label propagation to the smallest row of each connected class
+        before = d["c"]
+        d = d.with_columns(pl.col("c").min().over("e")).with_columns(pl.col("c").min().over("t"))
+        if d["c"].equals(before):
+            break
+    return np.ascontiguousarray(d["c"].to_numpy().astype(np.uint64))
