@@ -131,10 +131,10 @@ def test_dedup_removes_near_duplicates_and_says_so():
 def test_stratified_finds_modes_without_a_mode_column_and_counts_one_mode_pools():
     rng = np.random.default_rng(0)
     two = np.concatenate([rng.normal([5, 0, 0], 0.1, (10, 3)), rng.normal([0, 5, 0], 0.1, (10, 3))])
-    one = rng.normal([0, 0, 5], 0.1, (20, 3))
+    one = np.tile([0.0, 0.0, 5.0], (20, 1))  # one answer, twenty times
     df = pl.DataFrame({"prompt_id": [0] * 20 + [1] * 20,
                        "embedding": np.concatenate([two, one]).astype(np.float32)})
-    kept, rep = select(df, 4, "stratified", return_report=True)
+    kept, rep = select(df.with_columns(pl.lit(0.0).alias("reward")), 4, "stratified", return_report=True)
     assert rep.n_one_mode_pools == 1
     got = kept.filter(pl.col("prompt_id") == 0)["embedding"].to_numpy()
     assert (got[:, 0] > 2).sum() == 2 and (got[:, 1] > 2).sum() == 2  # two picks from each mode

@@ -10,7 +10,7 @@ One k-means policy serves every caller (``select``'s stratified method through
   level Kaufman and Rousseeuw read as "no substantial structure") the set is a
   single mode;
 * labels are numbered by first appearance; :func:`pool_modes` visits each
-  pool's rows in the order of their content keys (a hash of the embedding),
+  pool's rows in content order (by their unit-normalised embeddings),
   so a pool's modes do not depend on the order of its rows;
 * draws are seeded from ``(seed, key)``, where ``key`` identifies the set (a
   pool's hashed prompt id): a pool's labels do not depend on other pools,
@@ -102,22 +102,26 @@ def _faiss_modes(xs: np.ndarray, n_modes: int | None, m_max: int, min_silhouette
     return best
 
 
-def _unit_keys(x: np.ndarray) -> np.ndarray:
-    """Content keys of the unit-normalised rows (rows of zero norm as they are)."""
+def _order_keys(x: np.ndarray) -> list[np.ndarray]:
+    """Sort keys of rows by content: the first (up to) four coordinates of the
+    unit-normalised rows, most significant last (for `np.lexsort`). Distinct
+    rows practically always differ there, and a renormalisation moves a value
+    by at most an ulp, so the order survives it; identical rows tie and are
+    interchangeable."""
+    x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
     nrm = np.linalg.norm(x, axis=1, keepdims=True)
-    return core.content_keys(np.ascontiguousarray(np.where(nrm > 0, x / np.where(nrm > 0, nrm, 1), x),
-                                                  dtype=np.float32))
+    u = np.where(nrm > 0, x / np.where(nrm > 0, nrm, 1), x)
+    return [u[:, c] for c in range(min(4, u.shape[1]) - 1, -1, -1)]
 
 
 def _content_order(g, x: np.ndarray):
-    """`g` with each pool's rows in the order of their content keys (the
-    core's hash of the embedding; equal embeddings keep their row order), so
-    a pool's modes do not depend on the order of its rows."""
+    """`g` with each pool's rows in content order (see `_order_keys`), so a
+    pool's modes do not depend on the order of its rows."""
     if not np.all(np.isfinite(x)):
         return g  # the core names the bad row
-    ck = _unit_keys(x)
     pool_of = np.repeat(np.arange(g.n_pools), g.sizes())
-    order = np.lexsort((ck[g.rows.astype(np.int64)], pool_of))
+    r = g.rows.astype(np.int64)
+    order = np.lexsort([k[r] for k in _order_keys(x)] + [pool_of])
     rows = g.rows[order]
     return type(g)(keys=g.keys, offsets=g.offsets, rows=rows,
                    identity=bool(np.array_equal(rows, np.arange(len(rows), dtype=rows.dtype))))
@@ -150,7 +154,7 @@ def kmeans(
     large_pool: int = LARGE_POOL,
 ) -> np.ndarray:
     """Mode labels (int64) of the rows of ``x`` under the policy above, numbered by first
-    appearance in the order of the rows' content keys (so independent of the row order).
+    appearance in content order (by the unit-normalised rows: independent of the row order).
 
     ``n_modes=None`` chooses the number by the silhouette rule. ``key`` (a
     non-negative integer below 2^64) identifies the set for seeding, so two
@@ -159,8 +163,8 @@ def kmeans(
     _check_params(n_modes, m_max, min_silhouette, seed)
     xs = unit_rows(x)
     n = len(xs)
-    # rows in the order of their content keys, so the labels do not depend on the row order
-    order = np.argsort(_unit_keys(xs), kind="stable")
+    # rows in content order, so the labels do not depend on the row order
+    order = np.lexsort(_order_keys(xs))
     lab = _kmeans_ordered(np.ascontiguousarray(xs[order]), n_modes, m_max, min_silhouette, seed, key, max_iter,
                           large_pool)
     out = np.empty(n, dtype=np.int64)
