@@ -170,7 +170,12 @@ impl<'t, 'a> Picker<'t, 'a> {
         tied: &mut Vec<(usize, f64)>,
     ) -> (usize, f64) {
         if tied.len() > 1 {
-            self.n_ties += 1;
+            // a tie among exact duplicates only is no choice at all
+            let c = &self.ties.content;
+            let first = tied[0].0;
+            if !c.known() || tied[1..].iter().any(|&(j, _)| !c.same(j, first)) {
+                self.n_ties += 1;
+            }
             if let Some(q) = &self.ties.quality {
                 let qmax = tied.iter().fold(f64::NEG_INFINITY, |a, &(j, _)| a.max(q[j]));
                 tied.retain(|&(j, _)| q[j] == qmax);
