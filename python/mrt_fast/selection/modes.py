@@ -244,7 +244,7 @@ def pool_modes(
                 min_silhouette=float(min_silhouette), max_iter=int(max_iter),
             )
         except MrtInputError as e:
-            from mrt_fast.selection.select import _said_of_table
+            from mrt_fast.selection.table_errors import said_of_table as _said_of_table
 
             raise _said_of_table(e, g.keys.gather(sp), by, {"embeddings": embedding}) from None
         labels[rows.astype(np.int64)] = res["labels"]

@@ -34,6 +34,7 @@ from mrt_fast.errors import SmallPoolWarning
 from mrt_fast.selection.report import SelectionReport
 from mrt_fast.selection.options import FACILITY_METHODS, METHODS, check_common, check_k, check_optimizer, check_seed
 from mrt_fast.selection.facility import DENSE_LIMIT_BYTES
+from mrt_fast.selection.table_errors import said_of_table as _said_of_table
 from mrt_fast.selection.content import content_keys, duplicate_classes, text_keys
 from mrt_fast.selection.dedup import check_dedup, near_duplicate_mask
 
@@ -78,23 +79,6 @@ def _dedup(table, kind, df, g, by, embedding, reward, candidate_key, threshold):
     table = take(table, kind, idx, {})
     df = df[pl.Series(idx)]
     return table, df, group(df, by, candidate_key), n_removed
-
-
-def _said_of_table(e: MrtInputError, keys: pl.Series, by: str, columns: dict) -> MrtInputError:
-    """The core's error about pool index `e.pool`, argument `e.column` and row
-    `e.row`, said of the table: the pool by its prompt id, the column by name."""
-    p = e.pool
-    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < len(keys):
-        return e
-    p = int(p)
-    key = keys[p]
-    if isinstance(key, pl.Series):  # a nested id (list, array): named by its values on one line
-        key = key.to_list()
-    msg, prefix = str(e), f"pool {p}: "
-    rest = msg[len(prefix):] if msg.startswith(prefix) else msg
-    return MrtInputError(
-        f"pool {p} ({by}={key!r}): {rest}", pool=key, column=columns.get(e.column, e.column), row=e.row
-    )
 
 
 def select(
