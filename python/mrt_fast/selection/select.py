@@ -42,10 +42,17 @@ from mrt_fast.selection.dedup import check_dedup, near_duplicate_mask
 def found_modes(df: pl.DataFrame, by: str, embedding: str, seed: int) -> np.ndarray:
     """Mode labels of every row of `df` by the k-means policy of `modes`
     (stratified with no mode column, as `mrt select` does)."""
-    from mrt_fast.selection.modes import pool_modes
+    from mrt_fast.selection.modes import _order_keys, pool_modes, renumber
 
     labelled = pool_modes(df.select([by, embedding]), by=by, embedding=embedding, out="__mrt_mode", seed=seed)
-    return np.ascontiguousarray(labelled["__mrt_mode"].to_numpy().astype(np.int64))
+    labels = labelled["__mrt_mode"].to_numpy().astype(np.int64)
+    # strata numbered in content order, not row order: the allocation's ties then follow the data
+    x = _embeddings(df, embedding)
+    if not np.all(np.isfinite(x)):
+        return np.ascontiguousarray(labels)
+    rank = np.empty(df.height, dtype=np.int64)
+    rank[np.lexsort(_order_keys(x))] = np.arange(df.height)
+    return np.ascontiguousarray(renumber(labels, group(df, by), rank))
 
 
 def one_mode_pools(modes: np.ndarray, g) -> int:
