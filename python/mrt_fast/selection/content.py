@@ -1,13 +1,14 @@
 """Content keys: what ties and random draws are decided by instead of row positions.
 
-A candidate's content key is the core's xxh3 of its embedding, its reward and
-its text key (each where the table has it). Facility location computes it in
-the core for tied candidates only; random, top and stratified draws take it
-for every row, so a pool's kept rows do not depend on the order of its rows
-or how they are spread over files. With a ``candidate_key`` the pool is
-already ordered by the key, and positions decide. Without an embedding
-column, the content is every column of the row (polars' row hash, stable for
-one polars version).
+Facility location breaks ties by the core's xxh3 of a candidate's embedding
+and text key, computed in the core for tied candidates only. Random, top and
+stratified draws take a key for every row from every column but the
+embedding (polars' row hash of the values, stable for one polars version), so
+a pool's kept rows do not depend on the order of its rows or how they are
+spread over files, and an embedding tier does not change them. With a
+``candidate_key`` the pool is already ordered by the key, and positions
+decide. Duplicates (the same embedding, or the same text) are never kept
+twice while a distinct candidate is left.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import polars as pl
 
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
-from mrt_fast.tables.arrays import embeddings as _embeddings, numeric, pool_keys
+from mrt_fast.tables.arrays import embeddings as _embeddings, pool_keys
 
 
 def text_keys(df: pl.DataFrame, text: str) -> np.ndarray:
@@ -36,18 +37,19 @@ def text_keys(df: pl.DataFrame, text: str) -> np.ndarray:
     return np.ascontiguousarray(pool_keys(s), dtype=np.uint64)
 
 
-def content_keys(df: pl.DataFrame, embedding: str, reward: str, text_key: np.ndarray | None,
-                 full: pl.DataFrame | None) -> np.ndarray:
-    """One content key per row of `df`: from the embedding (with reward and
-    text key) when the frame has one, else a hash of every column of `full`
-    (the user's table as polars)."""
-    if embedding in df.columns:
-        x = _embeddings(df, embedding)
-        r = numeric(df, reward, "reward") if reward in df.columns else None
-        return core.content_keys(x, rewards=r, text=text_key)
-    if full is None:
-        full = df
-    h = full.hash_rows(seed=0).to_numpy().astype(np.uint64)
+def content_keys(full: pl.DataFrame, embedding: str, text_key: np.ndarray | None) -> np.ndarray:
+    """One content key per row of `full` (the user's table as polars): a hash
+    of every column but the embedding and internal ones (named ``__...``),
+    numbers as float64 so the same value hashes the same whichever file's
+    dtype it came with; the text key mixed in where given. Random, top and
+    stratified draws do not look at the embedding, so an embedding tier does
+    not change them."""
+    cols = [c for c in full.columns if not c.startswith("__") and c != embedding]
+    if not cols:
+        h = np.zeros(full.height, dtype=np.uint64)
+    else:
+        f = full.select([pl.col(c).cast(pl.Float64) if full.schema[c].is_numeric() else pl.col(c) for c in cols])
+        h = f.hash_rows(seed=0).to_numpy().astype(np.uint64)
     if text_key is not None:
         h = h ^ text_key
     return np.ascontiguousarray(h)

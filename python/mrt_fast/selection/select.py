@@ -247,8 +247,8 @@ def _select(
         # stratified without a mode column finds the modes (k-means on the embeddings)
         require(cols, embedding, f"embedding{' (to find modes: no mode column)' if find_modes else ''}")
         need.append(embedding)
-    elif embedding in cols and candidate_key is None:
-        need.append(embedding)  # the content key of draws
+    elif embedding in cols:
+        need.append(embedding)  # duplicates: the same embedding
     if m == "top" or (m == "grades" and (alpha > 0 or k_max is not None)):
         require(cols, reward, "reward")
         need.append(reward)
@@ -293,10 +293,17 @@ def _select(
     try:
         content = dups = None
         if m not in FACILITY_METHODS:
-            full = None if embedding in df.columns else to_polars(
-                table, kind, [c for c in cols if c not in added_columns])
-            ck = content_keys(df, embedding, reward, text_key, full)
+            full = to_polars(table, kind, [c for c in cols if c not in added_columns and c != embedding])
+            ck = content_keys(full, embedding, text_key)
             dups = duplicate_classes(df, embedding, text_key, ck)
+            if embedding in df.columns:
+                # rows equal in every other column: the embedding tells them apart
+                same = pl.DataFrame({"p": np.repeat(np.arange(g.n_pools), g.sizes()),
+                                     "c": ck[g.rows.astype(np.int64)]}).is_duplicated().to_numpy()
+                if same.any():
+                    at = g.rows.astype(np.int64)[same]
+                    ck = ck.copy()
+                    ck[at] ^= core.content_keys(_embeddings(df, embedding)[at]) * np.uint64(0x9E3779B97F4A7C15)
             content = ck if candidate_key is None else None
         if m in FACILITY_METHODS:
             x = _embeddings(df, embedding)
