@@ -37,14 +37,15 @@ def text_keys(df: pl.DataFrame, text: str) -> np.ndarray:
     return np.ascontiguousarray(pool_keys(s), dtype=np.uint64)
 
 
-def content_keys(full: pl.DataFrame, embedding: str, text_key: np.ndarray | None) -> np.ndarray:
+def content_keys(full: pl.DataFrame, leave_out: tuple[str, ...], text_key: np.ndarray | None) -> np.ndarray:
     """One content key per row of `full` (the user's table as polars): a hash
-    of every column but the embedding and internal ones (named ``__...``),
+    of every column but `leave_out` (the embedding, the mode labels) and
+    internal ones (named ``__...``),
     numbers as float64 so the same value hashes the same whichever file's
     dtype it came with; the text key mixed in where given. Random, top and
     stratified draws do not look at the embedding, so an embedding tier does
     not change them."""
-    cols = [c for c in full.columns if not c.startswith("__") and c != embedding]
+    cols = [c for c in full.columns if not c.startswith("__") and c not in leave_out]
     if not cols:
         h = np.zeros(full.height, dtype=np.uint64)
     else:

@@ -293,8 +293,9 @@ def _select(
     try:
         content = dups = None
         if m not in FACILITY_METHODS:
-            full = to_polars(table, kind, [c for c in cols if c not in added_columns and c != embedding])
-            ck = content_keys(full, embedding, text_key)
+            leave_out = (embedding, mode)  # mode labels name strata; relabelled, they draw the same
+            full = to_polars(table, kind, [c for c in cols if c not in added_columns and c not in leave_out])
+            ck = content_keys(full, leave_out, text_key)
             dups = duplicate_classes(df, embedding, text_key, ck)
             if embedding in df.columns:
                 # rows equal in every other column: the embedding tells them apart
