@@ -152,3 +152,15 @@ def test_content_draws_are_uniform():
         assert len(set(idx.tolist())) == k
         counts[idx] += 1
     assert scipy_stats.chisquare(counts).pvalue > 1e-4
+
+
+def test_modes_of_sparse_embeddings_do_not_follow_the_rows():
+    # Gaussian bumps on a grid: most leading coordinates are exactly zero
+    rng = np.random.default_rng(3)
+    y = np.concatenate([rng.normal(m, 0.1, 8) for m in (-1.5, 0.0, 1.5)] * 4)
+    grid = np.arange(-3, 3, 0.25)
+    emb = np.exp(-0.5 * ((y[:, None] - grid[None, :]) / 0.35) ** 2).astype(np.float32)
+    df = pl.DataFrame({"prompt_id": np.repeat(np.arange(4), 24), "reward": -y ** 2, "embedding": emb})
+    want = by_content(select(df, 4, "stratified", seed=1))
+    for s in range(5):
+        assert by_content(select(df.sample(fraction=1.0, shuffle=True, seed=s), 4, "stratified", seed=1)) == want

@@ -104,15 +104,17 @@ def _faiss_modes(xs: np.ndarray, n_modes: int | None, m_max: int, min_silhouette
 
 
 def _order_keys(x: np.ndarray) -> list[np.ndarray]:
-    """Sort keys of rows by content: the first (up to) four coordinates of the
-    unit-normalised rows, most significant last (for `np.lexsort`). Distinct
-    rows practically always differ there, and a renormalisation moves a value
-    by at most an ulp, so the order survives it; identical rows tie and are
-    interchangeable."""
+    """Sort keys of rows by content (for `np.lexsort`, most significant last):
+    the unit-normalised rows projected on two fixed pseudo-random directions.
+    Distinct rows practically never share a projection, sparse embeddings
+    included, and a renormalisation moves one by rounding only, so the order
+    survives it; identical rows tie and are interchangeable."""
     x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
-    nrm = np.linalg.norm(x, axis=1, keepdims=True)
+    nrm = np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
     u = np.where(nrm > 0, x / np.where(nrm > 0, nrm, 1), x)
-    return [u[:, c] for c in range(min(4, u.shape[1]) - 1, -1, -1)]
+    r = np.random.default_rng(0x6D6F646573).normal(size=(x.shape[1], 2))
+    p = u @ r
+    return [p[:, 1], p[:, 0]]
 
 
 def _content_order(g, x: np.ndarray):
