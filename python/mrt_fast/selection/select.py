@@ -294,7 +294,8 @@ def _select(
         content = dups = None
         if m not in FACILITY_METHODS:
             leave_out = (embedding, mode)  # mode labels name strata; relabelled, they draw the same
-            full = to_polars(table, kind, [c for c in cols if c not in added_columns and c not in leave_out])
+            once = [c for c in cols if cols.count(c) == 1]  # a repeated name is not read (nor refused) here
+            full = to_polars(table, kind, [c for c in once if c not in added_columns and c not in leave_out])
             ck = content_keys(full, leave_out, text_key)
             dups = duplicate_classes(df, embedding, text_key, ck)
             if embedding in df.columns:

@@ -135,7 +135,14 @@ fn run_pool(
     let d = pools.dim;
     let ties = Ties {
         quality: q.as_ref().map(|q| u.iter().map(|&i| q[i]).collect()),
-        content: Content::new(pools.data, d, u.iter().map(|&i| pools.layout.row(p, i)).collect(), text, ordered),
+        content: Content::new(
+            pools.data,
+            d,
+            u.iter().map(|&i| pools.layout.row(p, i)).collect(),
+            rewards,
+            text,
+            ordered,
+        ),
     };
     if dense_bytes(m) > dense_limit {
         // too large for its n x n block: similarity columns on demand

@@ -140,7 +140,7 @@ pub fn facility_location_on_demand(
         return invalid(format!("embeddings have {} floats, expected n * d = {} * {}", x.len(), n, d));
     }
     let (q, u, w) = single_pool_setup(n, rewards, params)?;
-    let ties = ties_of(q, &u, Content::new(x, d, u.clone(), None, false));
+    let ties = ties_of(q, &u, Content::new(x, d, u.clone(), rewards, None, false));
     let offsets = [0u64, n as u64];
     let layout = crate::pools::Layout::single(&offsets);
     let pools = Pools { data: x, dim: d, layout };

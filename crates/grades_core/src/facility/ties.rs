@@ -14,7 +14,9 @@
 //!    candidate's embedding and its text key; rewards were rule 1), or its position
 //!    when the pool is already ordered by a `candidate_key` or when only a
 //!    similarity is known;
-//! 4. the lower position (only rows equal in all of the above remain).
+//! 4. the higher reward (rows with one embedding whose qualities round to
+//!    the same value), then the lower position (only rows equal in all of
+//!    the above remain).
 //!
 //! **Duplicates.** Once a candidate is kept, every candidate with the same
 //! embedding (value for value) or the same text key is set aside: it is picked
@@ -37,7 +39,8 @@ pub struct Content<'a> {
     d: usize,
     /// matrix row of each ground-set element (empty: no content known)
     rows: Vec<usize>,
-    /// text keys, by matrix row
+    /// rewards and text keys, by matrix row
+    rewards: Option<&'a [f64]>,
     text: Option<&'a [u64]>,
     /// the ground set is in the order of a caller's key: positions decide
     ordered: bool,
@@ -50,8 +53,15 @@ impl<'a> Content<'a> {
     }
 
     /// The rows `rows` (by ground-set position) of `data` (`d` columns).
-    pub fn new(data: &'a [f32], d: usize, rows: Vec<usize>, text: Option<&'a [u64]>, ordered: bool) -> Self {
-        Content { data, d, rows, text, ordered }
+    pub fn new(
+        data: &'a [f32],
+        d: usize,
+        rows: Vec<usize>,
+        rewards: Option<&'a [f64]>,
+        text: Option<&'a [u64]>,
+        ordered: bool,
+    ) -> Self {
+        Content { data, d, rows, rewards, text, ordered }
     }
 
     fn known(&self) -> bool {
@@ -202,7 +212,13 @@ impl<'t, 'a> Picker<'t, 'a> {
         }
         if tied.len() > 1 {
             let c = &self.ties.content;
-            let best = tied.iter().map(|&(j, g)| (c.key(j), j, g)).min_by_key(|&(key, j, _)| (key, j)).unwrap();
+            // the content key, then (rows with one embedding) the higher reward, then the position
+            let reward = |j: usize| c.rewards.map_or(0.0, |r| r[c.rows[j]] + 0.0);
+            let best = tied
+                .iter()
+                .map(|&(j, g)| (c.key(j), j, g))
+                .min_by(|a, b| a.0.cmp(&b.0).then(reward(b.1).total_cmp(&reward(a.1))).then(a.1.cmp(&b.1)))
+                .unwrap();
             return (best.1, best.2);
         }
         tied[0]
