@@ -22,18 +22,25 @@ class FlBatch(TypedDict):
     gains: npt.NDArray[np.float64]
     objective: npt.NDArray[np.float64]  # per pool
     upper_bound: npt.NDArray[np.float64]  # per pool
+    ties: npt.NDArray[np.uint64]  # per pool: picks decided by the tie rule
+    zero_gain: npt.NDArray[np.uint64]  # per pool: picks with zero gain
+    dup_skipped: npt.NDArray[np.uint64]  # per pool: duplicates of a kept candidate left out
 
 class FlSingle(TypedDict):
     indices: npt.NDArray[np.uint64]
     gains: npt.NDArray[np.float64]
     objective: float
     upper_bound: float
+    ties: int
+    zero_gain: int
+    dup_skipped: int
 
 class Picks(TypedDict):
     indices: npt.NDArray[np.uint64]
     offsets: npt.NDArray[np.uint64]
     weights: npt.NDArray[np.float64]
     modes_missed: npt.NDArray[np.uint64]  # per pool
+    dup_skipped: npt.NDArray[np.uint64]  # per pool: repeats of a kept candidate passed over
 
 class Modes(TypedDict):
     labels: npt.NDArray[np.uint32]  # per position
@@ -58,6 +65,8 @@ def fl_batch(
     rewards: Optional[npt.NDArray[np.float64]] = None,
     kernel: str = "shift",
     dense_limit: Optional[int] = None,
+    text: Optional[npt.NDArray[np.uint64]] = None,
+    ordered: bool = False,
 ) -> FlBatch:
     """A pool whose n x n block exceeds dense_limit bytes (default DENSE_LIMIT_BYTES) runs on demand."""
 def fl_dense(
@@ -95,6 +104,8 @@ def random_k(
     *,
     rows: Optional[npt.NDArray[np.uint64]] = None,
     n_rows: Optional[int] = None,
+    content: Optional[npt.NDArray[np.uint64]] = None,
+    dups: Optional[npt.NDArray[np.uint64]] = None,
 ) -> Picks: ...
 def top_k(
     offsets: npt.NDArray[np.uint64],
@@ -102,6 +113,8 @@ def top_k(
     k: int,
     *,
     rows: Optional[npt.NDArray[np.uint64]] = None,
+    content: Optional[npt.NDArray[np.uint64]] = None,
+    dups: Optional[npt.NDArray[np.uint64]] = None,
 ) -> Picks: ...
 def stratified_k(
     offsets: npt.NDArray[np.uint64],
@@ -111,12 +124,21 @@ def stratified_k(
     seed: int,
     *,
     rows: Optional[npt.NDArray[np.uint64]] = None,
+    content: Optional[npt.NDArray[np.uint64]] = None,
+    dups: Optional[npt.NDArray[np.uint64]] = None,
 ) -> Picks: ...
 def largest_remainder(counts: list[int], k: int) -> list[int]: ...
 def keys_from_strings(offsets: npt.NDArray[np.int64], data: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]: ...
 def keys_from_ints(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]: ...
 def keys_from_uints(ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """keys_from_ints of every value that fits an int64; the text key of the others."""
+def content_keys(
+    x: npt.NDArray[np.float32],
+    *,
+    rewards: Optional[npt.NDArray[np.float64]] = None,
+    text: Optional[npt.NDArray[np.uint64]] = None,
+) -> npt.NDArray[np.uint64]:
+    """xxh3 of each embedding row, its reward and its text key: the key ties and draws are decided by."""
 def kmeans_modes(
     data: npt.NDArray[np.float32],
     offsets: npt.NDArray[np.uint64],

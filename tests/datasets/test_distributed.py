@@ -218,7 +218,8 @@ def test_variance_budget_bit_equal_when_prompts_are_not_split():
     assert (rep.v_x, rep.v_y_given_x, rep.k_star) == (ref.v_x, ref.v_y_given_x, ref.k_star)
 
 
-@pytest.mark.parametrize("method,missing", [("grades", "embedding"), ("top", "reward"), ("stratified", "mode")])
+@pytest.mark.parametrize("method,missing", [("grades", "embedding"), ("top", "reward"),
+                                            ("stratified", ["mode", "embedding"])])
 def test_missing_column_raises_the_local_message(method, missing):
     df = make_table(seed=10).drop(missing)
     with pytest.raises(MrtInputError) as loc:

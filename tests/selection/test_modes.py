@@ -11,6 +11,12 @@ from mrt_fast.tables.arrays import pool_keys
 from mrt_fast.variance.law import implicit_mrt
 
 
+def same_partition(a, b) -> bool:
+    """Two labelings that group the rows the same way."""
+    a, b = np.asarray(a), np.asarray(b)
+    return len(set(zip(a.tolist(), b.tolist()))) == len(set(a.tolist())) == len(set(b.tolist()))
+
+
 def planted(n_pools, per, m, d=8, noise=0.05, seed=0, orthogonal=False):
     rng = np.random.default_rng(seed)
     rows, ids = [], []
@@ -34,6 +40,10 @@ def test_pool_modes_equal_kmeans_per_pool(n_pools, per, n_modes, seed):
         lab = kmeans(x, n_modes, seed=seed, key=int(keys[p]))
         assert sub["mode"].to_list() == lab.tolist()
         assert lab[0] == 0 and set(lab.tolist()) == set(range(int(lab.max()) + 1))
+        # the row order plays no part in the partition
+        perm = np.random.default_rng(seed % 1000).permutation(len(x))
+        again = kmeans(x[perm], n_modes, seed=seed, key=int(keys[p]))
+        assert same_partition(again, lab[perm])
 
 
 @pytest.mark.embed

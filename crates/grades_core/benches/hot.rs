@@ -4,7 +4,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use grades_core::facility::{
     facility_location_batch, facility_location_batch_within, facility_location_sparse, greedy_sweep_with, Optimizer,
-    Params, SweepScratch,
+    Params, SweepScratch, Ties,
 };
 use grades_core::kernel::{cosine_gram, Csr, Kernel};
 use grades_core::pools::Pools;
@@ -36,7 +36,9 @@ fn bench_sweep(c: &mut Criterion) {
     cosine_gram(&x, n, d, Kernel::Clip, &mut s, &mut inv, &|i| (0, i, format!("{i}")), &[]).unwrap();
     let w = vec![1.0; n];
     let mut sc = SweepScratch::default();
-    c.bench_function("sweep_64x384_k4", |b| b.iter(|| greedy_sweep_with(&s, n, &w, k, &mut sc).objective));
+    c.bench_function("sweep_64x384_k4", |b| {
+        b.iter(|| greedy_sweep_with(&s, n, &w, k, &mut sc, &Ties::none()).objective)
+    });
 }
 
 fn bench_large_pool(c: &mut Criterion) {

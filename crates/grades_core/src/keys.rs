@@ -12,6 +12,42 @@ use rayon::prelude::*;
 
 use crate::error::{invalid, Result};
 
+/// Content key of one candidate: xxh3 of its embedding's bits (-0.0 as
+/// 0.0), then its reward's and its text key's, where given. Rows with the
+/// same content have the same key wherever they sit.
+pub fn content_key(row: &[f32], reward: Option<f64>, text: Option<u64>) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for v in row {
+        h.update(&(v + 0.0).to_bits().to_le_bytes());
+    }
+    if let Some(r) = reward {
+        h.update(&(r + 0.0).to_bits().to_le_bytes());
+    }
+    if let Some(t) = text {
+        h.update(&t.to_le_bytes());
+    }
+    h.digest()
+}
+
+/// [`content_key`] of every row of `x` (`d` columns), in parallel.
+pub fn content_keys(x: &[f32], d: usize, rewards: Option<&[f64]>, text: Option<&[u64]>) -> Result<Vec<u64>> {
+    let n = x.len().checked_div(d).unwrap_or(0);
+    if d == 0 || x.len() != n * d {
+        return invalid(format!("embeddings have {} floats, not a whole number of rows of {d}", x.len()));
+    }
+    for (name, len) in [("rewards", rewards.map(|r| r.len())), ("text keys", text.map(|t| t.len()))] {
+        if let Some(len) = len {
+            if len != n {
+                return invalid(format!("{name} have {len} entries but embeddings have {n} rows"));
+            }
+        }
+    }
+    Ok((0..n)
+        .into_par_iter()
+        .map(|i| content_key(&x[i * d..(i + 1) * d], rewards.map(|r| r[i]), text.map(|t| t[i])))
+        .collect())
+}
+
 /// Stable 64-bit key of a prompt id given as bytes (xxh3).
 pub fn key_of_bytes(b: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(b)

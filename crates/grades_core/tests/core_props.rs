@@ -224,7 +224,7 @@ fn errors_carry_pool_argument_and_row() {
     x[5 * 2] = 1.0;
     let pools = Pools::new(&x, 2, &off, Some(&rows)).unwrap();
     let r = [0.0, 1.0, 2.0, 3.0, f64::INFINITY, 5.0];
-    let e = top_k(&pools.layout, &r, 1).unwrap_err();
+    let e = top_k(&pools.layout, &r, 1, None, None).unwrap_err();
     assert_eq!((e.pool(), e.arg(), e.row()), (Some(1), Some("rewards"), Some(4)), "{e}");
     let e = facility_location_batch(&pools, Some(&r), &params(1, 0.5, Optimizer::Lazy), Kernel::Clip).unwrap_err();
     assert_eq!((e.pool(), e.arg(), e.row()), (Some(1), Some("rewards"), Some(4)), "{e}");
@@ -278,19 +278,19 @@ fn samplers_basic() {
     let off = [0u64, 5, 7, 17];
     let layout = grades_core::pools::Layout::new(&off, None, 17).unwrap();
     let keys = [11u64, 22, 33];
-    let a = random_k(&layout, &keys, 3, 7).unwrap();
+    let a = random_k(&layout, &keys, 3, 7, None, None).unwrap();
     assert_eq!(a.offsets, vec![0, 3, 5, 8]);
-    let b = random_k(&layout, &keys, 3, 7).unwrap();
+    let b = random_k(&layout, &keys, 3, 7, None, None).unwrap();
     assert_eq!(a, b);
     let rewards: Vec<f64> = (0..17).map(|i| (i % 4) as f64).collect();
-    let t = top_k(&layout, &rewards, 2).unwrap();
+    let t = top_k(&layout, &rewards, 2, None, None).unwrap();
     assert_eq!(&t.indices[..2], &[3, 2]);
     let modes: Vec<i64> = (0..17).map(|i| (i % 3) as i64).collect();
-    let s = stratified_k(&layout, &modes, &keys, 3, 1).unwrap();
+    let s = stratified_k(&layout, &modes, &keys, 3, 1, None, None).unwrap();
     assert_eq!(s.offsets.last().copied(), Some(8));
     let mut bad = rewards.clone();
     bad[6] = f64::INFINITY;
-    assert!(top_k(&layout, &bad, 2).unwrap_err().to_string().contains("pool 1"));
+    assert!(top_k(&layout, &bad, 2, None, None).unwrap_err().to_string().contains("pool 1"));
 }
 
 #[test]

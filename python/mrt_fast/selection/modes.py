@@ -9,14 +9,17 @@ One k-means policy serves every caller (``select``'s stratified method through
   mean silhouette (ties to the smaller m); below ``min_silhouette`` (0.25, the
   level Kaufman and Rousseeuw read as "no substantial structure") the set is a
   single mode;
-* labels are numbered by first appearance (the first row is mode 0);
+* labels are numbered by first appearance (the first row is mode 0); the
+  k-means itself visits each set's rows in content order (by their
+  unit-normalised embeddings), so the partition does not depend on the order
+  of the rows;
 * draws are seeded from ``(seed, key)``, where ``key`` identifies the set (a
   pool's hashed prompt id): a pool's labels do not depend on other pools,
   batching or threads.
 
 Engine: sets of at most :data:`LARGE_POOL` rows run in the Rust core (seeded
 k-means++ then Lloyd, exact silhouettes, batched and parallel over pools);
-larger sets run FAISS k-means (25 iterations) with silhouettes measured on a
+larger sets run FAISS k-means (25 iterations, the best of 5 starts) with silhouettes measured on a
 sample of 2,000 rows, so memory stays linear in the set's size.
 """
 
@@ -73,7 +76,7 @@ def _kmeans_faiss(xs: np.ndarray, m: int, *, seed: int, niter: int = 25) -> np.n
     """FAISS k-means on unit rows; labels numbered by first appearance."""
     faiss = faiss_module()
     m = int(max(1, min(m, len(xs))))
-    km = faiss.Kmeans(xs.shape[1], m, niter=int(niter), seed=int(seed) & 0x7FFFFFFF, verbose=False,
+    km = faiss.Kmeans(xs.shape[1], m, niter=int(niter), nredo=5, seed=int(seed) & 0x7FFFFFFF, verbose=False,
                       min_points_per_centroid=1, max_points_per_centroid=max(256, len(xs)))
     km.train(xs)
     _, ids = km.index.search(xs, 1)
@@ -98,6 +101,44 @@ def _faiss_modes(xs: np.ndarray, n_modes: int | None, m_max: int, min_silhouette
     if best is None or best_s < min_silhouette:
         return np.zeros(n, dtype=np.int64)
     return best
+
+
+def _order_keys(x: np.ndarray) -> list[np.ndarray]:
+    """Sort keys of rows by content (for `np.lexsort`, most significant last):
+    the unit-normalised rows projected on two fixed pseudo-random directions.
+    Distinct rows practically never share a projection, sparse embeddings
+    included, and a renormalisation moves one by rounding only, so the order
+    survives it; identical rows tie and are interchangeable."""
+    x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    nrm = np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
+    u = np.where(nrm > 0, x / np.where(nrm > 0, nrm, 1), x)
+    r = np.random.default_rng(0x6D6F646573).normal(size=(x.shape[1], 2))
+    p = u @ r
+    return [p[:, 1], p[:, 0]]
+
+
+def _content_order(g, x: np.ndarray):
+    """`g` with each pool's rows in content order (see `_order_keys`), so a
+    pool's modes do not depend on the order of its rows."""
+    if not np.all(np.isfinite(x)):
+        return g  # the core names the bad row
+    pool_of = np.repeat(np.arange(g.n_pools), g.sizes())
+    r = g.rows.astype(np.int64)
+    order = np.lexsort([k[r] for k in _order_keys(x)] + [pool_of])
+    rows = g.rows[order]
+    return type(g)(keys=g.keys, offsets=g.offsets, rows=rows,
+                   identity=bool(np.array_equal(rows, np.arange(len(rows), dtype=rows.dtype))))
+
+
+def renumber(labels: np.ndarray, g, position: np.ndarray) -> np.ndarray:
+    """`labels` renumbered in each pool of `g` by first appearance along
+    `position` (a rank of every row): the first row is mode 0."""
+    pool_of = np.empty(len(labels), dtype=np.int64)
+    pool_of[g.rows.astype(np.int64)] = np.repeat(np.arange(g.n_pools), g.sizes())
+    d = pl.DataFrame({"p": pool_of, "l": labels, "i": position})
+    first = d.group_by(["p", "l"]).agg(pl.col("i").min().alias("f"))
+    first = first.with_columns((pl.col("f").rank("ordinal").over("p") - 1).cast(pl.Int64).alias("new"))
+    return d.join(first, on=["p", "l"], how="left", maintain_order="left")["new"].to_numpy()
 
 
 def _check_params(n_modes: Any, m_max: Any, min_silhouette: Any, seed: Any) -> None:
@@ -126,7 +167,8 @@ def kmeans(
     max_iter: int = 100,
     large_pool: int = LARGE_POOL,
 ) -> np.ndarray:
-    """Mode labels (int64, numbered by first appearance) of the rows of ``x`` under the policy above.
+    """Mode labels (int64, numbered by first appearance) of the rows of ``x`` under the policy
+    above; the partition does not depend on the row order (the rows are clustered in content order).
 
     ``n_modes=None`` chooses the number by the silhouette rule. ``key`` (a
     non-negative integer below 2^64) identifies the set for seeding, so two
@@ -134,6 +176,17 @@ def kmeans(
     """
     _check_params(n_modes, m_max, min_silhouette, seed)
     xs = unit_rows(x)
+    n = len(xs)
+    # rows in content order, so the labels do not depend on the row order
+    order = np.lexsort(_order_keys(xs))
+    lab = _kmeans_ordered(np.ascontiguousarray(xs[order]), n_modes, m_max, min_silhouette, seed, key, max_iter,
+                          large_pool)
+    out = np.empty(n, dtype=np.int64)
+    out[order] = lab
+    return _canonical(out)
+
+
+def _kmeans_ordered(xs, n_modes, m_max, min_silhouette, seed, key, max_iter, large_pool) -> np.ndarray:
     n = len(xs)
     if n <= large_pool:
         try:
@@ -184,6 +237,7 @@ def pool_modes(
     df = full.select([by, embedding])
     g = group(df, by)
     x = _embeddings(df, embedding)
+    g = _content_order(g, x)
     sizes = g.sizes()
     labels = np.zeros(df.height, dtype=np.int64)
     n_m = np.zeros(g.n_pools, dtype=np.int64)
@@ -204,7 +258,7 @@ def pool_modes(
                 min_silhouette=float(min_silhouette), max_iter=int(max_iter),
             )
         except MrtInputError as e:
-            from mrt_fast.selection.select import _said_of_table
+            from mrt_fast.selection.table_errors import said_of_table as _said_of_table
 
             raise _said_of_table(e, g.keys.gather(sp), by, {"embeddings": embedding}) from None
         labels[rows.astype(np.int64)] = res["labels"]
@@ -222,6 +276,7 @@ def pool_modes(
         labels[rows] = lab
         n_m[p] = int(lab.max()) + 1
         sil[p] = np.nan
+    labels = renumber(labels, g, np.arange(df.height))
     if out in full.columns:
         full = full.drop(out)
     result = full.with_columns(pl.Series(out, labels, dtype=pl.Int64))

@@ -118,6 +118,8 @@ class SelectOptions:
     n_modes: int | None = None
     layout: str = "auto"
     candidate_columns: tuple[str, ...] | None = None
+    text: str | None = None
+    dedup: float | None = None
 
     def __post_init__(self) -> None:
         k = self.k
@@ -147,6 +149,11 @@ class SelectOptions:
             if isinstance(cc, str) or not all(isinstance(c, str) and c for c in cc):
                 raise MrtInputError(f"candidate_columns must be a list of column names, got {cc!r}")
             object.__setattr__(self, "candidate_columns", tuple(cc))
+        if self.text is not None and (not isinstance(self.text, str) or not self.text):
+            raise MrtInputError(f"text must be None or a column name, got {self.text!r}")
+        from mrt_fast.selection.dedup import check_dedup
+
+        object.__setattr__(self, "dedup", check_dedup(self.dedup))
         object.__setattr__(self, "k", k)
         object.__setattr__(self, "method", method)
         object.__setattr__(self, "layout", layout)
@@ -176,7 +183,7 @@ class SelectOptions:
     def select_kwargs(self) -> dict[str, Any]:
         """The keywords of :func:`mrt_fast.select` (after ``k`` and ``method``)."""
         return {n: getattr(self, n) for n in ("by", "embedding", "reward", "mode", "alpha", "eps", "k_max", "kernel",
-                                              "seed", "candidate_key", "optimizer")}
+                                              "seed", "candidate_key", "optimizer", "text", "dedup")}
 
     def parameters(self) -> dict[str, Any]:
         """Everything a result depends on, as plain values (a job's manifest records them)."""

@@ -106,6 +106,7 @@ def select_k_column(select: Callable, table: Any, k_col: str, method: str, *, by
         small_pool_ids=[p for _, r in reports for p in r.small_pool_ids][:20],
         objective=objective, upper_bound=upper, modes_missed=sum(r.modes_missed for _, r in reports),
         seconds=sum(r.seconds for _, r in reports),
+        **{f: sum(getattr(r, f) for _, r in reports) for f in SelectionReport.COUNTS},
     )
     _rewarn(caught)
     return out, rep

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
+
 import numpy as np
 
 
-@dataclass
+@dataclass(repr=False)
 class SelectionReport:
-    """What a `select` call did, pool by pool where it matters."""
+    """What a `select` call did, pool by pool where it matters.
+
+    Besides the sizes, it counts what decided the picks: ``n_tie_picks``
+    (picks among gains equal within rounding, decided by the tie rule:
+    quality, coverage, content), ``n_zero_gain_picks`` (facility-location
+    picks whose marginal gain is 0: the kept set already covers the pool),
+    ``n_duplicates_skipped`` (candidates left out because they repeat a kept
+    one's embedding or text), ``n_near_duplicates_removed`` (rows removed by
+    ``dedup=`` before selection) and ``n_one_mode_pools`` (stratified: pools
+    whose candidates form a single mode, where stratified is a uniform draw).
+    ``print(report)`` shows them as a short table.
+    """
 
     method: str
-    k: int
+    k: int | str
     n_pools: int
     n_candidates: int
     n_kept: int
@@ -21,6 +34,16 @@ class SelectionReport:
     upper_bound: np.ndarray | None = None  # per pool
     modes_missed: int = 0  # stratified: pool-modes that got no pick
     seconds: float = 0.0
+    n_tie_picks: int = 0
+    n_zero_gain_picks: int = 0
+    n_duplicates_skipped: int = 0
+    n_near_duplicates_removed: int = 0
+    n_one_mode_pools: int = 0
+
+    #: the counts that add up over parts of a selection
+    COUNTS: ClassVar[tuple[str, ...]] = (
+        "n_tie_picks", "n_zero_gain_picks", "n_duplicates_skipped", "n_near_duplicates_removed", "n_one_mode_pools",
+    )
 
     @property
     def approximation_ratio(self) -> np.ndarray | None:
@@ -51,5 +74,39 @@ class SelectionReport:
             if self.approximation_ratio is None or not len(self.approximation_ratio)
             else float(np.min(self.approximation_ratio)),
             "modes_missed": self.modes_missed,
+            **{f: getattr(self, f) for f in self.COUNTS},
             "seconds": self.seconds,
         }
+
+    def lines(self) -> list[tuple[str, str]]:
+        """The summary as (label, value) rows: what `str(report)` prints."""
+        d = self.to_dict()
+        rows = [
+            ("method", f"{self.method}, k = {self.k}"),
+            ("pools", f"{self.n_pools:,} ({self.n_candidates:,} candidates, {self.n_kept:,} kept)"),
+            ("pools with <= k candidates", f"{self.n_small_pools:,} (kept whole)"),
+        ]
+        if d["mean_approximation_ratio"] is not None:
+            rows.append(("certified ratio", f"mean {d['mean_approximation_ratio']:.4f}, "
+                                            f"min {d['min_approximation_ratio']:.4f}"))
+            rows.append(("zero-gain picks", f"{self.n_zero_gain_picks:,}"))
+        rows.append(("picks decided by the tie rule", f"{self.n_tie_picks:,}"))
+        rows.append(("duplicates skipped", f"{self.n_duplicates_skipped:,}"))
+        if self.n_near_duplicates_removed:
+            rows.append(("near-duplicates removed (dedup)", f"{self.n_near_duplicates_removed:,}"))
+        if self.method == "stratified":
+            rows.append(("one-mode pools", f"{self.n_one_mode_pools:,}"))
+            rows.append(("modes with no pick", f"{self.modes_missed:,}"))
+        rows.append(("time", f"{self.seconds:.3f} s"))
+        return rows
+
+    def __str__(self) -> str:
+        rows = self.lines()
+        w = max(len(a) for a, _ in rows)
+        return "\n".join(["SelectionReport"] + [f"  {a:<{w}}  {b}" for a, b in rows])
+
+    def __repr__(self) -> str:
+        return (f"SelectionReport(method={self.method!r}, k={self.k!r}, n_pools={self.n_pools}, "
+                f"n_kept={self.n_kept}, n_small_pools={self.n_small_pools}, n_tie_picks={self.n_tie_picks}, "
+                f"n_zero_gain_picks={self.n_zero_gain_picks}, n_duplicates_skipped={self.n_duplicates_skipped}, "
+                f"n_one_mode_pools={self.n_one_mode_pools})")

@@ -36,23 +36,58 @@ from mrt_fast.selection.report import SelectionReport
 from mrt_fast.selection.options import (FACILITY_METHODS, METHODS, SelectOptions, check_common, check_k,
                                        check_optimizer, check_seed)
 from mrt_fast.selection.facility import DENSE_LIMIT_BYTES
+from mrt_fast.selection.table_errors import said_of_table as _said_of_table
+from mrt_fast.selection.content import content_keys, duplicate_classes, text_keys
+from mrt_fast.selection.dedup import check_dedup, near_duplicate_mask
 
 
-def _said_of_table(e: MrtInputError, keys: pl.Series, by: str, columns: dict) -> MrtInputError:
-    """The core's error about pool index `e.pool`, argument `e.column` and row
-    `e.row`, said of the table: the pool by its prompt id, the column by name."""
-    p = e.pool
-    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < len(keys):
-        return e
-    p = int(p)
-    key = keys[p]
-    if isinstance(key, pl.Series):  # a nested id (list, array): named by its values on one line
-        key = key.to_list()
-    msg, prefix = str(e), f"pool {p}: "
-    rest = msg[len(prefix):] if msg.startswith(prefix) else msg
-    return MrtInputError(
-        f"pool {p} ({by}={key!r}): {rest}", pool=key, column=columns.get(e.column, e.column), row=e.row
-    )
+def found_modes(df: pl.DataFrame, by: str, embedding: str, seed: int) -> np.ndarray:
+    """Mode labels of every row of `df` by the k-means policy of `modes`
+    (stratified with no mode column, as `mrt select` does)."""
+    from mrt_fast.selection.modes import _order_keys, pool_modes, renumber
+
+    labelled = pool_modes(df.select([by, embedding]), by=by, embedding=embedding, out="__mrt_mode", seed=seed)
+    labels = labelled["__mrt_mode"].to_numpy().astype(np.int64)
+    # strata numbered in content order, not row order: the allocation's ties then follow the data
+    x = _embeddings(df, embedding)
+    if not np.all(np.isfinite(x)):
+        return np.ascontiguousarray(labels)
+    rank = np.empty(df.height, dtype=np.int64)
+    rank[np.lexsort(_order_keys(x))] = np.arange(df.height)
+    return np.ascontiguousarray(renumber(labels, group(df, by), rank))
+
+
+def one_mode_pools(modes: np.ndarray, g) -> int:
+    """Pools whose candidates all carry one mode label."""
+    pool_of = np.repeat(np.arange(g.n_pools), g.sizes())
+    lab = modes[g.rows.astype(np.int64)]
+    d = pl.DataFrame({"p": pool_of, "m": lab}).group_by("p").agg(pl.col("m").n_unique())
+    return int((d["m"] == 1).sum())
+
+
+def _dedup(table, kind, df, g, by, embedding, reward, candidate_key, threshold):
+    """Remove near-duplicates inside each pool (see `dedup`): the table,
+    its frame and groups without them, and how many were removed."""
+    x = _embeddings(df, embedding)
+    rew = numeric(df, reward, "reward") if reward in df.columns else None
+    if rew is not None and not np.all(np.isfinite(rew)):
+        return table, df, g, 0  # selection names the bad reward
+    if candidate_key is not None:  # the key's order, already in g.rows
+        order = np.empty(df.height, dtype=np.uint64)
+        order[g.rows.astype(np.int64)] = np.arange(df.height, dtype=np.uint64)
+    else:
+        norms_ok = np.all(np.isfinite(x))
+        if not norms_ok:
+            return table, df, g, 0  # selection names the bad embedding
+        order = core.content_keys(x, rewards=rew)
+    keep = near_duplicate_mask(x, g.offsets, g.rows, order, rew, threshold)
+    n_removed = int((~keep).sum())
+    if not n_removed:
+        return table, df, g, 0
+    idx = np.flatnonzero(keep).astype(np.uint64)
+    table = take(table, kind, idx, {})
+    df = df[pl.Series(idx)]
+    return table, df, group(df, by, candidate_key), n_removed
 
 
 def select(
@@ -75,6 +110,8 @@ def select(
     layout: str = "auto",
     candidate_columns: list[str] | None = None,
     options: SelectOptions | None = None,
+    text: str | None = None,
+    dedup: float | None = None,
 ):
     """Keep K candidates per prompt.
 
@@ -104,15 +141,28 @@ def select(
     kernel : "shift" | "clip"
         Cosine c mapped into [0, 1] as ``(1 + c)/2`` or ``max(0, c)``.
     seed : int
-        Random draws are seeded per pool from ``(seed, prompt id)``: a pool's
-        draw does not depend on other pools, sharding or threads.
+        Random draws are seeded per pool from ``(seed, prompt id)`` and each
+        candidate's content (its embedding, reward and text): a pool's draw
+        does not depend on other pools, sharding, threads or the order of its
+        rows.
     candidate_key : str, optional
         A column ordering the candidates inside a pool before selection (e.g. a
-        candidate index or the response text). With it, results do not depend
-        on the table's row order either; without it, a pool's candidates are
-        taken in their order of appearance. The key must order each pool: a
-        null or NaN key, or a value repeated within a pool on rows that differ
-        in any column, is an `MrtInputError` naming the rows (-0.0 is 0.0).
+        candidate index or the response text): ties and draws then follow the
+        key instead of the content hash. The key must order each pool: a null
+        or NaN key, or a value repeated within a pool on rows that differ in
+        any column, is an `MrtInputError` naming the rows (-0.0 is 0.0).
+        Without it, results do not depend on the row order either: ties go
+        by quality, coverage and a content hash (see docs/selection.md).
+    text : str, optional
+        A text column (e.g. the response): rows with the same text are
+        duplicates, never kept twice while a distinct candidate is left (rows
+        with the same embedding always are); the text also enters the content
+        key.
+    dedup : float, optional
+        Near-duplicate removal inside each pool before selection: a candidate
+        whose cosine with a better one (higher reward, then content key) is at
+        least ``dedup`` is removed; ``report.n_near_duplicates_removed``
+        counts them. Needs the embedding column.
     optimizer : "lazy" | "naive"
         Greedy variant for facility location; both return the same picks.
     return_report : bool
@@ -154,7 +204,8 @@ def select(
             raise MrtInputError("k is required: an integer >= 1 or the name of a column holding each pool's K")
         opts = dict(
             by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
-            seed=seed, candidate_key=candidate_key, optimizer=optimizer, return_report=return_report,
+            seed=seed, candidate_key=candidate_key, optimizer=optimizer, return_report=return_report, text=text,
+            dedup=dedup,
         )
     if is_hf(table):  # a datasets.Dataset: selected as its Arrow table, handed back as a Dataset
         res = select(hf_to_arrow(table), k, method, layout=layout, candidate_columns=candidate_columns, **opts)
@@ -178,7 +229,7 @@ def select(
 def select_one_k(
     table: Any, k: int, method: str, *, by: str, embedding: str, reward: str, mode: str, alpha: float, eps: float,
     k_max: int | None, kernel: str, seed: int, candidate_key: str | None, optimizer: str, return_report: bool,
-    added_columns: tuple[str, ...] = (),
+    added_columns: tuple[str, ...] = (), text: str | None = None, dedup: float | None = None,
 ):
     """`select` with one integer K. `added_columns`: columns the caller added
     to the user's table, left out when rows are compared (see `candidate_keys`)."""
@@ -192,11 +243,12 @@ def select_one_k(
     alpha, eps = check_common(alpha, eps, k, k_max, kernel)
     seed = check_seed(seed)
     optimizer = check_optimizer(optimizer)
+    dedup = check_dedup(dedup)
     try:
         return _select(
             table, k, m, t0, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps,
             k_max=k_max, kernel=kernel, seed=seed, candidate_key=candidate_key, optimizer=optimizer,
-            return_report=return_report, added_columns=added_columns,
+            return_report=return_report, added_columns=added_columns, text=text, dedup=dedup,
         )
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as e:
         # a column polars cannot group, cast or key (an id or label of an unusable type)
@@ -207,24 +259,32 @@ def select_one_k(
 def _select(
     table: Any, k: int, m: str, t0: float, *, by: str, embedding: str, reward: str, mode: str, alpha: float,
     eps: float, k_max: int | None, kernel: str, seed: int, candidate_key: str | None, optimizer: str,
-    return_report: bool, added_columns: tuple[str, ...],
+    return_report: bool, added_columns: tuple[str, ...], text: str | None, dedup: float | None,
 ):
     kind = table_kind(table)
     cols = columns_of(table, kind)
     require(cols, by, "prompt id")
     need = [by]
-    if m in FACILITY_METHODS:
-        require(cols, embedding, "embedding")
+    find_modes = m == "stratified" and mode not in cols
+    if m in FACILITY_METHODS or find_modes or dedup is not None:
+        # stratified without a mode column finds the modes (k-means on the embeddings)
+        require(cols, embedding, f"embedding{' (to find modes: no mode column)' if find_modes else ''}")
         need.append(embedding)
+    elif embedding in cols:
+        need.append(embedding)  # duplicates: the same embedding
     if m == "top" or (m == "grades" and (alpha > 0 or k_max is not None)):
         require(cols, reward, "reward")
         need.append(reward)
-    if m == "stratified":
-        require(cols, mode, "mode")
+    elif reward in cols:
+        need.append(reward)  # quality for ties, and part of the content key
+    if m == "stratified" and not find_modes:
         need.append(mode)
     if candidate_key is not None:
         require(cols, candidate_key, "candidate key")
         need.append(candidate_key)
+    if text is not None:
+        require(cols, text, "text")
+        need.append(text)
     if kind == "polars" and embedding in need and table[embedding].n_chunks() > 1:
         # one contiguous copy of the embeddings (a table read from several files
         # comes in chunks): the core reads it in place and the kept rows are
@@ -234,6 +294,10 @@ def _select(
     if candidate_key is not None:
         df = checked_key(table, kind, df, by, candidate_key, added_columns)
     g = group(df, by, candidate_key)
+    n_removed = 0
+    if dedup is not None:
+        table, df, g, n_removed = _dedup(table, kind, df, g, by, embedding, reward, candidate_key, dedup)
+    text_key = text_keys(df, text) if text is not None else None
     rows = None if g.identity else g.rows
     sizes = g.sizes()
     small = sizes <= k
@@ -247,28 +311,57 @@ def _select(
         n_kept=0,
         n_small_pools=int(small.sum()),
         small_pool_ids=g.keys.filter(small).head(20).to_list(),
+        n_near_duplicates_removed=n_removed,
     )
     try:
+        content = dups = None
+        if m not in FACILITY_METHODS:
+            leave_out = (embedding, mode)  # mode labels name strata; relabelled, they draw the same
+            once = [c for c in cols if cols.count(c) == 1]  # a repeated name is not read (nor refused) here
+            full = to_polars(table, kind, [c for c in once if c not in added_columns and c not in leave_out])
+            ck = content_keys(full, leave_out, text_key)
+            dups = duplicate_classes(df, embedding, text_key, ck)
+            if embedding in df.columns:
+                # rows equal in every other column: the embedding tells them apart
+                same = pl.DataFrame({"p": np.repeat(np.arange(g.n_pools), g.sizes()),
+                                     "c": ck[g.rows.astype(np.int64)]}).is_duplicated().to_numpy()
+                if same.any():
+                    at = g.rows.astype(np.int64)[same]
+                    ck = ck.copy()
+                    ck[at] ^= core.content_keys(_embeddings(df, embedding)[at]) * np.uint64(0x9E3779B97F4A7C15)
+            content = ck if candidate_key is None else None
         if m in FACILITY_METHODS:
             x = _embeddings(df, embedding)
             rew = numeric(df, reward, "reward") if reward in df.columns else None
             params = core.FlParams(k, alpha=alpha, eps=eps, k_max=k_max, optimizer=optimizer)
             res = core.fl_batch(
-                x, g.offsets, params, rows=rows, rewards=rew, kernel=kernel, dense_limit=DENSE_LIMIT_BYTES
+                x, g.offsets, params, rows=rows, rewards=rew, kernel=kernel, dense_limit=DENSE_LIMIT_BYTES,
+                text=text_key, ordered=candidate_key is not None,
             )
             extra["gain"] = res["gains"]
             report.objective = res["objective"]
             report.upper_bound = res["upper_bound"]
+            report.n_tie_picks = int(res["ties"].sum())
+            report.n_zero_gain_picks = int(res["zero_gain"].sum())
+            report.n_duplicates_skipped = int(res["dup_skipped"].sum())
         elif m == "random":
-            res = core.random_k(g.offsets, pool_keys(g.keys), k, seed, rows=rows, n_rows=df.height)
+            res = core.random_k(g.offsets, pool_keys(g.keys), k, seed, rows=rows, n_rows=df.height, content=content,
+                                dups=dups)
         elif m == "top":
             rew = numeric(df, reward, "reward")
-            res = core.top_k(g.offsets, rew, k, rows=rows)
+            res = core.top_k(g.offsets, rew, k, rows=rows, content=content, dups=dups)
         else:
-            modes = mode_labels(df, mode)
-            res = core.stratified_k(g.offsets, modes, pool_keys(g.keys), k, seed, rows=rows)
+            if find_modes:
+                modes = found_modes(df, by, embedding, seed)
+            else:
+                modes = mode_labels(df, mode)
+            res = core.stratified_k(g.offsets, modes, pool_keys(g.keys), k, seed, rows=rows, content=content,
+                                    dups=dups)
             extra["weight"] = res["weights"]
             report.modes_missed = int(res["modes_missed"].sum())
+            report.n_one_mode_pools = one_mode_pools(modes, g)
+        if "dup_skipped" in res and m not in FACILITY_METHODS:
+            report.n_duplicates_skipped = int(res["dup_skipped"].sum())
     except MrtInputError as e:
         columns = {"embeddings": embedding, "rewards": reward, "modes": mode}
         raise _said_of_table(e, g.keys, by, columns) from None

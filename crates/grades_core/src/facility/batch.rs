@@ -5,10 +5,11 @@
 use rayon::prelude::*;
 
 use super::dense::DenseSource;
-use super::greedy::greedy;
+use super::greedy::greedy_with;
 use super::on_demand::OnDemandSource;
 use super::params::{need_rewards_error, FlResult, Params};
 use super::sweep::{greedy_sweep_with, use_sweep, SweepScratch};
+use super::ties::{Content, Ties};
 use super::weights::{ground_set, remap, weights_for};
 use crate::error::{invalid, Result};
 use crate::kernel::{cosine_gram, gather_normalized, gather_rows, Kernel};
@@ -47,7 +48,33 @@ pub fn facility_location_batch_within(
     kernel: Kernel,
     dense_limit: usize,
 ) -> Result<Vec<FlResult>> {
+    facility_location_batch_keyed(pools, rewards, None, false, params, kernel, dense_limit)
+}
+
+/// [`facility_location_batch_within`] with `text` keys (by matrix row: rows
+/// with equal keys are duplicates, as rows with equal embeddings are) and
+/// `ordered` (each pool's rows come in the order of a caller's key, so
+/// positions are the last tie-break; otherwise a hash of each candidate's
+/// embedding, reward and text key is). See [`super::ties`].
+pub fn facility_location_batch_keyed(
+    pools: &Pools<'_>,
+    rewards: Option<&[f64]>,
+    text: Option<&[u64]>,
+    ordered: bool,
+    params: &Params,
+    kernel: Kernel,
+    dense_limit: usize,
+) -> Result<Vec<FlResult>> {
     params.validate()?;
+    if let Some(t) = text {
+        if t.len() != pools.layout.n_rows() {
+            return invalid(format!(
+                "text keys have {} entries but embeddings have {} rows",
+                t.len(),
+                pools.layout.n_rows()
+            ));
+        }
+    }
     if params.needs_rewards() && rewards.is_none() {
         return Err(need_rewards_error());
     }
@@ -62,7 +89,9 @@ pub fn facility_location_batch_within(
     }
     let out: Vec<Result<FlResult>> = (0..pools.layout.n_pools())
         .into_par_iter()
-        .map_init(Scratch::default, |sc, p| run_pool(pools, p, rewards, params, kernel, dense_limit, sc))
+        .map_init(Scratch::default, |sc, p| {
+            run_pool(pools, p, rewards, (text, ordered), params, kernel, dense_limit, sc)
+        })
         .collect();
     // the first failing pool, deterministically
     out.into_iter().collect()
@@ -78,10 +107,12 @@ struct Scratch {
     sweep: SweepScratch,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_pool(
     pools: &Pools<'_>,
     p: usize,
     rewards: Option<&[f64]>,
+    (text, ordered): (Option<&[u64]>, bool),
     params: &Params,
     kernel: Kernel,
     dense_limit: usize,
@@ -102,13 +133,24 @@ fn run_pool(
     let (q, u) = ground_set(p, &|i| pools.layout.row(p, i), n, pool_rewards, params)?;
     let m = u.len();
     let d = pools.dim;
+    let ties = Ties {
+        quality: q.as_ref().map(|q| u.iter().map(|&i| q[i]).collect()),
+        content: Content::new(
+            pools.data,
+            d,
+            u.iter().map(|&i| pools.layout.row(p, i)).collect(),
+            rewards,
+            text,
+            ordered,
+        ),
+    };
     if dense_bytes(m) > dense_limit {
         // too large for its n x n block: similarity columns on demand
         let mut xn = Vec::new();
         gather_normalized(pools, p, &u, &mut xn)?;
         let w = weights_for(p, q.as_deref(), &u, params)?;
         let mut src = OnDemandSource::new(xn, m, d, kernel);
-        return Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u));
+        return Ok(remap(greedy_with(&mut src, &w, params.k, params.optimizer, &ties), &u));
     }
     // the pool's rows straight from the caller's matrix when they are
     // contiguous and all in the ground set; a gathered copy otherwise
@@ -140,10 +182,10 @@ fn run_pool(
     // the Gram block is exactly symmetric: small pools with a small K take
     // the sweep, which gives what naive (and so lazy) greedy gives
     let mut res = if use_sweep(m, params.k) {
-        greedy_sweep_with(&sc.s, m, &w, params.k, &mut sc.sweep)
+        greedy_sweep_with(&sc.s, m, &w, params.k, &mut sc.sweep, &ties)
     } else {
         let mut src = DenseSource::new(&sc.s, m);
-        greedy(&mut src, &w, params.k, params.optimizer)
+        greedy_with(&mut src, &w, params.k, params.optimizer, &ties)
     };
     for i in res.indices.iter_mut() {
         *i = u[*i];

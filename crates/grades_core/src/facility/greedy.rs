@@ -5,8 +5,10 @@ use std::collections::BinaryHeap;
 use super::certificate::{certify_at, top_k_sum};
 use super::params::{FlResult, Optimizer};
 use super::source::Source;
+use super::ties::{Picker, Ties};
 
-/// Heap entry: larger gain first, then lower index. The gain is kept as a
+/// Heap entry: larger gain first, then lower index (ties are then decided
+/// by [`Picker::resolve`]). The gain is kept as a
 /// u64 whose integer order is the float order (sign flipped for
 /// non-negatives, all bits for negatives; -0.0 is taken as +0.0), so heap
 /// comparisons are two integer compares.
@@ -37,7 +39,13 @@ impl Entry {
 
 /// Greedy maximisation of F over `src` with weights `w`, keeping
 /// `min(k, n)` elements. Indices are positions in the source's ground set.
+/// Ties go by [`Ties::none`]'s rules (coverage, then the lower index).
 pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimizer) -> FlResult {
+    greedy_with(src, w, k, opt, &Ties::none())
+}
+
+/// [`greedy`] with ties and duplicates decided by `ties` (see [`super::ties`]).
+pub fn greedy_with<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimizer, ties: &Ties<'_>) -> FlResult {
     let n = src.n();
     let k = k.min(n);
     let mut res = FlResult::default();
@@ -45,11 +53,13 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
         return res;
     }
     src.prepare(w);
+    let mut pk = Picker::new(ties, n, w);
     let mut c = vec![0f64; n];
     let mut chosen = vec![false; n];
     let mut f = 0.0f64;
     let mut ub = f64::INFINITY;
     let mut scratch: Vec<f64> = Vec::with_capacity(n);
+    let mut tied: Vec<(usize, f64)> = Vec::new();
     match opt {
         Optimizer::Naive => {
             let mut g = vec![0f64; n];
@@ -69,18 +79,18 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
                 if t == k {
                     break;
                 }
-                // argmax, ties to the lower index (js is ascending)
-                let mut best = js[0];
-                for &j in &js[1..] {
-                    if g[j] > g[best] {
-                        best = j;
-                    }
-                }
+                // the largest eligible gain, then every eligible gain tied with it
+                let gmax = js.iter().filter(|&&j| !pk.aside(j)).fold(f64::NEG_INFINITY, |a, &j| a.max(g[j]));
+                let thr = pk.threshold(gmax);
+                tied.clear();
+                tied.extend(js.iter().filter(|&&j| !pk.aside(j) && g[j] >= thr).map(|&j| (j, g[j])));
+                let (best, gb) = pk.resolve(src, &tied);
                 chosen[best] = true;
-                f += g[best];
+                f += gb;
                 src.cover(best, w, &mut c);
+                pk.picked(best, gb, &chosen);
                 res.indices.push(best);
-                res.gains.push(g[best]);
+                res.gains.push(gb);
             }
         }
         Optimizer::Lazy => {
@@ -102,6 +112,7 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
             let mut b = b_max;
             let mut stale: Vec<usize> = Vec::with_capacity(b_max);
             let mut keep: Vec<Entry> = Vec::with_capacity(b_max);
+            let mut held: Vec<Entry> = Vec::new();
             let mut vals = vec![0f64; b_max];
             for t in 0..k {
                 if t > 0 && certify_at(t, k, n) {
@@ -110,22 +121,26 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
                     ub = ub.min(f + top_k_sum(&mut scratch, k));
                 }
                 let mut evals = 0usize;
+                held.clear();
+                // the largest eligible gain: re-evaluate stale tops until a fresh one leads
                 loop {
                     let top = *heap.peek().expect("heap holds every unchosen element");
-                    if fresh[top.j()] == t {
+                    if pk.aside(top.j()) {
+                        held.push(top);
                         heap.pop();
-                        chosen[top.j()] = true;
-                        f += top.g();
-                        src.cover(top.j(), w, &mut c);
-                        res.indices.push(top.j());
-                        res.gains.push(top.g());
-                        b = (evals / 2).clamp(b_min, b_max);
+                        continue;
+                    }
+                    if fresh[top.j()] == t {
                         break;
                     }
                     stale.clear();
                     keep.clear();
                     while stale.len() < b {
                         match heap.peek() {
+                            Some(e) if pk.aside(e.j()) => {
+                                held.push(*e);
+                                heap.pop();
+                            }
                             Some(e) if fresh[e.j()] != t => {
                                 stale.push(e.j());
                                 heap.pop();
@@ -145,6 +160,44 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
                     }
                     heap.extend(keep.drain(..));
                 }
+                // every eligible gain tied with it: stale bounds at or above
+                // the threshold are evaluated (a bound of 0 is exact: gains
+                // are never negative)
+                let top = heap.pop().expect("a fresh top");
+                let thr = pk.threshold(top.g());
+                tied.clear();
+                tied.push((top.j(), top.g()));
+                while let Some(&e) = heap.peek() {
+                    if e.g() < thr {
+                        break;
+                    }
+                    heap.pop();
+                    if pk.aside(e.j()) {
+                        held.push(e);
+                    } else if fresh[e.j()] == t || e.g() == 0.0 {
+                        tied.push((e.j(), e.g()));
+                    } else {
+                        let mut v = [0f64];
+                        src.gains(&[e.j()], w, &c, &mut v);
+                        evals += 1;
+                        fresh[e.j()] = t;
+                        heap.push(Entry::new(v[0], e.j()));
+                    }
+                }
+                let (best, gb) = pk.resolve(src, &tied);
+                for &(j, g) in tied.iter() {
+                    if j != best {
+                        heap.push(Entry::new(g, j));
+                    }
+                }
+                heap.extend(held.drain(..));
+                chosen[best] = true;
+                f += gb;
+                src.cover(best, w, &mut c);
+                pk.picked(best, gb, &chosen);
+                res.indices.push(best);
+                res.gains.push(gb);
+                b = (evals / 2).clamp(b_min, b_max);
             }
             scratch.clear();
             scratch.extend(heap.iter().map(|e| e.g()));
@@ -154,5 +207,8 @@ pub fn greedy<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Optimiz
     // F(S) from the final cover, not the running sum of gains.
     res.objective = c.iter().zip(w).map(|(&ci, &wi)| wi * ci).sum();
     res.upper_bound = ub.max(res.objective);
+    res.ties = pk.n_ties;
+    res.zero_gain = pk.n_zero;
+    res.dup_skipped = pk.n_skipped(&chosen);
     res
 }

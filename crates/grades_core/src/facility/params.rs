@@ -69,6 +69,13 @@ pub struct FlResult {
     pub objective: f64,
     /// Certified upper bound on the best K-subset's F.
     pub upper_bound: f64,
+    /// Picks decided by the tie rule (several distinct candidates' gains
+    /// equal within rounding; a tie among exact duplicates is not counted).
+    pub ties: usize,
+    /// Picks whose gain is zero (within rounding of the pool's first gain).
+    pub zero_gain: usize,
+    /// Candidates not kept because they repeat a kept one (same embedding or text).
+    pub dup_skipped: usize,
 }
 
 impl FlResult {

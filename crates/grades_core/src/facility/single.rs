@@ -4,14 +4,20 @@
 use rayon::prelude::*;
 
 use super::dense::DenseSource;
-use super::greedy::greedy;
+use super::greedy::greedy_with;
 use super::on_demand::OnDemandSource;
 use super::params::{need_rewards_error, FlResult, Params};
 use super::sparse::SparseSource;
+use super::ties::{Content, Ties};
 use super::weights::{ground_set, remap, weights_for};
 use crate::error::{invalid, try_zeroed, Result};
 use crate::kernel::{gather_normalized, Csr, CsrRef, Idx, Kernel};
 use crate::pools::Pools;
+
+/// Ties of a single pool: its qualities on the ground set `u` (content as given).
+fn ties_of<'a>(q: Option<Vec<f64>>, u: &[usize], content: Content<'a>) -> Ties<'a> {
+    Ties { quality: q.map(|q| u.iter().map(|&i| q[i]).collect()), content }
+}
 
 /// Ground set and weights of a single pool.
 type Setup = (Option<Vec<f64>>, Vec<usize>, Vec<f64>);
@@ -50,7 +56,8 @@ pub fn facility_location_dense(sim: &[f32], n: usize, rewards: Option<&[f64]>, p
             sim[i * n + j]
         ));
     }
-    let (_, u, w) = single_pool_setup(n, rewards, params)?;
+    let (q, u, w) = single_pool_setup(n, rewards, params)?;
+    let ties = ties_of(q, &u, Content::none());
     let m = u.len();
     // column-major copy of the ground-set block: col j holds S_ij, i in U;
     // in parallel over columns, 64 at a time (so the row-major reads of a
@@ -70,7 +77,7 @@ pub fn facility_location_dense(sim: &[f32], n: usize, rewards: Option<&[f64]>, p
         }
     });
     let mut src = DenseSource::new(&cols, m);
-    Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u))
+    Ok(remap(greedy_with(&mut src, &w, params.k, params.optimizer, &ties), &u))
 }
 
 /// Facility location on one pool with a sparse similarity graph. With
@@ -84,15 +91,16 @@ pub fn facility_location_sparse<P: Idx, I: Idx>(
     params: &Params,
 ) -> Result<FlResult> {
     let n = graph.n;
-    let (_, u, w) = single_pool_setup(n, rewards, params)?;
+    let (q, u, w) = single_pool_setup(n, rewards, params)?;
+    let ties = ties_of(q, &u, Content::none());
     if u.len() == n {
         if symmetric {
             let mut src = SparseSource { cols: *graph };
-            return Ok(greedy(&mut src, &w, params.k, params.optimizer));
+            return Ok(greedy_with(&mut src, &w, params.k, params.optimizer, &ties));
         }
         let cols = graph.transpose();
         let mut src = SparseSource { cols: cols.as_ref() };
-        return Ok(greedy(&mut src, &w, params.k, params.optimizer));
+        return Ok(greedy_with(&mut src, &w, params.k, params.optimizer, &ties));
     }
     // restrict to the ground set, renumbered 0..m
     let mut pos = vec![u32::MAX; n];
@@ -115,7 +123,7 @@ pub fn facility_location_sparse<P: Idx, I: Idx>(
     let sub = Csr { n: u.len(), indptr, indices, data };
     let cols = if symmetric { sub } else { sub.transpose() };
     let mut src = SparseSource { cols: cols.as_ref() };
-    Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u))
+    Ok(remap(greedy_with(&mut src, &w, params.k, params.optimizer, &ties), &u))
 }
 
 /// Facility location on one large pool of embeddings without ever holding the
@@ -131,12 +139,13 @@ pub fn facility_location_on_demand(
     if d == 0 || x.len() != n * d {
         return invalid(format!("embeddings have {} floats, expected n * d = {} * {}", x.len(), n, d));
     }
-    let (_, u, w) = single_pool_setup(n, rewards, params)?;
+    let (q, u, w) = single_pool_setup(n, rewards, params)?;
+    let ties = ties_of(q, &u, Content::new(x, d, u.clone(), rewards, None, false));
     let offsets = [0u64, n as u64];
     let layout = crate::pools::Layout::single(&offsets);
     let pools = Pools { data: x, dim: d, layout };
     let mut xn = Vec::new();
     gather_normalized(&pools, 0, &u, &mut xn)?;
     let mut src = OnDemandSource::new(xn, u.len(), d, kernel);
-    Ok(remap(greedy(&mut src, &w, params.k, params.optimizer), &u))
+    Ok(remap(greedy_with(&mut src, &w, params.k, params.optimizer, &ties), &u))
 }

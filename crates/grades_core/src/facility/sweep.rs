@@ -3,7 +3,9 @@
 
 use super::certificate::{top_k_sum, top_k_sum_small};
 use super::column::{column_cover, column_gain_w};
+use super::dense::DenseSource;
 use super::params::FlResult;
+use super::ties::{Picker, Ties};
 
 /// Pools up to this size run [`greedy_sweep`] in the batched path when K is
 /// small next to the pool (see [`use_sweep`]).
@@ -15,23 +17,6 @@ pub const SWEEP_MAX_N: usize = 128;
 /// (64 and 128 candidates, 384 dims): K of about 0.35 n and 0.15 n.
 pub fn use_sweep(n: usize, k: usize) -> bool {
     n <= SWEEP_MAX_N && (k <= 4 || 6 * k <= n)
-}
-
-/// The largest of non-negative values, 0.0 for none (eight running maxima,
-/// so the loop vectorises; the maximum does not depend on the order).
-#[inline(always)]
-fn max_nonneg(v: &[f64]) -> f64 {
-    let mut m = [0.0f64; 8];
-    let ch = v.chunks_exact(8);
-    for &x in ch.remainder() {
-        m[0] = if x > m[0] { x } else { m[0] };
-    }
-    for c in ch {
-        for l in 0..8 {
-            m[l] = if c[l] > m[l] { c[l] } else { m[l] };
-        }
-    }
-    m.iter().fold(0.0, |a, &b| if b > a { b } else { a })
 }
 
 /// Columns per block of [`sweep_gains`] (two AVX2 vectors of f64).
@@ -126,6 +111,7 @@ pub struct SweepScratch {
     g: Vec<f64>,
     chosen: Vec<bool>,
     top: Vec<f64>,
+    tied: Vec<(usize, f64)>,
 }
 
 /// Greedy over a **symmetric** dense `n x n` similarity `s`, evaluating every
@@ -136,11 +122,12 @@ pub struct SweepScratch {
 /// pools this is faster than lazy greedy, whose heap work and stale
 /// re-evaluations (often half the pool per step) cost more than the sweep.
 pub fn greedy_sweep(s: &[f32], n: usize, w: &[f64], k: usize) -> FlResult {
-    greedy_sweep_with(s, n, w, k, &mut SweepScratch::default())
+    greedy_sweep_with(s, n, w, k, &mut SweepScratch::default(), &Ties::none())
 }
 
-/// [`greedy_sweep`] with caller-held buffers.
-pub fn greedy_sweep_with(s: &[f32], n: usize, w: &[f64], k: usize, sc: &mut SweepScratch) -> FlResult {
+/// [`greedy_sweep`] with caller-held buffers and ties decided by `ties`
+/// (as [`greedy_with`](fn@super::greedy_with) decides them).
+pub fn greedy_sweep_with(s: &[f32], n: usize, w: &[f64], k: usize, sc: &mut SweepScratch, ties: &Ties<'_>) -> FlResult {
     assert!(s.len() >= n * n && w.len() >= n, "greedy_sweep: buffers too small");
     let unit = w[..n].iter().all(|&v| v == 1.0);
     #[cfg(target_arch = "x86_64")]
@@ -149,17 +136,17 @@ pub fn greedy_sweep_with(s: &[f32], n: usize, w: &[f64], k: usize, sc: &mut Swee
             // SAFETY: AVX2 is available (checked just above).
             return unsafe {
                 if unit {
-                    greedy_sweep_avx2::<true>(s, n, w, k, sc)
+                    greedy_sweep_avx2::<true>(s, n, w, k, sc, ties)
                 } else {
-                    greedy_sweep_avx2::<false>(s, n, w, k, sc)
+                    greedy_sweep_avx2::<false>(s, n, w, k, sc, ties)
                 }
             };
         }
     }
     if unit {
-        greedy_sweep_impl::<true>(s, n, w, k, sc)
+        greedy_sweep_impl::<true>(s, n, w, k, sc, ties)
     } else {
-        greedy_sweep_impl::<false>(s, n, w, k, sc)
+        greedy_sweep_impl::<false>(s, n, w, k, sc, ties)
     }
 }
 
@@ -172,12 +159,20 @@ unsafe fn greedy_sweep_avx2<const UNIT: bool>(
     w: &[f64],
     k: usize,
     sc: &mut SweepScratch,
+    ties: &Ties<'_>,
 ) -> FlResult {
-    greedy_sweep_impl::<UNIT>(s, n, w, k, sc)
+    greedy_sweep_impl::<UNIT>(s, n, w, k, sc, ties)
 }
 
 #[inline(always)]
-fn greedy_sweep_impl<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize, sc: &mut SweepScratch) -> FlResult {
+fn greedy_sweep_impl<const UNIT: bool>(
+    s: &[f32],
+    n: usize,
+    w: &[f64],
+    k: usize,
+    sc: &mut SweepScratch,
+    ties: &Ties<'_>,
+) -> FlResult {
     let k = k.min(n);
     let mut res = FlResult::default();
     if n == 0 {
@@ -191,7 +186,8 @@ fn greedy_sweep_impl<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize,
     sc.g.resize(n, 0.0);
     sc.chosen.clear();
     sc.chosen.resize(n, false);
-    let (c, g, chosen, top) = (&mut sc.c, &mut sc.g, &mut sc.chosen, &mut sc.top);
+    let (c, g, chosen, top, tied) = (&mut sc.c, &mut sc.g, &mut sc.chosen, &mut sc.top, &mut sc.tied);
+    let mut pk = Picker::new(ties, n, w);
     let (mut f, mut ub) = (0.0f64, f64::INFINITY);
     for t in 0..=k {
         sweep_gains::<UNIT>(s, n, w, c, g);
@@ -209,20 +205,29 @@ fn greedy_sweep_impl<const UNIT: bool>(s: &[f32], n: usize, w: &[f64], k: usize,
         if t == k {
             break;
         }
-        // argmax over the unchosen, ties to the lower index: chosen gains
-        // are +0.0 and no gain is below it, so a positive maximum over all
-        // columns is first reached by an unchosen one; a zero maximum
-        // leaves every unchosen gain at zero, and the first unchosen wins
-        let gmax = max_nonneg(g);
-        let best = if gmax > 0.0 { g.iter().position(|&v| v == gmax) } else { chosen.iter().position(|&ch| !ch) }
-            .expect("an unchosen column remains while t < k <= n");
+        // the largest eligible gain (unchosen, not set aside), then every
+        // eligible gain tied with it, as naive greedy finds them
+        let mut gmax = f64::NEG_INFINITY;
+        for j in 0..n {
+            if !chosen[j] && !pk.aside(j) && g[j] > gmax {
+                gmax = g[j];
+            }
+        }
+        let thr = pk.threshold(gmax);
+        tied.clear();
+        tied.extend((0..n).filter(|&j| !chosen[j] && !pk.aside(j) && g[j] >= thr).map(|j| (j, g[j])));
+        let (best, gb) = if tied.len() == 1 { tied[0] } else { pk.resolve(&mut DenseSource::new(s, n), tied) };
         chosen[best] = true;
-        f += g[best];
+        f += gb;
         column_cover(&s[best * n..(best + 1) * n], w[best], c);
+        pk.picked(best, gb, chosen);
         res.indices.push(best);
-        res.gains.push(g[best]);
+        res.gains.push(gb);
     }
     res.objective = c.iter().zip(w).map(|(&ci, &wi)| wi * ci).sum();
     res.upper_bound = ub.max(res.objective);
+    res.ties = pk.n_ties;
+    res.zero_gain = pk.n_zero;
+    res.dup_skipped = pk.n_skipped(chosen);
     res
 }

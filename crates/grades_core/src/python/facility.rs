@@ -36,6 +36,9 @@ fn single_result<'py>(py: Python<'py>, r: FlResult) -> PyResult<Bound<'py, PyDic
     d.set_item("gains", PyArray1::from_vec(py, r.gains))?;
     d.set_item("objective", r.objective)?;
     d.set_item("upper_bound", r.upper_bound)?;
+    d.set_item("ties", r.ties)?;
+    d.set_item("zero_gain", r.zero_gain)?;
+    d.set_item("dup_skipped", r.dup_skipped)?;
     Ok(d)
 }
 
@@ -49,7 +52,7 @@ fn opt1<'a, T: numpy::Element>(a: &'a Option<PyReadonlyArray1<'_, T>>, name: &st
 /// Returns dict(indices, offsets, gains, objective, upper_bound): pool p's picks
 /// are indices[offsets[p]:offsets[p+1]] (positions within the pool).
 #[pyfunction]
-#[pyo3(signature = (data, offsets, params, *, rows=None, rewards=None, kernel="shift", dense_limit=None))]
+#[pyo3(signature = (data, offsets, params, *, rows=None, rewards=None, kernel="shift", dense_limit=None, text=None, ordered=false))]
 #[allow(clippy::too_many_arguments)]
 fn fl_batch<'py>(
     py: Python<'py>,
@@ -60,8 +63,11 @@ fn fl_batch<'py>(
     rewards: Option<PyReadonlyArray1<'py, f64>>,
     kernel: &str,
     dense_limit: Option<usize>,
+    text: Option<PyReadonlyArray1<'py, u64>>,
+    ordered: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (x, _, d) = slice2(&data, "embeddings")?;
+    let text_s = opt1(&text, "text")?;
     let off = slice1(&offsets, "offsets")?;
     let rows_s = opt1(&rows, "rows")?;
     let rew = opt1(&rewards, "rewards")?;
@@ -70,7 +76,7 @@ fn fl_batch<'py>(
     let limit = dense_limit.unwrap_or(facility::DENSE_LIMIT_BYTES);
     let res = run(py, || {
         let pools = Pools::new(x, d, off, rows_s)?;
-        facility::facility_location_batch_within(&pools, rew, &p, kern, limit)
+        facility::facility_location_batch_keyed(&pools, rew, text_s, ordered, &p, kern, limit)
     })?;
     let mut out_off = Vec::with_capacity(res.len() + 1);
     out_off.push(0u64);
@@ -78,7 +84,11 @@ fn fl_batch<'py>(
     let mut gains = Vec::new();
     let mut obj = Vec::with_capacity(res.len());
     let mut ub = Vec::with_capacity(res.len());
+    let mut counts = [Vec::with_capacity(res.len()), Vec::with_capacity(res.len()), Vec::with_capacity(res.len())];
     for r in res {
+        counts[0].push(r.ties as u64);
+        counts[1].push(r.zero_gain as u64);
+        counts[2].push(r.dup_skipped as u64);
         idx.extend(r.indices.iter().map(|&i| i as u64));
         gains.extend_from_slice(&r.gains);
         out_off.push(idx.len() as u64);
@@ -91,6 +101,10 @@ fn fl_batch<'py>(
     dct.set_item("gains", PyArray1::from_vec(py, gains))?;
     dct.set_item("objective", PyArray1::from_vec(py, obj))?;
     dct.set_item("upper_bound", PyArray1::from_vec(py, ub))?;
+    let [ties, zero, dups] = counts;
+    dct.set_item("ties", PyArray1::from_vec(py, ties))?;
+    dct.set_item("zero_gain", PyArray1::from_vec(py, zero))?;
+    dct.set_item("dup_skipped", PyArray1::from_vec(py, dups))?;
     Ok(dct)
 }
 

@@ -1,9 +1,9 @@
 //! Prompt-id key bindings: stable 64-bit keys of string and integer ids.
 
-use numpy::{PyArray1, PyReadonlyArray1};
+use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 
-use super::{run, slice1};
+use super::{run, slice1, slice2};
 use crate::keys;
 
 /// Stable 64-bit keys of string prompt ids given as Arrow-style
@@ -37,9 +37,27 @@ fn keys_from_uints<'py>(py: Python<'py>, ids: PyReadonlyArray1<'py, u64>) -> PyR
     Ok(PyArray1::from_vec(py, keys))
 }
 
+/// Content keys of candidates: xxh3 of each embedding row, its reward and
+/// its text key (where given); the keys ties and random draws are decided by.
+#[pyfunction]
+#[pyo3(signature = (x, *, rewards=None, text=None))]
+fn content_keys<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray2<'py, f32>,
+    rewards: Option<PyReadonlyArray1<'py, f64>>,
+    text: Option<PyReadonlyArray1<'py, u64>>,
+) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    let (v, _, d) = slice2(&x, "embeddings")?;
+    let r = rewards.as_ref().map(|a| slice1(a, "rewards")).transpose()?;
+    let t = text.as_ref().map(|a| slice1(a, "text")).transpose()?;
+    let keys = run(py, || keys::content_keys(v, d.max(1), r, t))?;
+    Ok(PyArray1::from_vec(py, keys))
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(keys_from_strings, m)?)?;
     m.add_function(wrap_pyfunction!(keys_from_ints, m)?)?;
     m.add_function(wrap_pyfunction!(keys_from_uints, m)?)?;
+    m.add_function(wrap_pyfunction!(content_keys, m)?)?;
     Ok(())
 }

@@ -1,0 +1,331 @@
+"""Selection quality on ground truth: pools with known modes and rewards.
+
+Three kinds of pools, all built offline:
+
+* ``docstrings``: text pools whose modes are different sources (docstring
+  paragraphs of different installed packages), 1 to 4 sources per pool, each
+  source with its own quality level (reward = source level + noise), and a few
+  exact repeats per pool; embedded with the bundled MiniLM (or the static
+  tier with ``--static``);
+* ``controlled``: the paper's controlled setup (experiment c): responses
+  y = f(x) + offset_m + noise with three modes, reward -(y - f(x))^2,
+  embedded as Gaussian bumps (as ``mrt simulate`` does);
+* ``mosaic``: the bundled MOSAIC examples (8 prompts x 4 responses, each a
+  different approach, i.e. its own mode).
+
+For every selector at K = 2, 4, 8: mode coverage (distinct modes kept over
+min(K, modes in the pool)), mean reward kept (pool-normalised to [0, 1]),
+duplicates kept while distinct candidates remained, picks decided by the tie
+rule, zero-gain picks, and pools whose kept rows change when the rows are
+shuffled. GRADES' alpha sweep (0, 0.25, 0.5, 0.75, 1, 2, top) at K = 4 gives
+the reward-versus-coverage figure. The mode rule is measured against the
+planted modes: adjusted Rand index, and one-mode false positives/negatives.
+
+    python bench/bench_selection_quality.py            # writes bench/results/selection_quality.json
+    python bench/bench_selection_quality.py --static   # the static embedding tier
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+import mrt_fast
+from mrt_fast.errors import SmallPoolWarning
+from mrt_fast.selection.modes import pool_modes
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+KS = (2, 4, 8)
+ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0, 2.0)
+SELECTORS = {
+    "random": dict(method="random"),
+    "top": dict(method="top"),
+    "diverse": dict(method="diverse"),
+    "grades": dict(method="grades"),
+    "grades_clip": dict(method="grades", kernel="clip"),
+    "stratified": dict(method="stratified"),
+}
+PACKAGES = ("numpy", "polars", "pyarrow", "matplotlib", "rich", "typer", "scipy", "pandas", "hypothesis", "click")
+
+
+# ---------------------------------------------------------------- pools
+
+
+def paragraphs(package: str, limit: int = 400) -> list[str]:
+    """Docstring paragraphs (80-400 characters of prose) of an installed package."""
+    import importlib
+    import pkgutil
+
+    try:
+        mod = importlib.import_module(package)
+    except Exception:  # noqa: BLE001 - a package that is not installed gives nothing
+        return []
+    mods = [mod]
+    for info in pkgutil.iter_modules(getattr(mod, "__path__", []), package + "."):
+        if len(mods) > 12 or "test" in info.name or info.name.endswith(("__main__", "cli", "main")):
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mods.append(importlib.import_module(info.name))
+        except Exception:  # noqa: BLE001
+            continue
+    out, seen = [], set()
+    for m in mods:
+        for _, obj in sorted(vars(m).items()):
+            doc = inspect.getdoc(obj) if callable(obj) or inspect.isclass(obj) else None
+            for par in (doc or "").split("\n\n"):
+                par = " ".join(par.split())
+                if 80 <= len(par) <= 400 and par[0].isupper() and ">>>" not in par and "---" not in par \
+                        and par not in seen:
+                    seen.add(par)
+                    out.append(par)
+                    if len(out) >= limit:
+                        return out
+    return out
+
+
+def docstring_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.DataFrame:
+    from mrt_fast.embeddings.embed import embed_texts
+
+    rng = np.random.default_rng(seed)
+    sources = {p: paragraphs(p) for p in PACKAGES}
+    sources = {p: v for p, v in sources.items() if len(v) >= 60}
+    names = sorted(sources)
+    rows = []
+    for pid in range(n_pools):
+        m = 1 + pid % 4  # 1, 2, 3 or 4 sources
+        picked = rng.choice(len(names), size=m, replace=False)
+        level = rng.uniform(0, 1, size=m)  # each source's quality
+        share = rng.dirichlet(np.full(m, 4.0))
+        counts = np.maximum(1, np.round(share * (n - 3)).astype(int))
+        for s, c in zip(picked, counts):
+            texts = rng.choice(sources[names[s]], size=c, replace=False)
+            for t in texts:
+                rows.append((pid, str(t), int(s), float(level[list(picked).index(s)] + 0.15 * rng.normal())))
+        for _ in range(3):  # exact repeats of candidates already in the pool
+            rows.append(rows[-1 - int(rng.integers(0, int(counts.sum())))])
+    df = pl.DataFrame(rows, schema=["prompt_id", "response", "mode_true", "reward"], orient="row")
+    t0 = time.perf_counter()
+    emb = embed_texts(df["response"].to_list(), "static" if static else None, progress=False, cache_dir=False)
+    print(f"  embedded {df.height} texts in {time.perf_counter() - t0:.1f} s", flush=True)
+    return df.with_columns(pl.Series("embedding", emb.astype(np.float32)))
+
+
+def controlled_pools(n_pools: int, n: int, seed: int = 0) -> pl.DataFrame:
+    """The paper's controlled setup: three modes around f(x), reward -(y - f(x))^2."""
+    from mrt_fast.simulate._data import NOISE_STD, OFFSETS
+    from mrt_fast.simulate._selectors import response_features
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n_pools, 5))
+    f = np.sin(2 * x[:, 0]) + 0.5 * x[:, 1]
+    mode = rng.integers(0, len(OFFSETS), size=(n_pools, n))
+    y = f[:, None] + np.asarray(OFFSETS)[mode] + NOISE_STD * rng.normal(size=(n_pools, n))
+    # one grid for every pool (the features depend on the range of their input)
+    emb = response_features(y.ravel())
+    return pl.DataFrame({
+        "prompt_id": np.repeat(np.arange(n_pools), n), "mode_true": mode.ravel(),
+        "reward": -((y - f[:, None]) ** 2).ravel(),
+        "embedding": emb,
+    })
+
+
+def mosaic_pools(static: bool) -> pl.DataFrame:
+    from mrt_fast.embeddings.embed import embed_texts
+
+    path = ROOT / "python" / "mrt_fast" / "data" / "mosaic_examples.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    df = pl.DataFrame({"prompt_id": [r["prompt_id"] for r in rows], "response": [r["response"] for r in rows],
+                       "mode_true": [r["approach"] for r in rows], "reward": [float(r["reward"]) for r in rows]})
+    emb = embed_texts(df["response"].to_list(), "static" if static else None, progress=False, cache_dir=False)
+    return df.with_columns(pl.Series("embedding", emb.astype(np.float32)))
+
+
+# ---------------------------------------------------------------- measures
+
+
+def ari(a: np.ndarray, b: np.ndarray) -> float:
+    """Adjusted Rand index of two labelings."""
+    _, ia = np.unique(a, return_inverse=True)
+    _, ib = np.unique(b, return_inverse=True)
+    c = np.zeros((ia.max() + 1, ib.max() + 1))
+    np.add.at(c, (ia, ib), 1)
+    comb = lambda v: (v * (v - 1) / 2).sum()  # noqa: E731
+    n = len(a)
+    sc, sa, sb = comb(c), comb(c.sum(1)), comb(c.sum(0))
+    exp = sa * sb / (n * (n - 1) / 2) if n > 1 else 0.0
+    den = 0.5 * (sa + sb) - exp
+    return 1.0 if den == 0 else float((sc - exp) / den)
+
+
+def quality(df: pl.DataFrame, kept: pl.DataFrame, k: int) -> dict:
+    pools = df.group_by("prompt_id").agg(
+        pl.col("mode_true").n_unique().alias("modes"), pl.col("reward").min().alias("lo"),
+        pl.col("reward").max().alias("hi"),
+        pl.col("embedding").cast(pl.List(pl.Float32)).n_unique().alias("distinct"))
+    kp = kept.with_columns(pl.col("embedding").cast(pl.List(pl.Float32))).group_by("prompt_id").agg(
+        pl.col("mode_true").n_unique().alias("kept_modes"), pl.col("reward").mean().alias("r"),
+        pl.len().alias("n_kept"), pl.col("embedding").n_unique().alias("kept_distinct"))
+    j = pools.join(kp, on="prompt_id")
+    cov = j["kept_modes"].to_numpy() / np.minimum(k, j["modes"].to_numpy())
+    rng = (j["hi"] - j["lo"]).to_numpy()
+    rnorm = np.where(rng > 0, (j["r"] - j["lo"]).to_numpy() / np.where(rng > 0, rng, 1), 1.0)
+    dup = np.where(j["distinct"].to_numpy() >= j["n_kept"].to_numpy(),
+                   j["n_kept"].to_numpy() - j["kept_distinct"].to_numpy(), 0)
+    return {"mode_coverage": float(np.mean(np.minimum(cov, 1.0))), "reward_norm": float(np.mean(rnorm)),
+            "duplicates_kept": int(dup.sum())}
+
+
+def run_selector(df: pl.DataFrame, k: int, opts: dict, seed: int) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        kept, rep = mrt_fast.select(df, k, return_report=True, mode="mode_true_unused", **opts)
+        shuffled = df.sample(fraction=1.0, shuffle=True, seed=seed)
+        kept2 = mrt_fast.select(shuffled, k, mode="mode_true_unused", **opts)
+
+    def sets(t):
+        return t.select("prompt_id", pl.col("embedding").cast(pl.List(pl.Float32)).alias("e"), "reward") \
+            .group_by("prompt_id").agg(pl.struct("e", "reward").sort_by("reward")).sort("prompt_id")
+
+    changed = int((sets(kept)["e"] != sets(kept2)["e"]).sum())
+    out = quality(df, kept, k)
+    out.update(tie_picks=rep.n_tie_picks, zero_gain_picks=rep.n_zero_gain_picks,
+               duplicates_skipped=rep.n_duplicates_skipped, pools_changed_by_row_order=changed,
+               one_mode_pools=rep.n_one_mode_pools if opts["method"] == "stratified" else None)
+    return out
+
+
+def mode_recovery(df: pl.DataFrame) -> dict:
+    lab = pool_modes(df.select("prompt_id", "embedding"), out="found")
+    d = df.with_columns(lab["found"])
+    aris, fp, fn, n1, nm = [], 0, 0, 0, 0
+    for _, g in d.group_by("prompt_id"):
+        t, f = g["mode_true"].to_numpy(), g["found"].to_numpy()
+        nt, nf = len(np.unique(t)), len(np.unique(f))
+        if nt == 1:
+            n1 += 1
+            fp += nf > 1
+        else:
+            nm += 1
+            fn += nf == 1
+            aris.append(ari(t, f))
+    return {"ari_multi_mode_pools": float(np.mean(aris)) if aris else None, "one_mode_pools": n1,
+            "one_mode_false_positives": int(fp), "multi_mode_pools": nm, "one_mode_false_negatives": int(fn)}
+
+
+def evaluate(name: str, df: pl.DataFrame, seed: int) -> dict:
+    print(f"[{name}] {df['prompt_id'].n_unique()} pools, {df.height} candidates", flush=True)
+    res = {"pools": int(df["prompt_id"].n_unique()), "candidates": df.height, "selectors": [], "alpha_sweep": []}
+    for k in KS:
+        for sel, opts in SELECTORS.items():
+            r = run_selector(df, k, opts, seed)
+            res["selectors"].append({"selector": sel, "k": k, **r})
+    for kernel in ("shift", "clip"):
+        for a in ALPHAS:
+            r = run_selector(df, 4, dict(method="grades", alpha=a, kernel=kernel), seed)
+            res["alpha_sweep"].append({"kernel": kernel, "alpha": a, "mode_coverage": r["mode_coverage"],
+                                       "reward_norm": r["reward_norm"]})
+    r = run_selector(df, 4, dict(method="top"), seed)
+    res["alpha_sweep"].append({"kernel": "-", "alpha": "top", "mode_coverage": r["mode_coverage"],
+                               "reward_norm": r["reward_norm"]})
+    res["modes"] = mode_recovery(df)
+    return res
+
+
+def figure(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6))
+    for ax, (name, res) in zip(np.atleast_1d(axes), results.items()):
+        for kernel, style in (("shift", "o-"), ("clip", "s--")):
+            pts = [r for r in res["alpha_sweep"] if r["kernel"] == kernel]
+            ax.plot([r["mode_coverage"] for r in pts], [r["reward_norm"] for r in pts], style,
+                    label=f"GRADES, kernel={kernel}")
+            for r in pts:
+                ax.annotate(f"{r['alpha']:g}", (r["mode_coverage"], r["reward_norm"]), fontsize=7,
+                            xytext=(3, 3), textcoords="offset points")
+        top = [r for r in res["alpha_sweep"] if r["alpha"] == "top"][0]
+        ax.plot(top["mode_coverage"], top["reward_norm"], "k*", markersize=10, label="top-K")
+        for sel, mk in (("random", "x"), ("stratified", "^")):
+            r = [s for s in res["selectors"] if s["selector"] == sel and s["k"] == 4][0]
+            ax.plot(r["mode_coverage"], r["reward_norm"], mk, color="gray", label=sel)
+        ax.set_title(f"{name} (K = 4)")
+        ax.set_xlabel("mode coverage")
+        ax.set_ylabel("mean reward kept (pool-normalised)")
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown(doc: dict) -> str:
+    out = ["# Selection quality on pools with known modes", "",
+           f"Embeddings: {doc['embeddings']}. Reward is pool-normalised to [0, 1]; mode coverage is distinct "
+           "modes kept over min(K, modes in the pool); duplicates kept count only pools that had K distinct "
+           "candidates; 'row order' counts pools whose kept rows change when the rows are shuffled.", ""]
+    for name, res in doc["datasets"].items():
+        out += [f"## {name}: {res['pools']} pools, {res['candidates']} candidates", "",
+                "| selector | K | mode coverage | reward | duplicates kept | tie picks | zero-gain picks | "
+                "row order |", "|---|---|---|---|---|---|---|---|"]
+        for r in res["selectors"]:
+            out.append(f"| {r['selector']} | {r['k']} | {r['mode_coverage']:.3f} | {r['reward_norm']:.3f} | "
+                       f"{r['duplicates_kept']} | {r['tie_picks']} | {r['zero_gain_picks']} | "
+                       f"{r['pools_changed_by_row_order']} |")
+        out += ["", "GRADES alpha sweep at K = 4 (coverage / reward):", "",
+                "| kernel | " + " | ".join(f"alpha {a:g}" for a in ALPHAS) + " | top |",
+                "|---|" + "---|" * (len(ALPHAS) + 1)]
+        top = [r for r in res["alpha_sweep"] if r["alpha"] == "top"][0]
+        for kernel in ("shift", "clip"):
+            pts = [r for r in res["alpha_sweep"] if r["kernel"] == kernel]
+            out.append(f"| {kernel} | " + " | ".join(f"{r['mode_coverage']:.2f} / {r['reward_norm']:.2f}"
+                                                      for r in pts)
+                       + f" | {top['mode_coverage']:.2f} / {top['reward_norm']:.2f} |")
+        m = res["modes"]
+        ari_s = "n/a" if m["ari_multi_mode_pools"] is None else f"{m['ari_multi_mode_pools']:.3f}"
+        out += ["", f"Mode rule: adjusted Rand index {ari_s} on {m['multi_mode_pools']} multi-mode pools; "
+                    f"{m['one_mode_false_negatives']} of them called one mode; "
+                    f"{m['one_mode_false_positives']} of {m['one_mode_pools']} one-mode pools split.", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--static", action="store_true", help="the static embedding tier instead of MiniLM")
+    ap.add_argument("--pools", type=int, default=200, help="docstring and controlled pools")
+    ap.add_argument("--n", type=int, default=24, help="candidates per docstring pool (controlled: 32)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out-dir", default=str(HERE / "results"))
+    ap.add_argument("--figure", default=str(ROOT / "docs" / "selection_tradeoff.png"))
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    data = {
+        "docstrings": docstring_pools(args.pools, args.n, args.static, args.seed),
+        "controlled": controlled_pools(args.pools, 32, args.seed),
+        "mosaic": mosaic_pools(args.static),
+    }
+    doc = {"command": "python bench/bench_selection_quality.py", "embeddings":
+           "static tier" if args.static else "MiniLM (all-MiniLM-L6-v2); controlled: Gaussian-bump features",
+           "datasets": {name: evaluate(name, df, args.seed) for name, df in data.items()}}
+    doc["seconds"] = time.perf_counter() - t0
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "selection_quality.json").write_text(json.dumps(doc, indent=1))
+    (out / "selection_quality.md").write_text(markdown(doc))
+    figure(doc["datasets"], Path(args.figure))
+    print(markdown(doc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Content keys: what ties and random draws are decided by instead of row positions.
+
+Facility location breaks ties by the core's xxh3 of a candidate's embedding
+and text key, computed in the core for tied candidates only. Random, top and
+stratified draws take a key for every row from every column but the
+embedding (polars' row hash of the values, stable for one polars version), so
+a pool's kept rows do not depend on the order of its rows or how they are
+spread over files, and an embedding tier does not change them. With a
+``candidate_key`` the pool is already ordered by the key, and positions
+decide. Duplicates (the same embedding, or the same text) are never kept
+twice while a distinct candidate is left.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from mrt_fast import _grades_core as core
+from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.arrays import embeddings as _embeddings, pool_keys
+
+
+def text_keys(df: pl.DataFrame, text: str) -> np.ndarray:
+    """A 64-bit key of each row's text (equal text, equal key); nulls refused."""
+    s = df[text]
+    if s.null_count():
+        row = int(s.is_null().arg_true()[0])
+        raise MrtInputError(f"column {text!r} (text) has {s.null_count()} null value(s), the first at row {row}",
+                            column=text, row=row)
+    if s.dtype != pl.Utf8:
+        try:
+            s = s.cast(pl.Utf8)
+        except pl.exceptions.PolarsError:
+            raise MrtInputError(f"column {text!r} (text) of type {s.dtype} cannot be read as text",
+                                column=text) from None
+    return np.ascontiguousarray(pool_keys(s), dtype=np.uint64)
+
+
+def content_keys(full: pl.DataFrame, leave_out: tuple[str, ...], text_key: np.ndarray | None) -> np.ndarray:
+    """One content key per row of `full` (the user's table as polars): a hash
+    of every column but `leave_out` (the embedding, the mode labels) and
+    internal ones (named ``__...``),
+    numbers as float64 so the same value hashes the same whichever file's
+    dtype it came with; the text key mixed in where given. Random, top and
+    stratified draws do not look at the embedding, so an embedding tier does
+    not change them."""
+    cols = [c for c in full.columns if not c.startswith("__") and c not in leave_out]
+    if not cols:
+        h = np.zeros(full.height, dtype=np.uint64)
+    else:
+        f = full.select([pl.col(c).cast(pl.Float64) if full.schema[c].is_numeric() else pl.col(c) for c in cols])
+        h = f.hash_rows(seed=0).to_numpy().astype(np.uint64)
+    if text_key is not None:
+        h = h ^ text_key
+    return np.ascontiguousarray(h)
+
+
+def duplicate_classes(df: pl.DataFrame, embedding: str, text_key: np.ndarray | None,
+                      content: np.ndarray) -> np.ndarray:
+    """A class per row: rows with the same embedding, or the same text where
+    a text key is given, share a class (the union of both relations). Without
+    an embedding column, rows equal in `content` (every column) do."""
+    if embedding in df.columns:
+        e = core.content_keys(_embeddings(df, embedding))
+    else:
+        e = content
+    if text_key is None:
+        return np.ascontiguousarray(e, dtype=np.uint64)
+    d = pl.DataFrame({"e": e, "t": text_key, "c": np.arange(len(e), dtype=np.int64)})
+    for _ in range(64):  # label propagation to the smallest row of each connected class
+        before = d["c"]
+        d = d.with_columns(pl.col("c").min().over("e")).with_columns(pl.col("c").min().over("t"))
+        if d["c"].equals(before):
+            break
+    return np.ascontiguousarray(d["c"].to_numpy().astype(np.uint64))
