@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))
 
-from llm_evidence.run import FULL, HIGH, QUICK, TASKS, budget_prompts, cells  # noqa: E402
+from llm_evidence.run import FULL, HIGH, QUICK, budget_prompts, cells  # noqa: E402
 
 COMMAND = "python bench/llm_evidence/run.py"
 PAPER = [  # Table 2 of the paper: dataset, V_y|x / V_x, K*_10, R1oN -> R2oN, gain %
@@ -88,6 +88,12 @@ def mean_of(cellmap, names, key) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
+def kept(cm, names) -> float:
+    """Mean responses kept per prompt (K, or the pool size where a prompt has fewer valid answers)."""
+    v = [cm[n]["result"]["n_pairs"] / cm[n]["result"]["n_prompts"] for n in names if n in cm]
+    return float(np.mean(v)) if v else float("nan")
+
+
 def f(x, nd=3) -> str:
     if isinstance(x, str):
         return x
@@ -141,7 +147,7 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
             continue
         r = p["result"]["report"]
         ci_ = r.get("ci", {})
-        ratio = _num(r["v_y_given_x"]) / _num(r["v_x"]) if _num(r["v_x"]) > 0 else float("inf")
+        ratio = _num(r["ratio"])
         pred[t] = dict(ratio=ratio, k_star=_num(r["k_star"]), ci=[_num(x) for x in ci_.get("k_star", [None, None])],
                        k_best=r["k_best"])
         w(f"| {t} | {f(_num(r['v_x']), 4)} {ci([_num(x) for x in ci_.get('v_x', [None, None])], 4)} "
@@ -152,7 +158,7 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
     w("| dataset | V_y\\|x / V_x | K*₁₀ | R1oN → R2oN | gain |")
     w("|---|---|---|---|---|")
     for d, ra, k, tr, gpc in PAPER:
-        w(f"| {d} | {ra} | {k} | {tr} | {gpc}% |")
+        w(f"| {d} | {ra:.3f} | {k:.2f} | {tr} | {gpc}% |")
 
     # ---------------------------------------------------------------- matched steps
     w("\n## 2. Matched optimizer steps: held-out reference loss by K (random-K)\n")
@@ -161,23 +167,23 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
       f"references; mean over seeds {seeds} with a 95% interval over seeds and prompts. "
       f"Coverage: the product's embedding coverage of the {cfg['n_samples']} samples per prompt (hashing "
       "embedder); valid: share of samples the task's checker accepts; distinct: distinct valid samples / samples.\n")
-    w("| task | K | ref loss | 95% CI | coverage | valid | distinct | seeds done |")
-    w("|---|---|---|---|---|---|---|---|")
+    w("| task | K | kept / prompt | ref loss | 95% CI | coverage | valid | distinct | seeds done |")
+    w("|---|---|---|---|---|---|---|---|---|")
     matched = {}
     for t in tasks:
         b = cm.get(f"base-{t}")
         if b:
             g = [prompt_sums(b["result"])]
-            w(f"| {t} | base | {f(point(g))} | | {f(b['result']['coverage'])} | {f(b['result']['valid_rate'], 2)} "
+            w(f"| {t} | base | | {f(point(g))} | | {f(b['result']['coverage'])} | {f(b['result']['valid_rate'], 2)} "
               f"| {f(b['result']['distinct_valid'], 2)} | |")
         for k in ks:
             nm = names("matched", t, k)
             g = group(cm, nm)
             if not g:
-                w(f"| {t} | {k} | pending | | | | | 0/{len(seeds)} |")
+                w(f"| {t} | {k} | | pending | | | | | 0/{len(seeds)} |")
                 continue
             matched[(t, k)] = g
-            w(f"| {t} | {k} | {f(point(g))} | {ci(interval(g))} | {f(mean_of(cm, nm, 'coverage'))} "
+            w(f"| {t} | {k} | {f(kept(cm, nm), 1)} | {f(point(g))} | {ci(interval(g))} | {f(mean_of(cm, nm, 'coverage'))} "
               f"| {f(mean_of(cm, nm, 'valid_rate'), 2)} | {f(mean_of(cm, nm, 'distinct_valid'), 2)} "
               f"| {len(g)}/{len(seeds)} |")
 
@@ -201,17 +207,17 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
       f"C_r = {cfg['cost_response']:g}\n")
     w(f"N_p(K) = floor(B / (C_p + K C_r)) prompts with K random responses each, {cfg['steps']} optimizer "
       "steps for every K (K = 1 is the matched K = 1 cell).\n")
-    w("| task | K | N_p | ref loss | 95% CI | seeds done |")
-    w("|---|---|---|---|---|---|")
+    w("| task | K | N_p | kept / prompt | ref loss | 95% CI | seeds done |")
+    w("|---|---|---|---|---|---|---|")
     budget = {}
     for t in tasks:
         for k in ks:
             g = group(cm, names("budget", t, k))
             if not g:
-                w(f"| {t} | {k} | {budget_prompts(cfg, k)} | pending | | 0/{len(seeds)} |")
+                w(f"| {t} | {k} | {budget_prompts(cfg, k)} | | pending | | 0/{len(seeds)} |")
                 continue
             budget[(t, k)] = g
-            w(f"| {t} | {k} | {budget_prompts(cfg, k)} | {f(point(g))} | {ci(interval(g))} | {len(g)}/{len(seeds)} |")
+            w(f"| {t} | {k} | {budget_prompts(cfg, k)} | {f(kept(cm, names('budget', t, k)), 1)} | {f(point(g))} | {ci(interval(g))} | {len(g)}/{len(seeds)} |")
 
     # ---------------------------------------------------------------- selectors
     kk = cfg["select_k"]
@@ -251,7 +257,7 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
 
 
 def checks(cfg, pred, matched, gains, budget, sel) -> str:
-    ks = cfg["ks"]
+    ks, tasks = cfg["ks"], cfg["tasks"]
     out = []
     # 1. loss falls with K at matched steps
     lines = []
@@ -381,17 +387,35 @@ python bench/llm_evidence/run.py --quick  # a miniature (the CI test)
 **Tasks** (`bench/llm_evidence/tasks.py`, generated in code):
 
 * `product` (near-unique answer): "What is a * b?"; the valid responses are
-  the one product in 12 phrasings ("408", "The answer is 408.", "51 * 8 = 408", ...).
+  the one product in four near-identical forms ("408", "408.", "= 408", "Answer: 408").
 * `multiple` (in between): "Name one multiple of d between lo and hi"; 6 to
   12 valid numbers.
 * `expression` (many equally valid answers): "Write an arithmetic expression
   with two numbers whose value is n"; every `a + b`, `a - b`, `a * b` equal to n
   (over 100 per prompt).
 
-Training prompts offer a candidate pool of their first 8 valid responses;
-held-out prompts are never trained on and carry 4 held-out valid references
-each. The reference loss is the training loss (mean token NLL of the
+Prompts end with a newline and are shown as plain text (no chat template,
+which would triple the tokens per pair). Training prompts offer a candidate
+pool of their first 8 valid responses (all 4 for `product`; 6 or more for
+`multiple`); held-out prompts are never trained on and carry 4 valid
+references each. The reference loss is the training loss (mean token NLL of the
 response and its EOS, prompt masked), token-weighted over all references.
+
+**Grid and cost.** 3 pilots, 3 base-model evaluations and 72 training cells
+(36 matched-step, 27 fixed-budget, 9 selector; 3 seeds each): 78 cells.
+A training step is 8 pairs of about 26 tokens; at about 250 training
+tokens/s on 2 CPU cores (a quiet machine) that is about 0.85 s, so the 2,304
+optimizer steps take about 33 minutes, and evaluating each cell (96 reference
+losses, 4 samples of at most 16 tokens for each of 24 prompts) about 15 s
+more: about an hour in all. On a loaded machine it takes longer; the run
+resumes where it stopped.
+
+**Limits.** A 135M model, 32 LoRA steps and generated arithmetic tasks are far
+from the paper's 8B models, 200 steps and natural data: the question here is
+whether the law's predictions hold in direction, with intervals honest about
+the noise. `top` ranks candidates by the base model's likelihood, not by a
+reward model, and the embedding coverage uses a character-trigram hashing
+embedder, which on short numeric strings measures surface overlap.
 
 """
 

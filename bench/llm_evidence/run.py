@@ -31,6 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -171,7 +172,9 @@ class Runner:
             cands = cands.join(loss, on=["prompt_id", "candidate_index"], how="left", maintain_order="left")
             emb = np.asarray(HashingEmbedder()(cands["response"].to_list()), dtype=np.float32)
             cands = cands.with_columns(pl.Series("embedding", list(emb)))
-        kept = mrt_fast.select(cands, spec["k"], spec["method"], seed=spec["seed"])
+        with warnings.catch_warnings():  # pools smaller than K are kept whole (product: 4 answers)
+            warnings.simplefilter("ignore", mrt_fast.SmallPoolWarning)
+            kept = mrt_fast.select(cands, spec["k"], spec["method"], seed=spec["seed"])
         kept = kept.select("prompt_id", "prompt", "response")
         out = self.work / f"run-{os.getpid()}"
         shutil.rmtree(out, ignore_errors=True)

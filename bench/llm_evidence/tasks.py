@@ -6,7 +6,7 @@ valid responses are split into a candidate pool (what a selector may keep) and
 held-out references (for the reference loss).
 
 * ``product`` (near-unique answer, low V_y|x): "What is a x b?" The answer is
-  one number; the valid responses are that number in a few fixed phrasings.
+  one number; the valid responses are that number in four near-identical forms.
 * ``multiple`` (in between): "Name a multiple of d between lo and hi." Several
   valid numbers, each a short, equally plausible response.
 * ``expression`` (many equally valid answers, high V_y|x): "Write an expression
@@ -22,9 +22,7 @@ from typing import Callable
 
 import polars as pl
 
-PRODUCT_FORMS = ["{v}", "{v}.", "The answer is {v}.", "Answer: {v}", "It is {v}.", "{a} * {b} = {v}",
-                 "{a} x {b} = {v}", "= {v}", "{v} is the answer.", "The product is {v}.", "Result: {v}",
-                 "{a} times {b} is {v}."]
+PRODUCT_FORMS = ["{v}", "{v}.", "= {v}", "Answer: {v}"]  # the one answer, barely rephrased
 
 
 @dataclass
@@ -52,7 +50,7 @@ def _product(rng: random.Random, i: int) -> Prompt:
         nums = re.findall(r"-?\d+", s)
         return bool(nums) and int(nums[-1]) == v
 
-    return Prompt(f"product-{i}", f"What is {a} * {b}? Reply with the result only.", valid, check)
+    return Prompt(f"product-{i}", f"What is {a} * {b}? Reply with the result only.\n", valid, check)
 
 
 def _multiple(rng: random.Random, i: int) -> Prompt:
@@ -70,7 +68,7 @@ def _multiple(rng: random.Random, i: int) -> Prompt:
         m = re.match(r"\s*(-?\d+)", s)
         return bool(m) and lo < int(m.group(1)) < hi and int(m.group(1)) % d == 0
 
-    return Prompt(f"multiple-{i}", f"Name one multiple of {d} between {lo} and {hi}. Reply with the number only.",
+    return Prompt(f"multiple-{i}", f"Name one multiple of {d} between {lo} and {hi}. Reply with the number only.\n",
                   valid, check)
 
 
@@ -90,7 +88,7 @@ def _expression(rng: random.Random, i: int) -> Prompt:
         return {"+": a + b, "-": a - b, "*": a * b, "x": a * b}[op] == n
 
     return Prompt(f"expression-{i}", f"Write an arithmetic expression with two numbers whose value is {n}. "
-                  "Reply with the expression only.", valid, check)
+                  "Reply with the expression only.\n", valid, check)
 
 
 FAMILIES = {
