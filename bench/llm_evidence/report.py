@@ -387,7 +387,7 @@ python bench/llm_evidence/run.py --quick  # a miniature (the CI test)
 **Tasks** (`bench/llm_evidence/tasks.py`, generated in code):
 
 * `product` (near-unique answer): "What is a * b?"; the valid responses are
-  the one product in four near-identical forms ("408", "408.", "= 408", "Answer: 408").
+  the one product, with or without a full stop ("408", "408.").
 * `multiple` (in between): "Name one multiple of d between lo and hi"; 6 to
   12 valid numbers.
 * `expression` (many equally valid answers): "Write an arithmetic expression
@@ -396,16 +396,16 @@ python bench/llm_evidence/run.py --quick  # a miniature (the CI test)
 
 Prompts end with a newline and are shown as plain text (no chat template,
 which would triple the tokens per pair). Training prompts offer a candidate
-pool of their first 8 valid responses (all 4 for `product`; 6 or more for
-`multiple`); held-out prompts are never trained on and carry 4 valid
-references each. The reference loss is the training loss (mean token NLL of the
+pool of their first 8 valid responses (both for `product`, so K > 2 keeps 2;
+6 or more for `multiple`); held-out prompts are never trained on and carry 4
+valid references each (2 for `product`). The reference loss is the training loss (mean token NLL of the
 response and its EOS, prompt masked), token-weighted over all references.
 
 **Grid and cost.** 3 pilots, 3 base-model evaluations and 72 training cells
 (36 matched-step, 27 fixed-budget, 9 selector; 3 seeds each): 78 cells.
 A training step is 8 pairs of about 26 tokens; at about 250 training
 tokens/s on 2 CPU cores (a quiet machine) that is about 0.85 s, so the 2,304
-optimizer steps take about 33 minutes, and evaluating each cell (96 reference
+optimizer steps take about 33 minutes, and evaluating each cell (up to 96 reference
 losses, 4 samples of at most 16 tokens for each of 24 prompts) about 15 s
 more: about an hour in all. On a loaded machine it takes longer; the run
 resumes where it stopped.

@@ -148,7 +148,7 @@ class Runner:
             ok = [checks[pid[0]](r) for r in rs]
             valid.append(sum(ok) / len(rs))
             distinct.append(len({r for r, o in zip(rs, ok) if o}) / len(rs))
-        n_ref = cfg["n_refs"]
+        n_ref = len(fr) // refs.height  # references per held-out prompt (the same for every prompt of a task)
         return {"ref_loss": float((per * ns).sum() / ns.sum()), "ref_loss_evaluate": m["ref_loss"],
                 "per_reference": per.tolist(), "ref_tokens": ns.tolist(), "n_refs_per_prompt": n_ref,
                 "coverage": m["coverage"], "diversity": m["diversity"],

@@ -6,7 +6,7 @@ valid responses are split into a candidate pool (what a selector may keep) and
 held-out references (for the reference loss).
 
 * ``product`` (near-unique answer, low V_y|x): "What is a x b?" The answer is
-  one number; the valid responses are that number in four near-identical forms.
+  one number; the valid responses are that number with or without a full stop.
 * ``multiple`` (in between): "Name a multiple of d between lo and hi." Several
   valid numbers, each a short, equally plausible response.
 * ``expression`` (many equally valid answers, high V_y|x): "Write an expression
@@ -22,7 +22,7 @@ from typing import Callable
 
 import polars as pl
 
-PRODUCT_FORMS = ["{v}", "{v}.", "= {v}", "Answer: {v}"]  # the one answer, barely rephrased
+PRODUCT_FORMS = ["{v}", "{v}."]  # the one answer, with or without a full stop
 
 
 @dataclass

@@ -32,11 +32,11 @@ def test_tasks_have_valid_answer_sets(evidence):
         task = build_task(name, 20)
         assert len({p.prompt for p in task.prompts}) == 20
         for p in task.prompts:
-            assert len(p.valid) >= 4 and all(p.check(r) for r in p.valid)
+            assert len(p.valid) >= 2 and all(p.check(r) for r in p.valid)
             assert not p.check("nonsense")
         sp = split_task(task, 12, 8)
         assert {p.prompt_id for p in sp.train}.isdisjoint(p.prompt_id for p in sp.heldout)
-        assert sp.references()["reference"].list.len().min() == 4
+        assert sp.references()["reference"].list.len().min() == (2 if name == "product" else 4)
 
 
 def test_quick_run_writes_every_cell_and_resumes(evidence, tmp_path):
