@@ -386,8 +386,12 @@ python bench/llm_evidence/run.py --quick  # a miniature (the CI test)
 
 **Tasks** (`bench/llm_evidence/tasks.py`, generated in code):
 
-* `product` (near-unique answer): "What is a * b?"; the valid responses are
-  the one product, with or without a full stop ("408", "408.").
+* `product` (unique answer): "What is a * b?"; the one valid response is
+  the product ("408"). Responses are draws from the answer set, so K responses
+  are K copies of it: V_y|x = 0, the control where more responses buy nothing.
+  (Letting two spellings such as "408" and "408." both count makes V_y|x
+  large instead: the base model's loss on where the answer ends differs by
+  several nats between them, far more than between prompts.)
 * `multiple` (in between): "Name one multiple of d between lo and hi"; 6 to
   12 valid numbers.
 * `expression` (many equally valid answers): "Write an arithmetic expression
@@ -396,9 +400,9 @@ python bench/llm_evidence/run.py --quick  # a miniature (the CI test)
 
 Prompts end with a newline and are shown as plain text (no chat template,
 which would triple the tokens per pair). Training prompts offer a candidate
-pool of their first 8 valid responses (both for `product`, so K > 2 keeps 2;
-6 or more for `multiple`); held-out prompts are never trained on and carry 4
-valid references each (2 for `product`). The reference loss is the training loss (mean token NLL of the
+pool of their first 8 valid responses (6 or more for `multiple`, so there K = 8
+may keep fewer); held-out prompts are never trained on and carry 4 valid
+references each. The reference loss is the training loss (mean token NLL of the
 response and its EOS, prompt masked), token-weighted over all references.
 
 **Grid and cost.** 3 pilots, 3 base-model evaluations and 72 training cells

@@ -5,8 +5,9 @@ checker. Prompts are split into training and held-out prompts; every prompt's
 valid responses are split into a candidate pool (what a selector may keep) and
 held-out references (for the reference loss).
 
-* ``product`` (near-unique answer, low V_y|x): "What is a x b?" The answer is
-  one number; the valid responses are that number with or without a full stop.
+* ``product`` (unique answer, V_y|x = 0): "What is a x b?" The answer is
+  one number. Responses are draws from the answer set, so K draws are K
+  copies of the answer (V_y|x = 0: the control where more responses buy nothing).
 * ``multiple`` (in between): "Name a multiple of d between lo and hi." Several
   valid numbers, each a short, equally plausible response.
 * ``expression`` (many equally valid answers, high V_y|x): "Write an expression
@@ -22,14 +23,14 @@ from typing import Callable
 
 import polars as pl
 
-PRODUCT_FORMS = ["{v}", "{v}."]  # the one answer, with or without a full stop
+PRODUCT_DRAWS = 12  # the answer set has one element: any number of draws from it are copies of it
 
 
 @dataclass
 class Prompt:
     prompt_id: str
     prompt: str
-    valid: list[str]  # every valid response (shuffled, seeded)
+    valid: list[str]  # draws from the valid answers (each once, shuffled; `product`: copies of its one answer)
     check: Callable[[str], bool] = field(repr=False)
 
 
@@ -43,8 +44,7 @@ class Task:
 def _product(rng: random.Random, i: int) -> Prompt:
     a, b = rng.randint(11, 99), rng.randint(2, 9)
     v = a * b
-    valid = [f.format(a=a, b=b, v=v) for f in PRODUCT_FORMS]
-    rng.shuffle(valid)
+    valid = [str(v)] * PRODUCT_DRAWS
 
     def check(s: str, v=v) -> bool:
         nums = re.findall(r"-?\d+", s)
@@ -92,7 +92,7 @@ def _expression(rng: random.Random, i: int) -> Prompt:
 
 
 FAMILIES = {
-    "product": ("near-unique answer (one number, a few phrasings)", _product),
+    "product": ("unique answer (one number; K draws are K copies)", _product),
     "multiple": ("in between (a handful of valid numbers)", _multiple),
     "expression": ("many equally valid answers (any two-number expression)", _expression),
 }
