@@ -248,7 +248,7 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
     w(f"{len(all_cells) - len(pending)} of {len(all_cells)} cells are done."
       + (" Not yet run: " + ", ".join(f"`{p}`" for p in pending) + "." if pending else ""))
     body = "\n".join(L) + "\n"
-    figs = figures(cfg, matched, budget, gains, pred, docs if not quick else results)
+    figs = figures(cfg, matched, budget, gains, pred, (docs or ROOT / "docs") if not quick else results)
     if figs:
         body += "\n## Figures\n\n" + "\n".join(f"![{n}]({p})" for n, p in figs) + "\n"
     out = (docs or ROOT / "docs") / "llm_evidence.md" if not quick else results / "report.md"
