@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mrt_fast.errors import MrtInputError
-from mrt_fast._util.files import clean_stale_temps, temp_name
+from mrt_fast._util.files import clean_stale_temps, pid_alive, temp_name
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 
 #: the hidden folder of a dataset directory holding the job's metadata (manifest, lock)
@@ -289,12 +289,8 @@ def _changing_hands(holder: dict) -> bool:
     pid = holder.get("pid")
     if not isinstance(pid, int):
         return True
-    return holder.get("host") == socket.gethostname() and not _alive(pid)
+    return holder.get("host") == socket.gethostname() and not pid_alive(pid)
 
-
-def _alive(pid: int) -> bool:
-    if os.name != "posix":  # no signal-0 probe: every holder counts as alive
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
