@@ -206,3 +206,89 @@ def test_bad_s3_urls_are_one_line_errors(bucket):
     put_table(rows(5, 8), f"{bucket}/in.parquet")
     with pytest.raises(MrtInputError, match="inside it"):
         select_dataset(f"{bucket}", f"{bucket}/out", 2, "grades")
+
+
+@pytest.fixture
+def local_ray(endpoint):
+    """A local 2-CPU Ray instance started after the endpoint is set (its workers inherit it)."""
+    import logging
+
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_ray_engine_on_s3_resumes_and_equals_the_local_engine(bucket, local_ray):
+    """Ray reads the input from s3, exchanges the rows through pieces under the output's prefix
+    and writes the parts there: stopped after a part and rerun, the output is the in-memory result."""
+    from mrt_fast.datasets import ray_engine
+
+    df = rows(50, 9)
+    put_files(df, f"{bucket}/in", 3)
+    with stopping_after(1), pytest.raises(StoppedForTest):
+        ray_engine.select_dataset(f"{bucket}/in", f"{bucket}/out", 2, "grades", parts=4)
+    assert not any(k.startswith("_spill/") for k in keys(f"{bucket}/out"))  # the exchange is cleaned up
+    rep = ray_engine.select_dataset(f"{bucket}/in", f"{bucket}/out", 2, "grades", parts=4)
+    assert rep.resumed and 0 < rep.parts_done_now < 4
+    got = read_output(f"{bucket}/out")
+    assert got.equals(expected(df)) and got.select("prompt_id", "response").is_duplicated().sum() == 0
+    m = Manifest.read(f"{bucket}/out")
+    assert sorted(keys(f"{bucket}/out")) == sorted([*m.files.values(), ".mrt/manifest.parquet"])
+    ray_engine.select_dataset(f"{bucket}/in", f"{bucket}/kept.parquet", 2, "grades", parts=3)
+    got = pl.read_parquet(io.BytesIO(storage.read_bytes(f"{bucket}/kept.parquet")))
+    assert got.sort(["prompt_id", "pick_rank"]).equals(expected(df))
+    assert not [k for k in keys(bucket) if ".spill-" in k]
+
+
+def test_the_cli_refuses_a_second_job_on_an_s3_output_in_one_line_and_takes_over_after_a_kill(bucket):
+    """`mrt select IN OUT` with s3:// URLs: a live job's lock is a one-line refusal (exit 2); once
+    that job is killed with -9 (its lock left behind) the next run takes the lock over and finishes."""
+    df = rows(15, 10)
+    put_table(df, f"{bucket}/in.parquet")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom mrt_fast.datasets.object_lock import take\n"
+         f"take({bucket + '/out/.mrt/lock'!r}, 'output'); print('held', flush=True); time.sleep(120)"],
+        env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cmd = [sys.executable, "-m", "mrt_fast.cli", "select", f"{bucket}/in.parquet", f"{bucket}/out", "--k", "2"]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
+        assert f"pid {holder.pid}" in r.stderr and "in use by another job" in r.stderr
+        assert keys(f"{bucket}/out") == [".mrt/lock"]  # the refused job wrote nothing
+    finally:
+        holder.kill()
+        holder.wait()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert read_output(f"{bucket}/out").equals(expected(df))
+    assert ".mrt/lock" not in keys(f"{bucket}/out")
+
+
+@pytest.mark.embed
+def test_embed_on_s3_writes_the_rows_of_a_local_run_and_resumes(bucket, tmp_path):
+    from mrt_fast.embeddings.dataset import embed_dataset
+
+    df = pl.DataFrame({"prompt_id": np.repeat(np.arange(4), 3),
+                       "response": [f"answer number {i} about topic {i % 4}" for i in range(12)]})
+    put_files(df, f"{bucket}/in", 2)
+    df.write_parquet(tmp_path / "in.parquet")
+    local = embed_dataset(tmp_path / "in.parquet", tmp_path / "local.parquet", cache_dir=False, rows_per_part=4)
+    with stopping_after(1), pytest.raises(StoppedForTest):
+        embed_dataset(f"{bucket}/in", f"{bucket}/emb", cache_dir=False, rows_per_part=4)
+    rep = embed_dataset(f"{bucket}/in", f"{bucket}/emb", cache_dir=False, rows_per_part=4)
+    assert rep.resumed and rep.parts_done_now == 2 and local.rows == 12
+    want = pl.read_parquet(tmp_path / "local.parquet")
+    got = discover(f"{bucket}/emb").read()
+    assert got.select("prompt_id", "response").equals(want.select("prompt_id", "response"))
+    np.testing.assert_allclose(np.array(got["embedding"].to_list()), np.array(want["embedding"].to_list()),
+                               rtol=1e-5, atol=1e-6)
