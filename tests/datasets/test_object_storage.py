@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
@@ -22,7 +24,7 @@ from mrt_fast.datasets import storage  # noqa: E402
 from mrt_fast.datasets.job import StoppedForTest, stopping_after  # noqa: E402
 from mrt_fast.datasets.object_lock import object_lock  # noqa: E402
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::mrt_fast.errors.SmallPoolWarning")]
 
 ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
 
@@ -135,6 +137,24 @@ def test_resume_on_s3_after_a_stop_loses_and_duplicates_no_row(bucket):
     assert got.equals(expected(df))
     assert got.select("prompt_id", "response").is_duplicated().sum() == 0
     assert stray not in keys(f"{bucket}/out")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.integers(2, 5), stop=st.integers(1, 4), seed=st.integers(0, 1000), n_files=st.integers(1, 3))
+def test_stopped_after_any_part_a_rerun_on_s3_gives_the_in_memory_result(endpoint, parts, stop, seed, n_files):
+    stop = min(stop, parts - 1)
+    name = f"mrt-prop-{next(_n)}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    b = f"s3://{name}"
+    df = rows(25, seed)
+    put_files(df, f"{b}/in", n_files)
+    with stopping_after(stop), pytest.raises(StoppedForTest):
+        select_dataset(f"{b}/in", f"{b}/out", 2, "grades", parts=parts)
+    rep = select_dataset(f"{b}/in", f"{b}/out", 2, "grades", parts=parts)
+    assert rep.resumed
+    got = read_output(f"{b}/out")
+    assert got.equals(expected(df))
+    assert got.select("prompt_id", "response").is_duplicated().sum() == 0
 
 
 def test_a_part_lost_from_s3_is_redone(bucket):

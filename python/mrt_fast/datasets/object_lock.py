@@ -22,19 +22,14 @@ import contextlib
 import json
 import os
 import socket
-import time
 from collections.abc import Iterator
 
 from mrt_fast._util.files import pid_alive
 from mrt_fast.datasets import storage
-from mrt_fast.datasets.lock import LOCK_NAME, META_DIR, _busy
+from mrt_fast.datasets.lock import LOCK_NAME, META_DIR, _busy, _record
 from mrt_fast.errors import MrtInputError
 
 __all__ = ["lock_url", "object_lock", "take"]
-
-
-def _record() -> bytes:
-    return (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}) + "\n").encode()
 
 
 def _holder(data: bytes) -> dict:
