@@ -61,7 +61,8 @@ def find_part(url: str, i: int, rows: int) -> tuple[str | None, dict[str, Any]]:
     if not rows:
         return None, dict(EMPTY_PART)
     prefix = f"part-{i:05d}-"
-    found = sorted((o for n, o in _names(url).items() if n.startswith(prefix) and PART_OBJECT.match(n)),
+    found = sorted((o for o in storage.list_files(url, recursive=False)
+                    if o.name.startswith(prefix) and PART_OBJECT.match(o.name)),
                    key=lambda o: o.stat().st_mtime_ns)
     if not found:
         raise MrtInputError(f"part {i} of {url!r} was reported written but no object {prefix}*.parquet is there")

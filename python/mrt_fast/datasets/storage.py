@@ -184,12 +184,13 @@ def _info(url: str) -> tuple[int, int] | None:
     return int(fi.size or 0), int(fi.mtime_ns or 0)
 
 
-def list_files(url: str | ObjectPath) -> list[ObjectPath]:
-    """Every object under the prefix ``url/`` (recursively), sorted; none when there is none."""
+def list_files(url: str | ObjectPath, *, recursive: bool = True) -> list[ObjectPath]:
+    """Every object under the prefix ``url/`` (``recursive``: in its "folders" too), sorted;
+    none when there is none."""
     import pyarrow.fs as pafs
 
     try:
-        infos = filesystem().get_file_info(pafs.FileSelector(_key(url), recursive=True, allow_not_found=True))
+        infos = filesystem().get_file_info(pafs.FileSelector(_key(url), recursive=recursive, allow_not_found=True))
     except Exception as e:  # noqa: BLE001
         raise _failed("list", url, e) from None
     scheme = str(url).split("://", 1)[0]
