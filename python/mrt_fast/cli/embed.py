@@ -20,7 +20,7 @@ from mrt_fast.cli.common import (
 def embed_cmd(
     inp: str = typer.Argument(..., help="Input: a file (.parquet, .jsonl/.ndjson, .csv), a directory of Parquet/JSONL "
                               "files (hive partitions included) or a quoted glob such as 'data/*.parquet'."),
-    out: Path = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
+    out: str = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
                                "resumable) or a file (.parquet, .jsonl, .csv)."),
     text: str = typer.Option("response", help="Column holding the text to embed."),
     column: str = typer.Option("embedding", help="Name of the embedding column written."),

@@ -21,9 +21,9 @@ from mrt_fast.cli.common import (
 
 @app.command("nll")
 def nll_cmd(
-    inp: Path = typer.Argument(..., help="Table with prompt and response text columns: a file, a directory "
+    inp: str = typer.Argument(..., help="Table with prompt and response text columns: a file, a directory "
                                "(an mrt output included) or a quoted glob."),
-    out: Path = typer.Argument(..., help="Output table with the loss column added; format from the suffix."),
+    out: str = typer.Argument(..., help="Output table with the loss column added; format from the suffix."),
     model: str = typer.Option("smollm2", help="'smollm2' (bundled GGUF) or a local Hugging Face model directory."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
     response: str = typer.Option("response", help="Response text column."),
@@ -116,9 +116,9 @@ def generate_cmd(
 
 @app.command("score")
 def score_cmd(
-    inp: Path = typer.Argument(..., help="Candidate table with prompt and response columns: a file, a "
+    inp: str = typer.Argument(..., help="Candidate table with prompt and response columns: a file, a "
                                "directory (an mrt output included) or a quoted glob."),
-    out: Path = typer.Argument(..., help="Output with a reward column: a file, or a resumable directory."),
+    out: str = typer.Argument(..., help="Output with a reward column: a file, or a resumable directory."),
     model: str = typer.Option(..., "--model", help="Sequence-classification reward model (num_labels=1)."),
     batch_size: int = typer.Option(16),
     prompt: str = typer.Option("prompt", help="Prompt text column."),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -21,7 +20,7 @@ from mrt_fast.cli.common import (
 def select_cmd(
     inp: str = typer.Argument(..., help="Input: a file, a directory of Parquet/JSONL files (hive partitions "
                               "included) or a quoted glob such as 'data/*.parquet'."),
-    out: Path = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
+    out: str = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
                                "resumable) or a file (.parquet, .jsonl, .csv)."),
     k: str = typer.Option(..., "--k", help="Responses kept per prompt, or the name of an integer column holding "
                           "each prompt's K (e.g. from mrt diagnose --allocate)."),

@@ -49,8 +49,10 @@ import polars as pl
 from mrt_fast._util import messages as _messages
 from mrt_fast._util.disk_space import reporting_full_disk
 from mrt_fast.datasets import formats as _formats
+from mrt_fast.datasets import object_output, storage
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.lock import output_lock
+from mrt_fast.datasets.object_lock import lock_url, object_lock
 from mrt_fast.datasets.manifest import (EMPTY_PART, Manifest, discard_unfinished, part_check, part_path,
                                         prepare_output)
 from mrt_fast.errors import MrtInputError
@@ -87,9 +89,15 @@ def stopping_after(n: int):
             os.environ[STOP_AFTER_ENV] = old
 
 
-def is_directory_output(out: Path) -> bool:
+def is_directory_output(out: Path | str) -> bool:
     """A directory output: an existing directory, or a name without a suffix. A name with a
-    suffix is a file, and a suffix that is no table format is refused (never silently a directory)."""
+    suffix is a file, and a suffix that is no table format is refused (never silently a directory).
+    On object storage (``s3://``), a URL without a suffix (or ending in ``/``) is a directory."""
+    if storage.is_url(out):
+        if str(out).endswith("/") or not storage.ObjectPath(str(out)).suffix:
+            return True
+        _formats.fmt_of(Path(storage.ObjectPath(str(out)).name), "output")
+        return False
     out = Path(out)
     if out.is_dir() or not out.suffix:
         return True
@@ -113,11 +121,12 @@ class Job:
     def __init__(self, source: Any, output: str | os.PathLike, parameters: dict[str, Any], *,
                  overwrite: bool = False, command: str | None = None, what: str = "job"):
         self.ds = source if isinstance(source, _sources.Dataset) else _sources.discover(source)
-        self.out = Path(output)
+        self.remote = storage.is_url(output)
+        self.out: Any = str(output).rstrip("/") if self.remote else Path(output)
         if _sources.output_inside_input(self.out, self.ds):
             raise MrtInputError(f"output {str(self.out)!r} is the input or inside it; write it elsewhere")
-        self.to_dir = is_directory_output(self.out)
-        if not self.to_dir:
+        self.to_dir = is_directory_output(output)
+        if not self.to_dir and not self.remote:
             _formats.fmt_of(self.out, "output")
             parent = self.out.parent if str(self.out.parent) else Path(".")
             if not parent.is_dir():
@@ -136,11 +145,16 @@ class Job:
     # ---- the block
     def __enter__(self) -> "Job":
         self._stack = ExitStack()
-        self._stack.enter_context(output_lock(self.out, directory=self.to_dir))
+        if self.remote:
+            self._stack.enter_context(object_lock(lock_url(self.out, directory=self.to_dir),
+                                                  f"output {self.out!r}"))
+        else:
+            self._stack.enter_context(output_lock(self.out, directory=self.to_dir))
         try:
             if self.to_dir:
-                self.state, self.man = prepare_output(self.out, self.parameters, self.fingerprint,
-                                                      overwrite=self.overwrite)
+                prepare = object_output.prepare_output if self.remote else prepare_output
+                self.state, self.man = prepare(self.out, self.parameters, self.fingerprint,
+                                               overwrite=self.overwrite)
         except BaseException:
             self._stack.close()
             raise
@@ -155,12 +169,15 @@ class Job:
                 self._full_disk.__exit__(et, ev, tb)  # a full disk: one line saying where
             except MrtInputError:
                 if self.to_dir and self.state == "new":
-                    discard_unfinished(self.out)  # bad input before any part: the directory is as it was
+                    self._discard_unfinished()  # bad input before any part: the directory is as it was
                 raise
             if et is not None and issubclass(et, MrtInputError) and self.to_dir and self.state == "new":
-                discard_unfinished(self.out)
+                self._discard_unfinished()
         finally:
             self._stack.close()
+
+    def _discard_unfinished(self) -> None:
+        (object_output.discard_unfinished if self.remote else discard_unfinished)(self.out)
 
     @property
     def resumed(self) -> bool:
@@ -196,6 +213,10 @@ class Job:
         """Write part ``i`` atomically and record it (its rows, size and checksum);
         a part of no rows is recorded with no file. Returns its rows."""
         assert self.to_dir and self.man is not None
+        if self.remote:
+            rows, name, check = object_output.put_part(df, self.out, i)
+            self._record(i, rows, check, name)
+            return rows
         write_part(df, self.out, i)
         check = part_check(part_path(self.out, i)) if df.height else dict(EMPTY_PART)
         self._record(i, df.height, check)
@@ -205,11 +226,15 @@ class Job:
         """Record part ``i``, written by another process (an executor's task) with
         :func:`write_part`: its rows, and its file's size and checksum."""
         assert self.to_dir and self.man is not None
+        if self.remote:
+            name, check = object_output.find_part(self.out, i, rows)
+            self._record(i, rows, check, name)
+            return
         self._record(i, rows, part_check(part_path(self.out, i)) if rows else dict(EMPTY_PART))
 
-    def _record(self, i: int, rows: int, check: dict) -> None:
+    def _record(self, i: int, rows: int, check: dict, file: str | None = None) -> None:
         with self._lock:
-            self.man.record(i, rows, check)
+            self.man.record(i, rows, check, file)
             self.man.write(self.out)
             self._committed += 1
             if self._stop is not None and self._committed >= self._stop:
@@ -226,10 +251,19 @@ class Job:
     def write_file(self, df: pl.DataFrame | list[pl.DataFrame]) -> int:
         """Write a file output whole (atomically); returns its rows."""
         frames = df if isinstance(df, list) else [df]
-        with _formats.AtomicWriter(self.out) as wr:
-            for f in frames:
-                wr.write(f)
-            wr.commit()
+        with contextlib.ExitStack() as stack:
+            path = self.out
+            if self.remote:  # written whole here, then one upload: the object appears complete or not at all
+                import tempfile
+
+                path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=".mrt-upload-"))) \
+                    / storage.ObjectPath(self.out).name
+            with _formats.AtomicWriter(path) as wr:
+                for f in frames:
+                    wr.write(f)
+                wr.commit()
+            if self.remote:
+                storage.put(path, self.out)
         return sum(f.height for f in frames)
 
     # ---- reading the input
@@ -263,7 +297,10 @@ class Job:
 def write_part(df: pl.DataFrame, out_dir: Path, i: int) -> int:
     """Write part ``i`` of a dataset directory atomically (a part of no rows has
     no file); returns its rows. For executors whose tasks write parts where the
-    job does not run; the job records them (:meth:`Job.record_written`)."""
+    job does not run; the job records them (:meth:`Job.record_written`). On object storage
+    the part gets its own name (:func:`mrt_fast.datasets.object_output.put_part`)."""
+    if storage.is_url(out_dir):
+        return object_output.put_part(df, str(out_dir), i)[0]
     p = part_path(Path(out_dir), i)
     if not df.height:
         p.unlink(missing_ok=True)

@@ -49,6 +49,7 @@ from mrt_fast._util import messages as _messages
 from mrt_fast.datasets import formats as _formats
 
 from mrt_fast.datasets import sources as _sources
+from mrt_fast.datasets import storage
 from mrt_fast.tables.arrays import pool_keys
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 from mrt_fast.errors import MrtInputError
@@ -624,7 +625,7 @@ def _spill_read_bytes(ds: _sources.Dataset, total_bytes: int) -> int:
 
     largest = 0
     for f in ds.files:
-        md = pq.ParquetFile(f).metadata
+        md = pq.ParquetFile(storage.open_input(f)).metadata
         largest = max([largest, *(md.row_group(g).total_byte_size for g in range(md.num_row_groups))])
     return min(polars_read_bytes(largest), 2 * total_bytes)
 
@@ -746,12 +747,13 @@ def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, 
         else:
             rep.spilled = True
             rep.n_parts = n_buckets
-            if to_dir:
+            if to_dir and not job.remote:
                 spill_dir = out / SPILL_DIR
-            else:
-                parent = out.parent if str(out.parent) else Path(".")
-                remove_stale_spills(parent, out.name)
-                spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-{os.getpid()}-", dir=parent))
+            else:  # beside a file output; in the temporary directory for an output on object storage
+                parent = Path(tempfile.gettempdir()) if job.remote else out.parent if str(out.parent) else Path(".")
+                name = storage.ObjectPath(out).name if job.remote else out.name
+                remove_stale_spills(parent, name)
+                spill_dir = Path(tempfile.mkdtemp(prefix=f".{name}.spill-{os.getpid()}-", dir=parent))
             try:
                 done_marker = spill_dir / "_complete"
                 if not (done_marker.exists() and done_marker.read_text() == f"{fp} {n_buckets}"
@@ -773,7 +775,7 @@ def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, 
                             raise
                         shutil.rmtree(spill_dir, ignore_errors=True)  # the room it took is free again
                         raise no_space_error(f"spilling the input (about {size_text(total_bytes)}) into",
-                                             out if to_dir else spill_dir.parent) from None
+                                             out if to_dir and not job.remote else spill_dir.parent) from None
                     release_unused()
                     if nulls:
                         nb = read_bucket(spill_dir, n_buckets)
@@ -829,7 +831,7 @@ def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, 
                         kept = kept.sort([FIRST, "pick_rank"]).drop(FIRST)
                     job.write_file(kept)
             finally:
-                if not to_dir:
+                if not to_dir or job.remote:
                     shutil.rmtree(spill_dir, ignore_errors=True)
             if to_dir:
                 shutil.rmtree(spill_dir, ignore_errors=True)

@@ -44,6 +44,7 @@ import polars as pl
 import pyarrow as pa
 
 from mrt_fast.errors import MrtInputError
+from mrt_fast.datasets import storage
 
 __all__ = [
     "select",
@@ -542,7 +543,8 @@ def read(source: Any, columns: list[str] | None = None):
     src = source if isinstance(source, _sources.Dataset) else _sources.discover(source)
     files = [str(f) for f in src.files]
     if src.fmt == "parquet":
-        return ray.data.read_parquet(files, columns=columns, shuffle=None)
+        fs = {"filesystem": storage.filesystem()} if src.files and storage.is_url(src.files[0]) else {}
+        return ray.data.read_parquet(files, columns=columns, shuffle=None, **fs)
     # text formats are parsed by polars in the tasks, file by file, as the
     # local engine parses them (the Arrow readers infer other types and round
     # some decimals differently)
@@ -594,7 +596,7 @@ class _BucketToPart:
         kept, rep = select_frame(df.drop(_BUCKET).rename({_ORDER: ROW}), self.opts, first=self.out_dir is None)
         if self.out_dir is None:
             return kept.to_arrow()
-        n = write_part(kept, Path(self.out_dir), i)
+        n = write_part(kept, self.out_dir, i)
         r = rep.approximation_ratio
         return pa.table({
             "part": [i], "rows": [n], "pools": [rep.n_pools], "candidates": [rep.n_candidates],
@@ -623,7 +625,7 @@ class _GroupedPart:
             if self.out_dir is None:
                 outs.append(kept.with_columns(pl.lit(i).alias("__part")).to_arrow())
                 continue
-            n = write_part(kept, Path(self.out_dir), i)
+            n = write_part(kept, self.out_dir, i)
             r = rep.approximation_ratio
             outs.append(pa.table({
                 "part": [i], "rows": [n], "pools": [rep.n_pools], "candidates": [rep.n_candidates],
@@ -661,6 +663,13 @@ class _SplitToFiles:
             if self.todo is not None and int(i) not in self.todo:
                 continue
             piece = t.take(pa.array(order[cuts[i]:cuts[i + 1]]))
+            if storage.is_url(self.spill):  # one PUT: the piece appears whole or not at all
+                sink = pa.BufferOutputStream()
+                with ipc.new_file(sink, piece.schema) as w:
+                    w.write_table(piece)
+                storage.write_bytes(storage.join(self.spill, f"b{int(i):05d}", f"o{first:020d}.arrow"),
+                                    sink.getvalue().to_pybytes())
+                continue
             path = _piece_path(self.spill, int(i), first)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -739,12 +748,16 @@ class _FilesToPart:
         _maybe_fail(self.fault)
         outs = []
         for i in t.column("part").to_pylist():
-            files = sorted((Path(self.spill) / f"b{i:05d}").glob("o*.arrow"))
+            if storage.is_url(self.spill):
+                files = [f for f in storage.list_files(storage.join(self.spill, f"b{i:05d}"))
+                         if f.name.startswith("o") and f.suffix == ".arrow"]
+            else:
+                files = sorted((Path(self.spill) / f"b{i:05d}").glob("o*.arrow"))
             if not files:
                 continue
             tables = []
             for f in files:
-                with ipc.open_file(str(f)) as r:
+                with ipc.open_file(storage.open_input(f) if storage.is_url(f) else str(f)) as r:
                     tables.append(r.read_all())
             tb = pa.concat_tables(tables).append_column(_BUCKET, pa.array(np.full(sum(x.num_rows for x in tables),
                                                                                    i, dtype=np.int32)))
@@ -905,12 +918,18 @@ def select_dataset(
                     from ray.data.expressions import monotonically_increasing_id
 
                     todo_set = None if len(todo) == nb else set(todo)
-                    if shuffle == "files":
+                    if shuffle == "files" and job.remote:  # the exchange under the output's prefix
+                        spill = storage.join(out, SPILL_DIR) if to_dir else storage.join(
+                            out.rpartition("/")[0], f".{out.rpartition('/')[2]}.spill-{os.getpid()}-{time.time_ns()}")
+                        storage.delete(storage.list_files(spill))
+                        cleanup.append(spill)
+                    elif shuffle == "files":
                         spill = (out / SPILL_DIR) if to_dir else Path(tempfile.mkdtemp(
                             prefix=f".{out.name}.spill-", dir=out.parent if str(out.parent) else "."))
                         shutil.rmtree(spill, ignore_errors=True)
                         spill.mkdir()
                         cleanup.append(spill)
+                    if shuffle == "files":
                         ranges = _row_ranges(src, counts)
                         items = ray.data.from_items(ranges, override_num_blocks=len(ranges))
                         items = _own_context(items)
@@ -967,7 +986,10 @@ def select_dataset(
             return rep
         finally:
             for d in cleanup:  # the spill, also when the job fails
-                shutil.rmtree(d, ignore_errors=True)
+                if storage.is_url(d):
+                    storage.delete(storage.list_files(d))
+                else:
+                    shutil.rmtree(d, ignore_errors=True)
 
 
 def _variance_budget_files(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
@@ -1007,7 +1029,7 @@ class _RowPartWorker:
             df = self.ds.scan().slice(i * self.per, self.per).collect()
             res = self.stage(df)
             if self.out_dir is not None:
-                rows.append(write_part(res, Path(self.out_dir), i))
+                rows.append(write_part(res, self.out_dir, i))
             else:
                 rows.append(res.height)
                 tables.append(res.write_ipc(None).getvalue())
