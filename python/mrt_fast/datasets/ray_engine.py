@@ -741,6 +741,7 @@ def select_dataset(
     command: str | None = None,
     max_retries: int = 3,
     shuffle: str = "files",
+    progress: Any = False,
     **knobs: Any,
 ):
     """`mrt_fast.select_dataset` on Ray: the same input (file, directory, glob),
@@ -761,6 +762,7 @@ def select_dataset(
     ``OUTPUT/_spill``; each bucket task reads its pieces: storage every worker
     sees, as the parts need anyway) or Ray Data's own shuffle (``"sort"``,
     ``"hash"``, ``"v2"``: through the object store, no shared storage).
+    ``progress``: the job's display by input rows, as on the local engine.
     Returns a `mrt_fast.datasets.local.BatchReport`."""
     import time
 
@@ -787,7 +789,7 @@ def select_dataset(
     by = opts.by
     params = {**opts.parameters(), "layout": lay}
     cmd = command or f"ray_engine.select_dataset(k={opts.k}, method={opts.method!r})"
-    with Job(src, output, params, overwrite=overwrite, command=cmd) as job:
+    with Job(src, output, params, overwrite=overwrite, command=cmd, what="select", progress=progress) as job:
         out, to_dir, man = job.out, job.to_dir, job.man
         state = job.state
         cleanup: list[Path] = []
@@ -830,6 +832,15 @@ def select_dataset(
             rep.n_parts, rep.workers = nb, cpus
             todo = job.start(nb, layout=lay, rows_per_part=per, n_rows=n_rows)
             man = job.man
+            if lay == "grouped":
+                from mrt_fast.datasets.job import rows_before
+
+                job.progress.start(n_rows, rows_before(n_rows, per, nb, todo))
+            else:  # the rows of the buckets done before are not known without reading them
+                job.progress.start(n_rows if len(todo) == nb else None)
+
+            def part_rows(i: int, candidates: int) -> int:
+                return min(per, n_rows - i * per) if lay == "grouped" else candidates
             out_dir = str(out) if to_dir else None
             ratio = [0.0, 0]
             kept_tables = []
@@ -839,6 +850,7 @@ def select_dataset(
                 d = t.to_pydict()
                 for j in range(t.num_rows):
                     job.record_written(d["part"][j], d["rows"][j])
+                    job.progress.advance(part_rows(d["part"][j], d["candidates"][j]))
                     rep.n_pools += d["pools"][j]
                     rep.n_candidates += d["candidates"][j]
                     rep.n_small_pools += d["small"][j]
@@ -893,6 +905,9 @@ def select_dataset(
                             account(t)
                         else:
                             kept_tables.append(t)
+                            if "__part" in t.column_names:
+                                for i in set(t.column("__part").to_pylist()):
+                                    job.progress.advance(part_rows(i, 0))
             global _last_stats
             try:
                 stats.append(res.stats())
