@@ -155,17 +155,14 @@ def _flat(opts: SelectOptions) -> SelectOptions:
 
 
 def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
-    """A part of grouped rows: exploded (:func:`mrt_fast.tables.layouts.explode`, only the columns
-    the selection reads), selected flat, regrouped in the part's row order (:func:`~mrt_fast.tables.layouts.regroup`)."""
+    """A part of grouped rows: exploded (:func:`mrt_fast.tables.layouts.explode`), selected flat, regrouped in the part's row order (:func:`~mrt_fast.tables.layouts.regroup`)."""
     from mrt_fast.selection.select import select
     from mrt_fast.errors import SmallPoolWarning
 
     by = opts.by
-    k_col = [opts.k] if isinstance(opts.k, str) and opts.k not in lists and opts.k != by else []
-    if opts.candidate_key is not None and opts.candidate_key not in lists and opts.candidate_key != by:
-        k_col.append(opts.candidate_key)
-    flat = explode(df.select([by, *k_col, *lists]), by, lists,
-                   hint="name the per-candidate list columns with candidate_columns / --candidate-columns")
+    # every column goes with its candidates, as in the flat table: ties are broken by content
+    flat = explode(df, by, lists, hint="name the per-candidate list columns with candidate_columns / "
+                   "--candidate-columns")
     read = flat.columns
     try:
         flat = _formats.decode_embedding(flat, opts.embedding)

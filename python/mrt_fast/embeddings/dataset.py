@@ -102,8 +102,9 @@ def embed_dataset(
     ds = _sources.discover(source)
     schema = ds.check_columns([(text, "text to embed")])
     names = list(schema.names())
-    if schema[text] not in (pl.String, pl.Utf8):
-        raise MrtInputError(f"column {text!r} (text to embed) must hold strings, got {schema[text]}", column=text)
+    if schema[text] not in (pl.String, pl.List(pl.String)):  # one text a row, or one list a prompt (grouped)
+        raise MrtInputError(f"column {text!r} (text to embed) must hold strings (or lists of strings, one list a "
+                            f"prompt), got {schema[text]}", column=text)
     check_output_column(names, column, text, overwrite_column)
     job_ = Job(ds, output, {}, overwrite=overwrite, command=command or "mrt_fast.embed_dataset", what="embed",
                progress=None if callback is not None else progress)
