@@ -17,6 +17,8 @@ what surrounds it, whatever runs it:
   input fingerprint, each finished part's rows, size and checksum; resume
   (a rerun of the same job does the missing parts only; a finished directory
   is left as it is; another job's directory is refused unless ``overwrite``);
+* the progress display (:class:`mrt_fast.datasets.progress.JobProgress`: a bar
+  on a terminal, plain periodic lines otherwise), advanced by the executors;
 * committing a part (written atomically, checked, recorded; a full disk is one
   line naming the part), and leaving nothing behind when bad input is found
   before any part was committed.
@@ -55,10 +57,11 @@ from mrt_fast.datasets.lock import output_lock
 from mrt_fast.datasets.object_lock import lock_url, object_lock
 from mrt_fast.datasets.manifest import (EMPTY_PART, Manifest, discard_unfinished, part_check, part_path,
                                         prepare_output)
+from mrt_fast.datasets.progress import JobProgress
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["Job", "RowStage", "STOP_AFTER_ENV", "StoppedForTest", "is_directory_output", "run_all", "run_row_parts",
-           "stop_after",
+__all__ = ["Job", "RowStage", "STOP_AFTER_ENV", "StoppedForTest", "is_directory_output", "rows_before", "run_all",
+           "run_row_parts", "run_summary", "stop_after",
            "stopping_after", "write_part"]
 
 #: test hook: stop a job after it has committed this many parts (see the module doc)
@@ -116,10 +119,12 @@ class Job:
     part (thread-safe); :meth:`finish` marks the job done. A file output is
     written once, by :meth:`write_file`. An `MrtInputError` leaving the block
     before any part was committed leaves no half-made directory behind.
+    ``progress`` (see :class:`~mrt_fast.datasets.progress.JobProgress`) is
+    ``job.progress``, which the executors advance by input rows.
     """
 
     def __init__(self, source: Any, output: str | os.PathLike, parameters: dict[str, Any], *,
-                 overwrite: bool = False, command: str | None = None, what: str = "job"):
+                 overwrite: bool = False, command: str | None = None, what: str = "job", progress: Any = False):
         self.ds = source if isinstance(source, _sources.Dataset) else _sources.discover(source)
         self.remote = storage.is_url(output)
         self.out: Any = str(output).rstrip("/") if self.remote else Path(output)
@@ -141,6 +146,7 @@ class Job:
         self._lock = threading.Lock()
         self._committed = 0
         self._stop = stop_after()
+        self.progress = JobProgress(progress, name=f"mrt {what}" if what != "job" else what)
 
     # ---- the block
     def __enter__(self) -> "Job":
@@ -164,6 +170,7 @@ class Job:
 
     def __exit__(self, et, ev, tb) -> None:
         assert self._stack is not None
+        self.progress.close()
         try:
             try:
                 self._full_disk.__exit__(et, ev, tb)  # a full disk: one line saying where
@@ -336,22 +343,26 @@ class RowStage:
 def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, rows_per_part: int,
                   n_rows: int | None = None, layout: str = "flat", workers: int = 1,
                   on_part: Callable[[int, pl.DataFrame, pl.DataFrame], None] | None = None,
-                  on_total: Callable[[int, int], None] | None = None) -> dict[str, int]:
+                  on_total: Callable[[int, int], None] | None = None,
+                  advance_by_part: bool = True) -> dict[str, int]:
     """The local executor of a row-wise stage: part ``i`` is input rows
     ``[i r, (i + 1) r)`` (``r = rows_per_part``; a resumed job keeps its
     manifest's), read, mapped by ``stage`` and committed (a directory) or
     gathered and written whole (a file). An `MrtInputError` about row ``j``
     of a part is restated with the input file and row. ``on_part(i, input,
     output)`` after each part; ``on_total(total, done)`` once the work is
-    known. Returns ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
+    known. ``job.progress`` advances by each part's input rows (``advance_by_part``; else the
+    stage advances it). Returns ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
     n = job.count_rows() if n_rows is None else n_rows
     if n == 0:
         raise MrtInputError(f"{job.ds.source!r} has no rows: there is nothing to do")
     per = int(job.rows_per_part or rows_per_part)
     n_parts = job.n_parts or max(1, math.ceil(n / per))
     todo = job.start(n_parts, layout=layout, rows_per_part=per, n_rows=n)
+    before = rows_before(n, per, n_parts, todo)
+    job.progress.start(n, before)
     if on_total is not None:
-        on_total(n, sum(min(per, n - i * per) for i in range(n_parts) if i not in set(todo)))
+        on_total(n, before)
     lf = job.ds.scan()
     results: dict[int, pl.DataFrame] = {}
     done = {"rows_done_now": 0, "rows_out": 0}
@@ -372,6 +383,8 @@ def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, ro
         with lock:
             done["rows_done_now"] += df.height
             done["rows_out"] += res.height
+        if advance_by_part:
+            job.progress.advance(df.height)
         if on_part is not None:
             on_part(i, df, res)
 
@@ -381,6 +394,21 @@ def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, ro
     else:
         job.write_file([results[i] for i in sorted(results)])
     return {"parts": n_parts, "parts_done_now": len(todo), **done}
+
+
+def run_summary(this_run: dict[str, int], total: dict[str, int]) -> str:
+    """What a run did beside what the job holds: ``this run: 2 parts, 10 rows; job total: 4 parts, 18 rows``
+    (each a mapping of what is counted to its count, in order)."""
+    def said(d: dict[str, int]) -> str:
+        return ", ".join(f"{v:,} {k}" for k, v in d.items())
+
+    return f"this run: {said(this_run)}; job total: {said(total)}"
+
+
+def rows_before(n_rows: int, rows_per_part: int, n_parts: int, todo: list[int]) -> int:
+    """Input rows of the parts of runs of ``rows_per_part`` rows done before (not in ``todo``)."""
+    left = set(todo)
+    return sum(min(rows_per_part, n_rows - i * rows_per_part) for i in range(n_parts) if i not in left)
 
 
 def run_all(one: Callable[[int], None], todo: list[int], workers: int) -> None:
