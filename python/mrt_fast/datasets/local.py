@@ -49,7 +49,7 @@ from mrt_fast._util import messages as _messages
 from mrt_fast.datasets import formats as _formats
 
 from mrt_fast.datasets import sources as _sources
-from mrt_fast.tables.arrays import pool_keys
+from mrt_fast.tables.arrays import arrow_of, pool_keys
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 from mrt_fast.errors import MrtInputError
 from mrt_fast.selection.options import SelectOptions
@@ -378,7 +378,7 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
         def one(t: int) -> int:
             with _BucketWriters(spill_dir, n_buckets, t, staging) as w:
                 for pos, b in iter_run(runs[t], None, batch_rows):
-                    row = pa.array(np.arange(pos, pos + b.num_rows, dtype=idx))
+                    row = arrow_of(np.arange(pos, pos + b.num_rows, dtype=idx))
                     rb = pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
                     w.add(rb, pl.Series(by, b.column(by_i)))
                     if on_rows is not None:
@@ -419,7 +419,7 @@ class _BucketWriters:
         self.nulls += ids.null_count()
         order = np.argsort(b, kind="stable")
         cuts = np.searchsorted(b[order], np.arange(self.n + 2))
-        t = _take(t, pa.array(order))
+        t = _take(t, arrow_of(order))
         for i in np.flatnonzero(np.diff(cuts)):
             sl = t.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
             w = self.writers.get(int(i))

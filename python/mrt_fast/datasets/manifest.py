@@ -131,7 +131,7 @@ class Manifest:
         schema = self._schema(out_dir)
         meta = {**(schema.metadata or {}), MANIFEST_KEY: self.to_json().encode()}
         sink = pa.BufferOutputStream()
-        pq.write_table(schema.empty_table().replace_schema_metadata(meta), sink)
+        pq.write_table(pa.Table.from_batches([], schema=schema).replace_schema_metadata(meta), sink)
         (out_dir / META_DIR).mkdir(exist_ok=True)
         atomic_write_bytes(self.path(out_dir), sink.getvalue().to_pybytes())
         (out_dir / OLD_MANIFEST).unlink(missing_ok=True)
