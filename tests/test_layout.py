@@ -184,11 +184,12 @@ def test_top_level_dir_is_its_all_and_its_areas():
 
 
 def test_the_package_imports_no_heavy_stack():
-    """`import mrt_fast` loads selection only: no pandas, torch, ray, transformers or faiss."""
+    """`import mrt_fast` loads no area (and so no polars or NumPy) until one of its names is used."""
     import subprocess
     import sys
 
     code = ("import sys, mrt_fast; heavy = {'pandas', 'torch', 'ray', 'transformers', 'faiss', "
-            "'sentence_transformers', 'matplotlib'}; print(sorted(heavy & set(sys.modules)))")
+            "'sentence_transformers', 'matplotlib', 'polars', 'numpy', 'mrt_fast.selection'}; "
+            "print(sorted(heavy & set(sys.modules)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]", r.stdout

@@ -6,23 +6,25 @@ How many responses per prompt to keep (`variance_budget`), which ones
 The areas are subpackages: :mod:`mrt_fast.selection`, :mod:`mrt_fast.variance`,
 :mod:`mrt_fast.tables`, :mod:`mrt_fast.datasets`, :mod:`mrt_fast.embeddings`,
 :mod:`mrt_fast.llm`, :mod:`mrt_fast.sandbox`, :mod:`mrt_fast.simulate`; the
-names below are their most used entries. Selection loads with the package;
-everything else loads on first use.
+names below are their most used entries, each loaded on first use.
 """
 
 from __future__ import annotations
 
-import importlib
-
 from mrt_fast._grades_core import __version__
 from mrt_fast.errors import MissingDependencyError, MrtInputError, SmallPoolWarning
-from mrt_fast.selection.facility import FacilityLocationResult, Ragged, facility_location
-from mrt_fast.selection.options import METHODS, SelectOptions
-from mrt_fast.selection.report import SelectionReport
-from mrt_fast.selection.select import select
+from mrt_fast._util.lazy import lazy_names
 
-#: name -> the module that serves it, loaded on first use
+#: name -> the module that serves it, loaded on first use, so that `import mrt_fast`
+#: (and every `mrt` command, `--help` included) costs only what it uses
 _LAZY = {
+    "FacilityLocationResult": "mrt_fast.selection.facility",
+    "Ragged": "mrt_fast.selection.facility",
+    "facility_location": "mrt_fast.selection.facility",
+    "METHODS": "mrt_fast.selection.options",
+    "SelectOptions": "mrt_fast.selection.options",
+    "SelectionReport": "mrt_fast.selection.report",
+    "select": "mrt_fast.selection.select",
     "pool_modes": "mrt_fast.selection.modes",
     "knn_graph": "mrt_fast.selection.knn",
     "facility_location_corpus": "mrt_fast.selection.knn",
@@ -45,29 +47,11 @@ AREAS = ("selection", "variance", "tables", "datasets", "embeddings", "llm", "sa
 
 __all__ = sorted([
     "__version__",
-    "FacilityLocationResult",
-    "METHODS",
     "MissingDependencyError",
     "MrtInputError",
-    "Ragged",
-    "SelectOptions",
-    "SelectionReport",
     "SmallPoolWarning",
-    "facility_location",
-    "select",
     *_LAZY,
 ])
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if name in AREAS:
-        return importlib.import_module(f"mrt_fast.{name}")
-    raise AttributeError(f"module 'mrt_fast' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(__all__) | set(AREAS))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals(), AREAS)

@@ -352,3 +352,33 @@ def test_help_and_a_one_line_error_import_no_heavy_stack(tmp_path):
                        capture_output=True, text=True)
     assert "HEAVY []" in r.stdout, r.stdout + r.stderr
     assert "does not exist" in r.stderr or "does not exist" in r.stdout
+
+
+@pytest.mark.parametrize("parts", [None, 3], ids=["in-memory", "spilled"])
+def test_a_select_job_loads_no_pandas(tmp_path, parts):
+    """`mrt select` over Parquet files (read whole, or spilled into buckets) never loads pandas,
+    pyarrow's dataset layer, scipy or matplotlib: a small job pays only for what it does."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 4000
+    for j in range(2):
+        pl.DataFrame({"prompt_id": rng.integers(0, 200, n), "reward": rng.standard_normal(n),
+                      "embedding": rng.standard_normal((n, 8)).astype(np.float32).tolist()}
+                     ).write_parquet(tmp_path / f"in-{j}.parquet")
+    argv = ["select", str(tmp_path / "in-*.parquet"), str(tmp_path / "out"), "--k", "2"]
+    if parts:
+        argv += ["--parts", str(parts)]
+    code = ("import sys, json\nfrom mrt_fast.cli import app\n"
+            "try:\n    app(json.loads(sys.argv[1]))\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "heavy = {'pandas', 'pyarrow.dataset', 'scipy', 'matplotlib', 'torch', 'ray'}\n"
+            "print('HEAVY', sorted(heavy & set(sys.modules)))\n")
+    import json
+
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True)
+    assert "HEAVY []" in r.stdout, r.stdout + r.stderr
+    assert ("spilled to disk" in r.stdout) == bool(parts), r.stdout
+    assert pl.scan_parquet(tmp_path / "out" / "*.parquet").select(pl.len()).collect().item() > 0

@@ -191,6 +191,12 @@ class SpillPlan:
     staging: int
 
 
+def spill_batch_rows(n_buckets: int) -> int:
+    """Rows per batch of the spill pass, memory permitting: about 4096 rows per bucket
+    (fewer, larger record batches), at least 16,384 and at most 200,000."""
+    return min(200_000, max(16_384, 4096 * n_buckets))
+
+
 def plan_spill(budget: Budget, row_bytes: float, n_buckets: int, threads: int,
                n_rows: int | None) -> SpillPlan | None:
     """The spill pass within the budget: as many of ``threads`` as fit, batches of
@@ -198,7 +204,7 @@ def plan_spill(budget: Budget, row_bytes: float, n_buckets: int, threads: int,
     rows), a 1 MiB staging block per bucket file where it fits. Raises the
     refusal when one thread with the smallest batch does not fit."""
     n_files = n_buckets + 1
-    want = min(200_000, max(16_384, 4096 * n_buckets)) if n_rows else 100_000
+    want = spill_batch_rows(n_buckets) if n_rows else 100_000
     for t in range(max(1, threads), 0, -1):
         per = budget.work / t
         staging = STAGING

@@ -10,11 +10,20 @@ path or a Ray Dataset.
 
 from __future__ import annotations
 
-from mrt_fast.datasets.diagnose import variance_budget
-from mrt_fast.datasets.local import BatchReport, select_dataset
-from mrt_fast.datasets.manifest import Manifest
-from mrt_fast.datasets.sources import Dataset, discover
+from mrt_fast._util.lazy import lazy_names
 
-from mrt_fast.datasets.job import Job
+#: each name loads its module on first use: a command that fails on a missing input
+#: never pays for the engines
+_LAZY = {
+    "variance_budget": "mrt_fast.datasets.diagnose",
+    "BatchReport": "mrt_fast.datasets.local",
+    "select_dataset": "mrt_fast.datasets.local",
+    "Manifest": "mrt_fast.datasets.manifest",
+    "Dataset": "mrt_fast.datasets.sources",
+    "discover": "mrt_fast.datasets.sources",
+    "Job": "mrt_fast.datasets.job",
+}
 
-__all__ = ["BatchReport", "Dataset", "Job", "Manifest", "discover", "select_dataset", "variance_budget"]
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

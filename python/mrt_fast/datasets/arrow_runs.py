@@ -55,7 +55,8 @@ def arrow_schema(ds: "Dataset") -> pa.Schema | None:
         first = schemas[0]
         if any(not s.equals(first) for s in schemas[1:]):
             return None
-        via_arrow = pl.from_arrow(first.empty_table()).schema  # type: ignore[union-attr]
+        # from_batches, not Schema.empty_table, which loads pandas
+        via_arrow = pl.from_arrow(pa.Table.from_batches([], schema=first)).schema  # type: ignore[union-attr]
         if dict(via_arrow) != dict(ds.scan().collect_schema()):
             return None
     except Exception:  # noqa: BLE001 - the polars scan names the fault

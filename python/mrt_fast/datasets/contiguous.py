@@ -25,6 +25,8 @@ import polars as pl
 import pyarrow as pa
 from mrt_fast.datasets import storage
 
+from mrt_fast.tables.arrays import arrow_of
+
 if TYPE_CHECKING:  # pragma: no cover
     from mrt_fast.datasets.sources import Dataset
 
@@ -73,7 +75,14 @@ def copy_into(arr: pa.Array, out: np.ndarray) -> None:
     vals = arr.values.slice(first, m * d)
     if vals.null_count:
         raise Irregular
-    out.reshape(-1)[:] = vals.to_numpy(zero_copy_only=True)
+    out.reshape(-1)[:] = float_values(vals)
+
+
+def float_values(vals: pa.Array) -> np.ndarray:
+    """A null-free float Arrow array as a NumPy view of its buffer (``Array.to_numpy``
+    would load pandas)."""
+    dt = np.dtype({16: np.float16, 32: np.float32, 64: np.float64}[vals.type.bit_width])
+    return np.frombuffer(vals.buffers()[1], dtype=dt, count=len(vals), offset=vals.offset * dt.itemsize)
 
 
 def matrix(n: int, d: int) -> np.ndarray:
@@ -95,7 +104,7 @@ def as_column(buf: np.ndarray, name: str, dtype: pl.DataType) -> pl.Series:
     if isinstance(dtype, pl.Array):
         arr: pa.Array = pa.FixedSizeListArray.from_arrays(values, d)
     else:
-        offsets = pa.array(np.arange(0, (n + 1) * d, d, dtype=np.int64))
+        offsets = arrow_of(np.arange(0, (n + 1) * d, d, dtype=np.int64))
         arr = pa.LargeListArray.from_arrays(offsets, values)
     s = pl.Series(name, arr)
     return s if s.dtype == dtype else s.cast(dtype)

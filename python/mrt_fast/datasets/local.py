@@ -50,7 +50,7 @@ from mrt_fast.datasets import formats as _formats
 
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets import storage
-from mrt_fast.tables.arrays import pool_keys
+from mrt_fast.tables.arrays import arrow_of, pool_keys
 from mrt_fast.tables.layouts import candidate_columns, detect, explode, grouped_row, regroup
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 from mrt_fast.errors import MrtInputError
@@ -265,14 +265,14 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
     bucket ``n_buckets``; returns how many there are. Memory: a few batches
     per thread and one ``staging`` block per open bucket file
     (:func:`mrt_fast._util.memory.plan_spill`)."""
-    from mrt_fast.datasets.arrow_runs import arrow_schema, iter_run, plan_runs
+    from mrt_fast.datasets.arrow_runs import arrow_schema, plan_runs
 
     spill_dir = Path(spill_dir)
     spill_dir.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()
     # every open bucket file stages its writes in an aligned block: 1 MiB, less when there are many
     if staging is None:
-        staging = int(min(1 << 20, max(64 << 10, (64 << 20) // max(1, (n_buckets + 1) * max(1, threads)))))
+        staging = spill_staging(n_buckets, threads)
     try:
         schema = arrow_schema(ds)
         runs = plan_runs(ds, threads) if schema is not None else []
@@ -287,19 +287,14 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
                     if on_rows is not None:
                         on_rows(df.height)
                 return w.nulls
-        idx = pa_index_type()
-        by_i = schema.names.index(by)
+
+        def counted(n: int) -> None:
+            if on_rows is not None:
+                with lock:
+                    on_rows(n)
 
         def one(t: int) -> int:
-            with _BucketWriters(spill_dir, n_buckets, t, staging) as w:
-                for pos, b in iter_run(runs[t], None, batch_rows):
-                    row = pa.array(np.arange(pos, pos + b.num_rows, dtype=idx))
-                    rb = pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
-                    w.add(rb, pl.Series(by, b.column(by_i)))
-                    if on_rows is not None:
-                        with lock:
-                            on_rows(b.num_rows)
-                return w.nulls
+            return spill_run(runs[t], spill_dir, n_buckets, by, t, batch_rows, staging, counted)
 
         with ThreadPoolExecutor(max_workers=len(runs)) as ex:
             return sum(ex.map(one, range(len(runs))))
@@ -310,6 +305,40 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
             raise  # a full disk is not the input's fault: the caller says where it was writing
         ds.find_unreadable()
         raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
+
+
+def spill_run(run: list, spill_dir: Path, n_buckets: int, by: str, tag: int, batch_rows: int, staging: int,
+              on_rows: Callable[[int], None] | None = None) -> int:
+    """One run of row groups (:func:`mrt_fast.datasets.arrow_runs.plan_runs`) cut into
+    the bucket files ``spill_dir/bucket-NNNNN.<tag>.arrow``, every row with its global
+    row index ``__row``; returns the rows with a null prompt id (bucket ``n_buckets``).
+    A thread of :func:`spill` runs it, and so does a read task of the Ray engine: a
+    rerun with the same ``tag`` rewrites the same files."""
+    from mrt_fast.datasets.arrow_runs import iter_run
+
+    idx = pa_index_type()
+    with _BucketWriters(Path(spill_dir), n_buckets, tag, staging) as w:
+        for pos, b in iter_run(run, None, batch_rows):
+            row = arrow_of(np.arange(pos, pos + b.num_rows, dtype=idx))
+            rb = pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
+            w.add(rb, pl.Series(by, b.column(b.schema.get_field_index(by))))
+            if on_rows is not None:
+                on_rows(b.num_rows)
+        return w.nulls
+
+
+def null_ids_error(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str, nulls: int) -> MrtInputError:
+    """The refusal of a spill that found ``nulls`` rows without a prompt id (bucket
+    ``n_buckets``), naming the file and row of the first."""
+    nb = read_bucket(spill_dir, n_buckets)
+    f, r0 = ds.locate(int(nb[ROW].min()))
+    return MrtInputError(f"column {by!r} has {nulls} null prompt id(s), the first in {str(f)!r} at row {r0}; "
+                         "give every row a prompt id", column=by, row=r0)
+
+
+def spill_staging(n_buckets: int, writers: int) -> int:
+    """The staging block of an open bucket file: 1 MiB, less when there are many files open."""
+    return int(min(1 << 20, max(64 << 10, (64 << 20) // max(1, (n_buckets + 1) * max(1, writers)))))
 
 
 def pa_index_type() -> type:
@@ -334,7 +363,7 @@ class _BucketWriters:
         self.nulls += ids.null_count()
         order = np.argsort(b, kind="stable")
         cuts = np.searchsorted(b[order], np.arange(self.n + 2))
-        t = _take(t, pa.array(order))
+        t = _take(t, arrow_of(order))
         for i in np.flatnonzero(np.diff(cuts)):
             sl = t.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
             w = self.writers.get(int(i))
@@ -700,11 +729,7 @@ def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, 
                                              out if to_dir and not job.remote else spill_dir.parent) from None
                     release_unused()
                     if nulls:
-                        nb = read_bucket(spill_dir, n_buckets)
-                        f, r0 = ds.locate(int(nb[ROW].min()))
-                        raise MrtInputError(
-                            f"column {opts.by!r} has {nulls} null prompt id(s), the first in {str(f)!r} at row {r0}; "
-                            "give every row a prompt id", column=opts.by, row=r0)
+                        raise null_ids_error(ds, spill_dir, n_buckets, opts.by, nulls)
                     if n_rows is None:
                         n_rows = seen[0]
                         rep.n_input_rows = n_rows

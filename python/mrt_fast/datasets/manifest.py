@@ -142,7 +142,7 @@ class Manifest:
         schema = self._schema(out_dir)
         meta = {**(schema.metadata or {}), MANIFEST_KEY: self.to_json().encode()}
         sink = pa.BufferOutputStream()
-        pq.write_table(schema.empty_table().replace_schema_metadata(meta), sink)
+        pq.write_table(pa.Table.from_batches([], schema=schema).replace_schema_metadata(meta), sink)
         if storage.is_url(out_dir):
             storage.write_bytes(storage.join(out_dir, MANIFEST), sink.getvalue().to_pybytes())
             return

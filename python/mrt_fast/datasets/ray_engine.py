@@ -539,21 +539,29 @@ class _BucketToPart:
         self.__name__ = "select_bucket_to_part"
 
     def __call__(self, t: pa.Table) -> pa.Table:
-        from mrt_fast.datasets.local import ROW, select_frame, write_part
+        from mrt_fast.datasets.local import ROW, select_frame
 
         _maybe_fail(self.fault)
         df = _to_polars(t)
         i = int(df[_BUCKET][0])
         kept, rep = select_frame(df.drop(_BUCKET).rename({_ORDER: ROW}), self.opts, first=self.out_dir is None)
-        if self.out_dir is None:
-            return kept.to_arrow()
-        n = write_part(kept, self.out_dir, i)
-        r = rep.approximation_ratio
-        return pa.table({
-            "part": [i], "rows": [n], "pools": [rep.n_pools], "candidates": [rep.n_candidates],
-            "small": [rep.n_small_pools], "missed": [rep.modes_missed],
-            "ratio_sum": [float(np.sum(r)) if r is not None else 0.0], "ratio_n": [0 if r is None else len(r)],
-        })
+        return _part_result(i, kept, rep, self.out_dir)
+
+
+def _part_result(i: int, kept: pl.DataFrame, rep: Any, out_dir: str | None) -> pa.Table:
+    """What a bucket task returns: part ``i`` written (one row of counts), or, for a
+    file output, the kept rows themselves."""
+    from mrt_fast.datasets.job import write_part
+
+    if out_dir is None:
+        return kept.to_arrow()
+    n = write_part(kept, out_dir, i)
+    r = rep.approximation_ratio
+    return pa.table({
+        "part": [i], "rows": [n], "pools": [rep.n_pools], "candidates": [rep.n_candidates],
+        "small": [rep.n_small_pools], "missed": [rep.modes_missed],
+        "ratio_sum": [float(np.sum(r)) if r is not None else 0.0], "ratio_n": [0 if r is None else len(r)],
+    })
 
 
 class _GroupedPart:
@@ -716,6 +724,71 @@ class _FilesToPart:
         if not outs:
             return pa.table({"part": pa.array([], pa.int64())}) if self.out_dir else pa.table({})
         return pa.concat_tables(outs, promote_options="default")
+
+
+#: input rows read by one task of the spilled exchange (tasks: at least one per CPU)
+ROWS_PER_SPILL_TASK = 2_000_000
+
+
+class _SpillRuns:
+    """Read tasks of the "files" exchange over Parquet files that Arrow reads as polars
+    would: task ``j`` cuts run ``j`` of row groups into the local engine's bucket files
+    (:func:`mrt_fast.datasets.local.spill_run`, files ``bucket-NNNNN.j.arrow``);
+    a retried task rewrites its own files."""
+
+    def __init__(self, runs: list, spill: str, by: str, n_buckets: int):
+        from mrt_fast._util.memory import spill_batch_rows
+        from mrt_fast.datasets.local import spill_staging
+
+        self.runs, self.spill, self.by, self.n = runs, spill, by, n_buckets
+        self.batch_rows, self.staging = spill_batch_rows(n_buckets), spill_staging(n_buckets, 1)
+        self.__name__ = "read_and_spill"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        from mrt_fast.datasets.local import spill_run
+
+        j = int(t.column("run")[0].as_py())
+        nulls = spill_run(self.runs[j], Path(self.spill), self.n, self.by, j, self.batch_rows, self.staging)
+        return pa.table({"rows": [sum(p.rows for p in self.runs[j])], "nulls": [nulls]})
+
+
+class _SpilledBucketToPart:
+    """Bucket tasks over the local engine's bucket files: the local engine's own read
+    (rows back in input order, embeddings in one matrix) and selection, part ``i`` written."""
+
+    def __init__(self, src: Any, opts: Any, schema: pl.Schema, spill: str, out_dir: str | None, fault: str | None):
+        self.src, self.opts, self.spill, self.out_dir, self.fault = src, opts, spill, out_dir, fault
+        self.schema = schema
+        self.__name__ = "select_bucket_to_part"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        from mrt_fast.datasets.local import ROW, _select_rows, read_bucket
+
+        _maybe_fail(self.fault)
+        empty = pl.Schema({ROW: pl.get_index_type(), **dict(self.schema)})
+        emb = self.opts.embedding if self.opts.uses_embedding(list(self.schema.names())) else None
+        outs = []
+        for i in t.column("part").to_pylist():
+            df = read_bucket(Path(self.spill), i, empty, emb)
+            if df.height == 0:
+                continue
+            kept, rep = _select_rows(df, self.opts, self.src, first=self.out_dir is None)
+            outs.append(_part_result(i, kept, rep, self.out_dir))
+        if not outs:
+            return pa.table({"part": pa.array([], pa.int64())}) if self.out_dir else pa.table({})
+        return pa.concat_tables(outs, promote_options="default")
+
+
+def _spill_runs(src: Any, n_rows: int, cpus: int) -> list | None:
+    """The runs of row groups the read tasks spill, or None when the local engine's
+    spill cannot read the input (text formats, hive folders, files Arrow reads otherwise
+    than polars, more rows than polars' row index holds)."""
+    from mrt_fast.datasets.arrow_runs import arrow_schema, plan_runs
+    from mrt_fast.datasets.local import pa_index_type
+
+    if arrow_schema(src) is None or (pa_index_type() == np.uint32 and n_rows >= 2**32):
+        return None
+    return plan_runs(src, max(cpus, -(-n_rows // ROWS_PER_SPILL_TASK))) or None
 
 
 def _tag_job(by: str, n_buckets: int, todo: set[int] | None):
@@ -892,7 +965,28 @@ def select_dataset(
                         shutil.rmtree(spill, ignore_errors=True)
                         spill.mkdir()
                         cleanup.append(spill)
-                    if shuffle == "files":
+                    # local (shared) storage: the read tasks spill as the local engine does
+                    runs = _spill_runs(src, n_rows, cpus) if shuffle == "files" and not job.remote \
+                        and counts is not None else None
+                    if shuffle == "files" and runs is not None:
+                        items = _own_context(ray.data.from_items([{"run": j} for j in range(len(runs))],
+                                                                 override_num_blocks=len(runs)))
+                        split = items.map_batches(_SpillRuns(runs, str(spill), by, nb), batch_size=1,
+                                                  batch_format="pyarrow", **_retry_args(max_retries))
+                        nulls = 0
+                        for ref in split.iter_internal_ref_bundles():  # every file written before any bucket is read
+                            for block_ref in ref.block_refs:
+                                nulls += sum(ray.get(block_ref).column("nulls").to_pylist())
+                        stats.append(split.stats())
+                        if nulls:
+                            from mrt_fast.datasets.local import null_ids_error
+
+                            raise null_ids_error(src, spill, nb, by, nulls)
+                        buckets = _own_context(ray.data.from_items([{"part": i} for i in todo],
+                                                                   override_num_blocks=max(1, len(todo))))
+                        res = buckets.map_batches(_SpilledBucketToPart(src, opts, schema, str(spill), out_dir, fault),
+                                                  batch_size=1, batch_format="pyarrow", **_retry_args(max_retries))
+                    elif shuffle == "files":
                         ranges = _row_ranges(src, counts)
                         items = ray.data.from_items(ranges, override_num_blocks=len(ranges))
                         items = _own_context(items)

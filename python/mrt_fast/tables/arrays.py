@@ -19,6 +19,17 @@ from mrt_fast.errors import MrtInputError
 from mrt_fast.tables.key_values import canonical, refuse_nan
 
 
+def arrow_of(values: np.ndarray) -> pa.Array:
+    """A 1-d NumPy array of numbers as an Arrow array over the same memory when it is
+    contiguous (``pa.array`` would load pandas to ask whether it is a Series)."""
+    a = np.ascontiguousarray(values)
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    if a.ndim != 1 or a.dtype.kind not in "iuf":
+        return pa.array(a)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [None, pa.py_buffer(a)])
+
+
 def table_kind(table: Any) -> str:
     if isinstance(table, pl.DataFrame):
         return "polars"
