@@ -163,8 +163,8 @@ def answer_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.DataFr
         counts = np.maximum(2, np.round(rng.dirichlet(np.full(m, 4.0)) * n).astype(int))
         for j, (s, c) in enumerate(zip(picked, counts)):
             for _ in range(c):
-                rows.append((pid, reworded(source[s], drop, rng), j, float(level[j] + 0.15 * rng.normal())))
-    df = pl.DataFrame(rows, schema=["prompt_id", "response", "mode_true", "reward"], orient="row")
+                rows.append((pid, reworded(source[s], drop, rng), j, float(level[j] + 0.15 * rng.normal()), drop))
+    df = pl.DataFrame(rows, schema=["prompt_id", "response", "mode_true", "reward", "rewording"], orient="row")
     emb = embed_texts(df["response"].to_list(), "static" if static else None, progress=False, cache_dir=False)
     return df.with_columns(pl.Series("embedding", emb.astype(np.float32)))
 
@@ -254,15 +254,21 @@ def run_selector(df: pl.DataFrame, k: int, opts: dict, seed: int) -> dict:
 
 
 def separation(df: pl.DataFrame) -> pl.DataFrame:
-    """Per pool: planted modes, and their separation (the planted partition's
-    mean silhouette on unit rows; NaN for one planted mode)."""
+    """Per pool: planted modes, their separation (the planted partition's
+    mean silhouette on unit rows; NaN for one planted mode) and the mean
+    cosine of two candidates of one planted mode and of two different ones."""
     out = []
     for (pid,), g in df.group_by("prompt_id"):
         t = g["mode_true"].to_numpy()
         nt = len(np.unique(t))
-        sep = silhouette_score(unit_rows(np.stack(g["embedding"].to_numpy())), t) if nt > 1 else float("nan")
-        out.append((pid, nt, sep))
-    return pl.DataFrame(out, schema=["prompt_id", "planted", "separation"], orient="row")
+        x = unit_rows(np.stack(g["embedding"].to_numpy()))
+        sep = silhouette_score(x, t) if nt > 1 else float("nan")
+        iu = np.triu_indices(len(x), 1)
+        cos, same = (x @ x.T)[iu], (t[:, None] == t[None, :])[iu]
+        out.append((pid, nt, sep, float(cos[same].mean()) if same.any() else float("nan"),
+                    float(cos[~same].mean()) if (~same).any() else float("nan")))
+    return pl.DataFrame(out, schema=["prompt_id", "planted", "separation", "cos_within", "cos_across"],
+                        orient="row")
 
 
 def recovery(df: pl.DataFrame, found: pl.DataFrame, sep: pl.DataFrame) -> dict:
@@ -310,6 +316,18 @@ def mode_recovery(df: pl.DataFrame, seed: int) -> dict:
     res = recovery(df, pool_modes(base, out="found"), sep)
     s = sep["separation"].drop_nans()
     res["separation_quartiles"] = [float(q) for q in np.quantile(s, [0.25, 0.5, 0.75])] if len(s) else None
+    for c in ("cos_within", "cos_across"):
+        v = sep[c].drop_nans()
+        res[c] = float(v.mean()) if len(v) else None
+    if "rewording" in df.columns:  # one-mode pools split, by how strongly their answer was reworded
+        found = pool_modes(base, out="found").select("prompt_id", "found")
+        n = found.group_by("prompt_id").agg(pl.col("found").n_unique().alias("n_found"))
+        by = sep.join(n, on="prompt_id").join(df.group_by("prompt_id").agg(pl.col("rewording").first()),
+                                              on="prompt_id").filter(pl.col("planted") == 1)
+        res["one_mode_split_by_rewording"] = {
+            f"{r['rewording']:g}": f"{r['split']} of {r['pools']}"
+            for r in by.group_by("rewording").agg((pl.col("n_found") > 1).sum().alias("split"),
+                                                  pl.len().alias("pools")).sort("rewording").to_dicts()}
     # how recoverable the planted modes are: k-means told their number
     given = []
     for (pid,), g in df.group_by("prompt_id"):
@@ -400,7 +418,11 @@ def mode_lines(m: dict) -> list[str]:
                + f". Separated (>= {SEPARATED}): {m['separated_pools']} pools, adjusted Rand index "
                f"{f(m['ari_separated'])}, {m['separated_called_one_mode']} called one mode; not separated: "
                f"{f(m['ari_not_separated'])}. K-means told the planted number of modes: "
-               f"{f(m['ari_given_planted_number'])}.",
+               f"{f(m['ari_given_planted_number'])}. Mean cosine within a planted mode "
+               f"{f(m['cos_within'])}, across two {f(m['cos_across'])}.",
+           *(["", "One-mode pools split, by the share of words dropped: " + ", ".join(
+               f"{k}: {v}" for k, v in m["one_mode_split_by_rewording"].items()) + "."]
+             if "one_mode_split_by_rewording" in m else []),
            "", "| min_silhouette | one-mode pools split | separated: ARI | separated: called one mode |",
            "|---|---|---|---|"]
     out += [f"| {t['min_silhouette']:g} | {t['one_mode_false_positives']} of {t['one_mode_pools']} | "
