@@ -7,6 +7,10 @@ Three kinds of pools, all built offline:
   source with its own quality level (reward = source level + noise), and a few
   exact repeats per pool; embedded with the bundled MiniLM (or the static
   tier with ``--static``);
+* ``answers``: 1 to 4 distinct answers per pool (docstring paragraphs), each
+  given several times reworded (a share of its words dropped, 10% to 70% by
+  pool, and its ends cut), each answer with its own quality level: modes that
+  are variations of the same answer, separated or not by the rewording;
 * ``controlled``: the paper's controlled setup (experiment c): responses
   y = f(x) + offset_m + noise with three modes, reward -(y - f(x))^2,
   embedded as Gaussian bumps (as ``mrt simulate`` does);
@@ -19,7 +23,15 @@ duplicates kept while distinct candidates remained, picks decided by the tie
 rule, zero-gain picks, and pools whose kept rows change when the rows are
 shuffled. GRADES' alpha sweep (0, 0.25, 0.5, 0.75, 1, 2, top) at K = 4 gives
 the reward-versus-coverage figure. The mode rule is measured against the
-planted modes: adjusted Rand index, and one-mode false positives/negatives.
+planted modes: adjusted Rand index, and one-mode false positives/negatives,
+overall and on the pools whose planted modes are separated: the planted
+partition's own mean silhouette (the statistic of the rule, on the truth) is
+at least SEPARATED = 0.25, the level Kaufman and Rousseeuw read as the
+least structure worth the name. Alongside: k-means given the planted number of
+modes (how recoverable the modes are at all), the rule at other silhouette
+thresholds, and a Gaussian reference (split only where the best silhouette
+beats that of every one of NULL_DRAWS Gaussian sets with the pool's mean and
+covariance).
 
     python bench/bench_selection_quality.py            # writes bench/results/selection_quality.json
     python bench/bench_selection_quality.py --static   # the static embedding tier
@@ -39,7 +51,8 @@ import polars as pl
 
 import mrt_fast
 from mrt_fast.errors import SmallPoolWarning
-from mrt_fast.selection.modes import pool_modes
+from mrt_fast.selection.knn import unit_rows
+from mrt_fast.selection.modes import pool_modes, silhouette_score
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -53,6 +66,12 @@ SELECTORS = {
     "grades_clip": dict(method="grades", kernel="clip"),
     "stratified": dict(method="stratified"),
 }
+#: planted modes whose own mean silhouette reaches this are "separated"
+SEPARATED = 0.25
+#: thresholds of the silhouette rule measured besides the default
+THRESHOLDS = (0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
+#: Gaussian reference sets per pool
+NULL_DRAWS = 19
 PACKAGES = ("numpy", "polars", "pyarrow", "matplotlib", "rich", "typer", "scipy", "pandas", "hypothesis", "click")
 
 
@@ -117,6 +136,36 @@ def docstring_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.Dat
     t0 = time.perf_counter()
     emb = embed_texts(df["response"].to_list(), "static" if static else None, progress=False, cache_dir=False)
     print(f"  embedded {df.height} texts in {time.perf_counter() - t0:.1f} s", flush=True)
+    return df.with_columns(pl.Series("embedding", emb.astype(np.float32)))
+
+
+def reworded(text: str, drop: float, rng: np.random.Generator) -> str:
+    """`text` with a share `drop` of its words dropped and up to a fifth cut at each end."""
+    words = text.split()
+    kept = [w for w in words if rng.random() >= drop] or words[:1]
+    n = len(kept)
+    a = int(rng.integers(0, max(1, n // 5)))
+    b = n - int(rng.integers(0, max(1, n // 5)))
+    return " ".join(kept[a:b])
+
+
+def answer_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.DataFrame:
+    from mrt_fast.embeddings.embed import embed_texts
+
+    rng = np.random.default_rng(seed + 1)
+    source = [par for p in PACKAGES for par in paragraphs(p)]
+    rows = []
+    for pid in range(n_pools):
+        m = 1 + pid % 4  # 1, 2, 3 or 4 answers
+        drop = (0.1, 0.3, 0.5, 0.7)[(pid // 4) % 4]
+        picked = rng.choice(len(source), size=m, replace=False)
+        level = rng.uniform(0, 1, size=m)
+        counts = np.maximum(2, np.round(rng.dirichlet(np.full(m, 4.0)) * n).astype(int))
+        for j, (s, c) in enumerate(zip(picked, counts)):
+            for _ in range(c):
+                rows.append((pid, reworded(source[s], drop, rng), j, float(level[j] + 0.15 * rng.normal()), drop))
+    df = pl.DataFrame(rows, schema=["prompt_id", "response", "mode_true", "reward", "rewording"], orient="row")
+    emb = embed_texts(df["response"].to_list(), "static" if static else None, progress=False, cache_dir=False)
     return df.with_columns(pl.Series("embedding", emb.astype(np.float32)))
 
 
@@ -204,22 +253,107 @@ def run_selector(df: pl.DataFrame, k: int, opts: dict, seed: int) -> dict:
     return out
 
 
-def mode_recovery(df: pl.DataFrame) -> dict:
-    lab = pool_modes(df.select("prompt_id", "embedding"), out="found")
-    d = df.with_columns(lab["found"])
-    aris, fp, fn, n1, nm = [], 0, 0, 0, 0
-    for _, g in d.group_by("prompt_id"):
+def separation(df: pl.DataFrame) -> pl.DataFrame:
+    """Per pool: planted modes, their separation (the planted partition's
+    mean silhouette on unit rows; NaN for one planted mode) and the mean
+    cosine of two candidates of one planted mode and of two different ones."""
+    out = []
+    for (pid,), g in df.group_by("prompt_id"):
+        t = g["mode_true"].to_numpy()
+        nt = len(np.unique(t))
+        x = unit_rows(np.stack(g["embedding"].to_numpy()))
+        sep = silhouette_score(x, t) if nt > 1 else float("nan")
+        iu = np.triu_indices(len(x), 1)
+        cos, same = (x @ x.T)[iu], (t[:, None] == t[None, :])[iu]
+        out.append((pid, nt, sep, float(cos[same].mean()) if same.any() else float("nan"),
+                    float(cos[~same].mean()) if (~same).any() else float("nan")))
+    return pl.DataFrame(out, schema=["prompt_id", "planted", "separation", "cos_within", "cos_across"],
+                        orient="row")
+
+
+def recovery(df: pl.DataFrame, found: pl.DataFrame, sep: pl.DataFrame) -> dict:
+    """Found modes (`found`: prompt_id, found) against the planted ones."""
+    d = df.select("prompt_id", "mode_true").with_columns(found["found"])
+    per = []
+    for (pid,), g in d.group_by("prompt_id"):
         t, f = g["mode_true"].to_numpy(), g["found"].to_numpy()
-        nt, nf = len(np.unique(t)), len(np.unique(f))
-        if nt == 1:
-            n1 += 1
-            fp += nf > 1
-        else:
-            nm += 1
-            fn += nf == 1
-            aris.append(ari(t, f))
-    return {"ari_multi_mode_pools": float(np.mean(aris)) if aris else None, "one_mode_pools": n1,
-            "one_mode_false_positives": int(fp), "multi_mode_pools": nm, "one_mode_false_negatives": int(fn)}
+        per.append((pid, len(np.unique(f)), ari(t, f)))
+    j = sep.join(pl.DataFrame(per, schema=["prompt_id", "n_found", "ari"], orient="row"), on="prompt_id")
+    one, multi = j.filter(pl.col("planted") == 1), j.filter(pl.col("planted") > 1)
+    apart = multi.filter(pl.col("separation") >= SEPARATED)
+    close = multi.filter(pl.col("separation") < SEPARATED)
+
+    def mean(t: pl.DataFrame):
+        return float(t["ari"].mean()) if t.height else None
+
+    return {"ari_multi_mode_pools": mean(multi), "one_mode_pools": one.height,
+            "one_mode_false_positives": int((one["n_found"] > 1).sum()), "multi_mode_pools": multi.height,
+            "one_mode_false_negatives": int((multi["n_found"] == 1).sum()),
+            "separated_pools": apart.height, "ari_separated": mean(apart),
+            "separated_called_one_mode": int((apart["n_found"] == 1).sum()),
+            "ari_not_separated": mean(close)}
+
+
+def gaussian_reference(df: pl.DataFrame, seed: int) -> pl.DataFrame:
+    """NULL_DRAWS sets per pool drawn from a Gaussian with the pool's mean and
+    covariance (random combinations of its centred unit rows), as pools
+    keyed (prompt_id, draw)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for (pid,), g in df.sort("prompt_id").group_by("prompt_id", maintain_order=True):
+        x = unit_rows(np.stack(g["embedding"].to_numpy())).astype(np.float64)
+        mu, n = x.mean(axis=0), len(x)
+        for b in range(NULL_DRAWS):
+            z = mu + rng.normal(size=(n, n)) @ (x - mu) / np.sqrt(max(n - 1, 1))
+            out.append(pl.DataFrame({"prompt_id": [pid] * n, "draw": [b] * n,
+                                     "embedding": z.astype(np.float32)}))
+    return pl.concat(out)
+
+
+def mode_recovery(df: pl.DataFrame, seed: int) -> dict:
+    sep = separation(df)
+    base = df.select("prompt_id", "embedding")
+    res = recovery(df, pool_modes(base, out="found"), sep)
+    s = sep["separation"].drop_nans()
+    res["separation_quartiles"] = [float(q) for q in np.quantile(s, [0.25, 0.5, 0.75])] if len(s) else None
+    for c in ("cos_within", "cos_across"):
+        v = sep[c].drop_nans()
+        res[c] = float(v.mean()) if len(v) else None
+    if "rewording" in df.columns:  # one-mode pools split, by how strongly their answer was reworded
+        found = pool_modes(base, out="found").select("prompt_id", "found")
+        n = found.group_by("prompt_id").agg(pl.col("found").n_unique().alias("n_found"))
+        by = sep.join(n, on="prompt_id").join(df.group_by("prompt_id").agg(pl.col("rewording").first()),
+                                              on="prompt_id").filter(pl.col("planted") == 1)
+        res["one_mode_split_by_rewording"] = {
+            f"{r['rewording']:g}": f"{r['split']} of {r['pools']}"
+            for r in by.group_by("rewording").agg((pl.col("n_found") > 1).sum().alias("split"),
+                                                  pl.len().alias("pools")).sort("rewording").to_dicts()}
+    # how recoverable the planted modes are: k-means told their number
+    given = []
+    for (pid,), g in df.group_by("prompt_id"):
+        t = g["mode_true"].to_numpy()
+        if len(np.unique(t)) > 1:
+            f = pool_modes(g.select("prompt_id", "embedding"), out="found", n_modes=len(np.unique(t)))
+            given.append(ari(t, f["found"].to_numpy()))
+    res["ari_given_planted_number"] = float(np.mean(given)) if given else None
+    res["thresholds"] = [{"min_silhouette": th, **recovery(df, pool_modes(base, out="found", min_silhouette=th), sep)}
+                         for th in THRESHOLDS]
+    # the Gaussian reference: best silhouettes of the data and of the reference sets
+    _, info = pool_modes(base, out="found", min_silhouette=-1.0, return_info=True)
+    ref = gaussian_reference(df, seed)
+    ref = ref.with_columns(pl.struct("prompt_id", "draw").hash(seed).alias("ref_id"))
+    _, rinfo = pool_modes(ref.select("ref_id", "embedding"), by="ref_id", out="found", min_silhouette=-1.0,
+                          return_info=True)
+    ids = ref.select("ref_id", "prompt_id").unique()
+    top = rinfo.join(ids, on="ref_id").group_by("prompt_id").agg(pl.col("silhouette").max().alias("ref_max"))
+    j = info.join(top, on="prompt_id").join(sep, on="prompt_id")
+    beats = j.with_columns((pl.col("silhouette") > pl.col("ref_max")).alias("split"))
+    res["gaussian_reference"] = {
+        "one_mode_false_positives": int(beats.filter(pl.col("planted") == 1)["split"].sum()),
+        "separated_called_one_mode": int(beats.filter((pl.col("planted") > 1)
+                                                      & (pl.col("separation") >= SEPARATED))["split"].not_().sum()),
+        "mean_best_silhouette": float(j["silhouette"].mean()), "mean_reference_max": float(j["ref_max"].mean())}
+    return res
 
 
 def evaluate(name: str, df: pl.DataFrame, seed: int) -> dict:
@@ -237,7 +371,7 @@ def evaluate(name: str, df: pl.DataFrame, seed: int) -> dict:
     r = run_selector(df, 4, dict(method="top"), seed)
     res["alpha_sweep"].append({"kernel": "-", "alpha": "top", "mode_coverage": r["mode_coverage"],
                                "reward_norm": r["reward_norm"]})
-    res["modes"] = mode_recovery(df)
+    res["modes"] = mode_recovery(df, seed)
     return res
 
 
@@ -270,6 +404,38 @@ def figure(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def mode_lines(m: dict) -> list[str]:
+    def f(v):
+        return "n/a" if v is None else f"{v:.3f}"
+
+    q = m["separation_quartiles"]
+    g = m["gaussian_reference"]
+    out = ["", f"Mode rule (silhouette >= 0.25): adjusted Rand index {f(m['ari_multi_mode_pools'])} on "
+               f"{m['multi_mode_pools']} multi-mode pools; {m['one_mode_false_negatives']} of them called one mode; "
+               f"{m['one_mode_false_positives']} of {m['one_mode_pools']} one-mode pools split.",
+           "", f"Separation of the planted modes (their mean silhouette), quartiles: "
+               + ("n/a" if q is None else " / ".join(f"{v:.3f}" for v in q))
+               + f". Separated (>= {SEPARATED}): {m['separated_pools']} pools, adjusted Rand index "
+               f"{f(m['ari_separated'])}, {m['separated_called_one_mode']} called one mode; not separated: "
+               f"{f(m['ari_not_separated'])}. K-means told the planted number of modes: "
+               f"{f(m['ari_given_planted_number'])}. Mean cosine within a planted mode "
+               f"{f(m['cos_within'])}, across two {f(m['cos_across'])}.",
+           *(["", "One-mode pools split, by the share of words dropped: " + ", ".join(
+               f"{k}: {v}" for k, v in m["one_mode_split_by_rewording"].items()) + "."]
+             if "one_mode_split_by_rewording" in m else []),
+           "", "| min_silhouette | one-mode pools split | separated: ARI | separated: called one mode |",
+           "|---|---|---|---|"]
+    out += [f"| {t['min_silhouette']:g} | {t['one_mode_false_positives']} of {t['one_mode_pools']} | "
+            f"{f(t['ari_separated'])} | {t['separated_called_one_mode']} of {t['separated_pools']} |"
+            for t in m["thresholds"]]
+    out += ["", f"Gaussian reference ({NULL_DRAWS} sets per pool with its mean and covariance; split where the best "
+                f"silhouette beats them all): {g['one_mode_false_positives']} of {m['one_mode_pools']} one-mode pools "
+                f"split, {g['separated_called_one_mode']} of {m['separated_pools']} separated pools called one mode "
+                f"(mean best silhouette {g['mean_best_silhouette']:.3f}, reference {g['mean_reference_max']:.3f}).",
+            ""]
+    return out
+
+
 def markdown(doc: dict) -> str:
     out = ["# Selection quality on pools with known modes", "",
            f"Embeddings: {doc['embeddings']}. Reward is pool-normalised to [0, 1]; mode coverage is distinct "
@@ -292,11 +458,7 @@ def markdown(doc: dict) -> str:
             out.append(f"| {kernel} | " + " | ".join(f"{r['mode_coverage']:.2f} / {r['reward_norm']:.2f}"
                                                       for r in pts)
                        + f" | {top['mode_coverage']:.2f} / {top['reward_norm']:.2f} |")
-        m = res["modes"]
-        ari_s = "n/a" if m["ari_multi_mode_pools"] is None else f"{m['ari_multi_mode_pools']:.3f}"
-        out += ["", f"Mode rule: adjusted Rand index {ari_s} on {m['multi_mode_pools']} multi-mode pools; "
-                    f"{m['one_mode_false_negatives']} of them called one mode; "
-                    f"{m['one_mode_false_positives']} of {m['one_mode_pools']} one-mode pools split.", ""]
+        out += mode_lines(res["modes"])
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -312,6 +474,7 @@ def main() -> None:
     t0 = time.perf_counter()
     data = {
         "docstrings": docstring_pools(args.pools, args.n, args.static, args.seed),
+        "answers": answer_pools(args.pools, args.n, args.static, args.seed),
         "controlled": controlled_pools(args.pools, 32, args.seed),
         "mosaic": mosaic_pools(args.static),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -913,3 +914,56 @@ def test_signed_zero_ids_are_one_pool_when_the_job_spills(tmp_path_factory, seed
     assert got["text"].to_list() == ref["text"].to_list()
     plain = ref_select(df.with_columns(pl.col("prompt_id").abs()), 2, method, seed=seed)
     assert sorted(plain["text"].to_list()) == sorted(ref["text"].to_list())
+
+
+# --------------------------------------------------------------------------- report
+
+
+def with_repeats(n_pools: int = 30, seed: int = 3) -> pl.DataFrame:
+    """make_rows plus exact repeats of some rows (same pool, same embedding and reward)."""
+    df = make_rows(n_pools, seed, dim=4, max_pool=12)
+    return pl.concat([df, df.head(df.height // 3)]).drop("mode")
+
+
+@pytest.mark.parametrize("method", ["grades", "stratified"])
+def test_batch_report_counts_what_select_counts(tmp_path, method):
+    df = with_repeats()
+    _, ref = mrt_fast.select(df, 3, method, return_report=True)
+    assert ref.n_duplicates_skipped > 0
+    assert (ref.n_one_mode_pools if method == "stratified" else ref.n_zero_gain_picks + ref.n_tie_picks) > 0
+    cut(df, tmp_path / "in", 3)
+    for n in (1, 3):
+        rep = select_dataset(tmp_path / "in", tmp_path / f"o{n}.parquet", 3, method, parts=n)
+        got = {f: getattr(rep, f) for f in mrt_fast.SelectionReport.COUNTS}
+        assert got == {f: getattr(ref, f) for f in mrt_fast.SelectionReport.COUNTS}, n
+
+
+def test_batch_report_prints_as_a_summary(tmp_path):
+    df = with_repeats()
+    cut(df, tmp_path / "in", 2)
+    rep = select_dataset(tmp_path / "in", tmp_path / "o.parquet", 3, "stratified", parts=2)
+    text = str(rep)
+    lines = text.splitlines()
+    assert lines[0] == "BatchReport" and 8 < len(lines) < 20
+    for label in ("one-mode pools", "duplicates skipped", "picks decided by the tie rule"):
+        row = [ln for ln in lines if ln.strip().startswith(label)]
+        assert len(row) == 1, label
+    assert row[0].split()[-1] == f"{rep.n_tie_picks:,}"
+    assert f"{rep.n_one_mode_pools:,}" in [ln for ln in lines if "one-mode pools" in ln][0]
+    r = repr(rep)
+    assert r.startswith("BatchReport(") and "\n" not in r and "peak_rss" not in r
+    assert f"n_one_mode_pools={rep.n_one_mode_pools}" in r
+
+
+def test_cli_summary_says_what_decided_the_picks(tmp_path):
+    df = with_repeats()
+    cut(df, tmp_path / "in", 2)
+    _, ref = mrt_fast.select(df, 3, "stratified", return_report=True)
+    r = runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "o.parquet"), "--k", "3",
+                            "--method", "stratified"])
+    assert r.exit_code == 0, r.output
+    assert re.search(rf"one-mode pools\W+{ref.n_one_mode_pools}\b", r.output)
+    assert re.search(rf"duplicates skipped\W+{ref.n_duplicates_skipped}\b", r.output)
+    assert re.search(r"picks decided by the tie rule\W+\d", r.output)
+    r = runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "g.parquet"), "--k", "3"])
+    assert r.exit_code == 0 and re.search(r"zero-gain picks\W+\d", r.output), r.output

@@ -89,13 +89,7 @@ def select_cmd(
     tab = Table(title=f"mrt select: {rep.method}, K = {k}" + (" (this run)" if rep.resumed else ""), show_header=False)
     tab.add_column("")
     tab.add_column("", justify="right")
-    ratio = f"{rep.mean_ratio:.4f}" if rep.mean_ratio is not None else "-"
-    buckets = f"{rep.n_parts}" + (" (spilled to disk)" if rep.spilled else " (in memory)")
-    for name, v in (("pools", f"{rep.n_pools:,}"), ("candidates", f"{rep.n_candidates:,}"),
-                    ("kept", f"{rep.n_kept:,}"), ("pools <= K (kept whole)", f"{rep.n_small_pools:,}"),
-                    ("mean certified ratio", ratio), ("buckets", buckets), ("rows/s", f"{rep.rows_per_second:,.0f}"),
-                    ("peak memory", f"{rep.peak_rss / 2**30:.2f} GiB (limit {rep.memory_limit / 2**30:.2f} GiB)"),
-                    ("seconds", f"{rep.seconds:.2f}")):
+    for name, v in rep.lines()[1:]:  # the title names the method
         tab.add_row(name, v)
     console.print(tab)
     if rep.resumed:  # the table counts this run's work; the job holds more

@@ -55,6 +55,7 @@ from mrt_fast.tables.layouts import candidate_columns, detect, explode, grouped_
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 from mrt_fast.errors import MrtInputError
 from mrt_fast.selection.options import SelectOptions
+from mrt_fast.selection.report import SelectionReport, summary_text
 from mrt_fast.datasets.job import Job, run_all, run_row_parts, write_part  # noqa: F401  (write_part: for Ray tasks)
 from mrt_fast._util.memory import (Budget, available_memory, default_memory_limit, parse_memory, peak_rss,  # noqa: F401
                             least_work, plan_spill, polars_read_bytes, release_unused, rss, size_text,
@@ -191,9 +192,10 @@ def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
 # --------------------------------------------------------------------------- report
 
 
-@dataclass
+@dataclass(repr=False)
 class BatchReport:
-    """What a `select_dataset` run did."""
+    """What a `select_dataset` run did; ``print(report)`` shows it as a short
+    table (the lines of ``mrt select``'s summary)."""
 
     output: str
     layout: str
@@ -217,6 +219,12 @@ class BatchReport:
     workers: int = 1
     n_out_rows: int = 0  # rows written: kept candidates (rows layout) or prompts (grouped layout)
     notes: list[str] = field(default_factory=list)
+    # what decided the picks, summed over the parts selected by this run (see SelectionReport)
+    n_tie_picks: int = 0
+    n_zero_gain_picks: int = 0
+    n_duplicates_skipped: int = 0
+    n_near_duplicates_removed: int = 0
+    n_one_mode_pools: int = 0
 
     @property
     def rows_per_second(self) -> float:
@@ -227,6 +235,40 @@ class BatchReport:
         d["rows_per_second"] = self.rows_per_second
         return d
 
+    def lines(self) -> list[tuple[str, str]]:
+        """The summary as (label, value) rows: what `str(report)` and `mrt select` print."""
+        buckets = f"{self.n_parts}" + (" (spilled to disk)" if self.spilled else " (in memory)")
+        if self.resumed:
+            buckets += f", {self.parts_done_now} done by this run"
+        rows = [
+            ("method", f"{self.method}, k = {self.k}"),
+            ("pools", f"{self.n_pools:,} ({self.n_candidates:,} candidates, {self.n_kept:,} kept)"),
+            ("pools <= K (kept whole)", f"{self.n_small_pools:,}"),
+        ]
+        if self.mean_ratio is not None:
+            rows.append(("mean certified ratio", f"{self.mean_ratio:.4f}"))
+            rows.append(("zero-gain picks", f"{self.n_zero_gain_picks:,}"))
+        rows.append(("picks decided by the tie rule", f"{self.n_tie_picks:,}"))
+        rows.append(("duplicates skipped", f"{self.n_duplicates_skipped:,}"))
+        if self.n_near_duplicates_removed:
+            rows.append(("near-duplicates removed (dedup)", f"{self.n_near_duplicates_removed:,}"))
+        if self.method == "stratified":
+            rows.append(("one-mode pools", f"{self.n_one_mode_pools:,}"))
+            rows.append(("modes with no pick", f"{self.modes_missed:,}"))
+        rows += [("buckets", buckets), ("rows/s", f"{self.rows_per_second:,.0f}"),
+                 ("peak memory", f"{self.peak_rss / 2**30:.2f} GiB (limit {self.memory_limit / 2**30:.2f} GiB)"),
+                 ("seconds", f"{self.seconds:.2f}")]
+        return rows
+
+    def __str__(self) -> str:
+        return summary_text("BatchReport", self.lines())
+
+    def __repr__(self) -> str:
+        return (f"BatchReport(output={self.output!r}, method={self.method!r}, k={self.k!r}, n_pools={self.n_pools}, "
+                f"n_kept={self.n_kept}, n_parts={self.n_parts}, n_tie_picks={self.n_tie_picks}, "
+                f"n_zero_gain_picks={self.n_zero_gain_picks}, n_duplicates_skipped={self.n_duplicates_skipped}, "
+                f"n_one_mode_pools={self.n_one_mode_pools}, seconds={self.seconds:.2f})")
+
 
 class _Totals:
     def __init__(self) -> None:
@@ -234,6 +276,7 @@ class _Totals:
         self.pools = self.cands = self.kept = self.small = self.missed = 0
         self.ratio_sum = 0.0
         self.ratio_n = 0
+        self.counts = dict.fromkeys(SelectionReport.COUNTS, 0)
 
     def add(self, rep) -> None:
         with self.lock:
@@ -242,10 +285,20 @@ class _Totals:
             self.kept += rep.n_kept
             self.small += rep.n_small_pools
             self.missed += rep.modes_missed
+            for f in self.counts:
+                self.counts[f] += getattr(rep, f)
             r = rep.approximation_ratio
             if r is not None and len(r):
                 self.ratio_sum += float(np.sum(r))
                 self.ratio_n += len(r)
+
+    def into(self, rep: BatchReport) -> None:
+        """Write the totals into `rep`."""
+        rep.n_pools, rep.n_candidates, rep.n_small_pools, rep.modes_missed = self.pools, self.cands, self.small, \
+            self.missed
+        rep.mean_ratio = self.ratio_sum / self.ratio_n if self.ratio_n else None
+        for f, v in self.counts.items():
+            setattr(rep, f, v)
 
 
 # --------------------------------------------------------------------------- the engine
@@ -788,8 +841,7 @@ def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, 
         rep.n_out_rows = rep.n_kept
     finally:
         bar.close()
-    rep.n_pools, rep.n_candidates, rep.n_small_pools, rep.modes_missed = tot.pools, tot.cands, tot.small, tot.missed
-    rep.mean_ratio = tot.ratio_sum / tot.ratio_n if tot.ratio_n else None
+    tot.into(rep)
     rep.peak_rss = peak_rss()
     rep.seconds = time.perf_counter() - t0
     return rep
@@ -929,8 +981,7 @@ def _run_grouped(job: Job, opts, lists, limit, workers, rep, t0, n_parts_overrid
     rep.n_parts, rep.parts_done_now = r["parts"], r["parts_done_now"]
     rep.n_out_rows = job.man.rows if to_dir else r["rows_out"]
     rep.n_kept = tot.kept
-    rep.n_pools, rep.n_candidates, rep.n_small_pools, rep.modes_missed = tot.pools, tot.cands, tot.small, tot.missed
-    rep.mean_ratio = tot.ratio_sum / tot.ratio_n if tot.ratio_n else None
+    tot.into(rep)
     rep.peak_rss = peak_rss()
     rep.seconds = time.perf_counter() - t0
     return rep

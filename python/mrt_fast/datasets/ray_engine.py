@@ -46,6 +46,7 @@ import pyarrow as pa
 from mrt_fast.errors import MrtInputError
 from mrt_fast.datasets import storage
 from mrt_fast.tables.layouts import candidate_columns, check_layout, detect, explode, list_depth, regroup
+from mrt_fast.selection.report import SelectionReport
 
 __all__ = [
     "select",
@@ -555,12 +556,17 @@ def _part_result(i: int, kept: pl.DataFrame, rep: Any, out_dir: str | None) -> p
 
     if out_dir is None:
         return kept.to_arrow()
-    n = write_part(kept, out_dir, i)
+    return _part_stats(i, write_part(kept, out_dir, i), rep)
+
+
+def _part_stats(i: int, n: int, rep: Any) -> pa.Table:
+    """One row of what part `i` did (`n` rows written; `rep` its selection report), summed by the driver."""
     r = rep.approximation_ratio
     return pa.table({
         "part": [i], "rows": [n], "pools": [rep.n_pools], "candidates": [rep.n_candidates],
         "small": [rep.n_small_pools], "missed": [rep.modes_missed],
         "ratio_sum": [float(np.sum(r)) if r is not None else 0.0], "ratio_n": [0 if r is None else len(r)],
+        **{f: [int(getattr(rep, f))] for f in SelectionReport.COUNTS},
     })
 
 
@@ -585,12 +591,7 @@ class _GroupedPart:
                 outs.append(kept.with_columns(pl.lit(i).alias("__part")).to_arrow())
                 continue
             n = write_part(kept, self.out_dir, i)
-            r = rep.approximation_ratio
-            outs.append(pa.table({
-                "part": [i], "rows": [n], "pools": [rep.n_pools], "candidates": [rep.n_candidates],
-                "small": [rep.n_small_pools], "missed": [rep.modes_missed],
-                "ratio_sum": [float(np.sum(r)) if r is not None else 0.0], "ratio_n": [0 if r is None else len(r)],
-            }))
+            outs.append(_part_stats(i, n, rep))
         return pa.concat_tables(outs)
 
 
@@ -941,6 +942,8 @@ def select_dataset(
                     rep.n_candidates += d["candidates"][j]
                     rep.n_small_pools += d["small"][j]
                     rep.modes_missed += d["missed"][j]
+                    for f in SelectionReport.COUNTS:
+                        setattr(rep, f, getattr(rep, f) + d[f][j])
                     ratio[0] += d["ratio_sum"][j]
                     ratio[1] += d["ratio_n"][j]
 

@@ -8,6 +8,12 @@ from typing import ClassVar
 import numpy as np
 
 
+def summary_text(title: str, rows: list[tuple[str, str]]) -> str:
+    """A report's (label, value) rows as a short aligned table under `title`."""
+    w = max((len(a) for a, _ in rows), default=0)
+    return "\n".join([title] + [f"  {a:<{w}}  {b}" for a, b in rows])
+
+
 @dataclass(repr=False)
 class SelectionReport:
     """What a `select` call did, pool by pool where it matters.
@@ -101,9 +107,7 @@ class SelectionReport:
         return rows
 
     def __str__(self) -> str:
-        rows = self.lines()
-        w = max(len(a) for a, _ in rows)
-        return "\n".join(["SelectionReport"] + [f"  {a:<{w}}  {b}" for a, b in rows])
+        return summary_text("SelectionReport", self.lines())
 
     def __repr__(self) -> str:
         return (f"SelectionReport(method={self.method!r}, k={self.k!r}, n_pools={self.n_pools}, "
