@@ -236,3 +236,21 @@ def test_a_save_to_disk_folder_missing_a_file_is_named(tmp_path):
     (p / "data-00001-of-00002.arrow").unlink()
     with pytest.raises(MrtInputError, match="data-00001-of-00002.arrow.*missing"):
         discover(p)
+
+
+@pytest.mark.ray
+def test_the_ray_engine_reads_them_as_the_local_one(tmp_path):
+    pytest.importorskip("ray")
+    from mrt_fast.datasets import ray_engine
+
+    df = table(12)
+    d = tmp_path / "gz"
+    d.mkdir()
+    write_json(df.slice(0, 15), d / "a.jsonl.gz", "lines")
+    write_json(df.slice(15), d / "b.jsonl.zst", "lines")
+    for src in (hf_folder(df, tmp_path / "ds", 3), d):
+        assert pl.DataFrame(ray_engine.read(src).take_all(), schema=df.schema).equals(df)
+        out = tmp_path / f"kept-{src.name}.parquet"
+        ray_engine.select_dataset(src, out, 2, "top", parts=2)
+        assert pl.read_parquet(out).sort(["prompt_id", "pick_rank"]).equals(
+            quiet_select(df, 2, "top").sort(["prompt_id", "pick_rank"]))
