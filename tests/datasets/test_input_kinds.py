@@ -249,7 +249,8 @@ def test_the_ray_engine_reads_them_as_the_local_one(tmp_path):
     write_json(df.slice(0, 15), d / "a.jsonl.gz", "lines")
     write_json(df.slice(15), d / "b.jsonl.zst", "lines")
     for src in (hf_folder(df, tmp_path / "ds", 3), d):
-        assert pl.DataFrame(ray_engine.read(src).take_all(), schema=df.schema).equals(df)
+        got = pl.DataFrame(ray_engine.read(src).take_all(), schema=df.schema)
+        assert got.sort("response").equals(df.sort("response"))  # blocks may come back in any order
         out = tmp_path / f"kept-{src.name}.parquet"
         ray_engine.select_dataset(src, out, 2, "top", parts=2)
         assert pl.read_parquet(out).sort(["prompt_id", "pick_rank"]).equals(
