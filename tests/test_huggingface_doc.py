@@ -12,11 +12,11 @@ import polars as pl
 import pytest
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "huggingface.md"
-MODEL_LINE = re.compile(r'^MODEL = "[^"]+"$', re.M)
+MODEL_LINE = re.compile(r'^MODEL = "[^"]+"$', re.MULTILINE)
 
 
 def _blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    return re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
 
 
 def test_the_doc_has_its_blocks_and_one_model_line():
@@ -33,7 +33,6 @@ def test_the_recipe_runs_as_written(tmp_path, monkeypatch):
     pytest.importorskip("trl")
     pytest.importorskip("sentence_transformers")
     import torch
-
     from mrt_fast.llm.testing import save_tiny_models
 
     torch.set_num_threads(1)

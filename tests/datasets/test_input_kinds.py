@@ -8,19 +8,18 @@ import gzip
 import json
 import warnings
 
+import mrt_fast
 import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
-
-import mrt_fast
 from mrt_fast import MrtInputError
 from mrt_fast.cli import app
 from mrt_fast.datasets import discover, select_dataset, variance_budget
 from mrt_fast.datasets.formats import read_table
+from typer.testing import CliRunner
 
 runner = CliRunner()
 
@@ -114,6 +113,12 @@ def test_json_beside_other_tables_is_metadata_and_alone_is_data(tmp_path):
     write_json(df.slice(0, 5), j / "a.json", "array")
     write_json(df.slice(5), j / "b.json", "lines")
     assert discover(j).read().equals(df)
+    hf = tmp_path / "parent" / "hf"  # the metadata of a save_to_disk folder below is not data either
+    hf.mkdir(parents=True)
+    (hf / "state.json").write_text('{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
+    (hf / "dataset_info.json").write_text("{}")
+    with pytest.raises(MrtInputError, match="matches no"):
+        discover(tmp_path / "parent")
 
 
 @pytest.mark.parametrize("name", ["kept.jsonl.gz", "kept.json", "kept.jsonl.zst"])

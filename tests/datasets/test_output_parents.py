@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import warnings
 
+import mrt_fast
 import numpy as np
 import polars as pl
 import pytest
-from typer.testing import CliRunner
-
-import mrt_fast
 from mrt_fast import MrtInputError
 from mrt_fast.cli import app
 from mrt_fast.datasets import select_dataset
 from mrt_fast.datasets.job import Job
+from typer.testing import CliRunner
 
 runner = CliRunner()
 OUTPUTS = ["kept.parquet", "kept.jsonl", "kept.csv", "kept"]
@@ -52,9 +51,9 @@ def test_select_makes_the_missing_directories_of_any_output(tmp_path, name):
 @pytest.mark.parametrize("name", ["kept.parquet", "kept"])
 def test_a_job_that_writes_nothing_leaves_no_directory_behind(tmp_path, name):
     table().write_parquet(tmp_path / "in.parquet")
-    with pytest.raises(MrtInputError, match="bad row"):
-        with Job(tmp_path / "in.parquet", tmp_path / "new" / "deeper" / name, {}):
-            raise MrtInputError("bad row")
+    with pytest.raises(MrtInputError, match="bad row"), Job(tmp_path / "in.parquet",
+                                                            tmp_path / "new" / "deeper" / name, {}):
+        raise MrtInputError("bad row")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
 
 

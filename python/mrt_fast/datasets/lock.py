@@ -124,9 +124,8 @@ def output_lock(output: str | os.PathLike, *, directory: bool) -> Iterator[JobLo
     Refused in one line when the path is a file where a directory is wanted,
     or another live job holds the lock."""
     out = Path(output)
-    with parents_made(out):
-        with _output_lock(out, directory=directory) as lock:
-            yield lock
+    with parents_made(out), _output_lock(out, directory=directory) as lock:
+        yield lock
 
 
 @contextlib.contextmanager

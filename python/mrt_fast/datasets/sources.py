@@ -307,7 +307,8 @@ def _without_json_sidecars(files: list[Path]) -> list[Path]:
     def is_json(f: Path) -> bool:
         return table_suffix(f).startswith(".json") and not table_suffix(f).startswith(".jsonl")
 
-    files = [f for f in files if not hf_disk.is_save_to_disk(f.parent)]
+    folders = {d: hf_disk.is_save_to_disk(d) for d in {f.parent for f in files}}
+    files = [f for f in files if not folders[f.parent]]
     if all(is_json(f) for f in files):
         return files
     return [f for f in files if not is_json(f)]
