@@ -209,6 +209,10 @@ def test_every_command_takes_a_save_to_disk_folder(tmp_path):
         r = runner.invoke(app, [cmd, str(p), str(tmp_path / f"{cmd}.parquet"), new, "new",
                                 "--model", str(tmp_path / "no-model")])
         assert r.exit_code == 2 and "no-model" in r.stderr and r.stderr.count("\n") == 1, (cmd, r.output)
+    prompts = hf_folder(df.select("prompt_id", "prompt").unique("prompt_id", maintain_order=True), tmp_path / "pr")
+    r = runner.invoke(app, ["generate", str(prompts), str(tmp_path / "gen.parquet"), "--model",
+                            str(tmp_path / "no-model"), "--n", "2"])
+    assert r.exit_code == 2 and "no-model" in r.stderr and r.stderr.count("\n") == 1, r.output
 
 
 @pytest.mark.embed
