@@ -131,12 +131,20 @@ def test_unreadable_input_is_one_line_exit_2(tmp_path, cmd):
 
 
 @pytest.mark.parametrize("cmd", ["nll", "score", "generate", "evaluate"])
-def test_output_in_missing_directory_fails_before_work(tmp_path, cmd):
+def test_output_in_missing_directory_is_made_only_when_written(tmp_path, cmd):
     inp = good_table(tmp_path / "in.parquet")
-    out = tmp_path / "nowhere" / OUT_NAME[cmd]
-    r = invoke(*argv(cmd, inp, out, tmp_path / "no-model"))  # the model would fail if it were reached
-    one_line_exit_2(r, "does not exist", "nowhere")
+    out = tmp_path / "nowhere" / "deeper" / OUT_NAME[cmd]
+    r = invoke(*argv(cmd, inp, out, tmp_path / "no-model"))  # the missing model is the one error
+    one_line_exit_2(r, "no-model")
     assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("cmd", ["nll", "score", "evaluate"])
+def test_output_under_a_file_fails_before_work(tmp_path, cmd):
+    inp = good_table(tmp_path / "in.parquet")
+    (tmp_path / "plain.txt").write_text("x")
+    r = invoke(*argv(cmd, inp, tmp_path / "plain.txt" / OUT_NAME[cmd], tmp_path / "no-model"))
+    one_line_exit_2(r, "not a directory", "plain.txt")
 
 
 @pytest.mark.parametrize("cmd", ["nll", "score", "generate"])

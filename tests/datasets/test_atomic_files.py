@@ -82,9 +82,18 @@ def test_failed_write_leaves_nothing(tmp_path):
     (tmp_path / "d.parquet").mkdir()
     with pytest.raises(MrtInputError, match="is a directory"):
         check_output(tmp_path / "d.parquet")
-    with pytest.raises(MrtInputError, match="does not exist"):
-        check_output(tmp_path / "missing" / "x.parquet")
+    check_output(tmp_path / "missing" / "x.parquet")  # made when written, not when checked
     assert os.listdir(tmp_path) == ["d.parquet"]
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(MrtInputError, match="is not a directory"):
+        check_output(tmp_path / "f.txt" / "x" / "y.parquet")
+
+
+def test_a_write_makes_the_missing_directories(tmp_path):
+    with AtomicWriter(tmp_path / "a" / "b" / "x.parquet") as w:
+        w.write(pl.DataFrame({"a": [1]}))
+        w.commit()
+    assert pl.read_parquet(tmp_path / "a" / "b" / "x.parquet")["a"].to_list() == [1]
 
 
 WRITER = r"""

@@ -703,8 +703,8 @@ def test_diagnose_bad_inputs_one_line_exit_2(tmp_path):
         [str(tmp_path / "empty.parquet")],
         [str(tmp_path / "zero.parquet")],
         [str(tmp_path / "bad.parquet")],
-        [str(tmp_path / "in"), "--json", str(tmp_path / "no" / "r.json")],
-        [str(tmp_path / "in"), "--plot", str(tmp_path / "no" / "r.png")],
+        [str(tmp_path / "in"), "--json", str(tmp_path / "empty.parquet" / "r.json")],
+        [str(tmp_path / "in"), "--plot", str(tmp_path / "empty.parquet" / "r.png")],
     ]
     for args in cases:
         r = runner.invoke(app, ["diagnose", *args, "--n-boot", "0"])

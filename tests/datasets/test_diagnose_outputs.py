@@ -48,7 +48,7 @@ def one_line_exit_2(r, *needles):
     (["--json", "/dev/full"], "--json '/dev/full' is not a regular file"),
     (["--allocate", "100", "--allocation", "{d}/a.txt"], "unsupported format '.txt'"),
     (["--allocate", "100", "--allocation", "/dev/full"], "--allocation"),
-    (["--allocate", "100", "--allocation", "{d}/no/a.parquet"], "does not exist"),
+    (["--allocate", "100", "--allocation", "{d}/in.parquet/a.parquet"], "is not a directory"),
     (["--json", "{d}"], "is a directory"),
 ])
 def test_bad_output_is_refused_before_any_work(tmp_path, args, needle):
@@ -60,6 +60,17 @@ def test_bad_output_is_refused_before_any_work(tmp_path, args, needle):
     assert "null" not in r.output
     assert sorted(os.listdir(tmp_path)) == before
     assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")
+
+
+def test_outputs_in_missing_directories_are_written_there(tmp_path):
+    inp = losses(tmp_path / "in.parquet")
+    new = tmp_path / "new" / "deeper"
+    r = diagnose(inp, "--json", new / "r.json", "--plot", new / "p" / "v.png", "--allocate", "100",
+                 "--allocation", new / "a" / "a.parquet")
+    assert r.exit_code == 0, r.output
+    assert json.loads((new / "r.json").read_text())
+    assert (new / "p" / "v.png").stat().st_size > 0
+    assert pl.read_parquet(new / "a" / "a.parquet")["k"].sum() > 0
 
 
 @pytest.mark.parametrize("what", ["json", "plot", "allocation"])

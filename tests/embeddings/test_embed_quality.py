@@ -227,6 +227,6 @@ def test_cli_embed_quality(tiny_static, tmp_path):
     assert doc["verdict"]["worst_coverage_gap"] == min(r["coverage_gap"] for r in doc["rows"])
     for args, msg in ((["--k", "two"], "--k must be integers"), (["--tolerance", "2"], "--tolerance"),
                       (["--text", "nope"], "column 'nope' is not in"),
-                      (["--json", str(tmp_path / "no" / "q.json")], "does not exist")):
+                      (["--json", str(out / "no" / "q.json")], "is not a directory")):
         r = runner.invoke(app, ["embed-quality", str(src), "--model", name, "--cache-dir", str(cache), *args])
         assert r.exit_code == 2 and msg in r.output, (args, r.output)

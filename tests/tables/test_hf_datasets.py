@@ -50,6 +50,18 @@ def test_variance_budget_reads_a_dataset():
     assert (a.v_x, a.v_y_given_x, a.k_best) == (b.v_x, b.v_y_given_x, b.k_best)
 
 
+def test_the_table_readers_and_export_take_a_dataset(tmp_path):
+    from mrt_fast.datasets.formats import as_polars
+    from mrt_fast.llm.export import export
+
+    df = table(3).with_columns(prompt=pl.format("p{}", "prompt_id"))
+    ds = datasets.Dataset.from_polars(df).shuffle(seed=1)
+    assert as_polars(ds).equals(pl.from_arrow(ds.with_format("arrow")[:]))
+    for fmt in ("trl", "dpo"):
+        got = export(ds, tmp_path / f"a-{fmt}.jsonl", fmt)
+        assert got.equals(export(as_polars(ds), tmp_path / f"b-{fmt}.jsonl", fmt))
+
+
 def test_splits_and_streams_are_refused_in_one_line():
     d = datasets.DatasetDict({"train": datasets.Dataset.from_polars(table())})
     with pytest.raises(MrtInputError, match=r"pass one split, e.g. ds\['train'\]"):

@@ -6,7 +6,11 @@ before its rename (kill -9, SIGTERM, power loss) leaves its temporary file
 behind; the next write into the same directory removes such files of the same
 destination whose writer ran on this host and is no longer alive, and leaves
 every other file alone (a live concurrent writer's, another host's, anything
-not matching the pattern)."""
+not matching the pattern).
+
+An output's missing parent directories are made when it is written, for a
+file as for a directory (:func:`make_parents`); a check before any work
+(:func:`check_output_dir`) makes nothing."""
 
 from __future__ import annotations
 
@@ -79,11 +83,48 @@ def temp_name(path: str | os.PathLike, pid: int | None = None) -> str:
     return f".{Path(path).name}.{host_tag()}-{os.getpid() if pid is None else pid}.{secrets.token_hex(4)}.tmp"
 
 
+def make_parents(path: str | os.PathLike) -> list[Path]:
+    """Make the missing directories above ``path``; returns those made, deepest first. A
+    file where a directory is needed, or one that cannot be made, is one line."""
+    made: list[Path] = []
+    parent = Path(path).parent
+    while str(parent) not in ("", ".") and not parent.exists() and not parent.is_symlink():
+        made.append(parent)
+        parent = parent.parent
+    for d in reversed(made):
+        try:
+            d.mkdir(exist_ok=True)
+        except OSError as e:
+            raise MrtInputError(f"cannot create the output directory {str(d)!r}: {e.strerror or one_line(e)}") \
+                from None
+    return made
+
+
+def remove_if_empty(dirs: list[Path]) -> None:
+    """Remove each of ``dirs`` (deepest first) that is empty: directories made for an output
+    that was never written."""
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
+@contextlib.contextmanager
+def parents_made(path: str | os.PathLike) -> Iterator[list[Path]]:
+    """The missing directories above ``path`` made for the block (:func:`make_parents`); those
+    still empty when it ends (nothing was written into them) are removed again."""
+    made = make_parents(path)
+    try:
+        yield made
+    finally:
+        remove_if_empty(made)
+
+
 def new_temp(path: Path, clean: bool = True) -> Path:
-    """Create an empty temp file beside ``path`` (mode 0666 minus the umask) and return its path."""
+    """Create an empty temp file beside ``path`` (mode 0666 minus the umask; missing parent
+    directories are made) and return its path."""
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+        make_parents(path)
     if clean:
         clean_stale_temps(path)
     for _ in range(100):

@@ -102,6 +102,7 @@ def generate_cmd(
     shard_prompts: int = typer.Option(64, help="Prompts per shard (unit of resumption)."),
 ) -> None:
     """Overgenerate N candidate responses per prompt (vLLM on GPU, transformers on CPU); resumable."""
+    from mrt_fast._util import files as _files
     from mrt_fast.datasets import formats as _formats
     with user_errors():
         with needs("train"):
@@ -114,14 +115,15 @@ def generate_cmd(
             _formats.check_output(out)
             parts = out.with_name(out.name + ".parts")
             fresh = not parts.exists()
-            try:
-                df = generate(str(prompts), out, model, cfg)
-            except BaseException:
-                if fresh and parts.is_dir() and {f.name for f in parts.iterdir()} <= {"meta.json"}:
-                    import shutil
+            with _files.parents_made(out):  # removed again if the run leaves nothing in them
+                try:
+                    df = generate(str(prompts), out, model, cfg)
+                except BaseException:
+                    if fresh and parts.is_dir() and {f.name for f in parts.iterdir()} <= {"meta.json"}:
+                        import shutil
 
-                    shutil.rmtree(parts, ignore_errors=True)  # no shard written: nothing to resume from
-                raise
+                        shutil.rmtree(parts, ignore_errors=True)  # no shard written: nothing to resume from
+                    raise
     console.print(f"{df.height} candidates for {df['prompt_id'].n_unique()} prompts -> {out}")
 
 

@@ -1,5 +1,10 @@
 """Every table read and write of mrt_fast: Parquet, JSONL and CSV with polars.
 
+JSON text is also read as ``.json`` and gzip/zstd compressed
+(:mod:`mrt_fast.datasets.json_text`), never written; a ``save_to_disk``
+folder of Hugging Face ``datasets`` is read as a table
+(:mod:`mrt_fast.datasets.hf_disk`).
+
 Reads are lazy scans (only the needed columns, only the needed rows); writes
 go through :mod:`mrt_fast._util.files`, so a failed run never leaves a
 half-written file. CSV cannot hold lists: embedding columns are written as
@@ -15,24 +20,41 @@ import polars as pl
 from mrt_fast.errors import MrtInputError
 from mrt_fast.tables.arrays import as_frame
 from mrt_fast._util.messages import one_line
-from mrt_fast._util.files import atomic_path, new_temp
+from mrt_fast._util.files import atomic_path, check_output_dir, new_temp
+from mrt_fast.datasets import hf_disk, json_text
 
 
-FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+#: the formats written (and read)
+WRITTEN = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+#: the formats read: JSON text also as .json and compressed
+FORMATS = {**WRITTEN, **{s: "jsonl" for s in json_text.JSON_SUFFIXES}}
+
+
+def table_suffix(path: Path) -> str:
+    """A file's table suffix, lower case: ``.parquet``, or two for compressed JSON (``.jsonl.gz``)."""
+    sfx = [s.lower() for s in Path(path).suffixes]
+    two = "".join(sfx[-2:])
+    return two if len(sfx) > 1 and two in FORMATS else (sfx[-1] if sfx else "")
 
 
 def fmt_of(path: Path, role: str) -> str:
-    f = FORMATS.get(path.suffix.lower())
+    """The table format of ``path`` for ``role`` (``"input"``, or an output's role)."""
+    sfx = table_suffix(path)
+    known = FORMATS if role == "input" else WRITTEN
+    f = known.get(sfx)
     if f is None:
-        raise MrtInputError(
-            f"{role} file {str(path)!r}: unsupported format {path.suffix!r} (use .parquet, .jsonl/.ndjson or .csv)"
-        )
+        ok = ".parquet, .jsonl/.ndjson (also .json, .gz, .zst) or .csv" if role == "input" else \
+            ".parquet, .jsonl/.ndjson or .csv"
+        writing = " for writing" if sfx in FORMATS else ""
+        raise MrtInputError(f"{role} file {str(path)!r}: unsupported format {sfx!r}{writing} (use {ok})")
     return f
 
 
 def scan(path: Path) -> pl.LazyFrame:
     """A lazy scan of an input table; fails with a one-line error if unreadable."""
     path = Path(path)
+    if hf_disk.is_save_to_disk(path):
+        return _scan_save_to_disk(path)
     f = fmt_of(path, "input")
     if not path.exists():
         raise MrtInputError(f"input file {str(path)!r} does not exist")
@@ -44,13 +66,25 @@ def scan(path: Path) -> pl.LazyFrame:
         if f == "parquet":
             lf = pl.scan_parquet(path)
         elif f == "jsonl":
-            lf = pl.scan_ndjson(path, infer_schema_length=None)
+            lf = json_text.scan_json(path)
         else:
             lf = pl.scan_csv(path)
         lf.collect_schema()
     except Exception as e:  # noqa: BLE001 - polars raises several kinds for a bad file
-        raise MrtInputError(f"cannot read {str(path)!r} as {f}: {one_line(e)}") from None
+        raise MrtInputError(f"cannot read {str(path)!r} as {f}: {_read_error(path, f, e)}") from None
     return lf
+
+
+def _scan_save_to_disk(folder: Path) -> pl.LazyFrame:
+    """A ``save_to_disk`` folder as one lazy table (its Arrow files in order)."""
+    files = hf_disk.arrow_files(folder)
+    return pl.concat([hf_disk.scan_stream(f) for f in files], how="vertical")
+
+
+def _read_error(path: Path, fmt: str, e: BaseException) -> str:
+    """What went wrong reading a file, with the line of JSON text that is not JSON."""
+    line = json_text.bad_line(path) if fmt == "jsonl" else None
+    return one_line(e) + (f" (line {line})" if line is not None else "")
 
 
 def collect(lf: pl.LazyFrame, path: Path) -> pl.DataFrame:
@@ -84,9 +118,10 @@ def csv_safe(df: pl.DataFrame) -> pl.DataFrame:
 def check_output(path: str | os.PathLike, role: str = "output", *, table: bool = True) -> Path:
     """Fail now, before any work, if ``path`` cannot be written.
 
-    Checks the format (for tables), that the directory exists and that a file
-    can be created there (by creating and removing a temp file), and that
-    ``path`` itself is not a directory.
+    Checks the format (for tables), that ``path`` itself is not a directory,
+    and that a file can be created there (by creating and removing a temp
+    file; when its directory is missing, that the directories can be made:
+    they are made when the file is written).
     """
     path = Path(path)
     if table:
@@ -97,7 +132,8 @@ def check_output(path: str | os.PathLike, role: str = "output", *, table: bool =
         raise MrtInputError(f"{role} {str(path)!r} is not a regular file")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise MrtInputError(f"{role} directory {str(parent)!r} does not exist")
+        check_output_dir(parent, f"{role} directory")
+        return path
     new_temp(path).unlink()
     return path
 
@@ -206,12 +242,14 @@ def file_schema(f: Path, fmt: str) -> pl.Schema:
         if fmt == "jsonl":
             if f.stat().st_size == 0:
                 raise MrtInputError(f"input file {str(f)!r} is empty")
-            return pl.scan_ndjson(f, infer_schema_length=None).collect_schema()
+            return json_text.scan_json(f).collect_schema()
+        if fmt == hf_disk.FORMAT:
+            return hf_disk.stream_schema(f)
         return pl.scan_csv(f).collect_schema()
     except MrtInputError:
         raise
     except Exception as e:  # noqa: BLE001
-        raise MrtInputError(f"cannot read {str(f)!r} as {fmt}: {one_line(e)}") from None
+        raise MrtInputError(f"cannot read {str(f)!r} as {fmt}: {_read_error(f, fmt, e)}") from None
 
 
 def _object_schema(f: Any, fmt: str) -> pl.Schema:

@@ -10,7 +10,8 @@ what surrounds it, whatever runs it:
 * the output: a file (``.parquet``/``.jsonl``/``.csv``, written whole or not at
   all) or a resumable dataset directory (``part-NNNNN.parquet`` and the hidden
   ``.mrt/`` metadata folder, readable as it stands by polars, Hugging Face
-  datasets and pyarrow);
+  datasets and pyarrow); missing parent directories are made for either
+  (and removed again when nothing was written);
 * the lock (:mod:`mrt_fast.datasets.lock`): one job per output, released by
   the kernel when its holder dies;
 * the manifest (:mod:`mrt_fast.datasets.manifest`): the job's parameters and
@@ -50,6 +51,7 @@ import polars as pl
 
 from mrt_fast._util import messages as _messages
 from mrt_fast._util.disk_space import reporting_full_disk
+from mrt_fast._util.files import check_output_dir
 from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import object_output, storage
 from mrt_fast.datasets import sources as _sources
@@ -131,11 +133,9 @@ class Job:
         if _sources.output_inside_input(self.out, self.ds):
             raise MrtInputError(f"output {str(self.out)!r} is the input or inside it; write it elsewhere")
         self.to_dir = is_directory_output(output)
-        if not self.to_dir and not self.remote:
-            _formats.fmt_of(self.out, "output")
+        if not self.remote:
             parent = self.out.parent if str(self.out.parent) else Path(".")
-            if not parent.is_dir():
-                raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+            check_output_dir(parent, "output directory")  # missing directories are made by the lock
         self.parameters = parameters
         self.overwrite = overwrite
         self.command = command or what

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mrt_fast.errors import MrtInputError
-from mrt_fast._util.files import clean_stale_temps, pid_alive, temp_name
+from mrt_fast._util.files import clean_stale_temps, parents_made, pid_alive, temp_name
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 
 #: the hidden folder of a dataset directory holding the job's metadata (manifest, lock)
@@ -119,13 +119,17 @@ def output_lock(output: str | os.PathLike, *, directory: bool) -> Iterator[JobLo
     """Hold the lock of a job's output for the block.
 
     A directory output is created if missing (the lock lives in it) and removed
-    again on the way out if this call created it and it is empty then. Refused
-    in one line when the parent directory is missing, the path is a file where
-    a directory is wanted, or another live job holds the lock."""
+    again on the way out if this call created it and it is empty then; so are
+    missing parent directories, of a file output as of a directory output.
+    Refused in one line when the path is a file where a directory is wanted,
+    or another live job holds the lock."""
     out = Path(output)
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise MrtInputError(f"output directory {str(parent)!r} does not exist")
+    with parents_made(out), _output_lock(out, directory=directory) as lock:
+        yield lock
+
+
+@contextlib.contextmanager
+def _output_lock(out: Path, *, directory: bool) -> Iterator[JobLock]:
     created = False
     if directory:
         if out.exists() and not out.is_dir():

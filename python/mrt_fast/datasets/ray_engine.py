@@ -491,6 +491,7 @@ def read(source: Any, columns: list[str] | None = None):
     Parquet/JSONL files or a glob, found as `mrt_fast.datasets.sources.discover` finds
     them), rows in the same order: files sorted by path, then row order."""
     ray = _ray()
+    from mrt_fast.datasets import hf_disk, json_text
     from mrt_fast.datasets import sources as _sources
     src = source if isinstance(source, _sources.Dataset) else _sources.discover(source)
     files = [str(f) for f in src.files]
@@ -507,7 +508,9 @@ def read(source: Any, columns: list[str] | None = None):
         out = []
         for f in t.column("path").to_pylist():
             if fmt == "jsonl":
-                df = pl.read_ndjson(f, schema=schema)
+                df = json_text.scan_json(Path(f), schema).collect()
+            elif fmt == hf_disk.FORMAT:
+                df = src.scan_file(Path(f)).collect()
             else:
                 df = pl.read_csv(f, schema=schema)
             out.append(df.to_arrow())

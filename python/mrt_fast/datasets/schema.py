@@ -20,6 +20,7 @@ from urllib.parse import unquote
 
 import polars as pl
 
+from mrt_fast.datasets import json_text
 from mrt_fast.errors import MrtInputError
 
 _SAME_COLUMNS = "every file of a dataset must have the same columns"
@@ -62,8 +63,7 @@ def check_hive_collision(f: Path, fmt: str, schema: pl.Schema, values: dict[str,
 
 
 def _holds_only(f: Path, fmt: str, column: str, value: str) -> bool:
-    lf = pl.scan_parquet(f, hive_partitioning=False) if fmt == "parquet" else \
-        pl.scan_ndjson(f, infer_schema_length=None)
+    lf = pl.scan_parquet(f, hive_partitioning=False) if fmt == "parquet" else json_text.scan_json(f)
     try:
         got = lf.select(pl.col(column).cast(pl.String).unique()).collect()[column].to_list()
     except Exception:  # noqa: BLE001 - a column that has no text form is not the folder's value

@@ -1,4 +1,5 @@
-"""Where a dataset's rows come from: one file, a directory (hive partitions too) or a glob.
+"""Where a dataset's rows come from: one file, a directory (hive partitions too), a glob, or
+a folder written by Hugging Face ``datasets``' ``save_to_disk``.
 
 :func:`discover` finds the files and checks them once (formats, broken links,
 hive keys, schemas); a :class:`Dataset` scans or reads them as one table and
@@ -14,13 +15,13 @@ import polars as pl
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast._util.messages import one_line
-from mrt_fast.datasets import storage
-from mrt_fast.datasets.formats import FORMATS, file_schema, fmt_of
+from mrt_fast.datasets import hf_disk, json_text, storage
+from mrt_fast.datasets.formats import FORMATS, file_schema, fmt_of, table_suffix
 
 
 # --------------------------------------------------------------------------- datasets
 
-DATASET_FORMATS = ("parquet", "jsonl")
+DATASET_FORMATS = ("parquet", "jsonl", hf_disk.FORMAT)
 _GLOB_CHARS = set("*?[")
 #: how a Parquet file's column is read when another file holds it wider
 _WIDEN = pl.ScanCastOptions(integer_cast=["upcast", "allow-float"], float_cast="upcast")
@@ -62,13 +63,24 @@ class Dataset:
                 lf = _hive_ndjson(self)
                 if row_index is not None:
                     lf = lf.with_row_index(row_index)
-            elif self.fmt == "jsonl":
+            elif self.fmt == "jsonl" and not any(json_text.is_json_array(f) for f in self.files):
                 lf = pl.scan_ndjson(files, row_index_name=row_index, schema=schema)
+            elif self.fmt in DATASET_FORMATS:
+                lf = pl.concat([self.scan_file(f) for f in self.files], how="vertical")
+                if row_index is not None:
+                    lf = lf.with_row_index(row_index)
             else:
                 lf = pl.scan_csv(files, row_index_name=row_index)
         except Exception as e:  # noqa: BLE001
             raise MrtInputError(f"cannot read {self.source!r}: {one_line(e)}") from None
         return lf
+
+    def scan_file(self, f: Path) -> pl.LazyFrame:
+        """One file of a JSON text or Arrow-stream dataset, read with the dataset's types (hive
+        columns not included)."""
+        if self.fmt == hf_disk.FORMAT:
+            return hf_disk.scan_stream(f, self.files_schema())
+        return json_text.scan_json(f, self.files_schema())
 
     def read(self, contiguous: str | None = None) -> pl.DataFrame:
         """Every row in memory, in dataset order. Parquet files without hive
@@ -157,7 +169,9 @@ class Dataset:
         return sum(f.stat().st_size for f in self.files)
 
     def row_counts(self) -> list[int] | None:
-        """Rows per file from Parquet footers (None for text formats)."""
+        """Rows per file from Parquet footers or Arrow stream batches (None for text formats)."""
+        if self.fmt == hf_disk.FORMAT:
+            return [hf_disk.stream_rows(f) for f in self.files]
         if self.fmt != "parquet":
             return None
         import pyarrow.parquet as pq
@@ -186,8 +200,7 @@ class Dataset:
         """The file holding global row ``row`` and the row's index in it."""
         counts = self.row_counts()
         if counts is None:
-            counts = [int(pl.scan_ndjson(f, schema=self.files_schema()).select(pl.len()).collect().item())
-                      for f in self.files]
+            counts = [int(self.scan_file(f).select(pl.len()).collect().item()) for f in self.files]
         for f, n in zip(self.files, counts):
             if row < n:
                 return f, row
@@ -204,9 +217,13 @@ class Dataset:
                     for _ in pq.ParquetFile(storage.open_input(f)).iter_batches(batch_size=65536):
                         pass
                 else:
-                    pl.scan_ndjson(f, schema=self.files_schema()).collect()
+                    self.scan_file(f).collect()
+            except MrtInputError:
+                raise
             except Exception as e:  # noqa: BLE001
-                raise MrtInputError(f"cannot read {str(f)!r} as {self.fmt}: {one_line(e)}") from None
+                line = json_text.bad_line(f) if self.fmt == "jsonl" else None
+                at = f" (line {line})" if line is not None else ""
+                raise MrtInputError(f"cannot read {str(f)!r} as {self.fmt}: {one_line(e)}{at}") from None
 
 
 def _is_glob(s: str) -> bool:
@@ -230,14 +247,15 @@ def _hive_ndjson(ds: Dataset) -> pl.LazyFrame:
     schema = ds.files_schema()
     parts = []
     for f in ds.files:
-        one = pl.scan_ndjson(f, schema=schema)
+        one = json_text.scan_json(f, schema)
         vals = hive_values(f.relative_to(ds.root))  # a key the file holds keeps the file's column
         parts.append(one.with_columns(pl.lit(v).alias(k) for k, v in vals.items() if k not in schema))
     return pl.concat(parts, how="vertical")
 
 
 def discover(source: str | os.PathLike) -> Dataset:
-    """The files of an input (a file, a directory or a glob); a one-line error if none."""
+    """The files of an input (a file, a directory, a glob or a ``save_to_disk`` folder); a
+    one-line error if none."""
     import glob as _glob
 
     s = str(source)
@@ -247,9 +265,11 @@ def discover(source: str | os.PathLike) -> Dataset:
     if p.is_file():
         fmt = fmt_of(p, "input")
         return Dataset(s, [p], fmt, False, None)
+    if hf_disk.is_save_to_disk(p):
+        return Dataset(s, hf_disk.arrow_files(p), hf_disk.FORMAT, False, p)
     if p.is_dir():
-        found = [f for f in p.rglob("*") if f.suffix.lower() in FORMATS
-                 and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts)]
+        found = _without_json_sidecars([f for f in p.rglob("*") if table_suffix(f) in FORMATS
+                                        and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts)])
         _refuse_broken_links(found)
         files = sorted(f for f in found if f.is_file())
         root = p
@@ -280,6 +300,20 @@ def discover(source: str | os.PathLike) -> Dataset:
 
     hive = bool(common_hive_keys(files, root))
     return Dataset(s, files, fmt, hive, root)
+
+
+def _without_json_sidecars(files: list[Path]) -> list[Path]:
+    """A directory's ``.json`` files, when it also holds tables of other suffixes, are taken
+    for metadata beside the data and left out (so are the files of a ``save_to_disk`` folder
+    inside it); a directory of ``.json`` files alone is a dataset of them."""
+    def is_json(f: Path) -> bool:
+        return table_suffix(f).startswith(".json") and not table_suffix(f).startswith(".jsonl")
+
+    folders = {d: hf_disk.is_save_to_disk(d) for d in {f.parent for f in files}}
+    files = [f for f in files if not folders[f.parent]]
+    if all(is_json(f) for f in files):
+        return files
+    return [f for f in files if not is_json(f)]
 
 
 def _refuse_broken_links(paths: list[Path]) -> None:

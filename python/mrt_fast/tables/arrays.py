@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.hf import hf_to_arrow, is_hf
 from mrt_fast.tables.key_values import canonical, refuse_nan
 
 
@@ -348,14 +349,17 @@ def require_columns(df: pl.DataFrame, cols: list[str], what: str) -> None:
 
 
 def as_frame(table: Any) -> pl.DataFrame:
-    """A table in memory (polars, pyarrow, pandas, or a list of dicts) as a polars DataFrame."""
+    """A table in memory (polars, pyarrow, pandas, a Hugging Face ``datasets.Dataset``, or a
+    list of dicts) as a polars DataFrame."""
     if isinstance(table, pl.DataFrame):
         return table
+    if is_hf(table):
+        return pl.from_arrow(hf_to_arrow(table))  # type: ignore[return-value]
     if isinstance(table, list):
         return pl.DataFrame(table)
     if type(table).__module__.startswith("pyarrow"):
         return pl.from_arrow(table)  # type: ignore[return-value]
     if type(table).__module__.startswith("pandas"):
         return pl.from_pandas(table)
-    raise MrtInputError(f"expected a table (polars, pyarrow, pandas or a list of dicts), got {type(table).__name__}")
+    raise MrtInputError(f"expected a table (polars, pyarrow, pandas, datasets.Dataset or a list of dicts), got {type(table).__name__}")
 

@@ -1,0 +1,79 @@
+"""JSON text tables: JSON Lines and ``.json`` files, plain or compressed.
+
+``.jsonl``/``.ndjson`` hold one JSON object a line. A ``.json`` file holds
+either a JSON array of objects (``json.dump`` of a list of records, pandas'
+``orient="records"``) or JSON Lines (what ``datasets.Dataset.to_json``
+writes): its first character tells which. Any of them may be compressed
+with gzip (``.gz``) or zstd (``.zst``), which polars decompresses as it scans
+(datatrove writes ``.jsonl.gz``). Such files are read, never written.
+
+A line that is not JSON is named by its line number.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+
+__all__ = ["COMPRESSED", "JSON_SUFFIXES", "bad_line", "is_json_array", "scan_json"]
+
+#: compression suffixes a JSON text table may carry
+COMPRESSED = (".gz", ".zst")
+#: the suffixes of JSON text tables, ``.json`` included
+JSON_SUFFIXES = tuple(s + c for s in (".jsonl", ".ndjson", ".json") for c in ("", *COMPRESSED))
+
+
+def _text(f: Path) -> io.TextIOWrapper:
+    """The file's text, decompressed by its suffix."""
+    return io.TextIOWrapper(pa.input_stream(str(f), compression="detect"), encoding="utf-8", errors="replace")
+
+
+def is_json_array(f: Path) -> bool:
+    """Whether a ``.json`` file holds one JSON array (its first non-blank character is ``[``)."""
+    name = f.name.lower()
+    if not any(name.endswith(".json" + c) for c in ("", *COMPRESSED)):
+        return False
+    with _text(f) as fh:
+        while True:
+            chunk = fh.read(4096)
+            if not chunk:
+                return False
+            s = chunk.lstrip()
+            if s:
+                return s[0] == "["
+
+
+def scan_json(f: Path, schema: pl.Schema | None = None) -> pl.LazyFrame:
+    """A lazy scan of one JSON text table (``schema``: the types to read it with; else every
+    row is looked at). A JSON array is parsed whole; JSON Lines are scanned."""
+    if is_json_array(f):
+        with pa.input_stream(str(f), compression="detect") as fh:
+            data = fh.read()
+        return pl.read_json(data, schema=schema, infer_schema_length=None).lazy()
+    if schema is not None:
+        return pl.scan_ndjson(f, schema=schema)
+    return pl.scan_ndjson(f, infer_schema_length=None)
+
+
+def bad_line(f: Path) -> int | None:
+    """The number (from 1) of the first line of a JSON Lines file that is not a JSON object
+    (None when every line is one, or the file is a JSON array)."""
+    if is_json_array(f):
+        return None
+    try:
+        with _text(f) as fh:
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    if not isinstance(json.loads(line), dict):
+                        return i
+                except ValueError:
+                    return i
+    except OSError:
+        return None
+    return None
