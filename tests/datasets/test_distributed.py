@@ -176,7 +176,7 @@ def test_layout_detection():
 def test_grouped_rows_with_unequal_lists_are_refused():
     g = pl.DataFrame({"prompt_id": ["a", "b"], "reward": [[1.0, 2.0, 3.0], [1.0, 2.0]],
                       "response": [["x", "y", "z"], ["u"]]})
-    with pytest.raises(MrtInputError, match="row 1.*'b'.*2 'reward' but 1 'response'"):
+    with pytest.raises(MrtInputError, match=r"prompt 'b' has 1 values in 'response' but 2 in 'reward' \(row 1\)"):
         D.collect(D.select(ray.data.from_arrow(g.to_arrow()), 1, "top"))
 
 
@@ -530,3 +530,65 @@ def test_embed_flags_that_do_not_apply_to_ray_are_refused(tmp_path):
     r = CliRunner().invoke(app, ["embed", str(tmp_path / "in.parquet"), str(tmp_path / "o"), "--workers", "2"])
     assert r.exit_code == 2 and "--workers applies to --engine ray only" in r.output
     assert not (tmp_path / "o").exists()
+
+
+class _Shout:
+    """A text stage factory with no model (picklable): the response in capitals."""
+
+    def __call__(self):
+        return lambda df: df.with_columns(pl.col("response").str.to_uppercase().alias("shout"))
+
+
+def test_a_text_stage_on_ray_gives_the_local_parts_and_resumes(tmp_path):
+    import sys
+
+    from ray import cloudpickle
+
+    from mrt_fast.datasets.job import StoppedForTest, stopping_after
+    from mrt_fast.llm.dataset_stages import run_text_stage
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
+    df = make_table(n_pools=7, seed=3).select("prompt_id", pl.col("prompt_id").alias("prompt"), "response")
+    src = write_files(df, tmp_path / "in", 2)
+    kw = dict(name="shout", columns=("prompt", "response"), out_column="shout", parameters={},
+              make_stage=_Shout(), rows_per_part=4)
+    run_text_stage(src, tmp_path / "local", **kw)
+    with stopping_after(2), pytest.raises(StoppedForTest):
+        run_text_stage(src, tmp_path / "ray", engine="ray", workers=2, **kw)
+    rep = run_text_stage(src, tmp_path / "ray", engine="ray", workers=2, **kw)
+    assert rep.resumed and 0 < rep.parts_done_now < rep.parts and "job total: 13 parts" in str(rep)
+    assert parts_bytes(tmp_path / "ray") == parts_bytes(tmp_path / "local")
+    f = run_text_stage(src, tmp_path / "ray.parquet", engine="ray", **kw)
+    assert f.rows_done_now == df.height and pl.read_parquet(tmp_path / "ray.parquet").equals(
+        pl.read_parquet(tmp_path / "local"))
+    with pytest.raises(MrtInputError, match="engine='ray' only"):
+        run_text_stage(src, tmp_path / "x", workers=2, **kw)
+
+
+@pytest.mark.train
+def test_mrt_nll_and_score_on_ray_equal_the_local_engine(tmp_path):
+    pytest.importorskip("transformers")
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+    from mrt_fast.llm.testing import save_tiny_models
+
+    models = save_tiny_models(tmp_path / "m")
+    df = make_table(n_pools=4, seed=4).select("prompt_id", pl.format("say {}", "prompt_id").alias("prompt"),
+                                              "response")
+    src = write_files(df, tmp_path / "in", 2)
+    runner = CliRunner()
+    for cmd, model, col in (("nll", models["lm"], "loss"), ("score", models["reward"], "reward")):
+        base = [cmd, str(src), "--model", str(model), "--device", "cpu", "--rows-per-part", "5"]
+        r = runner.invoke(app, [*base[:2], str(tmp_path / f"{cmd}-local.parquet"), *base[2:]])
+        assert r.exit_code == 0, r.output
+        r = runner.invoke(app, [*base[:2], str(tmp_path / f"{cmd}-ray"), *base[2:], "--engine", "ray",
+                                "--workers", "2"])
+        assert r.exit_code == 0, r.output
+        a, b = pl.read_parquet(tmp_path / f"{cmd}-local.parquet"), pl.read_parquet(tmp_path / f"{cmd}-ray")
+        assert a.drop(col).equals(b.drop(col))
+        np.testing.assert_allclose(b[col].to_numpy(), a[col].to_numpy(), rtol=1e-5)
+        r = runner.invoke(app, [*base[:2], str(tmp_path / "x"), *base[2:], "--workers", "2"])
+        assert r.exit_code == 2 and "--workers applies to --engine ray only" in r.output
+        r = runner.invoke(app, [*base[:2], str(tmp_path / "x"), *base[2:], "--ray-address", "auto"])
+        assert r.exit_code == 2 and "--ray-address needs --engine ray" in r.output

@@ -131,13 +131,18 @@ def check_text_columns(lf, path: Path, columns: tuple[str, ...]) -> None:
             raise MrtInputError(f"{str(path)!r}: column {c!r} is null in row {row}", column=c, row=row)
 
 
-def check_job_output(out: Path) -> None:
+def check_job_output(out: Path | str) -> None:
     """Check a dataset job's output before any work (and before a model loads): a directory
-    (an existing one, or a name without a table suffix) that can be made, or a table file."""
+    (an existing one, or a name without a table suffix) that can be made, or a table file.
+    An ``s3://`` output is checked for its form only (its store is reached when the job starts)."""
     from mrt_fast._util.files import check_output_dir
+    from mrt_fast.datasets import storage
     from mrt_fast.datasets.formats import check_output
     from mrt_fast.datasets.job import is_directory_output
 
+    if storage.is_url(out):
+        is_directory_output(str(out))
+        return
     if is_directory_output(Path(out)):
         check_output_dir(out)
     else:

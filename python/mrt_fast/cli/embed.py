@@ -20,7 +20,7 @@ from mrt_fast.cli.common import (
 def embed_cmd(
     inp: str = typer.Argument(..., help="Input: a file (.parquet, .jsonl/.ndjson, .csv), a directory of Parquet/JSONL "
                               "files (hive partitions included) or a quoted glob such as 'data/*.parquet'."),
-    out: Path = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
+    out: str = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
                                "resumable) or a file (.parquet, .jsonl, .csv)."),
     text: str = typer.Option("response", help="Column holding the text to embed."),
     column: str = typer.Option("embedding", help="Name of the embedding column written."),
@@ -48,21 +48,7 @@ def embed_cmd(
     import shlex
     import sys
 
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        ProgressColumn,
-        TimeElapsedColumn,
-    )
-    from rich.text import Text
-
     from mrt_fast.embeddings.dataset import embed_dataset
-
-    class _TextsPerSecond(ProgressColumn):
-        def render(self, task):  # noqa: D401
-            v = task.finished_speed or task.speed
-            return Text("" if v is None else f"{v:,.0f} texts/s")
 
     with user_errors():
         if chunk_rows < 1:
@@ -72,22 +58,13 @@ def embed_cmd(
         check_engine(engine, ray_address, local_only={"--processes": processes if processes != 1 else None},
                      ray_only={"--workers": workers})
         command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
-        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                      _TextsPerSecond(), TimeElapsedColumn(), console=console, transient=True) as prog:
-            task = prog.add_task("embedding", total=None)
-
-            def on_total(total: int, done: int) -> None:
-                prog.reset(task, total=total, completed=done)  # the rate counts this run's texts only
-
-            rep = embed_dataset(
-                inp, out, text=text, column=column, model=model, batch_size=batch_size,
-                cache_dir=False if no_cache else cache_dir, device=device, processes=processes,
-                overwrite_column=overwrite_column, overwrite=overwrite, rows_per_part=chunk_rows,
-                progress=(lambda k: prog.advance(task, k)) if engine == "local" else None,
-                on_total=on_total if engine == "local" else None, command=command,
-                engine=engine, ray_address=ray_address, workers=workers,
-            )
-    if rep.already_done:
+        rep = embed_dataset(
+            inp, out, text=text, column=column, model=model, batch_size=batch_size,
+            cache_dir=False if no_cache else cache_dir, device=device, processes=processes,
+            overwrite_column=overwrite_column, overwrite=overwrite, rows_per_part=chunk_rows,
+            progress=True, command=command, engine=engine, ray_address=ray_address, workers=workers,
+        )
+    if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
         console.print(f"{out} is already complete ({rep.parts} part(s), {rep.rows} rows); nothing to do",
                       soft_wrap=True, highlight=False)
         return
@@ -99,8 +76,13 @@ def embed_cmd(
                     ("texts/s", f"{rep.texts_per_second:,.0f}"), ("seconds", f"{rep.seconds:.1f}")):
         tab.add_row(name, v)
     console.print(tab)
-    console.print(f"wrote {rep.rows_done_now} rows to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
-                  highlight=False)
+    said = f"wrote {rep.rows_done_now} rows to {out}"
+    if rep.resumed:
+        from mrt_fast.datasets.job import run_summary
+
+        said += " (resumed; " + run_summary({"parts": rep.parts_done_now, "rows": rep.rows_done_now},
+                                            {"parts": rep.parts, "rows": rep.rows}) + ")"
+    console.print(said, soft_wrap=True, highlight=False)
 
 
 @app.command("embed-quality")

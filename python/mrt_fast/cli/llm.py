@@ -9,6 +9,7 @@ import typer
 
 from mrt_fast.cli.common import (
     app,
+    check_engine,
     check_input_table,
     check_job_output,
     check_text_columns,
@@ -21,9 +22,9 @@ from mrt_fast.cli.common import (
 
 @app.command("nll")
 def nll_cmd(
-    inp: Path = typer.Argument(..., help="Table with prompt and response text columns: a file, a directory "
+    inp: str = typer.Argument(..., help="Table with prompt and response text columns: a file, a directory "
                                "(an mrt output included) or a quoted glob."),
-    out: Path = typer.Argument(..., help="Output table with the loss column added; format from the suffix."),
+    out: str = typer.Argument(..., help="Output table with the loss column added; format from the suffix."),
     model: str = typer.Option("smollm2", help="'smollm2' (bundled GGUF) or a local Hugging Face model directory."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
     response: str = typer.Option("response", help="Response text column."),
@@ -35,6 +36,12 @@ def nll_cmd(
     device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda[:N] | mps."),
     rows_per_part: int = typer.Option(50_000, "--rows-per-part", help="Directory output: input rows per part."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output an earlier mrt job wrote."),
+    engine: str = typer.Option("local", "--engine", help="local (this machine) or ray (a Ray cluster: each "
+                               "worker loads the model once and does whole parts)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: the cluster to join "
+                                              "(default: start or join a local one)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="--engine ray: model workers (default: the "
+                                          "cluster's CPUs)."),
 ) -> None:
     """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM.
 
@@ -46,6 +53,9 @@ def nll_cmd(
             raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
         if max_length is not None and max_length < 1:
             raise MrtInputError(f"--max-length must be >= 1, got {max_length}")
+        check_engine(engine, ray_address, ray_only={"--workers": workers})
+        if workers is not None and workers < 1:
+            raise MrtInputError(f"--workers must be >= 1, got {workers}")
         lf = check_input_table(inp, (prompt, response), dataset=True)
         if loss in lf.collect_schema().names():
             raise MrtInputError(f"{str(inp)!r} already has a {loss!r} column", column=loss)
@@ -73,7 +83,8 @@ def nll_cmd(
             loader.model_id = model
             rep = nll_dataset(inp, out, loader=loader, prompt=prompt, response=response, loss=loss,
                               batch_size=batch_size, max_length=max_length, prompt_format=prompt_format, device=dev,
-                              rows_per_part=rows_per_part, overwrite=overwrite)
+                              rows_per_part=rows_per_part, overwrite=overwrite, progress=True, engine=engine,
+                              ray_address=ray_address, workers=workers)
     console.print(f"{rep}; {loss!r} written to {out}")
 
 
@@ -116,9 +127,9 @@ def generate_cmd(
 
 @app.command("score")
 def score_cmd(
-    inp: Path = typer.Argument(..., help="Candidate table with prompt and response columns: a file, a "
+    inp: str = typer.Argument(..., help="Candidate table with prompt and response columns: a file, a "
                                "directory (an mrt output included) or a quoted glob."),
-    out: Path = typer.Argument(..., help="Output with a reward column: a file, or a resumable directory."),
+    out: str = typer.Argument(..., help="Output with a reward column: a file, or a resumable directory."),
     model: str = typer.Option(..., "--model", help="Sequence-classification reward model (num_labels=1)."),
     batch_size: int = typer.Option(16),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
@@ -127,6 +138,12 @@ def score_cmd(
     device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda[:N] | mps."),
     rows_per_part: int = typer.Option(50_000, "--rows-per-part", help="Directory output: input rows per part."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output an earlier mrt job wrote."),
+    engine: str = typer.Option("local", "--engine", help="local (this machine) or ray (a Ray cluster: each "
+                               "worker loads the model once and does whole parts)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: the cluster to join "
+                                              "(default: start or join a local one)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="--engine ray: model workers (default: the "
+                                          "cluster's CPUs)."),
 ) -> None:
     """Score every (prompt, response) with a reward model; either layout, resumable to a directory."""
     from mrt_fast.errors import MrtInputError
@@ -134,6 +151,9 @@ def score_cmd(
     with user_errors():
         if batch_size < 1:
             raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
+        check_engine(engine, ray_address, ray_only={"--workers": workers})
+        if workers is not None and workers < 1:
+            raise MrtInputError(f"--workers must be >= 1, got {workers}")
         lf = check_input_table(inp, (prompt, response), dataset=True)
         if column in lf.collect_schema().names():
             raise MrtInputError(f"{str(inp)!r} already has a {column!r} column", column=column)
@@ -145,7 +165,8 @@ def score_cmd(
 
             rep = score_dataset(inp, out, model, prompt=prompt, response=response, column=column,
                                 batch_size=batch_size, device=resolve_device(device), rows_per_part=rows_per_part,
-                                overwrite=overwrite)
+                                overwrite=overwrite, progress=True, engine=engine, ray_address=ray_address,
+                                workers=workers)
     console.print(f"{rep}; {column!r} written to {out}")
 
 
@@ -247,13 +268,20 @@ def export_cmd(
     prompt: str = typer.Option("prompt", help="Prompt text column."),
     response: str = typer.Option("response", help="Response text column."),
     reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
+    engine: str = typer.Option("local", "--engine", help="local only: the weights and pairs of a prompt need "
+                               "all its kept rows at once, and the output is one file."),
 ) -> None:
     """Write kept rows as a TRL (SFT, DPO, KTO) or OpenRLHF training file."""
     from mrt_fast.llm.export import export
 
     from mrt_fast.datasets import formats as _formats
+    from mrt_fast.errors import MrtInputError
 
     with user_errors():
+        if engine == "ray":
+            raise MrtInputError("mrt export runs on the local engine only (--engine ray is refused): the weights "
+                                "and pairs of a prompt need all its kept rows at once, and it writes one file")
+        check_engine(engine, None)
         rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(kept, dataset=True), kept))
         res = export(rows, out, fmt, conversational=conversational, by=by, prompt=prompt, response=response,
                      reward=reward, min_margin=min_margin, max_pairs=max_pairs)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -21,7 +20,7 @@ from mrt_fast.cli.common import (
 def select_cmd(
     inp: str = typer.Argument(..., help="Input: a file, a directory of Parquet/JSONL files (hive partitions "
                               "included) or a quoted glob such as 'data/*.parquet'."),
-    out: Path = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
+    out: str = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
                                "resumable) or a file (.parquet, .jsonl, .csv)."),
     k: str = typer.Option(..., "--k", help="Responses kept per prompt, or the name of an integer column holding "
                           "each prompt's K (e.g. from mrt diagnose --allocate)."),
@@ -79,21 +78,19 @@ def select_cmd(
             from mrt_fast.datasets.ray_engine import select_dataset as ray_select_dataset
 
             rep = ray_select_dataset(inp, out, options=opts, parts=parts, rows_per_part=chunk_rows,
-                                     overwrite=overwrite, address=ray_address, command=command)
+                                     overwrite=overwrite, address=ray_address, command=command, progress=True)
         else:
             rep = select_dataset(inp, out, options=opts, memory_limit=memory_limit, workers=workers, parts=parts,
-                                 rows_per_part=chunk_rows, overwrite=overwrite, progress=console, command=command)
-    if rep.already_done:
+                                 rows_per_part=chunk_rows, overwrite=overwrite, progress=True, command=command)
+    if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
         console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
                       soft_wrap=True, highlight=False)
         return
-    tab = Table(title=f"mrt select: {rep.method}, K = {k}", show_header=False)
+    tab = Table(title=f"mrt select: {rep.method}, K = {k}" + (" (this run)" if rep.resumed else ""), show_header=False)
     tab.add_column("")
     tab.add_column("", justify="right")
     ratio = f"{rep.mean_ratio:.4f}" if rep.mean_ratio is not None else "-"
     buckets = f"{rep.n_parts}" + (" (spilled to disk)" if rep.spilled else " (in memory)")
-    if rep.resumed:
-        buckets += f", {rep.parts_done_now} done by this run"
     for name, v in (("pools", f"{rep.n_pools:,}"), ("candidates", f"{rep.n_candidates:,}"),
                     ("kept", f"{rep.n_kept:,}"), ("pools <= K (kept whole)", f"{rep.n_small_pools:,}"),
                     ("mean certified ratio", ratio), ("buckets", buckets), ("rows/s", f"{rep.rows_per_second:,.0f}"),
@@ -101,6 +98,12 @@ def select_cmd(
                     ("seconds", f"{rep.seconds:.2f}")):
         tab.add_row(name, v)
     console.print(tab)
+    if rep.resumed:  # the table counts this run's work; the job holds more
+        from mrt_fast.datasets.job import run_summary
+
+        console.print(run_summary({"parts": rep.parts_done_now, "pools": rep.n_pools, "candidates": rep.n_candidates},
+                                  {"parts": rep.n_parts, "rows written": rep.n_out_rows}),
+                      soft_wrap=True, highlight=False)
     for note in rep.notes:
         typer.echo(f"warning: {note}", err=True)
     what = "rows" if rep.layout == "flat" else "prompts"

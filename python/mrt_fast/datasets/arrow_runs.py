@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
 
+from mrt_fast.datasets import storage
+
 if TYPE_CHECKING:  # pragma: no cover
     from mrt_fast.datasets.sources import Dataset
 
@@ -70,7 +72,7 @@ def plan_runs(ds: "Dataset", n_runs: int) -> list[list[Piece]]:
     groups: list[tuple[str, int, int, int]] = []  # path, row group, first row, rows
     start = 0
     for f in ds.files:
-        md = pq.ParquetFile(f).metadata
+        md = pq.ParquetFile(storage.open_input(f)).metadata
         for g in range(md.num_row_groups):
             n = md.row_group(g).num_rows
             if n:
@@ -101,7 +103,7 @@ def iter_run(run: list[Piece], columns: list[str] | None, batch_rows: int) -> It
 
     for p in run:
         pos = p.start
-        for b in pq.ParquetFile(p.path, **READ_OPTIONS).iter_batches(batch_size=batch_rows, row_groups=p.row_groups,
+        for b in pq.ParquetFile(storage.open_input(p.path), **READ_OPTIONS).iter_batches(batch_size=batch_rows, row_groups=p.row_groups,
                                                      columns=columns, use_threads=False):
             yield pos, b
             pos += b.num_rows

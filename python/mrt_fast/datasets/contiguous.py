@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import polars as pl
 import pyarrow as pa
+from mrt_fast.datasets import storage
 
 from mrt_fast.tables.arrays import arrow_of
 
@@ -151,7 +152,7 @@ def read_contiguous(ds: "Dataset", name: str) -> pl.DataFrame | None:
         if not runs:
             return None
         n = sum(p.rows for r in runs for p in r)
-        one = next(pq.ParquetFile(runs[0][0].path, **READ_OPTIONS).iter_batches(
+        one = next(pq.ParquetFile(storage.open_input(runs[0][0].path), **READ_OPTIONS).iter_batches(
             batch_size=1, row_groups=runs[0][0].row_groups, columns=[name])).column(0)
         if one.null_count or len(one) != 1 or one[0].values is None:
             return None

@@ -196,6 +196,8 @@ def as_polars(table: Any) -> pl.DataFrame:
 
 def file_schema(f: Path, fmt: str) -> pl.Schema:
     """One file's schema, read from its footer/first lines; a one-line error naming it if unreadable."""
+    if not isinstance(f, (str, os.PathLike)):  # an object (``s3://``): polars reads it itself
+        return _object_schema(f, fmt)
     if not os.access(f, os.R_OK):
         raise MrtInputError(f"input file {str(f)!r} is not readable (permission denied)")
     try:
@@ -206,6 +208,22 @@ def file_schema(f: Path, fmt: str) -> pl.Schema:
                 raise MrtInputError(f"input file {str(f)!r} is empty")
             return pl.scan_ndjson(f, infer_schema_length=None).collect_schema()
         return pl.scan_csv(f).collect_schema()
+    except MrtInputError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise MrtInputError(f"cannot read {str(f)!r} as {fmt}: {one_line(e)}") from None
+
+
+def _object_schema(f: Any, fmt: str) -> pl.Schema:
+    """:func:`file_schema` of an object on object storage."""
+    try:
+        if fmt == "parquet":
+            return pl.scan_parquet(str(f), hive_partitioning=False).collect_schema()
+        if fmt == "jsonl":
+            if f.stat().st_size == 0:
+                raise MrtInputError(f"input object {str(f)!r} is empty")
+            return pl.scan_ndjson(str(f), infer_schema_length=None).collect_schema()
+        return pl.scan_csv(str(f)).collect_schema()
     except MrtInputError:
         raise
     except Exception as e:  # noqa: BLE001

@@ -17,6 +17,8 @@ what surrounds it, whatever runs it:
   input fingerprint, each finished part's rows, size and checksum; resume
   (a rerun of the same job does the missing parts only; a finished directory
   is left as it is; another job's directory is refused unless ``overwrite``);
+* the progress display (:class:`mrt_fast.datasets.progress.JobProgress`: a bar
+  on a terminal, plain periodic lines otherwise), advanced by the executors;
 * committing a part (written atomically, checked, recorded; a full disk is one
   line naming the part), and leaving nothing behind when bad input is found
   before any part was committed.
@@ -49,14 +51,17 @@ import polars as pl
 from mrt_fast._util import messages as _messages
 from mrt_fast._util.disk_space import reporting_full_disk
 from mrt_fast.datasets import formats as _formats
+from mrt_fast.datasets import object_output, storage
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.lock import output_lock
+from mrt_fast.datasets.object_lock import lock_url, object_lock
 from mrt_fast.datasets.manifest import (EMPTY_PART, Manifest, discard_unfinished, part_check, part_path,
                                         prepare_output)
+from mrt_fast.datasets.progress import JobProgress
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["Job", "RowStage", "STOP_AFTER_ENV", "StoppedForTest", "is_directory_output", "run_all", "run_row_parts",
-           "stop_after",
+__all__ = ["Job", "RowStage", "STOP_AFTER_ENV", "StoppedForTest", "is_directory_output", "rows_before", "run_all",
+           "run_row_parts", "run_summary", "stop_after",
            "stopping_after", "write_part"]
 
 #: test hook: stop a job after it has committed this many parts (see the module doc)
@@ -87,9 +92,15 @@ def stopping_after(n: int):
             os.environ[STOP_AFTER_ENV] = old
 
 
-def is_directory_output(out: Path) -> bool:
+def is_directory_output(out: Path | str) -> bool:
     """A directory output: an existing directory, or a name without a suffix. A name with a
-    suffix is a file, and a suffix that is no table format is refused (never silently a directory)."""
+    suffix is a file, and a suffix that is no table format is refused (never silently a directory).
+    On object storage (``s3://``), a URL without a suffix (or ending in ``/``) is a directory."""
+    if storage.is_url(out):
+        if str(out).endswith("/") or not storage.ObjectPath(str(out)).suffix:
+            return True
+        _formats.fmt_of(Path(storage.ObjectPath(str(out)).name), "output")
+        return False
     out = Path(out)
     if out.is_dir() or not out.suffix:
         return True
@@ -108,16 +119,19 @@ class Job:
     part (thread-safe); :meth:`finish` marks the job done. A file output is
     written once, by :meth:`write_file`. An `MrtInputError` leaving the block
     before any part was committed leaves no half-made directory behind.
+    ``progress`` (see :class:`~mrt_fast.datasets.progress.JobProgress`) is
+    ``job.progress``, which the executors advance by input rows.
     """
 
     def __init__(self, source: Any, output: str | os.PathLike, parameters: dict[str, Any], *,
-                 overwrite: bool = False, command: str | None = None, what: str = "job"):
+                 overwrite: bool = False, command: str | None = None, what: str = "job", progress: Any = False):
         self.ds = source if isinstance(source, _sources.Dataset) else _sources.discover(source)
-        self.out = Path(output)
+        self.remote = storage.is_url(output)
+        self.out: Any = str(output).rstrip("/") if self.remote else Path(output)
         if _sources.output_inside_input(self.out, self.ds):
             raise MrtInputError(f"output {str(self.out)!r} is the input or inside it; write it elsewhere")
-        self.to_dir = is_directory_output(self.out)
-        if not self.to_dir:
+        self.to_dir = is_directory_output(output)
+        if not self.to_dir and not self.remote:
             _formats.fmt_of(self.out, "output")
             parent = self.out.parent if str(self.out.parent) else Path(".")
             if not parent.is_dir():
@@ -132,15 +146,21 @@ class Job:
         self._lock = threading.Lock()
         self._committed = 0
         self._stop = stop_after()
+        self.progress = JobProgress(progress, name=f"mrt {what}" if what != "job" else what)
 
     # ---- the block
     def __enter__(self) -> "Job":
         self._stack = ExitStack()
-        self._stack.enter_context(output_lock(self.out, directory=self.to_dir))
+        if self.remote:
+            self._stack.enter_context(object_lock(lock_url(self.out, directory=self.to_dir),
+                                                  f"output {self.out!r}"))
+        else:
+            self._stack.enter_context(output_lock(self.out, directory=self.to_dir))
         try:
             if self.to_dir:
-                self.state, self.man = prepare_output(self.out, self.parameters, self.fingerprint,
-                                                      overwrite=self.overwrite)
+                prepare = object_output.prepare_output if self.remote else prepare_output
+                self.state, self.man = prepare(self.out, self.parameters, self.fingerprint,
+                                               overwrite=self.overwrite)
         except BaseException:
             self._stack.close()
             raise
@@ -150,17 +170,21 @@ class Job:
 
     def __exit__(self, et, ev, tb) -> None:
         assert self._stack is not None
+        self.progress.close()
         try:
             try:
                 self._full_disk.__exit__(et, ev, tb)  # a full disk: one line saying where
             except MrtInputError:
                 if self.to_dir and self.state == "new":
-                    discard_unfinished(self.out)  # bad input before any part: the directory is as it was
+                    self._discard_unfinished()  # bad input before any part: the directory is as it was
                 raise
             if et is not None and issubclass(et, MrtInputError) and self.to_dir and self.state == "new":
-                discard_unfinished(self.out)
+                self._discard_unfinished()
         finally:
             self._stack.close()
+
+    def _discard_unfinished(self) -> None:
+        (object_output.discard_unfinished if self.remote else discard_unfinished)(self.out)
 
     @property
     def resumed(self) -> bool:
@@ -196,6 +220,10 @@ class Job:
         """Write part ``i`` atomically and record it (its rows, size and checksum);
         a part of no rows is recorded with no file. Returns its rows."""
         assert self.to_dir and self.man is not None
+        if self.remote:
+            rows, name, check = object_output.put_part(df, self.out, i)
+            self._record(i, rows, check, name)
+            return rows
         write_part(df, self.out, i)
         check = part_check(part_path(self.out, i)) if df.height else dict(EMPTY_PART)
         self._record(i, df.height, check)
@@ -205,11 +233,15 @@ class Job:
         """Record part ``i``, written by another process (an executor's task) with
         :func:`write_part`: its rows, and its file's size and checksum."""
         assert self.to_dir and self.man is not None
+        if self.remote:
+            name, check = object_output.find_part(self.out, i, rows)
+            self._record(i, rows, check, name)
+            return
         self._record(i, rows, part_check(part_path(self.out, i)) if rows else dict(EMPTY_PART))
 
-    def _record(self, i: int, rows: int, check: dict) -> None:
+    def _record(self, i: int, rows: int, check: dict, file: str | None = None) -> None:
         with self._lock:
-            self.man.record(i, rows, check)
+            self.man.record(i, rows, check, file)
             self.man.write(self.out)
             self._committed += 1
             if self._stop is not None and self._committed >= self._stop:
@@ -226,10 +258,19 @@ class Job:
     def write_file(self, df: pl.DataFrame | list[pl.DataFrame]) -> int:
         """Write a file output whole (atomically); returns its rows."""
         frames = df if isinstance(df, list) else [df]
-        with _formats.AtomicWriter(self.out) as wr:
-            for f in frames:
-                wr.write(f)
-            wr.commit()
+        with contextlib.ExitStack() as stack:
+            path = self.out
+            if self.remote:  # written whole here, then one upload: the object appears complete or not at all
+                import tempfile
+
+                path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=".mrt-upload-"))) \
+                    / storage.ObjectPath(self.out).name
+            with _formats.AtomicWriter(path) as wr:
+                for f in frames:
+                    wr.write(f)
+                wr.commit()
+            if self.remote:
+                storage.put(path, self.out)
         return sum(f.height for f in frames)
 
     # ---- reading the input
@@ -263,7 +304,10 @@ class Job:
 def write_part(df: pl.DataFrame, out_dir: Path, i: int) -> int:
     """Write part ``i`` of a dataset directory atomically (a part of no rows has
     no file); returns its rows. For executors whose tasks write parts where the
-    job does not run; the job records them (:meth:`Job.record_written`)."""
+    job does not run; the job records them (:meth:`Job.record_written`). On object storage
+    the part gets its own name (:func:`mrt_fast.datasets.object_output.put_part`)."""
+    if storage.is_url(out_dir):
+        return object_output.put_part(df, str(out_dir), i)[0]
     p = part_path(Path(out_dir), i)
     if not df.height:
         p.unlink(missing_ok=True)
@@ -299,22 +343,26 @@ class RowStage:
 def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, rows_per_part: int,
                   n_rows: int | None = None, layout: str = "flat", workers: int = 1,
                   on_part: Callable[[int, pl.DataFrame, pl.DataFrame], None] | None = None,
-                  on_total: Callable[[int, int], None] | None = None) -> dict[str, int]:
+                  on_total: Callable[[int, int], None] | None = None,
+                  advance_by_part: bool = True) -> dict[str, int]:
     """The local executor of a row-wise stage: part ``i`` is input rows
     ``[i r, (i + 1) r)`` (``r = rows_per_part``; a resumed job keeps its
     manifest's), read, mapped by ``stage`` and committed (a directory) or
     gathered and written whole (a file). An `MrtInputError` about row ``j``
     of a part is restated with the input file and row. ``on_part(i, input,
     output)`` after each part; ``on_total(total, done)`` once the work is
-    known. Returns ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
+    known. ``job.progress`` advances by each part's input rows (``advance_by_part``; else the
+    stage advances it). Returns ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
     n = job.count_rows() if n_rows is None else n_rows
     if n == 0:
         raise MrtInputError(f"{job.ds.source!r} has no rows: there is nothing to do")
     per = int(job.rows_per_part or rows_per_part)
     n_parts = job.n_parts or max(1, math.ceil(n / per))
     todo = job.start(n_parts, layout=layout, rows_per_part=per, n_rows=n)
+    before = rows_before(n, per, n_parts, todo)
+    job.progress.start(n, before)
     if on_total is not None:
-        on_total(n, sum(min(per, n - i * per) for i in range(n_parts) if i not in set(todo)))
+        on_total(n, before)
     lf = job.ds.scan()
     results: dict[int, pl.DataFrame] = {}
     done = {"rows_done_now": 0, "rows_out": 0}
@@ -335,6 +383,8 @@ def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, ro
         with lock:
             done["rows_done_now"] += df.height
             done["rows_out"] += res.height
+        if advance_by_part:
+            job.progress.advance(df.height)
         if on_part is not None:
             on_part(i, df, res)
 
@@ -344,6 +394,21 @@ def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, ro
     else:
         job.write_file([results[i] for i in sorted(results)])
     return {"parts": n_parts, "parts_done_now": len(todo), **done}
+
+
+def run_summary(this_run: dict[str, int], total: dict[str, int]) -> str:
+    """What a run did beside what the job holds: ``this run: 2 parts, 10 rows; job total: 4 parts, 18 rows``
+    (each a mapping of what is counted to its count, in order)."""
+    def said(d: dict[str, int]) -> str:
+        return ", ".join(f"{v:,} {k}" for k, v in d.items())
+
+    return f"this run: {said(this_run)}; job total: {said(total)}"
+
+
+def rows_before(n_rows: int, rows_per_part: int, n_parts: int, todo: list[int]) -> int:
+    """Input rows of the parts of runs of ``rows_per_part`` rows done before (not in ``todo``)."""
+    left = set(todo)
+    return sum(min(rows_per_part, n_rows - i * rows_per_part) for i in range(n_parts) if i not in left)
 
 
 def run_all(one: Callable[[int], None], todo: list[int], workers: int) -> None:

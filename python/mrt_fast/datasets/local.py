@@ -49,11 +49,13 @@ from mrt_fast._util import messages as _messages
 from mrt_fast.datasets import formats as _formats
 
 from mrt_fast.datasets import sources as _sources
+from mrt_fast.datasets import storage
 from mrt_fast.tables.arrays import arrow_of, pool_keys
+from mrt_fast.tables.layouts import candidate_columns, detect, explode, grouped_row, regroup
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 from mrt_fast.errors import MrtInputError
 from mrt_fast.selection.options import SelectOptions
-from mrt_fast.datasets.job import Job, run_all, write_part  # noqa: F401  (write_part: for Ray tasks)
+from mrt_fast.datasets.job import Job, run_all, run_row_parts, write_part  # noqa: F401  (write_part: for Ray tasks)
 from mrt_fast._util.memory import (Budget, available_memory, default_memory_limit, parse_memory, peak_rss,  # noqa: F401
                             least_work, plan_spill, polars_read_bytes, release_unused, rss, size_text,
                             whole_read_bytes)
@@ -99,32 +101,14 @@ def bucket_of(prompt_ids: pl.Series, n_buckets: int) -> np.ndarray:
 
 
 def resolve_layout(opts: SelectOptions, schema: pl.Schema) -> str:
-    """``flat`` or ``grouped``: grouped when the embedding holds a list of
-    vectors or the reward/mode column holds lists."""
-    if opts.layout != "auto":
-        return opts.layout
-    emb = schema.get(opts.embedding)
-    if isinstance(emb, (pl.List, pl.Array)) and isinstance(emb.inner, (pl.List, pl.Array)):
-        return "grouped"
-    for c in (opts.reward, opts.mode):
-        if isinstance(schema.get(c), (pl.List, pl.Array)):
-            return "grouped"
-    return "flat"
+    """``flat`` or ``grouped`` (:func:`mrt_fast.tables.layouts.detect`): grouped when the
+    embedding holds a list of vectors or the reward/mode column holds lists."""
+    return detect(schema, {opts.embedding: 1, opts.reward: 0, opts.mode: 0}, opts.layout)
 
 
 def list_columns(opts: SelectOptions, schema: pl.Schema) -> list[str]:
-    """Grouped layout: the per-candidate (list) columns."""
-    if opts.candidate_columns is not None:
-        cols = list(opts.candidate_columns)
-    else:
-        cols = [c for c, t in schema.items() if isinstance(t, (pl.List, pl.Array)) and c != opts.by]
-    bad = [c for c in cols if not isinstance(schema.get(c), (pl.List, pl.Array))]
-    if bad:
-        raise MrtInputError(f"grouped layout: column(s) {bad} must hold one list per prompt, "
-                            f"got {[str(schema.get(c)) for c in bad]}", column=bad[0])
-    if not cols:
-        raise MrtInputError("grouped layout: the table has no list column (one list of candidates per prompt)")
-    return cols
+    """Grouped layout: the per-candidate (list) columns (:func:`mrt_fast.tables.layouts.candidate_columns`)."""
+    return candidate_columns(pl.DataFrame(schema=schema), opts.by, opts.candidate_columns)
 
 
 # --------------------------------------------------------------------------- one bucket
@@ -172,39 +156,15 @@ def _flat(opts: SelectOptions) -> SelectOptions:
 
 
 def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
+    """A part of grouped rows: exploded (:func:`mrt_fast.tables.layouts.explode`), selected flat, regrouped in the part's row order (:func:`~mrt_fast.tables.layouts.regroup`)."""
     from mrt_fast.selection.select import select
     from mrt_fast.errors import SmallPoolWarning
 
     by = opts.by
-    if df[by].null_count():
-        first = int(df[by].is_null().arg_true()[0])
-        raise MrtInputError(f"column {by!r} has {df[by].null_count()} null prompt id(s), the first at row {first}",
-                            column=by, row=first)
-    if df[by].n_unique() != df.height:
-        dup = df.filter(df[by].is_duplicated())[by][0]
-        raise MrtInputError(f"grouped layout: prompt id {dup!r} is on more than one row "
-                            "(the grouped layout holds one row per prompt)", pool=dup, column=by)
-    lens = df.select([pl.col(c).list.len().alias(c) if isinstance(df.schema[c], pl.List)
-                      else pl.col(c).arr.len().alias(c) for c in lists])
-    ref = lens[lists[0]]
-    for c in lists[1:]:
-        bad = (lens[c] != ref).fill_null(True) | lens[c].is_null()
-        if bad.any():
-            i = int(bad.arg_true()[0])
-            raise MrtInputError(
-                f"grouped layout: prompt {df[by][i]!r} has {lens[c][i]} values in {c!r} but {ref[i]} in {lists[0]!r} "
-                "(name the per-candidate list columns with candidate_columns / --candidate-columns)",
-                pool=df[by][i], column=c, row=i)
-    empty = (ref.fill_null(0) == 0)
-    n_empty = int(empty.sum())
-    if n_empty:
-        i = int(empty.arg_true()[0])
-        raise MrtInputError(f"grouped layout: {n_empty} prompt(s) have no candidates in {lists[0]!r}, "
-                            f"the first {df[by][i]!r} at row {i}", pool=df[by][i], column=lists[0], row=i)
-    k_col = [opts.k] if isinstance(opts.k, str) and opts.k not in lists and opts.k != by else []
-    if opts.candidate_key is not None and opts.candidate_key not in lists and opts.candidate_key != by:
-        k_col.append(opts.candidate_key)
-    flat = df.select([by, *k_col, *lists]).explode(lists)
+    # every column goes with its candidates, as in the flat table: ties are broken by content
+    flat = explode(df, by, lists, hint="name the per-candidate list columns with candidate_columns / "
+                   "--candidate-columns")
+    read = flat.columns
     try:
         flat = _formats.decode_embedding(flat, opts.embedding)
         if opts.method == "stratified" and opts.mode not in flat.columns:
@@ -220,15 +180,12 @@ def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
             raise
         from mrt_fast.datasets.row_origin import restate_row
 
-        i = int(np.searchsorted(np.cumsum(ref.to_numpy()), e.row, side="right"))
+        c0 = lists[0]
+        i = grouped_row(e.row, df[c0].list.len() if isinstance(df.schema[c0], pl.List) else df[c0].arr.len())
         raise restate_row(e, e.row, f"row {i}", i) from None
-    added = [c for c in kept.columns if c not in flat.columns]
-    agg = kept.group_by(by, maintain_order=True).agg([pl.col(c) for c in lists + added
-                                                       if c in kept.columns])
-    scalars = [c for c in df.columns if c not in lists]
-    out = df.select(scalars).join(agg, on=by, how="left", maintain_order="left")
-    out = out.with_columns([pl.col(c).cast(df.schema[c]) for c in lists if isinstance(df.schema[c], pl.List)])
-    return out.select([c for c in df.columns] + [c for c in added if c != by]), rep
+    # modes computed for the selection are not kept: the part holds what select adds
+    kept = kept.drop([c for c in flat.columns if c not in read])
+    return regroup(kept, df, by, lists), rep
 
 
 # --------------------------------------------------------------------------- report
@@ -289,48 +246,6 @@ class _Totals:
             if r is not None and len(r):
                 self.ratio_sum += float(np.sum(r))
                 self.ratio_n += len(r)
-
-
-# --------------------------------------------------------------------------- progress
-
-
-class _Progress:
-    """A rich bar by rows (both phases), or nothing."""
-
-    def __init__(self, enabled: Any, total: int | None):
-        self.prog = None
-        self.task = None
-        if not enabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeElapsedColumn
-        from rich.text import Text
-
-        class RowsPerSecond(ProgressColumn):
-            def render(self, task):  # noqa: D401
-                s = task.finished_speed or task.speed
-                return Text("" if s is None else f"{s:,.0f} rows/s")
-
-        console = enabled if hasattr(enabled, "print") else None
-        self.prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                             RowsPerSecond(), TimeElapsedColumn(), console=console, transient=True)
-        self.prog.start()
-        self.task = self.prog.add_task("reading", total=total)
-
-    def phase(self, name: str) -> None:
-        if self.prog is not None:
-            self.prog.update(self.task, description=name)
-
-    def total(self, n: int) -> None:
-        if self.prog is not None:
-            self.prog.update(self.task, total=n)
-
-    def advance(self, n: int) -> None:
-        if self.prog is not None:
-            self.prog.advance(self.task, n)
-
-    def close(self) -> None:
-        if self.prog is not None:
-            self.prog.stop()
 
 
 # --------------------------------------------------------------------------- the engine
@@ -653,7 +568,7 @@ def _spill_read_bytes(ds: _sources.Dataset, total_bytes: int) -> int:
 
     largest = 0
     for f in ds.files:
-        md = pq.ParquetFile(f).metadata
+        md = pq.ParquetFile(storage.open_input(f)).metadata
         largest = max([largest, *(md.row_group(g).total_byte_size for g in range(md.num_row_groups))])
     return min(polars_read_bytes(largest), 2 * total_bytes)
 
@@ -698,8 +613,9 @@ def select_dataset(
     buckets selected at once (default: as memory and cores allow). ``parts``:
     the number of parts (buckets) instead of one planned from the memory
     limit; ``rows_per_part``: parts of about this many input rows (the two
-    mean the same on the Ray engine). ``progress``: True or a rich Console
-    for a progress bar by rows.
+    mean the same on the Ray engine). ``progress``: the job's display by rows
+    (True: a bar on a terminal, plain lines every few seconds otherwise; see
+    :class:`mrt_fast.datasets.progress.JobProgress`).
     """
     t0 = time.perf_counter()
     opts = SelectOptions.of(k, method, options, **knobs)
@@ -716,7 +632,8 @@ def select_dataset(
     lay = resolve_layout(opts, schema)
     lists = list_columns(opts, schema) if lay == "grouped" else None
     params = {**opts.parameters(), "layout": lay}
-    with Job(ds, output, params, overwrite=overwrite, command=command or _describe_command(opts)) as job:
+    with Job(ds, output, params, overwrite=overwrite, command=command or _describe_command(opts), what="select",
+             progress=progress) as job:
         counts = ds.row_counts()
         n_rows = sum(counts) if counts is not None else None
         rep = BatchReport(output=str(job.out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
@@ -742,7 +659,7 @@ def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, 
     if rows_per_part is not None:
         parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_part))
     if lay == "grouped":
-        return _run_grouped(job, opts, lists, limit, workers, progress, rep, t0, parts)
+        return _run_grouped(job, opts, lists, limit, workers, rep, t0, parts)
     total_bytes = ds.memory_bytes()
     budget = Budget.now(limit)
     fixed = job.n_parts if job.n_parts is not None else None if parts is None else int(parts)
@@ -753,14 +670,19 @@ def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, 
     fp = job.fingerprint
     todo = job.start(n_buckets, layout=lay, n_rows=n_rows)
     tot = _Totals()
-    bar = _Progress(progress, None if n_rows is None else (n_rows if n_buckets == 1 else 2 * n_rows))
+    bar = job.progress
     try:
-        if n_buckets == 1:
+        if not todo:  # every part was committed by a run that stopped before finishing
+            rep.n_parts = n_buckets
+            if to_dir:
+                shutil.rmtree(out / SPILL_DIR, ignore_errors=True)
+        elif n_buckets == 1:
             bar.phase("reading")
+            bar.start(n_rows)
             df = _read_all(ds, opts.embedding if opts.uses_embedding(list(schema.names())) else None)
             _check_nulls(df, opts.by, ds)
             rep.n_input_rows = df.height
-            bar.total(df.height)
+            bar.set_total(df.height)
             bar.phase(f"{opts.method}-{opts.k}")
             kept, r = _select_rows(df, opts, ds)
             del df
@@ -775,18 +697,20 @@ def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, 
         else:
             rep.spilled = True
             rep.n_parts = n_buckets
-            if to_dir:
+            if to_dir and not job.remote:
                 spill_dir = out / SPILL_DIR
-            else:
-                parent = out.parent if str(out.parent) else Path(".")
-                remove_stale_spills(parent, out.name)
-                spill_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.spill-{os.getpid()}-", dir=parent))
+            else:  # beside a file output; in the temporary directory for an output on object storage
+                parent = Path(tempfile.gettempdir()) if job.remote else out.parent if str(out.parent) else Path(".")
+                name = storage.ObjectPath(out).name if job.remote else out.name
+                remove_stale_spills(parent, name)
+                spill_dir = Path(tempfile.mkdtemp(prefix=f".{name}.spill-{os.getpid()}-", dir=parent))
             try:
                 done_marker = spill_dir / "_complete"
                 if not (done_marker.exists() and done_marker.read_text() == f"{fp} {n_buckets}"
                         and holds_buckets(spill_dir, todo)):
                     shutil.rmtree(spill_dir, ignore_errors=True)
                     bar.phase("partitioning")
+                    bar.start(n_rows)
                     seen = [0]
 
                     def on_rows(n: int) -> None:
@@ -802,21 +726,20 @@ def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, 
                             raise
                         shutil.rmtree(spill_dir, ignore_errors=True)  # the room it took is free again
                         raise no_space_error(f"spilling the input (about {size_text(total_bytes)}) into",
-                                             out if to_dir else spill_dir.parent) from None
+                                             out if to_dir and not job.remote else spill_dir.parent) from None
                     release_unused()
                     if nulls:
                         raise null_ids_error(ds, spill_dir, n_buckets, opts.by, nulls)
                     if n_rows is None:
                         n_rows = seen[0]
                         rep.n_input_rows = n_rows
-                        bar.total(2 * n_rows)
                     done_marker.write_text(f"{fp} {n_buckets}")
-                else:
-                    bar.advance(n_rows or 0)
                 for i in range(n_buckets):
                     if i not in todo:
                         _drop_bucket(spill_dir, i)
                 bar.phase(f"{opts.method}-{opts.k} by bucket")
+                # this run's buckets: the rows of those done before are not counted again
+                bar.start(n_rows if len(todo) == n_buckets else None)
                 empty = pl.DataFrame(schema={ROW: pl.get_index_type(), **dict(schema)})
                 parts_dir = spill_dir / "parts"
                 if not to_dir:
@@ -854,7 +777,7 @@ def _execute(job: Job, opts, lay, lists, schema, n_rows, limit, workers, parts, 
                         kept = kept.sort([FIRST, "pick_rank"]).drop(FIRST)
                     job.write_file(kept)
             finally:
-                if not to_dir:
+                if not to_dir or job.remote:
                     shutil.rmtree(spill_dir, ignore_errors=True)
             if to_dir:
                 shutil.rmtree(spill_dir, ignore_errors=True)
@@ -961,9 +884,10 @@ def _refuse_repeated_prompt(ds: _sources.Dataset, lf: pl.LazyFrame, by: str) -> 
                         row=r0)
 
 
-def _run_grouped(job: Job, opts, lists, limit, workers, progress, rep, t0, n_parts_override):
-    """Grouped layout: parts are runs of consecutive prompts (rows); nothing is shuffled."""
-    ds, to_dir, man = job.ds, job.to_dir, job.man
+def _run_grouped(job: Job, opts, lists, limit, workers, rep, t0, n_parts_override):
+    """Grouped layout: parts are runs of consecutive prompts (rows), run by the job's
+    :func:`~mrt_fast.datasets.job.run_row_parts`; nothing is shuffled."""
+    ds, to_dir = job.ds, job.to_dir
     counts = ds.row_counts()
     lf = ds.scan()
     try:
@@ -992,39 +916,19 @@ def _run_grouped(job: Job, opts, lists, limit, workers, progress, rep, t0, n_par
         n_parts, w = int(n_parts_override), max(1, int(workers or 1))
     n_parts = max(1, min(n_parts, n_rows))
     per = math.ceil(n_rows / n_parts)
-    n_parts = math.ceil(n_rows / per)
-    if man is not None:
-        n_parts, per = man.n_parts, int(man.rows_per_part or per)
-    rep.n_parts = n_parts
     rep.workers = w
-    todo = job.start(n_parts, layout="grouped", rows_per_part=per, n_rows=n_rows)
     tot = _Totals()
-    bar = _Progress(progress, n_rows)
-    bar.phase(f"{opts.method}-{opts.k} by part")
-    results: dict[int, pl.DataFrame] = {}
 
-    def one(i: int) -> None:
-        df = job.read_rows(i * per, per, lf)
-        kept, r = _select_rows(df, opts, ds, offset=i * per, layout="grouped", list_columns=lists)
+    def stage(df: pl.DataFrame) -> pl.DataFrame:
+        kept, r = select_frame(df, opts, layout="grouped", list_columns=lists)
         tot.add(r)
-        if to_dir:
-            job.commit(i, kept)
-        else:
-            results[i] = kept
-        bar.advance(df.height)
+        return kept
 
-    try:
-        if to_dir:
-            bar.advance(n_rows - sum(min(per, n_rows - i * per) for i in todo))
-        run_all(one, todo, w)
-        if to_dir:
-            rep.n_out_rows = job.finish()
-        else:
-            rep.n_out_rows = job.write_file([results[i] for i in sorted(results)])
-        rep.n_kept = tot.kept
-    finally:
-        bar.close()
-    rep.parts_done_now = len(todo)
+    job.progress.phase(f"{opts.method}-{opts.k} by part")
+    r = run_row_parts(job, stage, rows_per_part=per, n_rows=n_rows, layout="grouped", workers=w)
+    rep.n_parts, rep.parts_done_now = r["parts"], r["parts_done_now"]
+    rep.n_out_rows = job.man.rows if to_dir else r["rows_out"]
+    rep.n_kept = tot.kept
     rep.n_pools, rep.n_candidates, rep.n_small_pools, rep.modes_missed = tot.pools, tot.cands, tot.small, tot.missed
     rep.mean_ratio = tot.ratio_sum / tot.ratio_n if tot.ratio_n else None
     rep.peak_rss = peak_rss()

@@ -34,6 +34,7 @@ from typing import Any
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast._util.files import atomic_write_bytes, remove_stale_temps
+from mrt_fast.datasets import storage
 from mrt_fast.datasets.lock import LOCK_NAME, META_DIR
 
 #: the manifest, inside the hidden metadata folder
@@ -69,6 +70,7 @@ class Manifest:
     n_parts: int
     parts: dict[str, int] = field(default_factory=dict)  # part file name -> rows
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # part file name -> {bytes, blake2b}
+    files: dict[str, str] = field(default_factory=dict)  # part name -> its object (object storage only)
     done: bool = False
     layout: str = "rows"
     rows_per_part: int | None = None  # grouped layout: part i holds input rows [i * r, (i + 1) * r)
@@ -84,20 +86,30 @@ class Manifest:
     @staticmethod
     def exists(out_dir: Path) -> bool:
         """Whether ``out_dir`` holds a manifest (of this version or an earlier one)."""
+        if storage.is_url(out_dir):
+            return storage.ObjectPath(storage.join(out_dir, MANIFEST)).exists()
         return (Path(out_dir) / MANIFEST).exists() or (Path(out_dir) / OLD_MANIFEST).exists()
 
     @classmethod
     def read(cls, out_dir: Path) -> "Manifest | None":
         """The manifest of ``out_dir`` (None when there is none)."""
-        p, old = cls.path(out_dir), Path(out_dir) / OLD_MANIFEST
-        if not p.exists() and not old.exists():
-            return None
+        remote = storage.is_url(out_dir)
+        if remote:
+            p, old = storage.join(out_dir, MANIFEST), None
+            data = storage.read_bytes(p)
+            if data is None:
+                return None
+        else:
+            p, old = cls.path(out_dir), Path(out_dir) / OLD_MANIFEST
+            if not p.exists() and not old.exists():
+                return None
         try:
-            if p.exists():
+            if remote or p.exists():
+                import pyarrow as pa
                 import pyarrow.parquet as pq
 
                 try:
-                    meta = pq.read_schema(p).metadata or {}
+                    meta = pq.read_schema(pa.BufferReader(data) if remote else p).metadata or {}
                 except Exception as e:  # noqa: BLE001 - pyarrow's words, on one line
                     raise ValueError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
                 if MANIFEST_KEY not in meta:
@@ -127,11 +139,14 @@ class Manifest:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        out_dir = Path(out_dir)
         schema = self._schema(out_dir)
         meta = {**(schema.metadata or {}), MANIFEST_KEY: self.to_json().encode()}
         sink = pa.BufferOutputStream()
         pq.write_table(pa.Table.from_batches([], schema=schema).replace_schema_metadata(meta), sink)
+        if storage.is_url(out_dir):
+            storage.write_bytes(storage.join(out_dir, MANIFEST), sink.getvalue().to_pybytes())
+            return
+        out_dir = Path(out_dir)
         (out_dir / META_DIR).mkdir(exist_ok=True)
         atomic_write_bytes(self.path(out_dir), sink.getvalue().to_pybytes())
         (out_dir / OLD_MANIFEST).unlink(missing_ok=True)
@@ -144,11 +159,12 @@ class Manifest:
         cached = self.__dict__.get("_part_schema")
         if cached is not None:
             return cached
+        remote = storage.is_url(out_dir)
         for name in sorted(self.parts):
-            f = out_dir / name
-            if self.parts[name] > 0 and f.exists():
+            f = storage.ObjectPath(storage.join(out_dir, self.files.get(name, ""))) if remote else Path(out_dir) / name
+            if self.parts[name] > 0 and (name in self.files if remote else f.exists()):
                 try:
-                    sch = pq.read_schema(f)
+                    sch = pq.read_schema(storage.open_input(f))
                 except Exception:  # noqa: BLE001 - a damaged part is redone; it gives no schema
                     continue
                 self.__dict__["_part_schema"] = sch
@@ -171,11 +187,14 @@ class Manifest:
         """Parts not recorded as finished (after :meth:`verify`, those not on disk as recorded)."""
         return [i for i in range(self.n_parts) if part_name(i) not in self.parts]
 
-    def record(self, i: int, rows: int, check: dict[str, Any] | None = None) -> None:
-        """Part ``i`` is finished: its rows and its file's :func:`part_check`."""
+    def record(self, i: int, rows: int, check: dict[str, Any] | None = None, file: str | None = None) -> None:
+        """Part ``i`` is finished: its rows, its file's :func:`part_check` and (object
+        storage) the name of its object."""
         self.parts[part_name(i)] = int(rows)
         if check is not None:
             self.checks[part_name(i)] = check
+        if file is not None:
+            self.files[part_name(i)] = file
 
     def verify(self, out_dir: Path) -> list[str]:
         """Match the record with the part files: a recorded part that is missing
@@ -235,6 +254,11 @@ def part_check(path: str | os.PathLike) -> dict[str, Any]:
             h.update(chunk)
             n += len(chunk)
     return {"bytes": n, "blake2b": h.hexdigest()}
+
+
+def bytes_check(data: bytes) -> dict[str, Any]:
+    """:func:`part_check` of a part's bytes in memory."""
+    return {"bytes": len(data), "blake2b": hashlib.blake2b(data, digest_size=16).hexdigest()}
 
 
 def written_by_a_job(name: str) -> bool:

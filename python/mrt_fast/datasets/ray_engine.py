@@ -44,6 +44,8 @@ import polars as pl
 import pyarrow as pa
 
 from mrt_fast.errors import MrtInputError
+from mrt_fast.datasets import storage
+from mrt_fast.tables.layouts import candidate_columns, check_layout, detect, explode, list_depth, regroup
 
 __all__ = [
     "select",
@@ -182,10 +184,6 @@ class _quiet_remote_args(warnings.catch_warnings):
 # --------------------------------------------------------------------------- layouts
 
 
-def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-
-
 def _schema(ds) -> pa.Schema:
     s = ds.schema()
     if s is None:
@@ -200,53 +198,10 @@ def layout_of(schema: pa.Schema, *, by: str = "prompt_id", embedding: str = "emb
               reward: str = "reward", mode: str = "mode", loss: str = "loss") -> str:
     """``"grouped"`` when the per-candidate columns present are lists (an
     embedding column of lists of vectors, a reward/mode/loss column of lists),
-    else ``"flat"``."""
-    names = schema.names
-    if by in names and _is_list(schema.field(by).type):
+    else ``"flat"`` (:func:`mrt_fast.tables.layouts.detect`)."""
+    if by in schema.names and list_depth(schema.field(by).type):
         raise MrtInputError(f"column {by!r} (prompt id) holds lists; in the grouped layout it holds one id per row")
-    if embedding in names:
-        t = schema.field(embedding).type
-        if _is_list(t) and _is_list(t.value_type):
-            return "grouped"
-    for c in (reward, mode, loss):
-        if c in names and _is_list(schema.field(c).type):
-            return "grouped"
-    return "flat"
-
-
-def _candidate_columns(schema: pa.Schema, by: str) -> list[str]:
-    """The per-candidate (list) columns of a grouped table."""
-    return [f.name for f in schema if f.name != by and _is_list(f.type)]
-
-
-def explode(df: pl.DataFrame, by: str, columns: list[str]) -> pl.DataFrame:
-    """Grouped layout -> flat: one row per candidate, the prompt's scalar
-    columns repeated. The list columns of a row must have equal lengths."""
-    if not columns:
-        raise MrtInputError(f"grouped layout: no list column to take candidates from (columns {df.columns})")
-    lens = [df[c].list.len() for c in columns]
-    for c, n in zip(columns[1:], lens[1:]):
-        bad = (n != lens[0]).fill_null(True)
-        if bad.any():
-            r = int(bad.arg_true()[0])
-            raise MrtInputError(
-                f"grouped layout: row {r} ({by}={df[by][r]!r}) has {lens[0][r]} {columns[0]!r} but {n[r]} {c!r}",
-                column=c, row=r,
-            )
-    dup = df[by].is_duplicated()
-    if dup.any():
-        r = int(dup.arg_true()[0])
-        raise MrtInputError(f"grouped layout: prompt {df[by][r]!r} has more than one row (first at row {r})",
-                            pool=df[by][r], column=by, row=r)
-    return df.explode(columns)
-
-
-def implode(flat: pl.DataFrame, by: str, columns: list[str], scalars: list[str]) -> pl.DataFrame:
-    """Flat kept rows -> grouped layout, pools in order of first appearance,
-    candidates in row (pick) order."""
-    return flat.group_by(by, maintain_order=True).agg(
-        [pl.col(c).first() for c in scalars] + [pl.col(c) for c in columns]
-    )
+    return detect(schema, {embedding: 1, reward: 0, mode: 0, loss: 0})
 
 
 # --------------------------------------------------------------------------- tasks
@@ -299,7 +254,7 @@ class _SelectBucket:
 
 
 class _SelectGrouped:
-    """A block of grouped rows (whole pools): explode, select, implode."""
+    """A block of grouped rows (whole pools): exploded, selected, regrouped (:mod:`mrt_fast.tables.layouts`)."""
 
     def __init__(self, k: int, method: str, opts: dict, fault: str | None):
         self.k, self.method, self.opts, self.fault = k, method, opts, fault
@@ -309,12 +264,9 @@ class _SelectGrouped:
         _maybe_fail(self.fault)
         by = self.opts.get("by", "prompt_id")
         df = _to_polars(t)
-        cand = _candidate_columns(t.schema, by)
-        scalars = [c for c in df.columns if c not in cand and c != by]
-        flat = explode(df, by, cand)
-        kept = _select_frame(flat, self.k, self.method, self.opts)
-        added = [c for c in kept.columns if c not in flat.columns]
-        return implode(kept, by, cand + added, scalars).select(df.columns + added).to_arrow()
+        cand = candidate_columns(df, by)
+        kept = _select_frame(explode(df, by, cand), self.k, self.method, self.opts)
+        return regroup(kept, df, by, cand).to_arrow()
 
 
 # --------------------------------------------------------------------------- checks
@@ -336,7 +288,8 @@ def _check_select_args(schema: pa.Schema, layout: str, k: int, method: str, opts
             from mrt_fast.tables.arrays import require
 
             require(df.columns, by, "prompt id")
-        df = df.explode(_candidate_columns(schema, by)) if _candidate_columns(schema, by) else df
+        cand = [f.name for f in schema if f.name != by and list_depth(f.type)]
+        df = df.explode(cand) if cand else df
     try:
         local_select(df, k, method, **opts)
     except MrtInputError as e:
@@ -447,10 +400,9 @@ def _shuffle_strategy(shuffle: str):
 
 
 def _layout(schema: pa.Schema, layout: str, options: dict, loss: str = "loss") -> str:
-    if layout not in ("auto", "flat", "rows", "grouped"):
-        raise MrtInputError(f"layout must be 'auto', 'flat' (or 'rows') or 'grouped', got {layout!r}")
+    layout = check_layout(layout)
     if layout != "auto":
-        return "flat" if layout == "rows" else layout
+        return layout
     keys = {k: options[k] for k in ("by", "embedding", "reward", "mode") if k in options}
     return layout_of(schema, loss=loss, **keys)
 
@@ -542,7 +494,8 @@ def read(source: Any, columns: list[str] | None = None):
     src = source if isinstance(source, _sources.Dataset) else _sources.discover(source)
     files = [str(f) for f in src.files]
     if src.fmt == "parquet":
-        return ray.data.read_parquet(files, columns=columns, shuffle=None)
+        fs = {"filesystem": storage.filesystem()} if src.files and storage.is_url(src.files[0]) else {}
+        return ray.data.read_parquet(files, columns=columns, shuffle=None, **fs)
     # text formats are parsed by polars in the tasks, file by file, as the
     # local engine parses them (the Arrow readers infer other types and round
     # some decimals differently)
@@ -602,7 +555,7 @@ def _part_result(i: int, kept: pl.DataFrame, rep: Any, out_dir: str | None) -> p
 
     if out_dir is None:
         return kept.to_arrow()
-    n = write_part(kept, Path(out_dir), i)
+    n = write_part(kept, out_dir, i)
     r = rep.approximation_ratio
     return pa.table({
         "part": [i], "rows": [n], "pools": [rep.n_pools], "candidates": [rep.n_candidates],
@@ -631,7 +584,7 @@ class _GroupedPart:
             if self.out_dir is None:
                 outs.append(kept.with_columns(pl.lit(i).alias("__part")).to_arrow())
                 continue
-            n = write_part(kept, Path(self.out_dir), i)
+            n = write_part(kept, self.out_dir, i)
             r = rep.approximation_ratio
             outs.append(pa.table({
                 "part": [i], "rows": [n], "pools": [rep.n_pools], "candidates": [rep.n_candidates],
@@ -669,6 +622,13 @@ class _SplitToFiles:
             if self.todo is not None and int(i) not in self.todo:
                 continue
             piece = t.take(pa.array(order[cuts[i]:cuts[i + 1]]))
+            if storage.is_url(self.spill):  # one PUT: the piece appears whole or not at all
+                sink = pa.BufferOutputStream()
+                with ipc.new_file(sink, piece.schema) as w:
+                    w.write_table(piece)
+                storage.write_bytes(storage.join(self.spill, f"b{int(i):05d}", f"o{first:020d}.arrow"),
+                                    sink.getvalue().to_pybytes())
+                continue
             path = _piece_path(self.spill, int(i), first)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -747,12 +707,16 @@ class _FilesToPart:
         _maybe_fail(self.fault)
         outs = []
         for i in t.column("part").to_pylist():
-            files = sorted((Path(self.spill) / f"b{i:05d}").glob("o*.arrow"))
+            if storage.is_url(self.spill):
+                files = [f for f in storage.list_files(storage.join(self.spill, f"b{i:05d}"))
+                         if f.name.startswith("o") and f.suffix == ".arrow"]
+            else:
+                files = sorted((Path(self.spill) / f"b{i:05d}").glob("o*.arrow"))
             if not files:
                 continue
             tables = []
             for f in files:
-                with ipc.open_file(str(f)) as r:
+                with ipc.open_file(storage.open_input(f) if storage.is_url(f) else str(f)) as r:
                     tables.append(r.read_all())
             tb = pa.concat_tables(tables).append_column(_BUCKET, pa.array(np.full(sum(x.num_rows for x in tables),
                                                                                    i, dtype=np.int32)))
@@ -863,6 +827,7 @@ def select_dataset(
     command: str | None = None,
     max_retries: int = 3,
     shuffle: str = "files",
+    progress: Any = False,
     **knobs: Any,
 ):
     """`mrt_fast.select_dataset` on Ray: the same input (file, directory, glob),
@@ -883,6 +848,7 @@ def select_dataset(
     ``OUTPUT/_spill``; each bucket task reads its pieces: storage every worker
     sees, as the parts need anyway) or Ray Data's own shuffle (``"sort"``,
     ``"hash"``, ``"v2"``: through the object store, no shared storage).
+    ``progress``: the job's display by input rows, as on the local engine.
     Returns a `mrt_fast.datasets.local.BatchReport`."""
     import time
 
@@ -909,7 +875,7 @@ def select_dataset(
     by = opts.by
     params = {**opts.parameters(), "layout": lay}
     cmd = command or f"ray_engine.select_dataset(k={opts.k}, method={opts.method!r})"
-    with Job(src, output, params, overwrite=overwrite, command=cmd) as job:
+    with Job(src, output, params, overwrite=overwrite, command=cmd, what="select", progress=progress) as job:
         out, to_dir, man = job.out, job.to_dir, job.man
         state = job.state
         cleanup: list[Path] = []
@@ -952,6 +918,15 @@ def select_dataset(
             rep.n_parts, rep.workers = nb, cpus
             todo = job.start(nb, layout=lay, rows_per_part=per, n_rows=n_rows)
             man = job.man
+            if lay == "grouped":
+                from mrt_fast.datasets.job import rows_before
+
+                job.progress.start(n_rows, rows_before(n_rows, per, nb, todo))
+            else:  # the rows of the buckets done before are not known without reading them
+                job.progress.start(n_rows if len(todo) == nb else None)
+
+            def part_rows(i: int, candidates: int) -> int:
+                return min(per, n_rows - i * per) if lay == "grouped" else candidates
             out_dir = str(out) if to_dir else None
             ratio = [0.0, 0]
             kept_tables = []
@@ -961,6 +936,7 @@ def select_dataset(
                 d = t.to_pydict()
                 for j in range(t.num_rows):
                     job.record_written(d["part"][j], d["rows"][j])
+                    job.progress.advance(part_rows(d["part"][j], d["candidates"][j]))
                     rep.n_pools += d["pools"][j]
                     rep.n_candidates += d["candidates"][j]
                     rep.n_small_pools += d["small"][j]
@@ -978,13 +954,20 @@ def select_dataset(
                     from ray.data.expressions import monotonically_increasing_id
 
                     todo_set = None if len(todo) == nb else set(todo)
-                    if shuffle == "files":
+                    if shuffle == "files" and job.remote:  # the exchange under the output's prefix
+                        spill = storage.join(out, SPILL_DIR) if to_dir else storage.join(
+                            out.rpartition("/")[0], f".{out.rpartition('/')[2]}.spill-{os.getpid()}-{time.time_ns()}")
+                        storage.delete(storage.list_files(spill))
+                        cleanup.append(spill)
+                    elif shuffle == "files":
                         spill = (out / SPILL_DIR) if to_dir else Path(tempfile.mkdtemp(
                             prefix=f".{out.name}.spill-", dir=out.parent if str(out.parent) else "."))
                         shutil.rmtree(spill, ignore_errors=True)
                         spill.mkdir()
                         cleanup.append(spill)
-                        runs = _spill_runs(src, n_rows, cpus) if counts is not None else None
+                    # local (shared) storage: the read tasks spill as the local engine does
+                    runs = _spill_runs(src, n_rows, cpus) if shuffle == "files" and not job.remote \
+                        and counts is not None else None
                     if shuffle == "files" and runs is not None:
                         items = _own_context(ray.data.from_items([{"run": j} for j in range(len(runs))],
                                                                  override_num_blocks=len(runs)))
@@ -1035,6 +1018,9 @@ def select_dataset(
                             account(t)
                         else:
                             kept_tables.append(t)
+                            if "__part" in t.column_names:
+                                for i in set(t.column("__part").to_pylist()):
+                                    job.progress.advance(part_rows(i, 0))
             global _last_stats
             try:
                 stats.append(res.stats())
@@ -1060,7 +1046,10 @@ def select_dataset(
             return rep
         finally:
             for d in cleanup:  # the spill, also when the job fails
-                shutil.rmtree(d, ignore_errors=True)
+                if storage.is_url(d):
+                    storage.delete(storage.list_files(d))
+                else:
+                    shutil.rmtree(d, ignore_errors=True)
 
 
 def _variance_budget_files(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
@@ -1100,7 +1089,7 @@ class _RowPartWorker:
             df = self.ds.scan().slice(i * self.per, self.per).collect()
             res = self.stage(df)
             if self.out_dir is not None:
-                rows.append(write_part(res, Path(self.out_dir), i))
+                rows.append(write_part(res, self.out_dir, i))
             else:
                 rows.append(res.height)
                 tables.append(res.write_ipc(None).getvalue())
@@ -1112,18 +1101,22 @@ class _RowPartWorker:
 
 
 def run_row_parts(job: Any, make_stage: Any, *, rows_per_part: int, n_rows: int, workers: int | None = None,
-                  address: str | None = None) -> dict[str, int]:
+                  address: str | None = None, layout: str = "flat") -> dict[str, int]:
     """The Ray executor of a row-wise stage, the counterpart of
     :func:`mrt_fast.datasets.job.run_row_parts`: part ``i`` is input rows ``[i r, (i + 1) r)``,
     mapped by ``make_stage()`` (built once per worker) on a pool of ``workers`` actors (default: the
     cluster's CPUs); a directory's parts are written by the workers and recorded by the job, a
-    file's rows gathered here. Returns ``{"parts", "parts_done_now", "rows_out"}``."""
+    file's rows gathered here; ``job.progress`` advances as parts come back. Returns
+    ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
     import io
+
+    from mrt_fast.datasets.job import rows_before
 
     per = int(job.rows_per_part or rows_per_part)
     n_parts = job.n_parts or max(1, -(-n_rows // per))
-    todo = job.start(n_parts, rows_per_part=per, n_rows=n_rows)
-    done = {"parts": n_parts, "parts_done_now": len(todo), "rows_out": 0}
+    todo = job.start(n_parts, layout=layout, rows_per_part=per, n_rows=n_rows)
+    done = {"parts": n_parts, "parts_done_now": len(todo), "rows_done_now": 0, "rows_out": 0}
+    job.progress.start(n_rows, rows_before(n_rows, per, n_parts, todo))
     if not todo:
         if job.to_dir:
             job.finish()
@@ -1141,6 +1134,9 @@ def run_row_parts(job: Any, make_stage: Any, *, rows_per_part: int, n_rows: int,
         for b in mapped.iter_batches(batch_size=None, batch_format="numpy"):
             for j, i in enumerate(b["part"]):
                 done["rows_out"] += int(b["rows"][j])
+                rows_in = min(per, n_rows - int(i) * per)
+                done["rows_done_now"] += rows_in
+                job.progress.advance(rows_in)
                 if out_dir is not None:
                     job.record_written(int(i), int(b["rows"][j]))
                 else:

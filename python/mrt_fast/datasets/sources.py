@@ -14,6 +14,7 @@ import polars as pl
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast._util.messages import one_line
+from mrt_fast.datasets import storage
 from mrt_fast.datasets.formats import FORMATS, file_schema, fmt_of
 
 
@@ -164,7 +165,7 @@ class Dataset:
         out = []
         for f in self.files:
             try:
-                out.append(pq.ParquetFile(f).metadata.num_rows)
+                out.append(pq.ParquetFile(storage.open_input(f)).metadata.num_rows)
             except Exception as e:  # noqa: BLE001
                 raise MrtInputError(f"cannot read {str(f)!r} as parquet: {one_line(e)}") from None
         return out
@@ -177,7 +178,7 @@ class Dataset:
 
         tot = 0
         for f in self.files:
-            md = pq.ParquetFile(f).metadata
+            md = pq.ParquetFile(storage.open_input(f)).metadata
             tot += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
         return tot
 
@@ -200,7 +201,7 @@ class Dataset:
                 if self.fmt == "parquet":
                     import pyarrow.parquet as pq
 
-                    for _ in pq.ParquetFile(f).iter_batches(batch_size=65536):
+                    for _ in pq.ParquetFile(storage.open_input(f)).iter_batches(batch_size=65536):
                         pass
                 else:
                     pl.scan_ndjson(f, schema=self.files_schema()).collect()
@@ -240,6 +241,8 @@ def discover(source: str | os.PathLike) -> Dataset:
     import glob as _glob
 
     s = str(source)
+    if storage.is_url(s):
+        return _discover_objects(s)
     p = Path(s)
     if p.is_file():
         fmt = fmt_of(p, "input")
@@ -293,7 +296,7 @@ def fingerprint(files: list[Path]) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for f in sorted(files):
+    for f in sorted(files, key=str):
         st = f.stat()
         h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:32]
@@ -303,7 +306,10 @@ def output_inside_input(out: Path, ds: Dataset) -> bool:
     """True when ``out`` is one of the input files, is inside the input's
     directory, holds an input file, or matches the input glob; symbolic links
     and ``..`` are followed (an output reached through a link into the input
-    is inside it)."""
+    is inside it). An output on object storage is inside an input there when its key
+    prefix is, or holds, an input object or the input's prefix."""
+    if storage.is_url(out) or any(storage.is_url(f) for f in ds.files[:1]):
+        return _object_inside_input(str(out), ds)
     outs = {Path(os.path.abspath(out)), Path(os.path.realpath(out))}
     for f in ds.files:
         for fa in {Path(os.path.abspath(f)), Path(os.path.realpath(f))}:
@@ -333,3 +339,60 @@ def _glob_match(parts: tuple[str, ...], pat: tuple[str, ...]) -> bool:
     return bool(parts) and fnmatch.fnmatchcase(parts[0], pat[0]) and _glob_match(parts[1:], pat[1:])
 
 
+
+
+# --------------------------------------------------------------------------- object storage
+
+
+def _discover_objects(s: str) -> Dataset:
+    """:func:`discover` of an ``s3://`` input: one object, a prefix (an ``mrt`` output's
+    recorded parts only) or a glob."""
+    from mrt_fast.datasets.schema import common_hive_keys
+
+    one = storage.ObjectPath(s)
+    if not s.endswith("/") and not _is_glob(s) and one.suffix and one.is_file():
+        return Dataset(s, [one], fmt_of(Path(one.name), "input"), False, None)
+    if _is_glob(s):
+        head = "/".join(p for p in s.split("/")[:next(i for i, p in enumerate(s.split("/")) if _is_glob(p))])
+        pat = storage.ObjectPath(s).parts
+        found = [f for f in storage.list_files(head) if _glob_match(f.parts, pat)]
+        root, what = storage.ObjectPath(head), f"glob {s!r}"
+    else:
+        root, what = storage.ObjectPath(s), f"prefix {s!r}"
+        found = _recorded_or_listed(root)
+    files = sorted(f for f in found if f.suffix.lower() in FORMATS
+                   and not any(part.startswith((".", "_")) for part in f.relative_to(root).parts))
+    if not files:
+        raise MrtInputError(f"{what} matches no .parquet/.jsonl object")
+    fmts = {fmt_of(Path(f.name), "input") for f in files}
+    if len(fmts) > 1:
+        raise MrtInputError(f"{what} mixes formats {sorted(fmts)}; use one format per dataset")
+    fmt = fmts.pop()
+    if fmt not in DATASET_FORMATS:
+        raise MrtInputError(f"{what}: a dataset of several objects must be Parquet or JSONL, got {fmt}")
+    return Dataset(s, files, fmt, bool(common_hive_keys(files, root)), root)
+
+
+def _recorded_or_listed(root: storage.ObjectPath) -> list[storage.ObjectPath]:
+    """The objects under a prefix; for an ``mrt`` output (a manifest), only the parts it records."""
+    from mrt_fast.datasets.manifest import Manifest
+    from mrt_fast.datasets.object_output import recorded_parts
+
+    listed = storage.list_files(root)
+    man = Manifest.read(str(root)) if any(f.relative_to(root).as_posix() == ".mrt/manifest.parquet"
+                                          for f in listed) else None
+    if man is None:
+        return listed
+    sizes = {f.url: f for f in listed}
+    return [sizes.get(f.url, f) for f in recorded_parts(str(root), man)]
+
+
+def _object_inside_input(out: str, ds: Dataset) -> bool:
+    """:func:`output_inside_input` on object storage (plain key prefixes: no links there)."""
+    if not storage.is_url(out) or not all(storage.is_url(f) for f in ds.files):
+        return False
+    o = out.rstrip("/")
+    for f in [*(str(f) for f in ds.files), *([str(ds.root)] if ds.root is not None else [])]:
+        if f == o or f.startswith(o + "/") or (ds.root is not None and f == str(ds.root) and o.startswith(f + "/")):
+            return True
+    return False

@@ -69,7 +69,7 @@ def embed_dataset(
     overwrite_column: bool = False,
     overwrite: bool = False,
     rows_per_part: int = 100_000,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | bool | str | None = None,
     on_total: Callable[[int, int], None] | None = None,
     command: str | None = None,
     engine: str = "local",
@@ -79,9 +79,11 @@ def embed_dataset(
     """Add an embedding column to every row of a dataset (see the module doc).
 
     A stage of :class:`mrt_fast.datasets.job.Job`: parts are runs of
-    ``rows_per_part`` consecutive input rows. ``progress(n)`` is called as
-    ``n`` more texts are done; ``on_total(total, already_done)`` once the work
-    is known. The other options are those of :func:`mrt_fast.embeddings.embed.embed`.
+    ``rows_per_part`` consecutive input rows. ``progress``: the job's display
+    (True: a bar on a terminal, plain lines otherwise; see
+    :class:`mrt_fast.datasets.progress.JobProgress`), or a function called
+    as ``progress(n)`` when ``n`` more texts are done; ``on_total(total,
+    already_done)`` once the work is known. The other options are those of :func:`mrt_fast.embeddings.embed.embed`.
     ``engine="ray"`` runs the parts on a Ray cluster (``ray_address``; ``workers`` actors, each
     loading the model once), with the same parts, manifest and resume as the local engine.
     """
@@ -93,16 +95,19 @@ def embed_dataset(
         raise MrtInputError(f"rows_per_part must be an integer >= 1, got {rows_per_part!r}")
     if engine not in ("local", "ray"):
         raise MrtInputError(f"engine must be 'local' or 'ray', got {engine!r}")
-    if engine == "ray" and (progress is not None or processes != 1):
+    callback = progress if callable(progress) else None
+    if engine == "ray" and (callback is not None or processes != 1):
         raise MrtInputError("on the Ray engine each worker embeds its own parts: progress callbacks and "
                             "processes apply to the local engine only")
     ds = _sources.discover(source)
     schema = ds.check_columns([(text, "text to embed")])
     names = list(schema.names())
-    if schema[text] not in (pl.String, pl.Utf8):
-        raise MrtInputError(f"column {text!r} (text to embed) must hold strings, got {schema[text]}", column=text)
+    if schema[text] not in (pl.String, pl.List(pl.String)):  # one text a row, or one list a prompt (grouped)
+        raise MrtInputError(f"column {text!r} (text to embed) must hold strings (or lists of strings, one list a "
+                            f"prompt), got {schema[text]}", column=text)
     check_output_column(names, column, text, overwrite_column)
-    job_ = Job(ds, output, {}, overwrite=overwrite, command=command or "mrt_fast.embed_dataset")
+    job_ = Job(ds, output, {}, overwrite=overwrite, command=command or "mrt_fast.embed_dataset", what="embed",
+               progress=None if callback is not None else progress)
     model_id = check_model(model, device, cache_dir)  # before any work: fails fast, distils the static tier once
     n = job_.count_rows()
     if n == 0:
@@ -111,7 +116,8 @@ def embed_dataset(
                        "overwrite_column": overwrite_column}
     cache = False if cache_dir is False else cache_dir
     kw = dict(text=text, out=column, model=model, batch_size=batch_size, cache_dir=cache, device=device,
-              processes=processes, overwrite=overwrite_column, progress=False, callback=progress)
+              processes=processes, overwrite=overwrite_column, progress=False,
+              callback=callback if callback is not None else job_.progress.advance)
     with job_ as job:
         n_parts = math.ceil(n / rows_per_part)
         rep = EmbedReport(output=str(job.out), rows=n, parts=n_parts if job.to_dir else 1, parts_done_now=0,
@@ -135,9 +141,9 @@ def embed_dataset(
             ray_kw = {k: v for k, v in kw.items() if k not in ("callback", "progress")}
             r = ray_engine.run_row_parts(job, EmbedRows(ray_kw), rows_per_part=rows_per_part, n_rows=n,
                                          workers=workers, address=ray_address)
-            r["rows_done_now"] = min(n, r["parts_done_now"] * rows_per_part)
         else:
-            r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n, on_total=on_total)
+            r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n, on_total=on_total,
+                              advance_by_part=False)
         rep.parts_done_now = r["parts_done_now"] if job.to_dir else 1
         rep.rows_done_now = r["rows_done_now"]
         rep.embed_seconds = time.perf_counter() - t_work

@@ -4,7 +4,12 @@ Both read a file, a directory (an ``mrt`` output included) or a glob, in
 either layout, and write a file or a resumable directory of parts
 (:class:`mrt_fast.datasets.job.Job`): parts are runs of ``rows_per_part``
 consecutive input rows; a rerun of a killed job does only the missing parts.
-The model is loaded once, before the first part, and only when there is work.
+They run on the local engine (the model loaded once, before the first part,
+and only when there is work) or on Ray (``engine="ray"``: a pool of
+``workers`` actors, each loading the model once, with the same parts,
+manifest and resume). The stages are picklable factories (:class:`NllRows`,
+:class:`ScoreRows`): calling one loads the model and returns the function of
+a part.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from typing import Any, Callable
 import polars as pl
 
 from mrt_fast.errors import MrtInputError
+
+__all__ = ["NllRows", "ScoreRows", "StageReport", "nll_dataset", "run_text_stage", "score_dataset"]
+
+ENGINES = ("local", "ray")
 
 
 @dataclass
@@ -33,11 +42,14 @@ class StageReport:
     seconds: float
 
     def __str__(self) -> str:
-        if self.already_done:
-            return f"{self.output}: already complete ({self.rows} rows in {self.parts} part(s))"
+        from mrt_fast.datasets.job import run_summary
+
+        if self.already_done or (self.resumed and self.parts_done_now == 0):
+            return f"{self.output}: already complete ({self.rows} rows in {self.parts} part(s)); nothing to do"
         how = "resumed" if self.resumed else "done"
-        return (f"{self.output}: {how}; {self.rows_done_now} of {self.rows} rows in {self.parts_done_now} of "
-                f"{self.parts} part(s) this run, {self.seconds:.1f} s")
+        return (f"{self.output}: {how}; " + run_summary({"parts": self.parts_done_now, "rows": self.rows_done_now},
+                                                        {"parts": self.parts, "rows": self.rows})
+                + f", {self.seconds:.1f} s")
 
 
 def _check_rows_per_part(rows_per_part: Any) -> int:
@@ -47,21 +59,29 @@ def _check_rows_per_part(rows_per_part: Any) -> int:
 
 
 def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns: tuple[str, ...], out_column: str,
-                   parameters: dict, load: Callable[[], Callable[[pl.DataFrame], pl.DataFrame]],
-                   rows_per_part: int = 50_000, overwrite: bool = False) -> StageReport:
-    """Run a stage that adds ``out_column`` to rows holding text ``columns``; ``load()`` (called
-    once, when there is work) returns the stage's function of a part."""
+                   parameters: dict, make_stage: Callable[[], Callable[[pl.DataFrame], pl.DataFrame]],
+                   rows_per_part: int = 50_000, overwrite: bool = False, engine: str = "local",
+                   ray_address: str | None = None, workers: int | None = None, progress: Any = False) -> StageReport:
+    """Run a stage that adds ``out_column`` to rows holding text ``columns``: ``make_stage()`` (called
+    once per worker, when there is work; picklable for ``engine="ray"``) returns the function of a part.
+    ``progress``: the job's display (:class:`mrt_fast.datasets.progress.JobProgress`)."""
     from mrt_fast.datasets import sources
     from mrt_fast.datasets.job import Job, run_row_parts
 
     t0 = time.perf_counter()
     rows_per_part = _check_rows_per_part(rows_per_part)
+    if engine not in ENGINES:
+        raise MrtInputError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "local" and (ray_address is not None or workers is not None):
+        raise MrtInputError("ray_address and workers apply to engine='ray' only")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise MrtInputError(f"workers must be an integer >= 1, got {workers!r}")
     ds = sources.discover(source)
     schema = ds.check_columns([(c, "text") for c in columns])
     if out_column in schema.names():
         raise MrtInputError(f"{ds.source!r} already has a {out_column!r} column", column=out_column)
     job_ = Job(ds, output, {**parameters, "rows_per_part": rows_per_part}, overwrite=overwrite,
-               command=f"mrt {name}")
+               command=f"mrt {name}", what=name, progress=progress)
     with job_ as job:
         n = job.count_rows()
         parts = max(1, -(-n // rows_per_part))
@@ -70,59 +90,95 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
         if job.done:
             rep.seconds = time.perf_counter() - t0
             return rep
-        fn: list = []
+        if engine == "ray":
+            from mrt_fast.datasets import ray_engine
 
-        def stage(df: pl.DataFrame) -> pl.DataFrame:
-            if not fn:
-                fn.append(load())
-            return fn[0](df)
+            r = ray_engine.run_row_parts(job, make_stage, rows_per_part=rows_per_part, n_rows=n, workers=workers,
+                                         address=ray_address)
+        else:
+            fn: list = []
 
-        r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n)
+            def stage(df: pl.DataFrame) -> pl.DataFrame:
+                if not fn:
+                    fn.append(make_stage())
+                return fn[0](df)
+
+            r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n)
+        rep.parts = r["parts"] if job.to_dir else 1
         rep.parts_done_now = r["parts_done_now"] if job.to_dir else 1
         rep.rows_done_now = r["rows_done_now"]
     rep.seconds = time.perf_counter() - t0
     return rep
 
 
+class NllRows:
+    """The nll stage as a picklable factory: ``NllRows(kw, model=, tokenizer=)()`` or with ``loader``
+    (called in the worker) returns the function of a part, :func:`mrt_fast.llm.nll.nll_table` with ``kw``."""
+
+    def __init__(self, kw: dict, model: Any = None, tokenizer: Any = None,
+                 loader: Callable[[], tuple[Any, Any]] | None = None):
+        if (model is None) == (loader is None):
+            raise MrtInputError("give a model (and its tokenizer) or a loader, one of the two")
+        self.kw, self.model, self.tokenizer, self.loader = kw, model, tokenizer, loader
+
+    def __call__(self) -> Callable[[pl.DataFrame], pl.DataFrame]:
+        from mrt_fast.llm.nll import nll_table
+
+        m, tok = self.loader() if self.loader is not None else (self.model, self.tokenizer)
+        kw = self.kw
+        return lambda df: nll_table(df, m, tok, **kw)
+
+
+class ScoreRows:
+    """The score stage as a picklable factory: ``ScoreRows(model, kw, batch_size, device)()`` loads the
+    reward model (a path, or a loaded :class:`~mrt_fast.llm.reward.RewardModel`) and returns the
+    function of a part, :func:`mrt_fast.llm.reward.score` with ``kw``."""
+
+    def __init__(self, model: Any, kw: dict, batch_size: int = 16, device: str = "auto"):
+        self.model, self.kw, self.batch_size, self.device = model, kw, batch_size, device
+
+    def __call__(self) -> Callable[[pl.DataFrame], pl.DataFrame]:
+        from mrt_fast.llm.reward import RewardModel, score
+
+        rm = self.model if isinstance(self.model, RewardModel) else RewardModel(
+            self.model, batch_size=self.batch_size, device=self.device)
+        kw = self.kw
+        return lambda df: score(df, rm, **kw)
+
+
 def nll_dataset(source: Any, output: str | os.PathLike, model: Any = None, tokenizer: Any = None, *,
-                loader: Callable[[], tuple[Any, Any]] | None = None, prompt: str = "prompt", response: str = "response", loss: str = "loss", by: str = "prompt_id",
-                layout: str = "auto", batch_size: int = 8, max_length: int | None = None,
-                prompt_format: str = "auto", device: str | None = None, rows_per_part: int = 50_000,
-                overwrite: bool = False, progress: bool = False) -> StageReport:
+                loader: Callable[[], tuple[Any, Any]] | None = None, prompt: str = "prompt", response: str = "response",
+                loss: str = "loss", by: str = "prompt_id", layout: str = "auto", batch_size: int = 8,
+                max_length: int | None = None, prompt_format: str = "auto", device: str | None = None,
+                rows_per_part: int = 50_000, overwrite: bool = False, progress: Any = False,
+                engine: str = "local", ray_address: str | None = None, workers: int | None = None) -> StageReport:
     """Every response's loss (:func:`mrt_fast.llm.nll.nll_table`) over a dataset: ``model`` and
-    ``tokenizer`` loaded, or ``loader()`` returning them, called only when there is work."""
-    from mrt_fast.llm.nll import nll_table
-
-    if (model is None) == (loader is None):
-        raise MrtInputError("give a model (and its tokenizer) or a loader, one of the two")
-
-    def load():
-        m, tok = loader() if loader is not None else (model, tokenizer)
-        return lambda df: nll_table(df, m, tok, prompt=prompt, response=response, out=loss, by=by, layout=layout,
-                                    batch_size=batch_size, max_length=max_length, prompt_format=prompt_format,
-                                    device=device, progress=progress)
-
+    ``tokenizer`` loaded, or ``loader()`` returning them, called only when there is work (once per
+    Ray worker with ``engine="ray"``). ``progress``: the job's display (True: a bar on a terminal,
+    plain lines otherwise)."""
+    kw = dict(prompt=prompt, response=response, out=loss, by=by, layout=layout, batch_size=batch_size,
+              max_length=max_length, prompt_format=prompt_format, device=device, progress=False)
+    make = NllRows(kw, model=model, tokenizer=tokenizer, loader=loader)
     name = getattr(getattr(model, "config", None), "name_or_path", None) or getattr(loader, "model_id", None)
     params = {"model": str(name), "prompt": prompt,
               "response": response, "loss": loss, "max_length": max_length, "prompt_format": prompt_format}
     return run_text_stage(source, output, name="nll", columns=(prompt, response), out_column=loss,
-                          parameters=params, load=load, rows_per_part=rows_per_part, overwrite=overwrite)
+                          parameters=params, make_stage=make, rows_per_part=rows_per_part, overwrite=overwrite,
+                          engine=engine, ray_address=ray_address, workers=workers, progress=progress)
 
 
 def score_dataset(source: Any, output: str | os.PathLike, model: Any, *, prompt: str = "prompt",
                   response: str = "response", column: str = "reward", by: str = "prompt_id", layout: str = "auto",
                   batch_size: int = 16, device: str = "auto", rows_per_part: int = 50_000,
-                  overwrite: bool = False, progress: bool = False) -> StageReport:
+                  overwrite: bool = False, progress: Any = False, engine: str = "local",
+                  ray_address: str | None = None, workers: int | None = None) -> StageReport:
     """Every response's reward (:func:`mrt_fast.llm.reward.score`) over a dataset; ``model`` a
-    reward model path or a loaded :class:`~mrt_fast.llm.reward.RewardModel`."""
-    from mrt_fast.llm.reward import RewardModel, score
-
-    def load():
-        rm = model if isinstance(model, RewardModel) else RewardModel(model, batch_size=batch_size, device=device)
-        return lambda df: score(df, rm, prompt=prompt, response=response, column=column, by=by, layout=layout,
-                                progress=progress)
-
+    reward model path or a loaded :class:`~mrt_fast.llm.reward.RewardModel` (loaded once per Ray
+    worker with ``engine="ray"``). ``progress`` as in :func:`nll_dataset`."""
+    make = ScoreRows(model, dict(prompt=prompt, response=response, column=column, by=by, layout=layout,
+                                 progress=False), batch_size=batch_size, device=device)
     params = {"model": str(model) if isinstance(model, (str, os.PathLike)) else repr(type(model)),
               "prompt": prompt, "response": response, "column": column}
     return run_text_stage(source, output, name="score", columns=(prompt, response), out_column=column,
-                          parameters=params, load=load, rows_per_part=rows_per_part, overwrite=overwrite)
+                          parameters=params, make_stage=make, rows_per_part=rows_per_part, overwrite=overwrite,
+                          engine=engine, ray_address=ray_address, workers=workers, progress=progress)

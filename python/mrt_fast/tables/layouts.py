@@ -84,12 +84,14 @@ def candidate_columns(df: pl.DataFrame, by: str, given: list[str] | None = None)
     return cols
 
 
-def explode(df: pl.DataFrame, by: str, columns: list[str], *, source_row: bool = False) -> pl.DataFrame:
+def explode(df: pl.DataFrame, by: str, columns: list[str], *, source_row: bool = False,
+            hint: str = "") -> pl.DataFrame:
     """Grouped -> flat: one row per candidate, the prompt's other columns repeated.
 
     Refused in one line naming the grouped row: a null or repeated prompt id,
-    lists of one row that differ in length, and a prompt without candidates.
-    ``source_row`` keeps each candidate's grouped row as ``__grouped_row``."""
+    lists of one row that differ in length (``hint`` appended to that
+    message), and a prompt without candidates. ``source_row`` keeps each
+    candidate's grouped row as ``__grouped_row``."""
     if by not in df.columns:
         raise MrtInputError(f"column {by!r} (prompt id) not found; the table has columns {df.columns}", column=by)
     if isinstance(df.schema[by], (pl.List, pl.Array)):
@@ -109,8 +111,9 @@ def explode(df: pl.DataFrame, by: str, columns: list[str], *, source_row: bool =
         bad = (n != lens[0]).fill_null(True) | n.is_null()
         if bad.any():
             r = int(bad.arg_true()[0])
-            raise MrtInputError(f"grouped layout: prompt {df[by][r]!r} (row {r}) has {n[r]} values in {c!r} but "
-                                f"{lens[0][r]} in {columns[0]!r}", pool=df[by][r], column=c, row=r)
+            raise MrtInputError(f"grouped layout: prompt {df[by][r]!r} has {n[r]} values in {c!r} but "
+                                f"{lens[0][r]} in {columns[0]!r} (row {r}{'; ' + hint if hint else ''})",
+                                pool=df[by][r], column=c, row=r)
     empty = lens[0].fill_null(0) == 0
     if empty.any():
         r = int(empty.arg_true()[0])
