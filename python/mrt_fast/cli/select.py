@@ -90,11 +90,16 @@ def select_cmd(
     tab.add_column("")
     tab.add_column("", justify="right")
     ratio = f"{rep.mean_ratio:.4f}" if rep.mean_ratio is not None else "-"
-    buckets = f"{rep.n_parts}" + (" (spilled to disk)" if rep.spilled else " (in memory)")
+    if rep.engine == "ray":  # parts are buckets of pools, exchanged through files, or input rows (grouped)
+        buckets = f"{rep.n_parts}" + (" (exchanged through files)" if rep.spilled else " (rows as read)")
+        memory = f"{rep.peak_rss / 2**30:.2f} GiB in this process (Ray's tasks: see its log)"
+    else:
+        buckets = f"{rep.n_parts}" + (" (spilled to disk)" if rep.spilled else " (in memory)")
+        memory = f"{rep.peak_rss / 2**30:.2f} GiB (limit {rep.memory_limit / 2**30:.2f} GiB)"
     for name, v in (("pools", f"{rep.n_pools:,}"), ("candidates", f"{rep.n_candidates:,}"),
                     ("kept", f"{rep.n_kept:,}"), ("pools <= K (kept whole)", f"{rep.n_small_pools:,}"),
                     ("mean certified ratio", ratio), ("buckets", buckets), ("rows/s", f"{rep.rows_per_second:,.0f}"),
-                    ("peak memory", f"{rep.peak_rss / 2**30:.2f} GiB (limit {rep.memory_limit / 2**30:.2f} GiB)"),
+                    ("peak memory", memory),
                     ("seconds", f"{rep.seconds:.2f}")):
         tab.add_row(name, v)
     console.print(tab)
@@ -106,6 +111,8 @@ def select_cmd(
                       soft_wrap=True, highlight=False)
     for note in rep.notes:
         typer.echo(f"warning: {note}", err=True)
+    if rep.logs:
+        console.print(f"Ray's logs: {rep.logs}", soft_wrap=True, highlight=False)
     what = "rows" if rep.layout == "flat" else "prompts"
     console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
                   highlight=False)

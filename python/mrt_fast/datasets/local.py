@@ -216,6 +216,8 @@ class BatchReport:
     seconds: float
     workers: int = 1
     n_out_rows: int = 0  # rows written: kept candidates (rows layout) or prompts (grouped layout)
+    engine: str = "local"
+    logs: str | None = None  # Ray's log file, when the job sent Ray's own lines there
     notes: list[str] = field(default_factory=list)
 
     @property
