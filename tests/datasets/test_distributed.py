@@ -607,3 +607,26 @@ def test_mrt_nll_and_score_on_ray_equal_the_local_engine(tmp_path):
         assert r.exit_code == 2 and "--workers applies to --engine ray only" in r.output
         r = runner.invoke(app, [*base[:2], str(tmp_path / "x"), *base[2:], "--ray-address", "auto"])
         assert r.exit_code == 2 and "--ray-address needs --engine ray" in r.output
+
+
+def test_the_cli_on_ray_reads_like_the_local_engine(tmp_path):
+    """`mrt select --engine ray` in its own process: Ray's information lines and progress bars go
+    to Ray Data's log file, which the summary names; the summary has the local engine's fields,
+    with the parts and the memory said as they are on Ray."""
+    import os
+    import subprocess
+    import sys
+
+    src = write_files(make_table(n_pools=30, seed=31), tmp_path / "in", 2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MRT_PROGRESS_INTERVAL": "0.2"}
+    r = subprocess.run([sys.executable, "-m", "mrt_fast.cli", "select", str(src), str(tmp_path / "out"), "--k", "2",
+                        "--engine", "ray", "--parts", "3"], capture_output=True, text=True, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert not re.search(r"\bINFO\b|Running Dataset|execution finished", out), out
+    m = re.search(r"Ray's logs: (\S+ray-data\.log)", out)
+    assert m, out
+    assert "execution finished" in open(m.group(1)).read()  # the lines are in the file the summary names
+    for field in ("pools", "candidates", "kept", "buckets", "rows/s", "peak memory", "seconds"):
+        assert field in out
+    assert "3 (exchanged through files)" in out and "limit 0.00" not in out

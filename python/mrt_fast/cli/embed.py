@@ -83,6 +83,8 @@ def embed_cmd(
         said += " (resumed; " + run_summary({"parts": rep.parts_done_now, "rows": rep.rows_done_now},
                                             {"parts": rep.parts, "rows": rep.rows}) + ")"
     console.print(said, soft_wrap=True, highlight=False)
+    if rep.logs:
+        console.print(f"Ray's logs: {rep.logs}", soft_wrap=True, highlight=False)
 
 
 @app.command("embed-quality")

@@ -100,6 +100,8 @@ def select_cmd(
                       soft_wrap=True, highlight=False)
     for note in rep.notes:
         typer.echo(f"warning: {note}", err=True)
+    if rep.logs:
+        console.print(f"Ray's logs: {rep.logs}", soft_wrap=True, highlight=False)
     what = "rows" if rep.layout == "flat" else "prompts"
     console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
                   highlight=False)

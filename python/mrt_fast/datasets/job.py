@@ -147,6 +147,8 @@ class Job:
         self._committed = 0
         self._stop = stop_after()
         self.progress = JobProgress(progress, name=f"mrt {what}" if what != "job" else what)
+        #: where the executor's own logs went, when it sent them away from the terminal (Ray)
+        self.logs: str | None = None
 
     # ---- the block
     def __enter__(self) -> "Job":

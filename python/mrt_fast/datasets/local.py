@@ -218,6 +218,8 @@ class BatchReport:
     seconds: float
     workers: int = 1
     n_out_rows: int = 0  # rows written: kept candidates (rows layout) or prompts (grouped layout)
+    engine: str = "local"
+    logs: str | None = None  # Ray's log file, when the job sent Ray's own lines there
     notes: list[str] = field(default_factory=list)
     # what decided the picks, summed over the parts selected by this run (see SelectionReport)
     n_tie_picks: int = 0
@@ -237,7 +239,12 @@ class BatchReport:
 
     def lines(self) -> list[tuple[str, str]]:
         """The summary as (label, value) rows: what `str(report)` and `mrt select` print."""
-        buckets = f"{self.n_parts}" + (" (spilled to disk)" if self.spilled else " (in memory)")
+        if self.engine == "ray":  # parts: buckets of pools exchanged through files, or input rows (grouped)
+            buckets = f"{self.n_parts}" + (" (exchanged through files)" if self.spilled else " (rows as read)")
+            memory = f"{self.peak_rss / 2**30:.2f} GiB in this process (Ray's tasks: see its log)"
+        else:
+            buckets = f"{self.n_parts}" + (" (spilled to disk)" if self.spilled else " (in memory)")
+            memory = f"{self.peak_rss / 2**30:.2f} GiB (limit {self.memory_limit / 2**30:.2f} GiB)"
         if self.resumed:
             buckets += f", {self.parts_done_now} done by this run"
         rows = [
@@ -256,12 +263,11 @@ class BatchReport:
             rows.append(("one-mode pools", f"{self.n_one_mode_pools:,}"))
             rows.append(("modes with no pick", f"{self.modes_missed:,}"))
         rows += [("buckets", buckets), ("rows/s", f"{self.rows_per_second:,.0f}"),
-                 ("peak memory", f"{self.peak_rss / 2**30:.2f} GiB (limit {self.memory_limit / 2**30:.2f} GiB)"),
-                 ("seconds", f"{self.seconds:.2f}")]
+                 ("peak memory", memory), ("seconds", f"{self.seconds:.2f}")]
         return rows
 
     def __str__(self) -> str:
-        return summary_text("BatchReport", self.lines())
+        return summary_text("BatchReport", self.lines()) + (f"\nRay's logs: {self.logs}" if self.logs else "")
 
     def __repr__(self) -> str:
         return (f"BatchReport(output={self.output!r}, method={self.method!r}, k={self.k!r}, n_pools={self.n_pools}, "

@@ -31,6 +31,7 @@ Ray is imported on first use (the ``ray`` extra: ``pip install 'mrt_fast[ray]'``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -102,7 +103,39 @@ def init(address: str | None = None, **kwargs: Any) -> None:
         return
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("log_to_driver", False)
+    kwargs.setdefault("logging_level", logging.WARNING)  # "Started a local Ray instance" and the like: to the log
     ray.init(address=address, **kwargs)
+
+
+def quiet_console() -> str | None:
+    """Send Ray Data's information lines and progress bars to its log file only (the job
+    shows its own progress and summary); warnings and errors still reach the terminal.
+    Returns the log file Ray Data writes (``.../logs/ray-data.log`` of the Ray session),
+    or None when Ray does not say where it is."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    with contextlib.suppress(AttributeError):
+        ctx.print_on_execution_start = False
+    for name in ("ray.data", "ray"):
+        for h in logging.getLogger(name).handlers:
+            if not isinstance(h, logging.FileHandler) and type(h).__name__ != "SessionFileHandler":
+                h.setLevel(max(h.level, logging.WARNING))
+    return log_file()
+
+
+def log_file() -> str | None:
+    """The file Ray Data writes its log to in this driver's Ray session (None before ``init``,
+    or when Ray does not say)."""
+    for h in logging.getLogger("ray.data").handlers:
+        try:  # Ray Data's session file handler (not public: without it the summary names no file)
+            d = h._get_log_directory()  # type: ignore[attr-defined]
+            if d:
+                return os.path.join(d, h._filename)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001
+            continue
+    return None
 
 
 def _unwrap(e: BaseException) -> BaseException:
@@ -888,15 +921,17 @@ def select_dataset(
             n_rows = sum(counts) if counts is not None else None
             rep = BatchReport(output=str(out), layout=lay, method=opts.method, k=opts.k, n_parts=0,
                               parts_done_now=0, n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0,
-                              n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=False,
+                              n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=lay == "flat",
                               resumed=state == "resume", already_done=state == "done", memory_limit=0, peak_rss=0,
-                              seconds=0.0)
+                              seconds=0.0, engine="ray")
             if state == "done":
                 rep.n_parts = man.n_parts
                 rep.n_kept = rep.n_out_rows = man.rows
                 rep.seconds = time.perf_counter() - t0
                 return rep
             init(address)
+            if job.progress.mode != "off":  # the job shows progress and a summary: Ray's own lines go to its log
+                job.logs = rep.logs = quiet_console()
             ray = _ray()
             rds = None
             if n_rows is None:
@@ -1128,6 +1163,8 @@ def run_row_parts(job: Any, make_stage: Any, *, rows_per_part: int, n_rows: int,
             job.finish()
         return done
     init(address)
+    if job.progress.mode != "off":
+        job.logs = quiet_console()
     ray = _ray()
     n_workers = max(1, min(len(todo), workers or int(ray.cluster_resources().get("CPU", 1))))
     out_dir = str(job.out) if job.to_dir else None

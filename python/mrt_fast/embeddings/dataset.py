@@ -45,6 +45,7 @@ class EmbedReport:
     embed_seconds: float = 0.0
     resumed: bool = False
     already_done: bool = False
+    logs: str | None = None  # Ray's log file, when the job sent Ray's own lines there
 
     @property
     def texts_per_second(self) -> float:
@@ -146,6 +147,7 @@ def embed_dataset(
                               advance_by_part=False)
         rep.parts_done_now = r["parts_done_now"] if job.to_dir else 1
         rep.rows_done_now = r["rows_done_now"]
+        rep.logs = job.logs
         rep.embed_seconds = time.perf_counter() - t_work
         rep.seconds = time.perf_counter() - t0
         return rep

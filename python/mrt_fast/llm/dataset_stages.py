@@ -40,6 +40,7 @@ class StageReport:
     resumed: bool
     already_done: bool
     seconds: float
+    logs: str | None = None  # Ray's log file, when the job sent Ray's own lines there
 
     def __str__(self) -> str:
         from mrt_fast.datasets.job import run_summary
@@ -49,7 +50,7 @@ class StageReport:
         how = "resumed" if self.resumed else "done"
         return (f"{self.output}: {how}; " + run_summary({"parts": self.parts_done_now, "rows": self.rows_done_now},
                                                         {"parts": self.parts, "rows": self.rows})
-                + f", {self.seconds:.1f} s")
+                + f", {self.seconds:.1f} s" + (f"; Ray's logs: {self.logs}" if self.logs else ""))
 
 
 def _check_rows_per_part(rows_per_part: Any) -> int:
@@ -107,6 +108,7 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
         rep.parts = r["parts"] if job.to_dir else 1
         rep.parts_done_now = r["parts_done_now"] if job.to_dir else 1
         rep.rows_done_now = r["rows_done_now"]
+        rep.logs = job.logs
     rep.seconds = time.perf_counter() - t0
     return rep
 
