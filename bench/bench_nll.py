@@ -135,23 +135,23 @@ def main() -> None:
             rm = RewardModel(rm_net, rm_tok, device=a.device, batch_size=a.batch_size)
             res["score"] = {
                 "raw_s": best(lambda: raw_score(rm_net, rm_tok, prompts, responses, a.batch_size, a.device), a.repeat),
-                "score_s": best(lambda: score(df, rm), a.repeat),
+                "score_s": best(lambda: score(df, rm, progress=False), a.repeat),
                 "score_dataset_s": best(lambda: score_dataset(src, Path(d) / "scored.parquet", rm, overwrite=True),
                                         a.repeat),
             }
     for stage, t in ((k, res[k]) for k in ("nll", "score") if k in res):
         for key in [k for k in t if k != "raw_s"]:
             t[key.replace("_s", "_ratio")] = t[key] / t["raw_s"]
-        t["raw_pairs_per_s"] = df.height / t["raw_s"]
+        t["raw_pairs_per_second"] = df.height / t["raw_s"]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=2))
     print(f"{df.height} pairs, batch {a.batch_size}, {a.device} {a.dtype}, best of {a.repeat}")
-    print(f"{'stage':<16}{'seconds':>10}{'x raw':>8}")
+    print(f"{'stage':<8}{'run':<16}{'seconds':>10}{'x raw':>8}")
     for stage in ("nll", "score"):
         for key, v in res.get(stage, {}).items():
             if key.endswith("_s"):
                 ratio = res[stage].get(key.replace("_s", "_ratio"), 1.0)
-                print(f"{key[:-2]:<16}{v:>10.2f}{ratio:>8.2f}")
+                print(f"{stage:<8}{key[:-2]:<16}{v:>10.2f}{ratio:>8.2f}")
     print(f"wrote {a.out}")
 
 
