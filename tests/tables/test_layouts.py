@@ -123,10 +123,13 @@ def test_export_writes_one_training_row_per_kept_response_of_a_grouped_table(tmp
     grouped = group(flat, LISTS)
     kept_g = mrt_fast.select(grouped, 2, "grades")
     kept_f = mrt_fast.select(flat, 2, "grades")
-    a = export(kept_f, tmp_path / "f.jsonl")
-    b = export(kept_g, tmp_path / "g.jsonl")
+    a = export(kept_f, tmp_path / "f.jsonl", conversational=False)
+    b = export(kept_g, tmp_path / "g.jsonl", conversational=False)
     assert b["completion"].dtype == pl.Utf8  # never a list of responses in one row
     assert a.equals(b)
+    c = export(kept_g, tmp_path / "c.jsonl")  # conversational by default: one assistant message a row
+    assert c["completion"].list.len().to_list() == [1] * b.height
+    assert c["completion"].list.first().struct.field("content").to_list() == b["completion"].to_list()
     w = b.group_by("prompt_id").agg(pl.col("weight").sum())["weight"]
     np.testing.assert_allclose(w.to_numpy(), np.full(3, b.height / 3))  # each prompt weighs the same
 

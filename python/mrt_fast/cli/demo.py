@@ -128,7 +128,9 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
     _atomic_text(out_dir / "kept.jsonl", "".join(json.dumps(r) + "\n" for r in rows_out))
     _atomic_text(out_dir / "metrics.json", json.dumps(summary, indent=2))
     if plot:
-        _plot(summary, k, out_dir / "selectors.png")
+        se = {m: {kk: float(np.std(v, ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0 for kk, v in d.items()}
+              for m, d in metrics.items()}
+        _plot(summary, se, k, out_dir / "selectors.png")
         con.print(f"plot: {out_dir / 'selectors.png'}")
     con.print(f"kept rows: {out_dir / 'kept.jsonl'}; metrics: {out_dir / 'metrics.json'} "
               f"({time.perf_counter() - t0:.1f} s)")
@@ -141,7 +143,9 @@ def _atomic_text(path: Path, text: str) -> None:
     write_text(path, text)
 
 
-def _plot(summary: dict, k: int, path: Path) -> None:
+def _plot(summary: dict, se: dict, k: int, path: Path) -> None:
+    """One bar chart per metric: bars from 0 (a bar's length is its value) with 95% intervals over
+    the prompts (mean +- 1.96 standard errors)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,13 +156,13 @@ def _plot(summary: dict, k: int, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
     for ax, key in zip(axes, keys):
         vals = [summary[n][key] for n in names]
-        ax.bar(names, vals, color=["#999999", "#B25E1C", "#1F5FA8", "#0F7A6B", "#6E3FA0"][: len(names)])
+        ax.bar(names, vals, yerr=[1.96 * se[n][key] for n in names], capsize=3,
+               color=["#999999", "#B25E1C", "#1F5FA8", "#0F7A6B", "#6E3FA0"][: len(names)])
+        ax.axhline(0.0, color="black", lw=0.6)
         ax.set_title({"coverage": "coverage (mean max cos to kept)", "diversity": "diversity (1 - mean pairwise cos)",
                       "reward": "reward of kept (heuristic)"}[key], fontsize=9)
-        lo = min(vals)
-        ax.set_ylim(max(0.0, lo - 0.1), max(vals) + 0.05)
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-    fig.suptitle(f"MOSAIC examples: what each selector keeps at K = {k}", fontsize=10)
+    fig.suptitle(f"MOSAIC examples: what each selector keeps at K = {k} (95% intervals over prompts)", fontsize=10)
     fig.tight_layout()
     from mrt_fast._util.files import atomic_path
 

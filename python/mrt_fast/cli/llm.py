@@ -263,7 +263,12 @@ def export_cmd(
     out: Path = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet)."),
     fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight), openrlhf (input/output/reward), "
                             "dpo (prompt/chosen/rejected pairs from the rewards) or kto (prompt/completion/label)."),
-    conversational: bool = typer.Option(False, "--conversational", help="TRL: user/assistant message lists."),
+    conversational: Optional[bool] = typer.Option(
+        None, "--conversational/--plain", help="TRL: user/assistant message lists (TRL applies the chat template) "
+        "or plain prompt/completion strings. Default for trl: the prompt format of mrt train, conversational "
+        "unless --model's tokenizer has no chat template; plain for dpo and kto."),
+    model: Optional[str] = typer.Option(None, "--model", help="trl: the model mrt train would train; only its "
+                                        "tokenizer is read, to see whether it has a chat template."),
     min_margin: float = typer.Option(0.0, "--min-margin", help="dpo: the least reward gap of a pair."),
     max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="dpo: at most this many pairs a prompt."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
@@ -273,7 +278,9 @@ def export_cmd(
     engine: str = typer.Option("local", "--engine", help="local only: the weights and pairs of a prompt need "
                                "all its kept rows at once, and the output is one file."),
 ) -> None:
-    """Write kept rows as a TRL (SFT, DPO, KTO) or OpenRLHF training file."""
+    """Write kept rows as a TRL (SFT, DPO, KTO) or OpenRLHF training file.
+
+    The TRL SFT file uses mrt train's prompt format by default (see --conversational/--plain)."""
     from mrt_fast.llm.export import export
 
     from mrt_fast.datasets import formats as _formats
@@ -285,6 +292,12 @@ def export_cmd(
                                 "and pairs of a prompt need all its kept rows at once, and it writes one file")
         check_engine(engine, None)
         rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(kept, dataset=True), kept))
-        res = export(rows, out, fmt, conversational=conversational, by=by, prompt=prompt, response=response,
-                     reward=reward, min_margin=min_margin, max_pairs=max_pairs)
+        tok = None
+        if model is not None and conversational is None and fmt == "trl":
+            with needs("train"):
+                from mrt_fast.llm.models import load_tokenizer
+
+                tok = load_tokenizer(model)
+        res = export(rows, out, fmt, conversational=conversational, tokenizer=tok, by=by, prompt=prompt,
+                     response=response, reward=reward, min_margin=min_margin, max_pairs=max_pairs)
     console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")

@@ -20,7 +20,11 @@ from mrt_fast.cli.common import (
 def diagnose_cmd(
     inp: str = typer.Argument(..., help="Per-response losses: a file (.parquet, .jsonl, .csv), a directory of "
                               "Parquet/JSONL files or a quoted glob; streamed, never read whole."),
-    loss: str = typer.Option("loss", help="Loss column."),
+    loss: Optional[str] = typer.Option(None, help="Loss column (default: loss; with --loss-from logprob: logprob)."),
+    loss_from: str = typer.Option("loss", "--loss-from", help="loss (a per-response loss column, e.g. mrt nll's) "
+                                  "or logprob (mrt generate's summed token log-probabilities: the pilot loss is "
+                                  "-logprob / n_tokens, no forward pass needed)."),
+    tokens: str = typer.Option("n_tokens", "--tokens", help="--loss-from logprob: the token count column."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     cost_prompt: float = typer.Option(1.0, help="Cost C_p of one prompt."),
     cost_response: float = typer.Option(1.0, help="Cost C_r of one response."),
@@ -40,7 +44,10 @@ def diagnose_cmd(
     json_out: Path = typer.Option(None, "--json", help="Write the report as JSON here (inf as the string \"inf\")."),
     plot: Path = typer.Option(None, "--plot", help="Write the variance-vs-K plot here (.png)."),
     allocate: int = typer.Option(None, "--allocate", help="Per-prompt K for this total of responses (Neyman "
-                                 "allocation, capped by each prompt's number of losses and --k-max)."),
+                                 "allocation, capped by each prompt's pool size and --k-max)."),
+    pool_sizes: Path = typer.Option(None, "--pool-sizes", help="--allocate: a table of each prompt's pool size "
+                                    "(the --by column and pool_size or n), the cap of its K; default: its number "
+                                    "of pilot losses."),
     allocation: Path = typer.Option(None, "--allocation", help="Write the allocation (prompt_id, k, ...) here; "
                                     "feed it to mrt select --k k after a join."),
     engine: str = typer.Option("local", "--engine", help="local (streamed on this machine) or ray (Ray Data)."),
@@ -54,29 +61,33 @@ def diagnose_cmd(
 
     with user_errors():
         check_engine(engine, ray_address)
+        if loss_from not in ("loss", "logprob"):
+            raise MrtInputError(f"--loss-from must be 'loss' or 'logprob', got {loss_from!r}")
+        if loss_from == "logprob" and engine == "ray":
+            raise MrtInputError("--loss-from logprob runs on --engine local only")
+        loss = loss or loss_from
+        tok_col = tokens if loss_from == "logprob" else None
         if allocation is not None and allocate is None:
             raise MrtInputError("--allocation needs --allocate TOTAL")
+        if pool_sizes is not None and allocate is None:
+            raise MrtInputError("--pool-sizes needs --allocate TOTAL")
         _check_report_outputs(json_out, plot, allocation)
-        opts = dict(by=by, loss=loss, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
-                    k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed, bootstrap=bootstrap,
-                    interval=interval)
+        sizes = read_pool_sizes(pool_sizes, by) if pool_sizes is not None else None
+        opts = dict(by=by, loss=loss, tokens=tok_col, cost_prompt=cost_prompt, cost_response=cost_response,
+                    budget=budget, k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed,
+                    bootstrap=bootstrap, interval=interval)
         if allocate is not None:
             # per-prompt K names each prompt: the (id, loss) columns are read into memory
             from mrt_fast.datasets.sources import discover
 
             ds = discover(inp)
-            ds.check_columns([(by, "prompt id"), (loss, "loss")])
-            rep = variance_budget(ds.scan().select([by, loss]).collect(), **opts)
+            cols = [(by, "prompt id"), (loss, "loss")] + ([(tok_col, "token count")] if tok_col else [])
+            ds.check_columns(cols)
+            rep = variance_budget(ds.scan().select([c for c, _ in cols]).collect(), **opts)
         else:
             rep = variance_budget(inp, engine=engine, address=ray_address, **opts)
     console.print(repr(rep), highlight=False)
-    tab = Table(title="predicted variance by K")
-    cols = rep.predicted.columns
-    for c in cols:
-        tab.add_column(c, justify="right")
-    for row in rep.predicted.iter_rows():
-        tab.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
-    console.print(tab)
+    print_table(rep.predicted, "predicted variance by K")
     from mrt_fast._util.files import write_text
     from mrt_fast.datasets.formats import write_table
 
@@ -88,11 +99,48 @@ def diagnose_cmd(
             rep.plot(plot)
             console.print(f"wrote {plot}")
         if allocate is not None:
-            al = rep.allocate(allocate, k_max=k_max)
+            al = rep.allocate(allocate, k_max=k_max, pool_sizes=sizes)
             console.print(repr(al), highlight=False)
             if allocation is not None:
                 write_table(al.table, allocation)
                 console.print(f"wrote {allocation}")
+
+
+def print_table(df, title: str) -> None:
+    """``df`` as a rich table that is never cut: on a terminal its headers fold to the terminal's
+    width; elsewhere (a log, a pipe) the lines are as wide as the table needs."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    tab = Table(title=title)
+    for c in df.columns:
+        tab.add_column(c, justify="right", overflow="fold")
+    for row in df.iter_rows():
+        tab.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
+    out = console
+    if not console.is_terminal:
+        need = Measurement.get(console, console.options.update(width=10_000), tab).maximum
+        out = Console(file=console.file, width=max(console.width, need), force_terminal=False)
+    out.print(tab)
+
+
+def read_pool_sizes(path: Path, by: str):
+    """--pool-sizes: the table of each prompt's pool size (``by`` and ``pool_size`` or ``n``), as
+    ``prompt_id``/``pool_size`` for `VarianceReport.allocate`."""
+    import polars as pl
+
+    from mrt_fast.cli.common import check_input_table
+    from mrt_fast.datasets import formats as _formats
+    from mrt_fast.errors import MrtInputError
+    from mrt_fast.variance.allocate import check_pool_sizes
+
+    lf = check_input_table(path, (by,), "--pool-sizes", dataset=True)
+    names = lf.collect_schema().names()
+    size = "pool_size" if "pool_size" in names else "n" if "n" in names else None
+    if size is None:
+        raise MrtInputError(f"--pool-sizes {str(path)!r}: no pool_size (or n) column; it has columns {names}")
+    df = _formats.collect(lf.select(pl.col(by).alias("prompt_id"), pl.col(size).alias("pool_size")), path)
+    return check_pool_sizes(df)
 
 
 def _check_report_outputs(json_out: Optional[Path], plot: Optional[Path], allocation: Optional[Path]) -> None:

@@ -34,10 +34,14 @@ def variance_budget(
     engine: str = "local",
     address: str | None = None,
     batch_rows: int = 1_000_000,
+    tokens: str | None = None,
     **kwargs: Any,
 ):
     """`variance_budget` over ``data``: a table, a path (file, directory, glob;
-    streamed) or a ``ray.data.Dataset`` (see the module doc). ``engine``
+    streamed) or a ``ray.data.Dataset`` (see the module doc). ``tokens``: a
+    column of token counts; ``loss`` is then a sum of token log-probabilities
+    (``mrt generate``'s ``logprob``) and the loss diagnosed is ``-loss / tokens``
+    (a table or a path on the local engine). ``engine``
     (``"local"`` or ``"ray"``) and ``address`` (the Ray cluster) apply to a
     path; ``batch_rows`` to a path on the local engine. The other keywords are
     those of :func:`mrt_fast.variance.law.variance_budget` (costs, ``k_grid``,
@@ -48,6 +52,8 @@ def variance_budget(
         raise MrtInputError(f"engine must be 'local' or 'ray', got {engine!r}")
     if address is not None and engine != "ray":
         raise MrtInputError("address needs engine='ray'")
+    if tokens is not None and (engine == "ray" or type(data).__module__.startswith("ray.data")):
+        raise MrtInputError("tokens= (generation log-probabilities as the loss) runs on the local engine only")
     if type(data).__module__.startswith("ray.data"):
         from mrt_fast.datasets.ray_engine import variance_budget as on_ray
 
@@ -57,12 +63,12 @@ def variance_budget(
             from mrt_fast.datasets.ray_engine import _variance_budget_files
 
             return _variance_budget_files(data, by=by, loss=loss, address=address, **kwargs)
-        return _streamed(data, by=by, loss=loss, batch_rows=batch_rows, **kwargs)
+        return _streamed(data, by=by, loss=loss, batch_rows=batch_rows, tokens=tokens, **kwargs)
     if engine == "ray":
         raise MrtInputError("engine='ray' applies to a path; pass a ray.data.Dataset to fold a table on Ray")
     from mrt_fast.variance.law import variance_budget as in_memory
 
-    return in_memory(data, by=by, loss=loss, **kwargs)
+    return in_memory(data, by=by, loss=loss, tokens=tokens, **kwargs)
 
 
 def _streamed(
@@ -72,6 +78,7 @@ def _streamed(
     loss: str = "loss",
     loss_bound: float | None = None,
     batch_rows: int = 1_000_000,
+    tokens: str | None = None,
     **kwargs: Any,
 ):
     """`variance_budget` over a dataset (a file, a directory of Parquet/JSONL
@@ -81,23 +88,27 @@ def _streamed(
     from mrt_fast.variance.law import VarianceAccumulator, report_from_accumulator
 
     ds = _sources.discover(source)
-    schema = ds.check_columns([(by, "prompt id"), (loss, "loss")])
-    if not schema[loss].is_numeric():
-        raise MrtInputError(f"column {loss!r} (loss) must be numeric, got {schema[loss]}", column=loss)
+    roles = [(by, "prompt id"), (loss, "loss")] + ([(tokens, "token count")] if tokens is not None else [])
+    schema = ds.check_columns(roles)
+    for col, role in roles[1:]:
+        if not schema[col].is_numeric():
+            raise MrtInputError(f"column {col!r} ({role}) must be numeric, got {schema[col]}", column=col)
     acc = VarianceAccumulator()
     lo, hi = np.inf, -np.inf
     seen = 0
     try:
-        for df in ds.scan().select([by, loss]).collect_batches(chunk_size=batch_rows):
+        for df in ds.scan().select([c for c, _ in roles]).collect_batches(chunk_size=batch_rows):
             if df.height == 0:
                 continue
-            for col, role in ((by, "prompt id"), (loss, "loss")):
+            for col, role in roles:
                 n = df[col].null_count()
                 if n:
                     f, r = ds.locate(seen + int(df[col].is_null().arg_true()[0]))
                     raise MrtInputError(f"column {col!r} ({role}) has null value(s), the first in {str(f)!r} at row {r}",
                                         column=col, row=r)
             x = np.ascontiguousarray(df[loss].cast(pl.Float64).to_numpy())
+            if tokens is not None:
+                x = -x / _token_counts(df[tokens], ds, seen)
             try:
                 acc.update(df[by], x)
             except MrtInputError as e:
@@ -118,6 +129,18 @@ def _streamed(
     rep = report_from_accumulator(acc, loss_bound=loss_bound, **kwargs)
     rep.notes.extend(notes)
     return rep
+
+
+def _token_counts(n: pl.Series, ds: _sources.Dataset, seen: int) -> np.ndarray:
+    """A batch's token counts as floats; a count below 1 is refused by its file and row."""
+    c = n.cast(pl.Float64).to_numpy()
+    bad = ~(c >= 1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        f, r = ds.locate(seen + i)
+        raise MrtInputError(f"column {n.name!r} (token count) must be >= 1, got {n[i]!r} in {str(f)!r} at row {r}",
+                            column=n.name, row=r)
+    return c
 
 
 def _in_file(err: MrtInputError, ds: _sources.Dataset, loss: str) -> MrtInputError:

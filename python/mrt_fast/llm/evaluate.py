@@ -17,6 +17,10 @@ Metrics (paper appendix "LLM Fine-Tuning Setup and Evaluation"):
   table has a ``tests`` column (programs run in `mrt_fast.sandbox`, isolated by
   bubblewrap; without it `SandboxUnavailableError` is raised before any model
   work unless ``sandbox={"isolation": "none-i-understand"}`` opts out).
+
+Each metric ``m`` comes with ``m_se``, its standard error over the evaluation
+prompts (the spread of the per-prompt values / sqrt(prompts); for ``ref_loss``
+that of a ratio of token sums), NaN with fewer than two prompts.
 """
 
 from __future__ import annotations
@@ -113,7 +117,27 @@ def reference_loss(model, tokenizer, prompts: list[str], references: list[str], 
     per, ns = pair_losses(model, tokenizer, prompts, references, batch_size=batch_size, max_length=max_length,
                           prompt_format=prompt_format, device=device, sort_by_length=False, return_counts=True)
     count = int(ns.sum())
-    return {"ref_loss": float(np.dot(per, ns) / count), "ref_tokens": count, "per_reference": per}
+    return {"ref_loss": float(np.dot(per, ns) / count), "ref_tokens": count, "per_reference": per,
+            "per_reference_tokens": ns}
+
+
+# ------------------------------------------------------------------ intervals over prompts
+
+
+def standard_error(values: Any) -> float:
+    """The standard error of the mean of per-prompt values (NaN with fewer than two)."""
+    v = np.asarray(values, dtype=np.float64)
+    return float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) >= 2 else float("nan")
+
+
+def ratio_standard_error(num: Any, den: Any) -> float:
+    """The standard error of sum(num) / sum(den) over prompts (the delta method of a ratio estimator):
+    the reference loss is token-weighted, so a prompt weighs by its reference tokens."""
+    x, n = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    if len(x) < 2:
+        return float("nan")
+    r = x.sum() / n.sum()
+    return float(np.sqrt(np.sum((x - r * n) ** 2) / (len(x) * (len(x) - 1))) / n.mean())
 
 
 # ------------------------------------------------------------------ the whole evaluation
@@ -211,6 +235,9 @@ def evaluate(
     rl = reference_loss(net, tok, flat_p, flat_r, batch_size=cfg.batch_size, max_length=cfg.max_length,
                         prompt_format=cfg.prompt_format, device=device)
     res["ref_loss"], res["ref_tokens"] = rl["ref_loss"], rl["ref_tokens"]
+    owner = np.repeat(np.arange(df.height), [len(rs) for rs in refs])  # each reference's prompt
+    res["ref_loss_se"] = ratio_standard_error(np.bincount(owner, rl["per_reference"] * rl["per_reference_tokens"]),
+                                              np.bincount(owner, rl["per_reference_tokens"]))
 
     gcfg = GenerationConfig(n=cfg.n_samples, temperature=cfg.temperature, top_p=cfg.top_p,
                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, backend="transformers",
@@ -230,6 +257,7 @@ def evaluate(
             divs.append(diversity_of(e[len(rs) :]))
     res["coverage"] = float(np.mean(covs)) if covs else float("nan")
     res["diversity"] = float(np.mean(divs)) if divs else float("nan")
+    res["coverage_se"], res["diversity_se"] = standard_error(covs), standard_error(divs)
 
     rewards = None
     if reward_model is not None:
@@ -237,6 +265,7 @@ def evaluate(
         flat = rm([p for p, ss in zip(prompts, samples) for _ in ss], [s for ss in samples for s in ss])
         rewards = np.split(flat, np.cumsum([len(ss) for ss in samples])[:-1])
         res["reward"] = float(np.mean([r.max() for r in rewards]))
+        res["reward_se"] = standard_error([r.max() for r in rewards])
     elif reward_fn is not None:
         from mrt_fast.llm.reward import load_reward_fn, score_with
 
@@ -250,6 +279,7 @@ def evaluate(
         flat = score_with(rows, load_reward_fn(reward_fn, emb))["reward"].to_numpy()
         rewards = np.split(flat, np.cumsum([len(ss) for ss in samples])[:-1])
         res["reward"] = float(np.mean([r.max() for r in rewards]))
+        res["reward_se"] = standard_error([r.max() for r in rewards])
 
     passed = None
     if tests in df.columns:
@@ -264,7 +294,9 @@ def evaluate(
         c = np.array([sum(p) for p in passed])
         for k in cfg.pass_ks:
             if k <= n:
-                res[f"pass@{k}"] = float(np.mean(pass_at_k(n, c, k)))
+                per = np.atleast_1d(pass_at_k(n, c, k))
+                res[f"pass@{k}"] = float(np.mean(per))
+                res[f"pass@{k}_se"] = standard_error(per)
 
     if samples_out is not None:
         rows = {"prompt_id": [pid for pid, ss in zip(pids, samples) for _ in ss],

@@ -1,9 +1,14 @@
 """Kept rows as training files for the trainers people already use.
 
 * ``trl``: TRL's prompt/completion format, one row per kept (prompt, response):
-  ``prompt`` and ``completion`` strings, or with ``conversational=True``
-  ``prompt = [{"role": "user", "content": ...}]`` and
-  ``completion = [{"role": "assistant", "content": ...}]``; plus ``prompt_id``
+  conversational, ``prompt = [{"role": "user", "content": ...}]`` and
+  ``completion = [{"role": "assistant", "content": ...}]``, or with
+  ``conversational=False`` ``prompt`` and ``completion`` strings. By default
+  the prompt format is the one `mrt_fast.llm.train` uses: conversational when
+  the ``tokenizer`` has a chat template (TRL then applies that template, so the
+  model sees the same prompt text as in ``mrt train`` and ``mrt nll``), plain
+  strings when it has none; without a tokenizer, conversational (the bundled
+  SmolLM2 and instruct models have a template). Plus ``prompt_id``
   and ``weight``, the per-pair weight of the multi-response objective,
   N / (N_p K_i) times the stratified selector's ``weight`` when present (mean
   1 without it): a prompt with K_i kept responses counts once in total.
@@ -36,6 +41,7 @@ from typing import Any
 import polars as pl
 
 from mrt_fast.errors import MrtInputError
+from mrt_fast.llm.models import uses_chat_template
 from mrt_fast.tables.layouts import GROUPED, candidate_columns, detect, explode
 from mrt_fast.datasets.formats import as_polars, write_table
 from mrt_fast.tables.arrays import require_columns
@@ -43,8 +49,8 @@ from mrt_fast.tables.arrays import require_columns
 FORMATS = ("trl", "openrlhf", "dpo", "kto")
 
 
-def export(kept: Any, out: str | os.PathLike, format: str = "trl", *, conversational: bool = False,
-           by: str = "prompt_id", prompt: str = "prompt", response: str = "response", reward: str = "reward",
+def export(kept: Any, out: str | os.PathLike, format: str = "trl", *, conversational: bool | None = None,
+           tokenizer: Any = None, by: str = "prompt_id", prompt: str = "prompt", response: str = "response", reward: str = "reward",
            weight: str = "weight", layout: str = "auto", min_margin: float = 0.0,
            max_pairs: int | None = None) -> pl.DataFrame:
     """Write the kept rows (a table or a path) as a TRL or OpenRLHF training file; returns what was written.
@@ -52,11 +58,15 @@ def export(kept: Any, out: str | os.PathLike, format: str = "trl", *, conversati
     One training row per kept response, whatever the layout: a grouped table
     (one row per prompt, ``response`` holding the list of kept responses, as
     `select` writes it for grouped input) is exploded first, so each response
-    gets its own row and its own weight."""
+    gets its own row and its own weight. ``conversational=None``: for ``trl``,
+    the prompt format of ``mrt train`` with ``tokenizer`` (see the module doc);
+    plain strings for the other formats."""
     from mrt_fast.llm.train import pair_weights
 
     if format not in FORMATS:
         raise MrtInputError(f"format must be one of {FORMATS}, got {format!r}")
+    if conversational is None:
+        conversational = format == "trl" and (tokenizer is None or uses_chat_template(tokenizer))
     df = as_polars(kept)
     require_columns(df, [by, prompt, response], "kept rows")
     if detect(df.schema, {response: 0}, layout) == GROUPED:
@@ -94,7 +104,8 @@ def export(kept: Any, out: str | os.PathLike, format: str = "trl", *, conversati
         w = pair_weights(df[by], True, df[weight].cast(pl.Float64).to_numpy() if weight in df.columns else None)
         if conversational:
             if out.suffix == ".csv":
-                raise MrtInputError("conversational TRL rows hold lists of messages: write .jsonl or .parquet")
+                raise MrtInputError("conversational TRL rows hold lists of messages: write .jsonl or .parquet "
+                                    "(or plain strings: conversational=False, mrt export --plain)")
             msg = lambda role, c: pl.concat_list(pl.struct(pl.lit(role).alias("role"), pl.col(c).alias("content")))  # noqa: E731
             cols = [msg("user", prompt).alias("prompt"), msg("assistant", response).alias("completion")]
         else:

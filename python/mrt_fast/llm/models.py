@@ -130,12 +130,16 @@ def load_causal_lm(spec: Any, *, device: str = "cpu", dtype: str | None = None, 
     return model.to(device).eval()
 
 
-def format_prompt(tokenizer, prompt: str, mode: str = "auto") -> str:
-    """The text the model sees before the response: the chat template's user turn, or the prompt itself."""
+def uses_chat_template(tokenizer, mode: str = "auto") -> bool:
+    """Whether a prompt is formatted by the chat template: ``chat``, or ``auto`` and the tokenizer has one."""
     if mode not in PROMPT_FORMATS:
         raise MrtInputError(f"prompt_format must be one of {PROMPT_FORMATS}, got {mode!r}")
-    use_chat = mode == "chat" or (mode == "auto" and getattr(tokenizer, "chat_template", None))
-    if use_chat:
+    return mode == "chat" or (mode == "auto" and bool(getattr(tokenizer, "chat_template", None)))
+
+
+def format_prompt(tokenizer, prompt: str, mode: str = "auto") -> str:
+    """The text the model sees before the response: the chat template's user turn, or the prompt itself."""
+    if uses_chat_template(tokenizer, mode):
         if not getattr(tokenizer, "chat_template", None):
             raise MrtInputError("prompt_format='chat' but the tokenizer has no chat template")
         return tokenizer.apply_chat_template(

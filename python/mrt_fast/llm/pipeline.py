@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from mrt_fast.llm.cells import cell_name, cells_on_disk, kept_key, parse_cell
 from mrt_fast.llm.models import set_threads
 from mrt_fast.embeddings.embedders import make_embedder
 from mrt_fast.datasets.formats import read_table, write_table
@@ -319,16 +320,19 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
         ks = ks_to_train(advice, auto["neighbours"], gcfg.n)
         _log(f"diagnose: V_x={advice['v_x']:.4g}, V_y|x={advice['v_y_given_x']:.4g}, K*={advice['k_star']} "
              f"-> train K in {ks}", progress)
-    # 4-6. select, train, evaluate each cell
+    # 4-6. select, train, evaluate each cell; cells with the same kept rows train one model
     eval_df = read_table(cfg.eval_data)
     rows = []
     cells = [(None, 0)] if cfg.baseline else []
     cells += [(m, k) for m in methods for k in ks]
+    trained_by: dict[str, str] = {}  # kept rows' key -> the first cell of this grid that holds them
     for method, k in cells:
-        name = "base" if method is None else f"{method}_k{k}"
+        name = cell_name(method, k)
         run_dir = out / "runs" / name
         metrics_f = run_dir / "metrics.json"
         adapter = None
+        same_as = None
+        fresh = not metrics_f.exists()
         if method is not None:
             canon = METHODS[method.lower()]
             if canon in ("top", "grades") and not has_reward:
@@ -340,12 +344,22 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                     warnings.simplefilter("ignore")
                     kept = select(pool, k, canon, **sel_kw)
                 write_table(kept, sel_f)
+            kept = pl.read_parquet(sel_f)
+            same_as = trained_by.setdefault(kept_key(kept), name)
+            same_as = None if same_as == name else same_as
             adapter = run_dir / "adapter"
+            if same_as is not None and not (adapter / "adapter_config.json").exists():
+                adapter = out / "runs" / same_as / "adapter"  # the identical cell's model, not trained again
+                twin_metrics = out / "runs" / same_as / "metrics.json"
+                if fresh and twin_metrics.exists():
+                    _log(f"{name} keeps the same rows as {same_as}: its model and metrics are reused", progress)
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    m = json.loads(twin_metrics.read_text())
+                    metrics_f.write_text(json.dumps({**m, "same_as": same_as}, indent=2))
             if not (adapter / "adapter_config.json").exists():
                 if "train" not in stages:
                     continue
                 _log(f"train {name}: {tcfg.max_steps} optimizer steps", progress)
-                kept = pl.read_parquet(sel_f)
                 cols = ["prompt_id", "prompt", "response"] + (["weight"] if "weight" in kept.columns else [])
                 train(kept.select(cols), model, run_dir, tcfg, progress=progress)
         if not metrics_f.exists():
@@ -360,9 +374,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
             run_dir.mkdir(parents=True, exist_ok=True)
             metrics_f.write_text(json.dumps(m, indent=2))
         m = json.loads(metrics_f.read_text())
-        row = {"method": method or "base", "K": k,
-               **{key: m.get(key) for key in ("ref_loss", "reward", "coverage", "diversity")},
-               **{key: v for key, v in m.items() if key.startswith("pass@")}}
+        row = results_row(method or "base", k, m, "new" if fresh and same_as is None else "reused", same_as)
         if advice is not None:
             from mrt_fast.llm.advisor import as_float
 
@@ -371,7 +383,14 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                         "k_star": as_float(advice["k_star"]), "k_star_lo": lo, "k_star_hi": hi,
                         "k_best": int(advice["k_best"])})
         rows.append(row)
-    results = pl.DataFrame(rows) if rows else pl.DataFrame()
+    here = {cell_name(m, k) for m, k in cells}
+    for name, m in cells_on_disk(out).items():  # cells of earlier runs still on disk stay in the results
+        if name not in here:
+            method, k = parse_cell(name)
+            rows.append(results_row(method, k, m, "earlier", m.get("same_as")))
+    rank = {m: i for i, m in enumerate(["base"] + methods)}
+    rows.sort(key=lambda r: (rank.get(r["method"], len(rank)), r["method"], r["K"]))
+    results = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     if rows:
         write_table(results, out / "results.csv")
         (out / "results.md").write_text(results_markdown(results))
@@ -379,9 +398,25 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     return results
 
 
+#: the metrics of a results row, each with its standard error over the evaluation prompts
+RESULT_METRICS = ("ref_loss", "reward", "coverage", "diversity")
+
+
+def results_row(method: str, k: int, metrics: dict, cell: str, same_as: str | None) -> dict:
+    """One row of results.csv: the cell, its metrics (and their ``_se``), how it was obtained
+    (``cell``: new, reused from disk or from an identical cell, or earlier: a cell of an earlier
+    run outside this grid) and the identical cell it shares its model with (``same_as``)."""
+    row = {"method": method, "K": k, **{key: metrics.get(key) for key in RESULT_METRICS},
+           **{key: v for key, v in metrics.items() if key.startswith("pass@") and not key.endswith("_se")}}
+    row.update({f"{key}_se": metrics.get(f"{key}_se") for key in list(row)[2:]})
+    row.update(cell=cell, same_as=same_as)
+    return row
+
+
 def results_markdown(results: pl.DataFrame) -> str:
-    """The results as a markdown table in the shape of the paper's Table 4 (method shown once per block)."""
-    cols = [c for c in results.columns]
+    """The results as a markdown table in the shape of the paper's Table 4 (method shown once per block);
+    a metric with a standard error is shown as mean ± 1.96 se (its 95% interval over prompts)."""
+    cols = [c for c in results.columns if not (c.endswith("_se") and c[:-3] in results.columns)]
     head = {"method": "Strategy", "K": "K", "ref_loss": "Ref. loss ↓", "reward": "Reward ↑",
             "coverage": "Coverage ↑", "diversity": "Diversity ↑"}
     lines = ["| " + " | ".join(head.get(c, c) for c in cols) + " |", "|" + "---|" * len(cols)]
@@ -393,7 +428,9 @@ def results_markdown(results: pl.DataFrame) -> str:
             if c == "method":
                 cells.append("" if v == prev else str(v))
             elif isinstance(v, float):
-                cells.append("—" if v != v else f"{v:.3f}")
+                se = r.get(f"{c}_se")
+                ci = f" ± {1.96 * se:.3f}" if isinstance(se, float) and math.isfinite(se) else ""
+                cells.append("—" if v != v else f"{v:.3f}{ci}")
             else:
                 cells.append("—" if v is None else str(v))
         prev = r["method"]
@@ -402,36 +439,53 @@ def results_markdown(results: pl.DataFrame) -> str:
 
 
 def plot_results(results: pl.DataFrame, path: str | os.PathLike) -> None:
-    """Each metric against K, one line per method (the base model as a dashed line)."""
+    """Each metric against K, one line per method, with 95% intervals over the evaluation prompts
+    (mean +- 1.96 standard errors; the base model as a dashed line and a band). Methods are drawn
+    side by side around each K so that equal values stay visible; a cell that shares its kept rows
+    (and so its model) with another is drawn hollow and labelled with that cell."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [m for m in ("ref_loss", "reward", "coverage", "diversity")
-               if m in results.columns and results[m].drop_nulls().len()]
+    metrics = [m for m in RESULT_METRICS if m in results.columns and results[m].drop_nulls().len()]
+    methods = [m for m in results["method"].unique(maintain_order=True).to_list() if m != "base"]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2), squeeze=False)
     for ax, met in zip(axes[0], metrics):
-        for method in results["method"].unique(maintain_order=True).to_list():
+        se_col = f"{met}_se"
+        for i, method in enumerate(["base"] + methods):
             sub = results.filter(pl.col("method") == method).sort("K")
-            if method == "base":
-                v = sub[met][0]
-                if v is not None:
-                    ax.axhline(v, ls="--", color="grey", label="base")
+            if sub.height == 0:
                 continue
-            ax.plot(sub["K"].to_list(), sub[met].to_list(), marker="o", label=method)
+            se = [(1.96 * v if v is not None and math.isfinite(v) else 0.0) for v in
+                  (sub[se_col].to_list() if se_col in sub.columns else [None] * sub.height)]
+            vals = sub[met].to_list()
+            if method == "base":
+                if vals[0] is not None:
+                    ax.axhline(vals[0], ls="--", color="grey", label="base")
+                    if se[0]:
+                        ax.axhspan(vals[0] - se[0], vals[0] + se[0], color="grey", alpha=0.12)
+                continue
+            shift = 2.0 ** (0.05 * (i - 1 - (len(methods) - 1) / 2))  # side by side on the log-K axis
+            x = [k * shift for k in sub["K"].to_list()]
+            bars = ax.errorbar(x, vals, yerr=se, marker="o", capsize=3, label=method)
+            if "same_as" in sub.columns:
+                for xi, v, twin in zip(x, vals, sub["same_as"].to_list()):
+                    if twin is not None and v is not None:
+                        ax.plot([xi], [v], "o", mfc="white", mec=bars[0].get_color())
+                        ax.annotate(f"= {twin}", (xi, v), fontsize=6, xytext=(3, 3), textcoords="offset points")
         if "k_star" in results.columns:  # the advisor's K* and its bootstrap interval
             r = results.row(0, named=True)
-            if math.isfinite(r["k_star"]):
+            if r["k_star"] is not None and math.isfinite(r["k_star"]):
                 ax.axvline(r["k_star"], color="C3", ls=":", label=f"K* = {r['k_star']:.2f}")
             lo, hi = r["k_star_lo"], r["k_star_hi"]
-            if math.isfinite(lo):
+            if lo is not None and math.isfinite(lo):
                 ax.axvspan(max(lo, 0.5), hi if math.isfinite(hi) else ax.get_xlim()[1], color="C3", alpha=0.1)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("K")
-        ax.set_title(met)
+        ax.set_title(f"{met} (95% interval over prompts)", fontsize=9)
     axes[0][0].legend(fontsize=8)
-    if "k_star" in results.columns:
+    if "k_star" in results.columns and results["k_star"][0] is not None:
         r = results.row(0, named=True)
         fig.suptitle(f"V_x = {r['v_x']:.3g}, V_y|x = {r['v_y_given_x']:.3g}, K* = {r['k_star']:.3g} "
                      f"[{r['k_star_lo']:.3g}, {r['k_star_hi']:.3g}], trained K = "

@@ -37,7 +37,7 @@ import polars as pl
 
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["Allocation", "allocate_k", "neyman_allocation", "shrink_variances", "within_variance"]
+__all__ = ["Allocation", "allocate_k", "check_pool_sizes", "neyman_allocation", "shrink_variances", "within_variance"]
 
 
 def shrink_variances(s2: np.ndarray, n: np.ndarray, v_pooled: float, shrink: Any = "auto") -> np.ndarray:
@@ -210,6 +210,34 @@ class Allocation:
                 f"{self.uniform_variance:.4g}: gain {self.gain:.3f}x)")
 
 
+def check_pool_sizes(ps: pl.DataFrame, id_type: pl.DataType | None = None) -> pl.DataFrame:
+    """prompt_id (as ``id_type`` when given) and pool_size: one integer >= 1 per prompt, else one line
+    naming the row."""
+    size = ps["pool_size"]
+    if not size.dtype.is_numeric():
+        raise MrtInputError(f"pool_sizes: column 'pool_size' must hold integers, got {size.dtype}", column="pool_size")
+    x = size.cast(pl.Float64)
+    bad = (x.is_null() | x.is_nan() | (x < 1) | (x != x.floor())).fill_null(True)
+    if bad.any():
+        r = int(bad.arg_true()[0])
+        raise MrtInputError(f"pool_sizes: a pool size is an integer >= 1, got {size[r]!r} at row {r}",
+                            column="pool_size", row=r)
+    try:
+        pid = ps["prompt_id"] if id_type is None else ps["prompt_id"].cast(id_type)
+    except pl.exceptions.PolarsError:
+        raise MrtInputError(f"pool_sizes: its prompt ids ({ps['prompt_id'].dtype}) are not of the losses' id type "
+                            f"{id_type}", column="prompt_id") from None
+    if pid.null_count():
+        r = int(pid.is_null().arg_true()[0])
+        raise MrtInputError(f"pool_sizes: the prompt id is null at row {r}", column="prompt_id", row=r)
+    dup = ~pid.is_first_distinct()
+    if dup.any():
+        r = int(dup.arg_true()[0])
+        raise MrtInputError(f"pool_sizes: prompt {pid[r]!r} has more than one pool size (row {r})",
+                            column="prompt_id", row=r, pool=pid[r])
+    return pl.DataFrame({"prompt_id": pid, "pool_size": x.cast(pl.Int64)})
+
+
 def allocate_k(
     stats: pl.DataFrame,
     v_x: float,
@@ -247,7 +275,8 @@ def allocate_k(
 
             ps = as_frame(pool_sizes)
             require_columns(ps, ["prompt_id", "pool_size"], "pool_sizes")
-            ps = ps.select(pl.col("prompt_id").cast(ids.dtype), "pool_size")
+            ps = ps.select("prompt_id", "pool_size")
+        ps = check_pool_sizes(ps, ids.dtype)
         j = stats.select("prompt_id").join(ps, on="prompt_id", how="left", maintain_order="left")
         miss = j["pool_size"].is_null()
         if miss.any():

@@ -513,8 +513,10 @@ class VarianceReport:
                           k_max=k_max, pool_sizes=pool_sizes, shrink=shrink)
 
     def plot(self, path: Any = None, *, k_max_plot: int | None = None):
-        """Predicted variance vs K with the prompt floor, and (with a budget)
-        the budget curve with K* marked. Saves to `path` when given; returns the figure."""
+        """Predicted variance vs K with the prompt floor, and the budget curve:
+        the variance at a fixed budget against K (at ``budget`` when given, else
+        relative to its least value), with K* and its bootstrap interval marked.
+        Saves to `path` when given; returns the figure."""
         import matplotlib
 
         if path is not None:
@@ -524,8 +526,7 @@ class VarianceReport:
         top = k_max_plot or int(max(64, min(self.k_max, 4 * (self.k_best or 1))))
         ks = np.arange(1, top + 1, dtype=np.float64)
         n_ref = max(self.n_prompts, 1)
-        ncols = 2 if self.budget is not None else 1
-        fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols, 3.8), squeeze=False)
+        fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8), squeeze=False)
         ax = axes[0, 0]
         ax.plot(ks, predicted_variance(self.v_x, self.v_y_given_x, ks, n_ref), label="V_x/Np + V_y|x/(Np K)")
         ax.axhline(self.v_x / n_ref, ls="--", c="gray", label="prompt floor V_x/Np")
@@ -533,20 +534,29 @@ class VarianceReport:
         ax.set_xlabel("responses per prompt K")
         ax.set_ylabel(f"variance of empirical loss (Np = {n_ref})")
         ax.legend(fontsize=8)
+        ax = axes[0, 1]
+        kc = np.linspace(1, top, 400)
+        cont = (self.v_x + self.v_y_given_x / kc) * (self.cost_prompt + kc * self.cost_response)
         if self.budget is not None:
-            ax = axes[0, 1]
-            kc = np.linspace(1, top, 400)
-            cont = (self.v_x + self.v_y_given_x / kc) * (self.cost_prompt + kc * self.cost_response) / self.budget
-            ax.plot(kc, cont, label="continuous Np")
+            ax.plot(kc, cont / self.budget, label="continuous Np")
             npk = budget_prompts(self.budget, ks, self.cost_prompt, self.cost_response)
             ax.plot(ks, predicted_variance(self.v_x, self.v_y_given_x, ks, npk), ".", ms=3, label="integer Np")
-            if math.isfinite(self.k_star) and 1 <= self.k_star <= top:
-                ax.axvline(self.k_star, c="C3", ls=":", label=f"K* = {self.k_star:.2f}")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("responses per prompt K")
             ax.set_ylabel(f"variance at budget B = {self.budget:g}")
-            ax.legend(fontsize=8)
+        else:
+            ax.plot(kc, cont / cont.min() if cont.min() > 0 else cont, label="(V_x + V_y|x/K)(C_p + K C_r)")
+            ax.set_ylabel("variance at a fixed budget / its least")
+        if math.isfinite(self.k_star) and 1 <= self.k_star <= top:
+            ax.axvline(self.k_star, c="C3", ls=":", label=f"K* = {self.k_star:.2f}")
+        if "k_star" in self.ci:
+            lo, hi = self.ci["k_star"]
+            lo, hi = max(float(lo), 1.0), min(float(hi), float(top))
+            if lo <= hi:
+                ax.axvspan(lo, hi, color="C3", alpha=0.12,
+                           label=f"K* {self.ci_level:.0%} interval [{self.ci['k_star'][0]:.3g}, {self.ci['k_star'][1]:.3g}]")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("responses per prompt K")
+        ax.legend(fontsize=8)
         fig.tight_layout()
         if path is not None:
             from mrt_fast._util.files import atomic_path
