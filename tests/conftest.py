@@ -34,6 +34,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_ray_left_running():
+    """A Ray instance a test module started (the engine starts one on first use) ends with the
+    module: the next module's tests start their own, with their own settings."""
+    import sys
+
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def tiny_source(tmp_path_factory):
     """A one-layer BERT (random, seeded) with the bundled MiniLM tokenizer: a model source that builds in seconds."""

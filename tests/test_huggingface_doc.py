@@ -22,7 +22,7 @@ def _blocks() -> list[str]:
 def test_the_doc_has_its_blocks_and_one_model_line():
     blocks = _blocks()
     assert len(blocks) == 2
-    assert len(MODEL_LINE.findall(blocks[1])) == 1
+    assert len(MODEL_LINE.findall(blocks[0])) == 1 and not MODEL_LINE.findall(blocks[1])
     assert ".map(" not in DOC.read_text()
 
 

@@ -241,6 +241,7 @@ from mrt_fast import MrtInputError
 warnings.simplefilter("ignore")
 n = 23_000  # its n x n block (2.1 GB) is under the 2 GiB budget: select tries it dense
 df = pl.DataFrame({"prompt_id": ["big"] * n, "embedding": np.random.default_rng(0).normal(size=(n, 4)).astype(np.float32)})
+mrt_fast.select(df.head(8), 2, "diverse")  # modules and the core's threads loaded before the limit
 vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (600 << 20), resource.RLIM_INFINITY))
 try:

@@ -201,7 +201,7 @@ def test_every_command_takes_a_save_to_disk_folder(tmp_path):
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["diagnose", str(p), "--n-boot", "0"])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["export", str(p), str(tmp_path / "sft.jsonl")])
+    r = runner.invoke(app, ["export", str(p), str(tmp_path / "sft.jsonl"), "--plain"])
     assert r.exit_code == 0, r.output
     assert pl.read_ndjson(tmp_path / "sft.jsonl")["completion"].to_list() == df["response"].to_list()
     # the model commands check their input first: a missing model is then the one error

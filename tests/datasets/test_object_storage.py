@@ -234,6 +234,8 @@ def local_ray(endpoint):
     import logging
 
     ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # an instance an earlier test left: its workers lack the endpoint
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
