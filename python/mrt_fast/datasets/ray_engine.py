@@ -36,6 +36,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,7 @@ def init(address: str | None = None, **kwargs: Any) -> None:
 def quiet_console() -> str | None:
     """Send Ray Data's information lines and progress bars to its log file only (the job
     shows its own progress and summary); warnings and errors still reach the terminal.
-    Returns the log file Ray Data writes (``.../logs/ray-data.log`` of the Ray session),
-    or None when Ray does not say where it is."""
+    Returns the Ray session's log directory (:func:`log_file`)."""
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
@@ -126,16 +126,15 @@ def quiet_console() -> str | None:
 
 
 def log_file() -> str | None:
-    """The file Ray Data writes its log to in this driver's Ray session (None before ``init``,
-    or when Ray does not say)."""
-    for h in logging.getLogger("ray.data").handlers:
-        try:  # Ray Data's session file handler (not public: without it the summary names no file)
-            d = h._get_log_directory()  # type: ignore[attr-defined]
-            if d:
-                return os.path.join(d, h._filename)  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001
-            continue
-    return None
+    """The log directory of this driver's Ray session (tasks, workers, nodes, and Ray Data
+    under ``ray-data/``); None before ``init`` or when Ray does not say."""
+    try:
+        from ray._private import worker  # not public: without it the summary names no directory
+
+        node = worker._global_node
+        return None if node is None else node.get_logs_dir_path()
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _unwrap(e: BaseException) -> BaseException:
@@ -816,6 +815,42 @@ class _SpilledBucketToPart:
         return pa.concat_tables(outs, promote_options="default")
 
 
+def _timed(fn: Any, arg: Any) -> tuple[Any, float, float]:
+    """``fn(arg)`` in a task, with the task's wall and CPU seconds (every thread of its process)."""
+    t, c = time.perf_counter(), time.process_time()
+    out = fn(arg)
+    return out, time.perf_counter() - t, time.process_time() - c
+
+
+def _run_tasks(name: str, fn: Any, args: list, on_result: Any, max_retries: int) -> str:
+    """``fn(a)`` for every ``a`` of ``args`` as Ray tasks of one CPU each (a lost worker or node,
+    and a `TransientTaskError`, retried), ``on_result`` called in the driver as each one ends;
+    returns the stage's line of statistics in Ray Data's form (``last_job_stats``)."""
+    ray = _ray()
+    task = ray.remote(num_cpus=1, **_retry_args(max_retries))(_timed)
+    t0 = time.perf_counter()
+    fn_ref = ray.put(fn)
+    pending = [task.remote(fn_ref, a) for a in args]
+    walls: list[float] = []
+    cpus: list[float] = []
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            out, w, c = ray.get(ref)
+            walls.append(w)
+            cpus.append(c)
+            on_result(out)
+    wall = time.perf_counter() - t0
+
+    def line(what: str, xs: list[float]) -> str:
+        xs = xs or [0.0]
+        return (f"* Remote {what} time: {min(xs):.3f}s min, {max(xs):.3f}s max, {sum(xs) / len(xs):.3f}s mean, "
+                f"{sum(xs):.3f}s total")
+
+    return "\n".join([f"Operator 1 {name}: {len(args)} tasks executed, {len(args)} blocks produced in {wall:.3f}s",
+                      line("wall", walls), line("cpu", cpus)])
+
+
 def _spill_runs(src: Any, n_rows: int, cpus: int) -> list | None:
     """The runs of row groups the read tasks spill, or None when the local engine's
     spill cannot read the input (text formats, hive folders, files Arrow reads otherwise
@@ -887,7 +922,6 @@ def select_dataset(
     ``"hash"``, ``"v2"``: through the object store, no shared storage).
     ``progress``: the job's display by input rows, as on the local engine.
     Returns a `mrt_fast.datasets.local.BatchReport`."""
-    import time
 
     from mrt_fast.datasets import sources as _sources
     from mrt_fast.datasets.job import Job
@@ -1010,23 +1044,33 @@ def select_dataset(
                     runs = _spill_runs(src, n_rows, cpus) if shuffle == "files" and not job.remote \
                         and counts is not None else None
                     if shuffle == "files" and runs is not None:
-                        items = _own_context(ray.data.from_items([{"run": j} for j in range(len(runs))],
-                                                                 override_num_blocks=len(runs)))
-                        split = items.map_batches(_SpillRuns(runs, str(spill), by, nb), batch_size=1,
-                                                  batch_format="pyarrow", **_retry_args(max_retries))
-                        nulls = 0
-                        for ref in split.iter_internal_ref_bundles():  # every file written before any bucket is read
-                            for block_ref in ref.block_refs:
-                                nulls += sum(ray.get(block_ref).column("nulls").to_pylist())
-                        stats.append(split.stats())
-                        if nulls:
+                        # plain Ray tasks: a read task per run, then a task per bucket (Ray Data's
+                        # executor would add its actors and backpressure to a job of a few dozen tasks)
+                        nulls = [0]
+
+                        def spilled(t: pa.Table) -> None:
+                            nulls[0] += sum(t.column("nulls").to_pylist())
+
+                        stats.append(_run_tasks("SpillRuns", _SpillRuns(runs, str(spill), by, nb),
+                                                [pa.table({"run": [j]}) for j in range(len(runs))], spilled,
+                                                max_retries))
+                        if nulls[0]:
                             from mrt_fast.datasets.local import null_ids_error
 
-                            raise null_ids_error(src, spill, nb, by, nulls)
-                        buckets = _own_context(ray.data.from_items([{"part": i} for i in todo],
-                                                                   override_num_blocks=max(1, len(todo))))
-                        res = buckets.map_batches(_SpilledBucketToPart(src, opts, schema, str(spill), out_dir, fault),
-                                                  batch_size=1, batch_format="pyarrow", **_retry_args(max_retries))
+                            raise null_ids_error(src, spill, nb, by, nulls[0])
+
+                        def bucket_done(t: pa.Table) -> None:
+                            if t.num_rows == 0:
+                                return
+                            if to_dir:
+                                account(t)
+                            else:
+                                kept_tables.append(t)
+
+                        stats.append(_run_tasks("SpilledBucketToPart",
+                                                _SpilledBucketToPart(src, opts, schema, str(spill), out_dir, fault),
+                                                [pa.table({"part": [i]}) for i in todo], bucket_done, max_retries))
+                        res = None
                     elif shuffle == "files":
                         ranges = _row_ranges(src, counts)
                         items = ray.data.from_items(ranges, override_num_blocks=len(ranges))
@@ -1050,7 +1094,7 @@ def select_dataset(
                         tagged.context.shuffle_strategy = _shuffle_strategy(shuffle)
                         res = tagged.groupby(_BUCKET, num_partitions=nb).map_groups(
                             _BucketToPart(opts, out_dir, fault), batch_format="pyarrow", **_retry_args(max_retries))
-                for ref in res.iter_internal_ref_bundles():
+                for ref in (res.iter_internal_ref_bundles() if res is not None else ()):
                     for block_ref in ref.block_refs:
                         t = ray.get(block_ref)
                         if t.num_rows == 0:
@@ -1064,7 +1108,8 @@ def select_dataset(
                                     job.progress.advance(part_rows(i, 0))
             global _last_stats
             try:
-                stats.append(res.stats())
+                if res is not None:
+                    stats.append(res.stats())
                 _last_stats = "\n".join(stats)
             except Exception:  # noqa: BLE001 - diagnostics only
                 _last_stats = None
