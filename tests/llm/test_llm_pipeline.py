@@ -483,3 +483,27 @@ def test_pair_weights_match_a_reference(ids, as_text):
     np.testing.assert_allclose(pair_weights(pids, per_prompt=False, weight=wt), wt, rtol=1e-12)
     with pytest.raises(MrtInputError, match="weight"):
         pair_weights(pids, weight=-wt)
+
+
+@pytest.mark.parametrize("fault", ["eval_missing", "prompts_lack_a_column", "validation_missing"])
+def test_run_checks_every_input_before_any_model_loads(tmp_path, fault):
+    """A wrong data path or a table without its columns fails first, in one line, before the
+    model (here one that does not exist) is loaded or anything is written."""
+    from mrt_fast.llm.pipeline import run
+
+    prompts = tmp_path / "prompts.jsonl"
+    pl.DataFrame({"prompt_id": [1, 2], "prompt": ["a", "b"]}).write_ndjson(prompts)
+    evals = tmp_path / "eval.jsonl"
+    pl.DataFrame({"prompt_id": [1], "prompt": ["a"], "reference": ["x"]}).write_ndjson(evals)
+    data = {"train_prompts": str(prompts), "eval": str(evals)}
+    cfg = {"out_dir": str(tmp_path / "run"), "model": str(tmp_path / "no-such-model"), "data": data}
+    if fault == "eval_missing":
+        data["eval"], want = str(tmp_path / "missing.jsonl"), "missing.jsonl"
+    elif fault == "prompts_lack_a_column":
+        pl.DataFrame({"prompt_id": [1], "question": ["a"]}).write_ndjson(prompts)
+        want = r"train prompts .* no column\(s\) \['prompt'\]"
+    else:
+        data["validation"], want = str(tmp_path / "val.parquet"), "val.parquet"
+    with pytest.raises(MrtInputError, match=want):
+        run(cfg, progress=False)
+    assert not (tmp_path / "run").exists()

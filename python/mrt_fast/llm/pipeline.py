@@ -34,7 +34,7 @@ import polars as pl
 from mrt_fast.llm.cells import cell_name, cells_on_disk, kept_key, parse_cell
 from mrt_fast.llm.models import set_threads
 from mrt_fast.embeddings.embedders import make_embedder
-from mrt_fast.datasets.formats import read_table, write_table
+from mrt_fast.datasets.formats import read_table, scan, write_table
 from mrt_fast.tables.arrays import require_columns
 from mrt_fast.errors import MrtInputError
 
@@ -198,6 +198,27 @@ def _parse_ks(value: Any) -> list[int] | str:
     return ks
 
 
+def check_inputs(cfg: "RunConfig", stages: tuple | list, generating: bool) -> None:
+    """Every data file the run will read, checked before any model loads (a wrong path fails
+    in a second, not after the model's conversion and the first stages): it is a table
+    that can be read, with the columns its stage needs."""
+    needs = []
+    if generating:
+        needs.append(("train prompts", cfg.train_prompts, ["prompt_id", "prompt"]))
+    if "evaluate" in stages:
+        ref = str(cfg.evaluate.get("reference", "reference"))
+        needs.append(("evaluation data", cfg.eval_data, ["prompt_id", "prompt", ref]))
+    if cfg.validation_data:
+        needs.append(("validation data", cfg.validation_data, ["prompt_id", "prompt", "response"]))
+    for role, path, cols in needs:
+        if not path:
+            raise MrtInputError(f"the config names no {role} file")
+        names = scan(Path(path)).collect_schema().names()
+        missing = [c for c in cols if c not in names]
+        if missing:
+            raise MrtInputError(f"{role} {str(path)!r} has no column(s) {missing} (it has {names})")
+
+
 def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_fn=None, progress: bool = True,
         stages: tuple[str, ...] = STAGES) -> pl.DataFrame:
     """Run the experiment grid; returns the results table (one row per method x K).
@@ -237,6 +258,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     if cfg.reward_model and rfn is not None:
         raise MrtInputError("set either reward_model or reward_fn, not both")
     out = Path(cfg.out_dir)
+    check_inputs(cfg, stages, generating=not (out / "candidates.parquet").exists())
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
     from mrt_fast.llm.models import is_gguf, materialize_gguf
