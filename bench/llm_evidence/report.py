@@ -283,9 +283,12 @@ def checks(cfg, pred, matched, gains, budget, sel) -> str:
         g_txt = " < ".join(t + " (" + f(gains[t][0], 1) + "%)" for t in by_gain)
         txt = (f"By pilot ratio: {r_txt}. By R1oN → R2oN gain: {g_txt}. "
                + ("The orders agree" if same else "The orders differ"))
-        overl = any(gains[a][2] > gains[b][1] for a, b in zip(by_ratio, by_ratio[1:]))
-        txt += ("; neighbouring gains' intervals overlap, so the order is not separable from noise."
-                if overl else "; the gains' intervals separate.")
+        # neighbours in ratio order whose gain intervals [lo, hi] share a point
+        overl = [(a, b) for a, b in zip(by_ratio, by_ratio[1:])
+                 if max(gains[a][1], gains[b][1]) <= min(gains[a][2], gains[b][2])]
+        txt += ("; the gain intervals of " + ", ".join(f"{a} and {b}" for a, b in overl)
+                + " overlap, so their order is not separable from noise." if overl
+                else "; the gains' intervals separate.")
     else:
         txt = "pending"
     out.append("**Is the R1oN → R2oN gain ordered as the tasks' ratios are?**\n  - " + txt)
