@@ -34,8 +34,14 @@ SECTIONS = [
      "`python bench/bench_variance.py` (see its `--help`)."),
     ("batch_bench", "Batch jobs on datasets against the polars read/write floor",
      "`python bench/bench_batch.py` (see docs/batch.md)."),
-    ("ray_bench", "The Ray Data engine against the local engine",
-     "`python bench/bench_ray.py` (see docs/distributed.md)."),
+    ("ray_bench", "The Ray engine against the local engine",
+     "`python bench/bench_ray.py` (see docs/distributed.md): job = the job's own time (imports and Ray's "
+     "start apart); `job_vs_local_spill` = a Ray job over the local engine with the spill forced into "
+     "the same part count (target <= 1.5); `per_worker_vs_local_per_core` = rows/s per Ray worker over "
+     "the local engine's rows/s per core (target >= 2/3)."),
+    ("startup_bench", "What `mrt` costs before any work",
+     "`python bench/bench_startup.py`: whole processes, medians, beside a bare `python -c pass` "
+     "(target < 0.5 s)."),
     ("embed_bench", "Embedding throughput and quality (20,000 texts)",
      "`python bench/bench_embed.py` (see docs/embeddings.md)."),
     ("static_ab", "The static tier against MiniLM encode, alternating blocks",
