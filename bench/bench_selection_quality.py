@@ -351,12 +351,12 @@ def mode_recovery(df: pl.DataFrame, seed: int) -> dict:
                          for th in THRESHOLDS]
     res["max_cosines"] = [{"max_mode_cosine": c, **recovery(df, pool_modes(base, out="found", max_mode_cosine=c), sep)}
                           for c in MAX_COSINES]
-    # the Gaussian reference: best silhouettes of the data and of the reference sets
-    _, info = pool_modes(base, out="found", min_silhouette=-1.0, return_info=True)
+    # the Gaussian reference: best silhouettes of the data and of the reference sets (no merge)
+    _, info = pool_modes(base, out="found", min_silhouette=-1.0, max_mode_cosine=1.0, return_info=True)
     ref = gaussian_reference(df, seed)
     ref = ref.with_columns(pl.struct("prompt_id", "draw").hash(seed).alias("ref_id"))
     _, rinfo = pool_modes(ref.select("ref_id", "embedding"), by="ref_id", out="found", min_silhouette=-1.0,
-                          return_info=True)
+                          max_mode_cosine=1.0, return_info=True)
     ids = ref.select("ref_id", "prompt_id").unique()
     top = rinfo.join(ids, on="ref_id").group_by("prompt_id").agg(pl.col("silhouette").max().alias("ref_max"))
     j = info.join(top, on="prompt_id").join(sep, on="prompt_id")

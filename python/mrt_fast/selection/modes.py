@@ -10,8 +10,9 @@ One k-means policy serves every caller (``select``'s stratified method through
   chosen by the silhouette rule: among m in 2..min(m_max, n - 1) (n distinct
   rows) the m with the largest mean silhouette (ties to the smaller m); below
   ``min_silhouette`` (0.25, the level Kaufman and Rousseeuw read as "no
-  substantial structure") the set is a single mode; then modes whose
-  directions are at a cosine above ``max_mode_cosine`` (0.8) are merged
+  substantial structure") the set is a single mode; then a mode of one
+  distinct row joins the nearest mode, and modes whose directions are at a
+  cosine above ``max_mode_cosine`` (0.8) are merged
   (:mod:`mrt_fast.selection.mode_merge`), since the silhouette is scale-free;
 * labels are numbered by first appearance (the first row is mode 0); the
   k-means itself visits each set's rows in content order (by their
@@ -38,7 +39,7 @@ from mrt_fast import _grades_core as core
 from mrt_fast.tables.arrays import columns_of, embeddings as _embeddings, group, pool_keys, require, table_kind, to_polars
 from mrt_fast.errors import MrtInputError
 from mrt_fast.selection.knn import faiss_module, unit_rows
-from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE, check_max_mode_cosine, merge_close_modes
+from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE, check_max_mode_cosine, coarsen
 
 #: sets (pools) of at most this many rows run in the core; larger ones in FAISS
 LARGE_POOL = 2048
@@ -184,9 +185,9 @@ def kmeans(
     """Mode labels (int64, numbered by first appearance) of the rows of ``x`` under the policy
     above; the partition does not depend on the row order (the rows are clustered in content order).
 
-    ``n_modes=None`` chooses the number by the silhouette rule, then merges
-    modes whose directions are at a cosine above ``max_mode_cosine`` (1: no
-    merge). ``key`` (a non-negative integer below 2^64) identifies the set
+    ``n_modes=None`` chooses the number by the silhouette rule, then joins
+    modes of one distinct row to the nearest mode and merges modes whose
+    directions are at a cosine above ``max_mode_cosine`` (1: no merge). ``key`` (a non-negative integer below 2^64) identifies the set
     for seeding, so two sets with the same ``seed`` draw independently.
     """
     _check_params(n_modes, m_max, min_silhouette, seed, max_mode_cosine)
@@ -201,7 +202,7 @@ def kmeans(
     xd = np.ascontiguousarray(xs[order][distinct])
     lab_d = _kmeans_ordered(xd, n_modes, m_max, min_silhouette, seed, key, max_iter, large_pool)
     if n_modes is None:
-        lab_d = merge_close_modes(xd, lab_d, np.zeros(len(xd), dtype=np.int64), float(max_mode_cosine))
+        lab_d = coarsen(xd, lab_d, np.zeros(len(xd), dtype=np.int64), float(max_mode_cosine))
     lab = np.empty(n, dtype=np.int64)
     lab[distinct] = lab_d
     lab = lab[first]
@@ -297,7 +298,7 @@ def pool_modes(
             if split.any():
                 on = np.flatnonzero(split[pool_of[distinct]])
                 ur = unit_rows(x[drows[on]])
-                merged = merge_close_modes(ur, lab_d[on], pool_of[distinct][on], float(max_mode_cosine))
+                merged = coarsen(ur, lab_d[on], pool_of[distinct][on], float(max_mode_cosine))
                 changed = np.flatnonzero(np.bincount(pool_of[distinct][on], weights=merged != lab_d[on],
                                                      minlength=len(sp)) > 0)
                 lab_d[on] = merged
