@@ -7,6 +7,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 from typer.testing import CliRunner
 
+from _ref import adjusted_rand
 from mrt_fast import MrtInputError
 from mrt_fast.cli import app
 import mrt_fast._grades_core as core
@@ -33,18 +34,6 @@ def copies(rng, centres, sizes, jitter):
     truth = np.repeat(np.arange(len(centres)), sizes)
     x = centres[truth] + jitter * rng.normal(size=(len(truth), d)) / np.sqrt(d)
     return x.astype(np.float32), truth
-
-
-def adjusted_rand(a, b) -> float:
-    _, ia = np.unique(a, return_inverse=True)
-    _, ib = np.unique(b, return_inverse=True)
-    c = np.zeros((ia.max() + 1, ib.max() + 1))
-    np.add.at(c, (ia, ib), 1)
-    pairs = lambda v: float((v * (v - 1) / 2).sum())  # noqa: E731
-    sc, sa, sb, total = pairs(c), pairs(c.sum(1)), pairs(c.sum(0)), len(a) * (len(a) - 1) / 2
-    expected = sa * sb / total
-    den = 0.5 * (sa + sb) - expected
-    return 1.0 if den == 0 else (sc - expected) / den
 
 
 def pair_cosines(x):

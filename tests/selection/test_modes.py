@@ -5,6 +5,7 @@ import polars as pl
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
+from _ref import adjusted_rand
 from mrt_fast import MrtInputError
 from mrt_fast.selection.modes import kmeans, pool_modes
 from mrt_fast.tables.arrays import pool_keys
@@ -82,19 +83,6 @@ def test_bad_rows_are_input_errors():
         kmeans(np.zeros((3, 2)))
     with pytest.raises(MrtInputError, match="non-finite"):
         kmeans(np.array([[1.0, np.nan], [1.0, 0.0]]))
-
-
-def adjusted_rand(a, b) -> float:
-    """Adjusted Rand index of two labelings (1 for the same partition)."""
-    _, ia = np.unique(a, return_inverse=True)
-    _, ib = np.unique(b, return_inverse=True)
-    c = np.zeros((ia.max() + 1, ib.max() + 1))
-    np.add.at(c, (ia, ib), 1)
-    pairs = lambda v: float((v * (v - 1) / 2).sum())  # noqa: E731
-    sc, sa, sb, total = pairs(c), pairs(c.sum(1)), pairs(c.sum(0)), len(a) * (len(a) - 1) / 2
-    expected = sa * sb / total
-    den = 0.5 * (sa + sb) - expected
-    return 1.0 if den == 0 else (sc - expected) / den
 
 
 @settings(max_examples=15, deadline=None)
