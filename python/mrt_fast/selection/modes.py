@@ -187,8 +187,9 @@ def kmeans(
 
     ``n_modes=None`` chooses the number by the silhouette rule, then joins
     modes of one distinct row to the nearest mode and merges modes whose
-    directions are at a cosine above ``max_mode_cosine`` (1: no merge). ``key`` (a non-negative integer below 2^64) identifies the set
-    for seeding, so two sets with the same ``seed`` draw independently.
+    directions are at a cosine above ``max_mode_cosine`` (1: no merge).
+    ``key`` (a non-negative integer below 2^64) identifies the set for
+    seeding, so two sets with the same ``seed`` draw independently.
     """
     _check_params(n_modes, m_max, min_silhouette, seed, max_mode_cosine)
     xs = unit_rows(x)
@@ -302,8 +303,8 @@ def pool_modes(
                 changed = np.flatnonzero(np.bincount(pool_of[distinct][on], weights=merged != lab_d[on],
                                                      minlength=len(sp)) > 0)
                 lab_d[on] = merged
-                for p in changed:  # the silhouette of the merged modes
-                    at = np.flatnonzero(pool_of[distinct] == p)
+                for p in changed:  # the silhouette of the merged modes (a pool's distinct rows are contiguous)
+                    at = slice(int(off[p]), int(off[p + 1]))
                     sil[sp[p]] = silhouette_score(unit_rows(x[drows[at]]), lab_d[at])
         lab = np.empty(len(rows), dtype=np.int64)
         lab[distinct] = lab_d
