@@ -207,3 +207,26 @@ def test_cli_max_mode_cosine(tmp_path):
                             "--max-mode-cosine", "2"])
     assert r.exit_code == 2
     assert "max_mode_cosine" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_pool_info_gives_the_silhouette_of_the_final_modes():
+    # pools merged to one mode say 0; pools merged in part give the silhouette of what is left
+    from mrt_fast.selection.knn import unit_rows
+    from mrt_fast.selection.modes import silhouette_score
+
+    rng = np.random.default_rng(2)
+    parts, ids = [], []
+    for p, (m, cos) in enumerate([(3, 0.9), (2, 0.3), (3, 0.9), (2, 0.9)]):
+        x, _ = copies(rng, directions(rng, m, 64, cos), [6] * m, 0.02)
+        if p == 3:  # two answers, each as two tight sub-groups of paraphrases: four found, two kept
+            x = np.vstack([x, copies(rng, directions(rng, m, 64, cos), [6] * m, 0.02)[0]])
+        parts.append(x)
+        ids += [f"p{p}"] * len(x)
+    df = pl.DataFrame({"prompt_id": ids, "embedding": np.vstack(parts)})
+    out, info = pool_modes(df, return_info=True)
+    assert pool_modes(df, max_mode_cosine=1.0).filter(pl.col("prompt_id") == "p3")["mode"].n_unique() == 4
+    assert info.sort("prompt_id")["n_modes"].to_list() == [1, 2, 1, 2]
+    for row in info.iter_rows(named=True):
+        sub = out.filter(pl.col("prompt_id") == row["prompt_id"])
+        want = silhouette_score(unit_rows(np.stack(sub["embedding"].to_numpy())), sub["mode"].to_numpy())
+        assert row["silhouette"] == pytest.approx(want, abs=1e-6)
