@@ -29,9 +29,10 @@ partition's own mean silhouette (the statistic of the rule, on the truth) is
 at least SEPARATED = 0.25, the level Kaufman and Rousseeuw read as the
 least structure worth the name. Alongside: k-means given the planted number of
 modes (how recoverable the modes are at all), the rule at other silhouette
-thresholds, and a Gaussian reference (split only where the best silhouette
-beats that of every one of NULL_DRAWS Gaussian sets with the pool's mean and
-covariance).
+thresholds and merge cosines (``max_mode_cosine``), the pair cosines within a
+planted mode and across two, and a Gaussian reference (split only where the
+best silhouette beats that of every one of NULL_DRAWS Gaussian sets with the
+pool's mean and covariance).
 
     python bench/bench_selection_quality.py            # writes bench/results/selection_quality.json
     python bench/bench_selection_quality.py --static   # the static embedding tier
@@ -70,6 +71,10 @@ SELECTORS = {
 SEPARATED = 0.25
 #: thresholds of the silhouette rule measured besides the default
 THRESHOLDS = (0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
+#: merge thresholds of the mode rule (max_mode_cosine) measured besides the default; 1 merges nothing
+MAX_COSINES = (0.6, 0.7, 0.8, 0.9, 1.0)
+#: quantiles of the pair cosines reported (within a planted mode, across two)
+COS_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 #: Gaussian reference sets per pool
 NULL_DRAWS = 19
 PACKAGES = ("numpy", "polars", "pyarrow", "matplotlib", "rich", "typer", "scipy", "pandas", "hypothesis", "click")
@@ -266,9 +271,10 @@ def separation(df: pl.DataFrame) -> pl.DataFrame:
         iu = np.triu_indices(len(x), 1)
         cos, same = (x @ x.T)[iu], (t[:, None] == t[None, :])[iu]
         out.append((pid, nt, sep, float(cos[same].mean()) if same.any() else float("nan"),
-                    float(cos[~same].mean()) if (~same).any() else float("nan")))
-    return pl.DataFrame(out, schema=["prompt_id", "planted", "separation", "cos_within", "cos_across"],
-                        orient="row")
+                    float(cos[~same].mean()) if (~same).any() else float("nan"), cos[same].tolist(),
+                    cos[~same].tolist()))
+    return pl.DataFrame(out, schema=["prompt_id", "planted", "separation", "cos_within", "cos_across", "pairs_within",
+                                     "pairs_across"], orient="row")
 
 
 def recovery(df: pl.DataFrame, found: pl.DataFrame, sep: pl.DataFrame) -> dict:
@@ -319,15 +325,20 @@ def mode_recovery(df: pl.DataFrame, seed: int) -> dict:
     for c in ("cos_within", "cos_across"):
         v = sep[c].drop_nans()
         res[c] = float(v.mean()) if len(v) else None
+    for c in ("pairs_within", "pairs_across"):  # pair cosines: what the merge threshold is set against
+        v = sep[c].explode().drop_nulls().to_numpy()
+        res[f"{c}_quantiles"] = [float(q) for q in np.quantile(v, COS_QUANTILES)] if len(v) else None
     if "rewording" in df.columns:  # one-mode pools split, by how strongly their answer was reworded
         found = pool_modes(base, out="found").select("prompt_id", "found")
         n = found.group_by("prompt_id").agg(pl.col("found").n_unique().alias("n_found"))
         by = sep.join(n, on="prompt_id").join(df.group_by("prompt_id").agg(pl.col("rewording").first()),
                                               on="prompt_id").filter(pl.col("planted") == 1)
         res["one_mode_split_by_rewording"] = {
-            f"{r['rewording']:g}": f"{r['split']} of {r['pools']}"
+            f"{r['rewording']:g}": f"{r['split']} of {r['pools']} (median pair cosine {r['cos']:.2f})"
             for r in by.group_by("rewording").agg((pl.col("n_found") > 1).sum().alias("split"),
-                                                  pl.len().alias("pools")).sort("rewording").to_dicts()}
+                                                  pl.len().alias("pools"),
+                                                  pl.col("pairs_within").explode().median().alias("cos"))
+            .sort("rewording").to_dicts()}
     # how recoverable the planted modes are: k-means told their number
     given = []
     for (pid,), g in df.group_by("prompt_id"):
@@ -338,12 +349,14 @@ def mode_recovery(df: pl.DataFrame, seed: int) -> dict:
     res["ari_given_planted_number"] = float(np.mean(given)) if given else None
     res["thresholds"] = [{"min_silhouette": th, **recovery(df, pool_modes(base, out="found", min_silhouette=th), sep)}
                          for th in THRESHOLDS]
-    # the Gaussian reference: best silhouettes of the data and of the reference sets
-    _, info = pool_modes(base, out="found", min_silhouette=-1.0, return_info=True)
+    res["max_cosines"] = [{"max_mode_cosine": c, **recovery(df, pool_modes(base, out="found", max_mode_cosine=c), sep)}
+                          for c in MAX_COSINES]
+    # the Gaussian reference: best silhouettes of the data and of the reference sets (no merge)
+    _, info = pool_modes(base, out="found", min_silhouette=-1.0, max_mode_cosine=1.0, return_info=True)
     ref = gaussian_reference(df, seed)
     ref = ref.with_columns(pl.struct("prompt_id", "draw").hash(seed).alias("ref_id"))
     _, rinfo = pool_modes(ref.select("ref_id", "embedding"), by="ref_id", out="found", min_silhouette=-1.0,
-                          return_info=True)
+                          max_mode_cosine=1.0, return_info=True)
     ids = ref.select("ref_id", "prompt_id").unique()
     top = rinfo.join(ids, on="ref_id").group_by("prompt_id").agg(pl.col("silhouette").max().alias("ref_max"))
     j = info.join(top, on="prompt_id").join(sep, on="prompt_id")
@@ -410,7 +423,7 @@ def mode_lines(m: dict) -> list[str]:
 
     q = m["separation_quartiles"]
     g = m["gaussian_reference"]
-    out = ["", f"Mode rule (silhouette >= 0.25): adjusted Rand index {f(m['ari_multi_mode_pools'])} on "
+    out = ["", f"Mode rule (silhouette >= 0.25, modes at cosine > 0.8 merged): adjusted Rand index {f(m['ari_multi_mode_pools'])} on "
                f"{m['multi_mode_pools']} multi-mode pools; {m['one_mode_false_negatives']} of them called one mode; "
                f"{m['one_mode_false_positives']} of {m['one_mode_pools']} one-mode pools split.",
            "", f"Separation of the planted modes (their mean silhouette), quartiles: "
@@ -428,6 +441,16 @@ def mode_lines(m: dict) -> list[str]:
     out += [f"| {t['min_silhouette']:g} | {t['one_mode_false_positives']} of {t['one_mode_pools']} | "
             f"{f(t['ari_separated'])} | {t['separated_called_one_mode']} of {t['separated_pools']} |"
             for t in m["thresholds"]]
+    qs = " / ".join(f"{q:g}" for q in COS_QUANTILES)
+    for c, what in (("pairs_within", "within a planted mode"), ("pairs_across", "across two planted modes")):
+        v = m.get(f"{c}_quantiles")
+        if v is not None:
+            out += ["", f"Pair cosines {what}, quantiles {qs}: " + " / ".join(f"{q:.3f}" for q in v) + "."]
+    out += ["", "| max_mode_cosine | one-mode pools split | separated: ARI | separated: called one mode |",
+            "|---|---|---|---|"]
+    out += [f"| {t['max_mode_cosine']:g} | {t['one_mode_false_positives']} of {t['one_mode_pools']} | "
+            f"{f(t['ari_separated'])} | {t['separated_called_one_mode']} of {t['separated_pools']} |"
+            for t in m["max_cosines"]]
     out += ["", f"Gaussian reference ({NULL_DRAWS} sets per pool with its mean and covariance; split where the best "
                 f"silhouette beats them all): {g['one_mode_false_positives']} of {m['one_mode_pools']} one-mode pools "
                 f"split, {g['separated_called_one_mode']} of {m['separated_pools']} separated pools called one mode "

@@ -52,7 +52,7 @@ SECTIONS = [
      "`python bench/bench_selection_quality.py` (see docs/selection.md): every selector at K = 2, 4, 8 on "
      "docstring pools (sources as modes, MiniLM), text pools of reworded answers (answers as modes, MiniLM), "
      "the paper's controlled setup and the MOSAIC examples; GRADES' alpha sweep; the mode rule against "
-     "planted modes, by their separation (docs/modes.md)."),
+     "planted modes, by their separation, with its silhouette thresholds and merge cosines (docs/modes.md)."),
     ("sandbox_overhead", "Sandbox start-up overhead",
      "`python bench/sandbox_overhead.py --repeats 30` (see docs/sandbox.md)."),
     ("nll_bench", "`mrt nll` and `mrt score` against a raw batched forward pass",

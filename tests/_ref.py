@@ -146,3 +146,16 @@ def weights_fit(r, alpha, eps, k):
     if hi > top - margin or lo < bottom + margin:
         return "edge"
     return "yes"
+
+
+def adjusted_rand(a, b) -> float:
+    """Adjusted Rand index of two labelings (1 for the same partition)."""
+    _, ia = np.unique(a, return_inverse=True)
+    _, ib = np.unique(b, return_inverse=True)
+    c = np.zeros((ia.max() + 1, ib.max() + 1))
+    np.add.at(c, (ia, ib), 1)
+    pairs = lambda v: float((v * (v - 1) / 2).sum())  # noqa: E731
+    sc, sa, sb, total = pairs(c), pairs(c.sum(1)), pairs(c.sum(0)), len(a) * (len(a) - 1) / 2
+    expected = sa * sb / total
+    den = 0.5 * (sa + sb) - expected
+    return 1.0 if den == 0 else (sc - expected) / den

@@ -1,4 +1,4 @@
-//! Modes of a pool: seeded k-means++ and Lloyd iterations on unit vectors,
+//! Modes of a pool: seeded greedy k-means++ and Lloyd iterations on unit vectors,
 //! over a ragged batch of pools, in parallel over pools.
 //!
 //! Every pool's rows are scaled to unit norm first (so squared Euclidean
@@ -84,6 +84,25 @@ fn sqdist(a: &[f32], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(&x, &c)| (x as f64 - c) * (x as f64 - c)).sum()
 }
 
+/// An index drawn with probability proportional to `w` (`total` its sum, > 0); never a
+/// point of weight 0 (rounding at the end of the sum).
+fn draw_by_weight(w: &[f64], total: f64, rng: &mut ChaCha8Rng) -> usize {
+    let n = w.len();
+    let mut u = rng.random::<f64>() * total;
+    let mut pick = n - 1;
+    for (i, &wi) in w.iter().enumerate() {
+        if u < wi {
+            pick = i;
+            break;
+        }
+        u -= wi;
+    }
+    if w[pick] == 0.0 {
+        pick = w.iter().enumerate().rev().find(|(_, &x)| x > 0.0).map(|(i, _)| i).unwrap_or(pick);
+    }
+    pick
+}
+
 /// k-means++ seeding then Lloyd on the rows of `x` (`n x d`, unit rows).
 /// Returns canonical labels and the inertia.
 pub fn kmeans_one(x: &[f32], n: usize, d: usize, m: usize, max_iter: usize, rng: &mut ChaCha8Rng) -> (Vec<u32>, f64) {
@@ -92,40 +111,38 @@ pub fn kmeans_one(x: &[f32], n: usize, d: usize, m: usize, max_iter: usize, rng:
         return (Vec::new(), 0.0);
     }
     let row = |i: usize| &x[i * d..(i + 1) * d];
-    // k-means++ seeding
+    // greedy k-means++ seeding (Arthur and Vassilvitskii; scikit-learn's default): each new
+    // centre is the best, by the potential it leaves, of 2 + ln(m) candidates drawn by D^2
     let mut centres: Vec<f64> = Vec::with_capacity(m * d);
     let first = rng.random_range(0..n);
     centres.extend(row(first).iter().map(|&v| v as f64));
     let mut d2: Vec<f64> = (0..n).map(|i| sqdist(row(i), &centres[0..d])).collect();
+    let trials = 2 + (m as f64).ln().floor() as usize;
+    let mut cand_d2 = vec![0f64; n];
+    let mut best_d2 = vec![0f64; n];
     for _ in 1..m {
         let total: f64 = d2.iter().sum();
-        let pick = if total > 0.0 {
-            let mut u = rng.random::<f64>() * total;
-            let mut pick = n - 1;
-            for (i, &w) in d2.iter().enumerate() {
-                if u < w {
-                    pick = i;
-                    break;
-                }
-                u -= w;
-            }
-            // never pick a point already at distance 0 (rounding at the end)
-            if d2[pick] == 0.0 {
-                pick = d2.iter().enumerate().rev().find(|(_, &w)| w > 0.0).map(|(i, _)| i).unwrap_or(pick);
-            }
-            pick
-        } else {
+        if total <= 0.0 {
             // all points coincide with a centre: no further distinct centre exists
             break;
-        };
-        let c0 = centres.len();
-        centres.extend(row(pick).iter().map(|&v| v as f64));
-        for (i, di) in d2.iter_mut().enumerate() {
-            let nd = sqdist(row(i), &centres[c0..c0 + d]);
-            if nd < *di {
-                *di = nd;
+        }
+        let mut best: Option<(usize, f64)> = None;
+        for _ in 0..trials {
+            let pick = draw_by_weight(&d2, total, rng);
+            let c: Vec<f64> = row(pick).iter().map(|&v| v as f64).collect();
+            let mut potential = 0.0;
+            for (i, (cd, &di)) in cand_d2.iter_mut().zip(&d2).enumerate() {
+                *cd = sqdist(row(i), &c).min(di);
+                potential += *cd;
+            }
+            if best.is_none_or(|(_, p)| potential < p) {
+                best = Some((pick, potential));
+                best_d2.copy_from_slice(&cand_d2);
             }
         }
+        let (pick, _) = best.expect("at least one trial");
+        centres.extend(row(pick).iter().map(|&v| v as f64));
+        d2.copy_from_slice(&best_d2);
     }
     let mc = centres.len() / d;
     // Lloyd

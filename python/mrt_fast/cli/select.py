@@ -33,6 +33,9 @@ def select_cmd(
     k_max: Optional[int] = typer.Option(None, help="Prefilter: keep only the best K_MAX by reward as ground set (grades)."),
     kernel: str = typer.Option("shift", help="shift: (1+c)/2, clip: max(0, c)."),
     n_modes: Optional[int] = typer.Option(None, help="Modes per pool when they are computed (default: silhouette rule)."),
+    max_mode_cosine: Optional[float] = typer.Option(
+        None, "--max-mode-cosine", help="Computed modes whose directions are at a cosine above this are merged "
+        "(default 0.8; 1: none)."),
     seed: int = typer.Option(0, help="Seed of random draws and k-means."),
     layout: str = typer.Option("auto", help="rows (one row per candidate), grouped (one row per prompt, list "
                                "columns) or auto (grouped when the embedding/reward columns hold lists)."),
@@ -73,7 +76,8 @@ def select_cmd(
         opts = SelectOptions(k=k_or_column(k), method=method, by=by, embedding=embedding, reward=reward, mode=mode,
                              alpha=alpha, eps=eps, k_max=k_max, kernel=kernel, seed=seed,
                              candidate_key=candidate_key, optimizer=optimizer, n_modes=n_modes, layout=layout,
-                             candidate_columns=cand_cols)
+                             candidate_columns=cand_cols,
+                             **({} if max_mode_cosine is None else {"max_mode_cosine": max_mode_cosine}))
         if engine == "ray":
             from mrt_fast.datasets.ray_engine import select_dataset as ray_select_dataset
 

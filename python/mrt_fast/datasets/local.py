@@ -137,7 +137,8 @@ def select_frame(df: pl.DataFrame, opts: SelectOptions, *, layout: str = "flat",
     if opts.method == "stratified" and opts.mode not in df.columns:
         from mrt_fast.selection.modes import pool_modes
 
-        df = pool_modes(df, by=opts.by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes, seed=opts.seed)
+        df = pool_modes(df, by=opts.by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes,
+                        max_mode_cosine=opts.max_mode_cosine, seed=opts.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallPoolWarning)
         kept, rep = select(df, options=_flat(opts), return_report=True)
@@ -172,7 +173,7 @@ def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
             from mrt_fast.selection.modes import pool_modes
 
             flat = pool_modes(flat, by=by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes,
-                              seed=opts.seed)
+                              max_mode_cosine=opts.max_mode_cosine, seed=opts.seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SmallPoolWarning)
             kept, rep = select(flat, options=_flat(opts), return_report=True)
@@ -663,7 +664,7 @@ def select_dataset(
     ``k``, ``method`` and the keywords of :func:`mrt_fast.select` (``by``,
     ``embedding``, ``reward``, ``mode``, ``alpha``, ``eps``, ``k_max``,
     ``kernel``, ``seed``, ``candidate_key``, ``optimizer``) with ``n_modes``,
-    ``layout`` and ``candidate_columns``; the kept rows are those of
+    ``max_mode_cosine``, ``layout`` and ``candidate_columns``; the kept rows are those of
     :func:`mrt_fast.select` on the whole table; a file output also has its
     order. ``memory_limit`` (bytes or ``"2GB"``; default half the available
     memory) bounds the peak memory. Re-running an unfinished directory output

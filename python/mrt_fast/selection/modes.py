@@ -4,11 +4,16 @@ One k-means policy serves every caller (``select``'s stratified method through
 :func:`pool_modes`, the CLI, the demo and :func:`mrt_fast.variance.law.implicit_mrt`):
 
 * rows are unit-normalised (k-means on the sphere, Euclidean distance);
-* the number of modes is given (capped at the number of rows), or chosen by
-  the silhouette rule: among m in 2..min(m_max, n - 1) the m with the largest
-  mean silhouette (ties to the smaller m); below ``min_silhouette`` (0.25, the
-  level Kaufman and Rousseeuw read as "no substantial structure") the set is a
-  single mode;
+  exact duplicates (the same embedding) count once: repeats are no evidence
+  of a mode, and each repeat takes the mode of its first copy;
+* the number of modes is given (capped at the number of distinct rows), or
+  chosen by the silhouette rule: among m in 2..min(m_max, n - 1) (n distinct
+  rows) the m with the largest mean silhouette (ties to the smaller m); below
+  ``min_silhouette`` (0.25, the level Kaufman and Rousseeuw read as "no
+  substantial structure") the set is a single mode; then a mode of one
+  distinct row joins the nearest mode, and modes whose directions are at a
+  cosine above ``max_mode_cosine`` (0.8) are merged
+  (:mod:`mrt_fast.selection.mode_merge`), since the silhouette is scale-free;
 * labels are numbered by first appearance (the first row is mode 0); the
   k-means itself visits each set's rows in content order (by their
   unit-normalised embeddings), so the partition does not depend on the order
@@ -18,7 +23,7 @@ One k-means policy serves every caller (``select``'s stratified method through
   batching or threads.
 
 Engine: sets of at most :data:`LARGE_POOL` rows run in the Rust core (seeded
-k-means++ then Lloyd, exact silhouettes, batched and parallel over pools);
+greedy k-means++ then Lloyd, exact silhouettes, batched and parallel over pools);
 larger sets run FAISS k-means (25 iterations, the best of 5 starts) with silhouettes measured on a
 sample of 2,000 rows, so memory stays linear in the set's size.
 """
@@ -34,6 +39,7 @@ from mrt_fast import _grades_core as core
 from mrt_fast.tables.arrays import columns_of, embeddings as _embeddings, group, pool_keys, require, table_kind, to_polars
 from mrt_fast.errors import MrtInputError
 from mrt_fast.selection.knn import faiss_module, unit_rows
+from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE, check_max_mode_cosine, coarsen
 
 #: sets (pools) of at most this many rows run in the core; larger ones in FAISS
 LARGE_POOL = 2048
@@ -141,7 +147,7 @@ def renumber(labels: np.ndarray, g, position: np.ndarray) -> np.ndarray:
     return d.join(first, on=["p", "l"], how="left", maintain_order="left")["new"].to_numpy()
 
 
-def _check_params(n_modes: Any, m_max: Any, min_silhouette: Any, seed: Any) -> None:
+def _check_params(n_modes: Any, m_max: Any, min_silhouette: Any, seed: Any, max_mode_cosine: Any) -> None:
     if n_modes is not None and (isinstance(n_modes, bool) or not isinstance(n_modes, (int, np.integer)) or n_modes < 1):
         raise MrtInputError(f"n_modes must be an integer >= 1 or None, got {n_modes!r}")
     if isinstance(m_max, bool) or not isinstance(m_max, (int, np.integer)) or m_max < 1:
@@ -154,6 +160,14 @@ def _check_params(n_modes: Any, m_max: Any, min_silhouette: Any, seed: Any) -> N
         raise MrtInputError(f"min_silhouette must be in [-1, 1], got {min_silhouette!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
         raise MrtInputError(f"seed must be an integer in [0, 2^64), got {seed!r}")
+    check_max_mode_cosine(max_mode_cosine)
+
+
+def first_copies(keys: np.ndarray, pool_of: np.ndarray) -> np.ndarray:
+    """For each row (in the order given), the index of the first row of its
+    pool with the same content key: the row itself unless it repeats one."""
+    d = pl.DataFrame({"p": pool_of, "k": keys, "i": np.arange(len(keys), dtype=np.int64)})
+    return d.select(pl.col("i").min().over(["p", "k"]))["i"].to_numpy()
 
 
 def kmeans(
@@ -162,6 +176,7 @@ def kmeans(
     *,
     m_max: int = 8,
     min_silhouette: float = 0.25,
+    max_mode_cosine: float = DEFAULT_MAX_MODE_COSINE,
     seed: int = 0,
     key: int = 0,
     max_iter: int = 100,
@@ -170,17 +185,28 @@ def kmeans(
     """Mode labels (int64, numbered by first appearance) of the rows of ``x`` under the policy
     above; the partition does not depend on the row order (the rows are clustered in content order).
 
-    ``n_modes=None`` chooses the number by the silhouette rule. ``key`` (a
-    non-negative integer below 2^64) identifies the set for seeding, so two
-    sets with the same ``seed`` draw independently.
+    ``n_modes=None`` chooses the number by the silhouette rule, then joins
+    modes of one distinct row to the nearest mode and merges modes whose
+    directions are at a cosine above ``max_mode_cosine`` (1: no merge).
+    ``key`` (a non-negative integer below 2^64) identifies the set for
+    seeding, so two sets with the same ``seed`` draw independently.
     """
-    _check_params(n_modes, m_max, min_silhouette, seed)
+    _check_params(n_modes, m_max, min_silhouette, seed, max_mode_cosine)
     xs = unit_rows(x)
     n = len(xs)
     # rows in content order, so the labels do not depend on the row order
     order = np.lexsort(_order_keys(xs))
-    lab = _kmeans_ordered(np.ascontiguousarray(xs[order]), n_modes, m_max, min_silhouette, seed, key, max_iter,
-                          large_pool)
+    # exact duplicates count once: the k-means sees the first copy of each row
+    raw = np.ascontiguousarray(np.asarray(x, dtype=np.float32).reshape(n, -1)[order])
+    first = first_copies(core.content_keys(raw), np.zeros(n, dtype=np.int64))
+    distinct = np.flatnonzero(first == np.arange(n))
+    xd = np.ascontiguousarray(xs[order][distinct])
+    lab_d = _kmeans_ordered(xd, n_modes, m_max, min_silhouette, seed, key, max_iter, large_pool)
+    if n_modes is None:
+        lab_d = coarsen(xd, lab_d, np.zeros(len(xd), dtype=np.int64), float(max_mode_cosine))
+    lab = np.empty(n, dtype=np.int64)
+    lab[distinct] = lab_d
+    lab = lab[first]
     out = np.empty(n, dtype=np.int64)
     out[order] = lab
     return _canonical(out)
@@ -213,6 +239,7 @@ def pool_modes(
     n_modes: int | None = None,
     m_max: int = 8,
     min_silhouette: float = 0.25,
+    max_mode_cosine: float = DEFAULT_MAX_MODE_COSINE,
     seed: int = 0,
     large_pool: int = LARGE_POOL,
     max_iter: int = 100,
@@ -225,10 +252,10 @@ def pool_modes(
     over pools); larger ones run one by one through :func:`kmeans`.
 
     Returns the table as polars with an integer ``out`` column (and, with
-    ``return_info``, a per-pool polars frame: pool id, n, modes, silhouette;
-    the silhouette is NaN for large pools).
+    ``return_info``, a per-pool polars frame: pool id, n, modes, silhouette
+    of the final modes over the distinct rows; NaN for large pools).
     """
-    _check_params(n_modes, m_max, min_silhouette, seed)
+    _check_params(n_modes, m_max, min_silhouette, seed, max_mode_cosine)
     kind = table_kind(table)
     cols = columns_of(table, kind)
     require(cols, by, "prompt id")
@@ -244,16 +271,20 @@ def pool_modes(
     sil = np.zeros(g.n_pools, dtype=np.float64)
     keys = pool_keys(g.keys)
     small = sizes <= large_pool
-    # small pools: one batched call into the core (the same labels as kmeans() per pool)
+    # small pools: one batched call into the core on their distinct rows (the same labels as kmeans() per pool)
     if small.any():
         sp = np.flatnonzero(small)
         pos = np.concatenate([np.arange(g.offsets[p], g.offsets[p + 1], dtype=np.int64) for p in sp])
-        rows = g.rows[pos]
+        rows = g.rows[pos].astype(np.int64)
+        pool_of = np.repeat(np.arange(len(sp)), sizes[sp])
+        first = first_copies(core.content_keys(np.ascontiguousarray(x[rows])), pool_of)
+        distinct = np.flatnonzero(first == np.arange(len(rows)))
+        drows = rows[distinct]
         off = np.zeros(len(sp) + 1, dtype=np.uint64)
-        np.cumsum(sizes[sp], out=off[1:])
+        np.cumsum(np.bincount(pool_of[distinct], minlength=len(sp)), out=off[1:])
         try:
             res = core.kmeans_modes(
-                x, off, np.ascontiguousarray(keys[sp]), int(seed), rows=np.ascontiguousarray(rows, dtype=np.uint64),
+                x, off, np.ascontiguousarray(keys[sp]), int(seed), rows=np.ascontiguousarray(drows, dtype=np.uint64),
                 n_modes=None if n_modes is None else int(n_modes), m_max=int(m_max),
                 min_silhouette=float(min_silhouette), max_iter=int(max_iter),
             )
@@ -261,14 +292,31 @@ def pool_modes(
             from mrt_fast.selection.table_errors import said_of_table as _said_of_table
 
             raise _said_of_table(e, g.keys.gather(sp), by, {"embeddings": embedding}) from None
-        labels[rows.astype(np.int64)] = res["labels"]
-        n_m[sp] = res["n_modes"]
+        lab_d = np.asarray(res["labels"], dtype=np.int64)
         sil[sp] = res["silhouette"]
+        if n_modes is None:
+            split = np.asarray(res["n_modes"]) > 1
+            if split.any():
+                on = np.flatnonzero(split[pool_of[distinct]])
+                ur = unit_rows(x[drows[on]])
+                merged = coarsen(ur, lab_d[on], pool_of[distinct][on], float(max_mode_cosine))
+                changed = np.flatnonzero(np.bincount(pool_of[distinct][on], weights=merged != lab_d[on],
+                                                     minlength=len(sp)) > 0)
+                lab_d[on] = merged
+                for p in changed:  # the silhouette of the merged modes (a pool's distinct rows are contiguous)
+                    at = slice(int(off[p]), int(off[p + 1]))
+                    sil[sp[p]] = silhouette_score(unit_rows(x[drows[at]]), lab_d[at])
+        lab = np.empty(len(rows), dtype=np.int64)
+        lab[distinct] = lab_d
+        labels[rows] = lab[first]
+        n_m[sp] = pl.DataFrame({"p": pool_of, "l": labels[rows]}).group_by("p").agg(pl.col("l").n_unique()) \
+            .sort("p")["l"].to_numpy()
     for p in np.flatnonzero(~small):
         rows = g.rows[g.offsets[p] : g.offsets[p + 1]].astype(np.int64)
         try:
-            lab = kmeans(x[rows], n_modes, m_max=m_max, min_silhouette=min_silhouette, seed=seed,
-                         key=int(keys[p]), max_iter=max_iter, large_pool=large_pool)
+            lab = kmeans(x[rows], n_modes, m_max=m_max, min_silhouette=min_silhouette,
+                         max_mode_cosine=max_mode_cosine, seed=seed, key=int(keys[p]), max_iter=max_iter,
+                         large_pool=large_pool)
         except MrtInputError as e:
             key = g.keys[int(p)]
             key = key.to_list() if isinstance(key, pl.Series) else key

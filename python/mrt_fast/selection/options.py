@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from mrt_fast.errors import MrtInputError
+from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE, check_max_mode_cosine
 
 
 #: method name -> canonical name (the paper's aliases included)
@@ -95,7 +96,8 @@ class SelectOptions:
     ``method`` is canonical after construction (``"dbkon"`` becomes ``"grades"``).
     ``n_modes`` is the number of k-means modes per pool when stratified
     selection computes them (the ``mode`` column absent; default: silhouette
-    rule). ``layout`` is ``"flat"`` (one row per candidate; ``"rows"`` is read
+    rule), and ``max_mode_cosine`` the cosine above which the rule merges two
+    modes (:mod:`mrt_fast.selection.mode_merge`). ``layout`` is ``"flat"`` (one row per candidate; ``"rows"`` is read
     as ``"flat"``), ``"grouped"`` (one row per prompt, list columns) or
     ``"auto"``; ``candidate_columns`` names the grouped layout's per-candidate
     list columns (default: every list column). A bad value is one
@@ -116,6 +118,7 @@ class SelectOptions:
     candidate_key: str | None = None
     optimizer: str = "lazy"
     n_modes: int | None = None
+    max_mode_cosine: float = DEFAULT_MAX_MODE_COSINE
     layout: str = "auto"
     candidate_columns: tuple[str, ...] | None = None
     text: str | None = None
@@ -141,6 +144,7 @@ class SelectOptions:
         if self.n_modes is not None and (isinstance(self.n_modes, bool) or not isinstance(self.n_modes, (int, np.integer))
                                          or self.n_modes < 1):
             raise MrtInputError(f"n_modes must be None or an integer >= 1, got {self.n_modes!r}")
+        object.__setattr__(self, "max_mode_cosine", check_max_mode_cosine(self.max_mode_cosine))
         layout = "flat" if self.layout == "rows" else self.layout
         if layout not in LAYOUTS:
             raise MrtInputError(f"layout must be 'auto', 'flat' or 'grouped', got {self.layout!r}")
