@@ -20,6 +20,15 @@ from mrt_fast.cli.common import (
 )
 
 
+# the options nll and score share: the job's parts and the engine that runs them
+ROWS_PER_PART = typer.Option(50_000, "--rows-per-part", help="Directory output: input rows per part.")
+OVERWRITE = typer.Option(False, "--overwrite", help="Replace an output an earlier mrt job wrote.")
+MODEL_ENGINE = typer.Option("local", "--engine", help="local (this machine) or ray (a Ray cluster: each "
+                            "worker loads the model once and does whole parts).")
+RAY_ADDRESS = typer.Option(None, "--ray-address", help="--engine ray: the cluster to join (default: start or "
+                           "join a local one).")
+MODEL_WORKERS = typer.Option(None, "--workers", help="--engine ray: model workers (default: the cluster's CPUs).")
+
 @app.command("nll")
 def nll_cmd(
     inp: str = typer.Argument(..., help="Table with prompt and response text columns: a file, a directory "
@@ -34,14 +43,11 @@ def nll_cmd(
     prompt_format: str = typer.Option("auto", help="auto (chat template when the tokenizer has one) | chat | plain; "
                                       "use the setting training will use."),
     device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda[:N] | mps."),
-    rows_per_part: int = typer.Option(50_000, "--rows-per-part", help="Directory output: input rows per part."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output an earlier mrt job wrote."),
-    engine: str = typer.Option("local", "--engine", help="local (this machine) or ray (a Ray cluster: each "
-                               "worker loads the model once and does whole parts)."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: the cluster to join "
-                                              "(default: start or join a local one)."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="--engine ray: model workers (default: the "
-                                          "cluster's CPUs)."),
+    rows_per_part: int = ROWS_PER_PART,
+    overwrite: bool = OVERWRITE,
+    engine: str = MODEL_ENGINE,
+    ray_address: Optional[str] = RAY_ADDRESS,
+    workers: Optional[int] = MODEL_WORKERS,
 ) -> None:
     """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM.
 
@@ -138,14 +144,11 @@ def score_cmd(
     response: str = typer.Option("response", help="Response text column."),
     column: str = typer.Option("reward", help="Name of the reward column written."),
     device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda[:N] | mps."),
-    rows_per_part: int = typer.Option(50_000, "--rows-per-part", help="Directory output: input rows per part."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output an earlier mrt job wrote."),
-    engine: str = typer.Option("local", "--engine", help="local (this machine) or ray (a Ray cluster: each "
-                               "worker loads the model once and does whole parts)."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: the cluster to join "
-                                              "(default: start or join a local one)."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="--engine ray: model workers (default: the "
-                                          "cluster's CPUs)."),
+    rows_per_part: int = ROWS_PER_PART,
+    overwrite: bool = OVERWRITE,
+    engine: str = MODEL_ENGINE,
+    ray_address: Optional[str] = RAY_ADDRESS,
+    workers: Optional[int] = MODEL_WORKERS,
 ) -> None:
     """Score every (prompt, response) with a reward model; either layout, resumable to a directory."""
     from mrt_fast.errors import MrtInputError

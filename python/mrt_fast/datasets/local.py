@@ -55,7 +55,7 @@ from mrt_fast.tables.layouts import candidate_columns, detect, explode, grouped_
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 from mrt_fast.errors import MrtInputError
 from mrt_fast.selection.options import SelectOptions
-from mrt_fast.selection.report import SelectionReport, summary_text
+from mrt_fast.selection.report import SelectionReport, pick_lines, summary_text
 from mrt_fast.datasets.job import Job, run_all, run_row_parts, write_part  # noqa: F401  (write_part: for Ray tasks)
 from mrt_fast._util.memory import (Budget, available_memory, default_memory_limit, parse_memory, peak_rss,  # noqa: F401
                             least_work, plan_spill, polars_read_bytes, release_unused, rss, size_text,
@@ -256,13 +256,7 @@ class BatchReport:
         if self.mean_ratio is not None:
             rows.append(("mean certified ratio", f"{self.mean_ratio:.4f}"))
             rows.append(("zero-gain picks", f"{self.n_zero_gain_picks:,}"))
-        rows.append(("picks decided by the tie rule", f"{self.n_tie_picks:,}"))
-        rows.append(("duplicates skipped", f"{self.n_duplicates_skipped:,}"))
-        if self.n_near_duplicates_removed:
-            rows.append(("near-duplicates removed (dedup)", f"{self.n_near_duplicates_removed:,}"))
-        if self.method == "stratified":
-            rows.append(("one-mode pools", f"{self.n_one_mode_pools:,}"))
-            rows.append(("modes with no pick", f"{self.modes_missed:,}"))
+        rows += pick_lines(self)
         rows += [("buckets", buckets), ("rows/s", f"{self.rows_per_second:,.0f}"),
                  ("peak memory", memory), ("seconds", f"{self.seconds:.2f}")]
         return rows

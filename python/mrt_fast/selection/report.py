@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
+
+
+def pick_lines(report: Any) -> list[tuple[str, str]]:
+    """What decided the picks, as (label, value) rows: ties, duplicates, near-duplicates
+    and, for stratified, one-mode pools and modes left without a pick (any report with
+    those counts: `SelectionReport`, `BatchReport`)."""
+    rows = [("picks decided by the tie rule", f"{report.n_tie_picks:,}"),
+            ("duplicates skipped", f"{report.n_duplicates_skipped:,}")]
+    if report.n_near_duplicates_removed:
+        rows.append(("near-duplicates removed (dedup)", f"{report.n_near_duplicates_removed:,}"))
+    if report.method == "stratified":
+        rows.append(("one-mode pools", f"{report.n_one_mode_pools:,}"))
+        rows.append(("modes with no pick", f"{report.modes_missed:,}"))
+    return rows
 
 
 def summary_text(title: str, rows: list[tuple[str, str]]) -> str:
@@ -96,13 +110,7 @@ class SelectionReport:
             rows.append(("certified ratio", f"mean {d['mean_approximation_ratio']:.4f}, "
                                             f"min {d['min_approximation_ratio']:.4f}"))
             rows.append(("zero-gain picks", f"{self.n_zero_gain_picks:,}"))
-        rows.append(("picks decided by the tie rule", f"{self.n_tie_picks:,}"))
-        rows.append(("duplicates skipped", f"{self.n_duplicates_skipped:,}"))
-        if self.n_near_duplicates_removed:
-            rows.append(("near-duplicates removed (dedup)", f"{self.n_near_duplicates_removed:,}"))
-        if self.method == "stratified":
-            rows.append(("one-mode pools", f"{self.n_one_mode_pools:,}"))
-            rows.append(("modes with no pick", f"{self.modes_missed:,}"))
+        rows += pick_lines(self)
         rows.append(("time", f"{self.seconds:.3f} s"))
         return rows
 
