@@ -312,8 +312,9 @@ def test_job_parts_are_the_local_engines_parts_byte_for_byte(tmp_path, method, s
     assert m.checks == Manifest.read(tmp_path / "local").checks
 
 
-@pytest.mark.parametrize("method", ["grades", "stratified"])
-def test_job_report_counts_what_the_local_engine_counts(tmp_path, method):
+@pytest.mark.parametrize("method,out", [("grades", "ray"), ("stratified", "ray"), ("grades", "kept.parquet")])
+def test_job_report_counts_what_the_local_engine_counts(tmp_path, method, out):
+    """To a directory or to one file: the same pools, candidates and pick counts as locally."""
     from mrt_fast.datasets.local import select_dataset as local_job
 
     df = make_table(n_pools=40, seed=21)
@@ -321,8 +322,8 @@ def test_job_report_counts_what_the_local_engine_counts(tmp_path, method):
     src = write_files(df, tmp_path / "in", 3)
     ref = local_job(src, tmp_path / "local", 3, method, parts=3)
     assert ref.n_duplicates_skipped > 0
-    rep = D.select_dataset(src, tmp_path / "ray", 3, method, parts=3)
-    counts = mrt_fast.SelectionReport.COUNTS
+    rep = D.select_dataset(src, tmp_path / out, 3, method, parts=3)
+    counts = ["n_pools", "n_candidates", "n_small_pools", *mrt_fast.SelectionReport.COUNTS]
     assert {f: getattr(rep, f) for f in counts} == {f: getattr(ref, f) for f in counts}
     assert "duplicates skipped" in str(rep)
 

@@ -797,22 +797,27 @@ class _SpilledBucketToPart:
         self.schema = schema
         self.__name__ = "select_bucket_to_part"
 
-    def __call__(self, t: pa.Table) -> pa.Table:
+    def __call__(self, t: pa.Table) -> tuple[pa.Table | None, pa.Table | None]:
+        """(the kept rows for a file output, else None; one row of counts per part done, or None)."""
+        from mrt_fast.datasets.job import write_part
         from mrt_fast.datasets.local import ROW, _select_rows, read_bucket
 
         _maybe_fail(self.fault)
         empty = pl.Schema({ROW: pl.get_index_type(), **dict(self.schema)})
         emb = self.opts.embedding if self.opts.uses_embedding(list(self.schema.names())) else None
-        outs = []
+        kept_rows, counts = [], []
         for i in t.column("part").to_pylist():
             df = read_bucket(Path(self.spill), i, empty, emb)
             if df.height == 0:
                 continue
             kept, rep = _select_rows(df, self.opts, self.src, first=self.out_dir is None)
-            outs.append(_part_result(i, kept, rep, self.out_dir))
-        if not outs:
-            return pa.table({"part": pa.array([], pa.int64())}) if self.out_dir else pa.table({})
-        return pa.concat_tables(outs, promote_options="default")
+            if self.out_dir is None:
+                kept_rows.append(kept.to_arrow())
+                counts.append(_part_stats(i, kept.height, rep))
+            else:
+                counts.append(_part_stats(i, write_part(kept, self.out_dir, i), rep))
+        return (pa.concat_tables(kept_rows, promote_options="default") if kept_rows else None,
+                pa.concat_tables(counts) if counts else None)
 
 
 def _timed(fn: Any, arg: Any) -> tuple[Any, float, float]:
@@ -1005,10 +1010,11 @@ def select_dataset(
             kept_tables = []
             stats: list[str] = []
 
-            def account(t: pa.Table) -> None:
+            def account(t: pa.Table, written: bool = True) -> None:
                 d = t.to_pydict()
                 for j in range(t.num_rows):
-                    job.record_written(d["part"][j], d["rows"][j])
+                    if written:
+                        job.record_written(d["part"][j], d["rows"][j])
                     job.progress.advance(part_rows(d["part"][j], d["candidates"][j]))
                     rep.n_pools += d["pools"][j]
                     rep.n_candidates += d["candidates"][j]
@@ -1059,13 +1065,12 @@ def select_dataset(
 
                             raise null_ids_error(src, spill, nb, by, nulls[0])
 
-                        def bucket_done(t: pa.Table) -> None:
-                            if t.num_rows == 0:
-                                return
-                            if to_dir:
-                                account(t)
-                            else:
-                                kept_tables.append(t)
+                        def bucket_done(out: tuple) -> None:
+                            kept_rows, counts = out
+                            if kept_rows is not None:
+                                kept_tables.append(kept_rows)
+                            if counts is not None:
+                                account(counts, written=to_dir)
 
                         stats.append(_run_tasks("SpilledBucketToPart",
                                                 _SpilledBucketToPart(src, opts, schema, str(spill), out_dir, fault),
