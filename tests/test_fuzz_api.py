@@ -262,6 +262,8 @@ def reference_select(c, method, k, alpha, kernel, layout, eps=1e-6, table=None):
     """(status, per-pool expectations) for a select call, by the slow reference."""
     needs_emb = method in ("diverse", "grades")
     needs_rew = method == "top" or (method == "grades" and alpha > 0)
+    # facility methods read a reward column when there is one: ties go to higher quality first
+    reads_rew = needs_rew or method in ("diverse", "grades")
     if c["null_id"]:
         return "invalid", None
     if c["key_kind"] not in (None, "unique"):
@@ -270,7 +272,7 @@ def reference_select(c, method, k, alpha, kernel, layout, eps=1e-6, table=None):
         return "invalid", None  # a column select reads is named twice
     if needs_emb and "emb_nonfinite" in c["bad"]:
         return "invalid", None
-    if needs_rew and "rew_nonfinite" in c["bad"]:
+    if reads_rew and "rew_nonfinite" in c["bad"]:
         return "invalid", None
     with np.errstate(over="ignore"):
         emb = c["emb"].astype(np.float32).astype(np.float64)
