@@ -330,6 +330,7 @@ def figures(cfg, matched, budget, gains, pred, where: Path) -> list[tuple[str, s
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return []
     figs = []
@@ -355,15 +356,24 @@ def figures(cfg, matched, budget, gains, pred, where: Path) -> list[tuple[str, s
         plt.close(fig)
         figs.append(("reference loss by K", "llm_evidence_k.png"))
     if gains:
-        fig, ax = plt.subplots(figsize=(4.2, 3.2))
+        fig, ax = plt.subplots(figsize=(5.2, 3.4))
+        # a log axis holds neither 0 (V_y|x = 0) nor inf (V_x = 0): those tasks sit at its ends, labelled
+        finite = [pred[t]["ratio"] for t in gains if 0 < pred[t]["ratio"] < np.inf] + [r[1] for r in PAPER]
+        lo_x, hi_x = min(finite) / 4, max(finite) * 4
         for t, (gv, lo, hi) in gains.items():
-            ax.errorbar([pred[t]["ratio"]], [gv], yerr=[[gv - lo], [hi - gv]], fmt="o", capsize=3)
-            ax.annotate(t, (pred[t]["ratio"], gv), fontsize=8, xytext=(4, 4), textcoords="offset points")
+            r = pred[t]["ratio"]
+            x = lo_x if r <= 0 else hi_x if not np.isfinite(r) else r
+            ax.errorbar([x], [gv], yerr=[[gv - lo], [hi - gv]], fmt="o", capsize=3)
+            name = t + (" (ratio 0)" if r <= 0 else " (ratio ∞)" if not np.isfinite(r) else "")
+            ax.annotate(name, (x, gv), fontsize=8, xytext=(4, 4), textcoords="offset points",
+                        ha="right" if x == hi_x else "left")
         for d, ra, _, _, gpc in PAPER:
             ax.plot([ra], [gpc], "x", color="grey")
             ax.annotate(d, (ra, gpc), fontsize=6, color="grey", xytext=(3, -8), textcoords="offset points")
         ax.axhline(0, color="k", lw=0.5)
         ax.set_xscale("log")
+        ax.set_xlim(lo_x / 1.5, hi_x * 1.5)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("V_y|x / V_x (pilot)")
         ax.set_ylabel("R1oN → R2oN gain (%)")
         fig.tight_layout()
