@@ -29,6 +29,24 @@ RAY_ADDRESS = typer.Option(None, "--ray-address", help="--engine ray: the cluste
                            "join a local one).")
 MODEL_WORKERS = typer.Option(None, "--workers", help="--engine ray: model workers (default: the cluster's CPUs).")
 
+
+def check_text_stage(inp, out, texts: tuple, new_column: str, batch_size: int, engine: str,
+                     ray_address, workers) -> None:
+    """The checks nll and score make before a model loads: their numbers and engine flags, the
+    input's text columns, no column of the name they add, and the output."""
+    from mrt_fast.errors import MrtInputError
+
+    if batch_size < 1:
+        raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
+    check_engine(engine, ray_address, ray_only={"--workers": workers})
+    if workers is not None and workers < 1:
+        raise MrtInputError(f"--workers must be >= 1, got {workers}")
+    lf = check_input_table(inp, texts, dataset=True)
+    if new_column in lf.collect_schema().names():
+        raise MrtInputError(f"{str(inp)!r} already has a {new_column!r} column", column=new_column)
+    check_text_columns(lf, inp, texts)
+    check_job_output(out)
+
 @app.command("nll")
 def nll_cmd(
     inp: str = typer.Argument(..., help="Table with prompt and response text columns: a file, a directory "
@@ -55,18 +73,9 @@ def nll_cmd(
     from mrt_fast.errors import MrtInputError
 
     with user_errors():
-        if batch_size < 1:
-            raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
         if max_length is not None and max_length < 1:
             raise MrtInputError(f"--max-length must be >= 1, got {max_length}")
-        check_engine(engine, ray_address, ray_only={"--workers": workers})
-        if workers is not None and workers < 1:
-            raise MrtInputError(f"--workers must be >= 1, got {workers}")
-        lf = check_input_table(inp, (prompt, response), dataset=True)
-        if loss in lf.collect_schema().names():
-            raise MrtInputError(f"{str(inp)!r} already has a {loss!r} column", column=loss)
-        check_text_columns(lf, inp, (prompt, response))
-        check_job_output(out)
+        check_text_stage(inp, out, (prompt, response), loss, batch_size, engine, ray_address, workers)
         if model != "smollm2" and not Path(model).is_dir():
             raise MrtInputError(f"--model {model!r}: not 'smollm2' and not a local model directory")
         with needs("train"):
@@ -154,16 +163,7 @@ def score_cmd(
     from mrt_fast.errors import MrtInputError
 
     with user_errors():
-        if batch_size < 1:
-            raise MrtInputError(f"--batch-size must be >= 1, got {batch_size}")
-        check_engine(engine, ray_address, ray_only={"--workers": workers})
-        if workers is not None and workers < 1:
-            raise MrtInputError(f"--workers must be >= 1, got {workers}")
-        lf = check_input_table(inp, (prompt, response), dataset=True)
-        if column in lf.collect_schema().names():
-            raise MrtInputError(f"{str(inp)!r} already has a {column!r} column", column=column)
-        check_text_columns(lf, inp, (prompt, response))
-        check_job_output(out)
+        check_text_stage(inp, out, (prompt, response), column, batch_size, engine, ray_address, workers)
         with needs("train"):
             from mrt_fast._util.device import resolve_device
             from mrt_fast.llm.dataset_stages import score_dataset
