@@ -316,6 +316,21 @@ def gaussian_reference(df: pl.DataFrame, seed: int) -> pl.DataFrame:
     return pl.concat(out)
 
 
+def one_word_split(texts: list[str], found: np.ndarray) -> bool:
+    """Whether one found mode is exactly the rows that hold some word (or
+    exactly those that lack it): the rewording kept or dropped that word,
+    and the split follows it."""
+    words = [set(t.split()) for t in texts]
+    vocab = set().union(*words)
+    for v in np.unique(found):
+        y = found == v
+        for w in vocab:
+            has = np.fromiter((w in t for t in words), dtype=bool, count=len(words))
+            if (has == y).all() or (has != y).all():
+                return True
+    return False
+
+
 def mode_recovery(df: pl.DataFrame, seed: int) -> dict:
     sep = separation(df)
     base = df.select("prompt_id", "embedding")
@@ -339,6 +354,12 @@ def mode_recovery(df: pl.DataFrame, seed: int) -> dict:
                                                   pl.len().alias("pools"),
                                                   pl.col("pairs_within").explode().median().alias("cos"))
             .sort("rewording").to_dicts()}
+        # splits of one-mode pools that follow one word: the copies that kept it against those that dropped it
+        split = by.filter(pl.col("n_found") > 1)["prompt_id"]
+        lab = df.select("prompt_id", "response").with_columns(found["found"])
+        res["one_mode_splits_by_one_word"] = sum(
+            one_word_split(g["response"].to_list(), g["found"].to_numpy())
+            for (pid,), g in lab.filter(pl.col("prompt_id").is_in(split.implode())).group_by("prompt_id"))
     # how recoverable the planted modes are: k-means told their number
     given = []
     for (pid,), g in df.group_by("prompt_id"):
@@ -434,7 +455,9 @@ def mode_lines(m: dict) -> list[str]:
                f"{f(m['ari_given_planted_number'])}. Mean cosine within a planted mode "
                f"{f(m['cos_within'])}, across two {f(m['cos_across'])}.",
            *(["", "One-mode pools split, by the share of words dropped: " + ", ".join(
-               f"{k}: {v}" for k, v in m["one_mode_split_by_rewording"].items()) + "."]
+               f"{k}: {v}" for k, v in m["one_mode_split_by_rewording"].items())
+               + f"; in {m['one_mode_splits_by_one_word']} of them one found mode is exactly the copies that kept "
+               "(or dropped) one word."]
              if "one_mode_split_by_rewording" in m else []),
            "", "| min_silhouette | one-mode pools split | separated: ARI | separated: called one mode |",
            "|---|---|---|---|"]
