@@ -9,8 +9,9 @@ and ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``); without keys, the AWS SDK's
 default chain (profile, instance role). polars reads the same variables
 itself when it scans ``s3://`` files.
 
-An object is written by one request and appears whole or not at all, so a
-job never renames on object storage: it writes under a new name and records
+An object appears whole or not at all (one PUT; from 10 MiB on, pyarrow's
+fixed threshold, a multipart upload, seen only once completed), so a job
+never renames on object storage: it writes under a new name and records
 the name last (:mod:`mrt_fast.datasets.object_output`). The one conditional
 write the lock needs (create only if absent, replace only if unchanged) is
 not in pyarrow; it is made with boto3 (:func:`put_if`).
