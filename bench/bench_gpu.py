@@ -97,7 +97,11 @@ def _cli(args: list[str]) -> None:
 
     r = CliRunner().invoke(app, [str(a) for a in args])
     if r.exit_code != 0:
-        tail = (r.stderr or r.stdout or repr(r.exception)).strip().splitlines()
+        try:
+            err = r.stderr
+        except ValueError:  # a click that mixes stderr into stdout
+            err = ""
+        tail = (err or r.stdout or repr(r.exception)).strip().splitlines()
         raise RuntimeError(f"mrt {args[0]} exited {r.exit_code}: {tail[-1] if tail else ''}")
 
 
@@ -290,6 +294,7 @@ def embed_section(model: str, device: str, n: int, n_cpu: int, batch: int, big_b
                                                            repeats)
         rates[f"embed_texts, {dev}, batch {b}"], x_mrt = _rate(mrt(texts, b, device), n, device, repeats)
         if b == batch:
+            x_ref = x_enc
             res["embed_texts_vs_encode_max_abs_diff"] = float(np.abs(x_mrt - x_enc).max())
     if torch.cuda.is_available() and dev == "cuda":
         res["gpu_peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -299,10 +304,15 @@ def embed_section(model: str, device: str, n: int, n_cpu: int, batch: int, big_b
     pl.DataFrame({"response": texts}).write_parquet(inp)
     out = work / "embedded.parquet"
     t0 = time.perf_counter()
-    _cli(["embed", inp, out, "--model", model, "--device", device, "--batch-size", batch,
-          "--cache-dir", work / "cache"])
-    rates[f"mrt embed, {dev}, batch {batch}"] = n / (time.perf_counter() - t0)
-    res["mrt_embed_vs_encode_max_abs_diff"] = float(np.abs(pl.read_parquet(out)["embedding"].to_numpy() - x_enc).max())
+    try:
+        _cli(["embed", inp, out, "--model", model, "--device", device, "--batch-size", batch,
+              "--cache-dir", work / "cache"])
+        rates[f"mrt embed, {dev}, batch {batch}"] = n / (time.perf_counter() - t0)
+        res["mrt_embed_vs_encode_max_abs_diff"] = float(
+            np.abs(pl.read_parquet(out)["embedding"].to_numpy() - x_ref).max())
+    except Exception as e:  # noqa: BLE001 - the library rows still count
+        res["mrt_embed_error"] = _one_line(e)
+        print(f"mrt embed: FAILED ({res['mrt_embed_error']})", flush=True)
 
     # the same subset on the device and on the CPU
     rates[f"encode, {dev}, batch {batch}, subset"], _ = _rate(lambda: raw.encode(sub, batch_size=batch, **enc),
@@ -323,7 +333,8 @@ def embed_section(model: str, device: str, n: int, n_cpu: int, batch: int, big_b
     res["texts_per_second"] = {k: round(v, 1) for k, v in rates.items()}
     res["ratios"] = {
         "embed_texts / encode": rates[f"embed_texts, {dev}, batch {batch}"] / rates[f"encode, {dev}, batch {batch}"],
-        "mrt embed / encode": rates[f"mrt embed, {dev}, batch {batch}"] / rates[f"encode, {dev}, batch {batch}"],
+        "mrt embed / encode": rates.get(f"mrt embed, {dev}, batch {batch}", float("nan"))
+            / rates[f"encode, {dev}, batch {batch}"],
         f"big batch / batch (embed_texts, {dev})":
             rates[f"embed_texts, {dev}, batch {big_batch}"] / rates[f"embed_texts, {dev}, batch {batch}"],
         f"{dev} / cpu (encode, subset)": rates[f"encode, {dev}, batch {batch}, subset"]
@@ -334,7 +345,7 @@ def embed_section(model: str, device: str, n: int, n_cpu: int, batch: int, big_b
     res["ratios"] = {k: round(v, 3) for k, v in res["ratios"].items()}
     res["cosine_device_vs_cpu"] = cosine_summary(x_dev, x_cpu, min_cosine)
     res["ok"] = bool(res["cosine_device_vs_cpu"]["ok"] and res["model_dtype"] == "float32"
-                     and res["mrt_model_dtype"] == "float32")
+                     and res["mrt_model_dtype"] == "float32" and "mrt_embed_error" not in res)
     for k, v in res["texts_per_second"].items():
         print(f"{k}: {v:,.1f} texts/s", flush=True)
     print(f"ratios: {json.dumps(res['ratios'])}", flush=True)
@@ -397,11 +408,15 @@ def main(argv: list[str] | None = None) -> int:
         res = merge({"versions": a.versions, "llm": a.llm, "embed": a.embed})
     else:
         with tempfile.TemporaryDirectory() as d:
-            if a.section == "llm":
-                res = llm_section(a.device, a.against, Path(d))
-            else:
-                res = embed_section(a.model, a.device, a.n, a.n_cpu, a.batch, a.big_batch, a.cpu_threads,
-                                    a.repeats, a.min_cosine, Path(d))
+            try:
+                if a.section == "llm":
+                    res = llm_section(a.device, a.against, Path(d))
+                else:
+                    res = embed_section(a.model, a.device, a.n, a.n_cpu, a.batch, a.big_batch, a.cpu_threads,
+                                        a.repeats, a.min_cosine, Path(d))
+            except Exception as e:  # noqa: BLE001 - the result file says what stopped the section
+                res = {"ok": False, "error": _one_line(e)}
+                print(f"{a.section}: FAILED ({res['error']})", flush=True)
     _write(res, a.out)
     return 0 if res.get("ok", True) else 1
 

@@ -3,7 +3,7 @@
 #
 #   prepare   here, with network: .whl/ (the core dependencies the GPU machine lacks, and mrt_fast
 #             built for CPython 3.12) and .gpu_model/minilm (MiniLM with float16 weights)
-#   call1     on the GPU machine, carrying .whl: install, versions, tests, llm
+#   call1     on the GPU machine, carrying .whl: install, versions, llm, tests
 #   call2     on the same machine within its warm period, carrying .gpu_model: embed
 #             (exit 3 at once when the machine is cold: call 1's install is gone)
 #   install | versions | tests | llm | embed    one step alone
@@ -22,7 +22,7 @@ DEVICE=${GPU_DEVICE:-cuda}
 MODEL=.gpu_model/minilm
 END=$((SECONDS + ${BUDGET_S:-230}))
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 \
-  TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=true
+  TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=true PIP_ROOT_USER_ACTION=ignore
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 say() { echo "== $*"; }
@@ -100,9 +100,13 @@ import sys
 import polars, typer, mrt_fast, mrt_fast.cli  # noqa: F401
 from mrt_fast import _grades_core
 assert mrt_fast.__file__.startswith(sys.argv[1]), mrt_fast.__file__
+assert polars.DataFrame({"a": [1, 2]}).select(polars.col("a").sum()).item() == 3
 print(f"mrt_fast from {mrt_fast.__file__}; core {_grades_core.__file__.rsplit('/', 1)[-1]}; "
       f"polars {polars.__version__}; typer {typer.__version__}")
 EOF
+  local rc=$?
+  ((rc == 0)) && date -u +%FT%TZ >"$SITE/INSTALLED" # what call 2 looks for
+  return $rc
 }
 
 versions() { need_out && run_for 60 "$PY" bench/bench_gpu.py versions --out "$OUT/versions.json"; }
@@ -116,6 +120,7 @@ tests() {
     -m "gpu or (train and not slow)" tests/llm tests/embeddings/test_text_embed.py >"$OUT/pytest_llm.txt" 2>&1
   local rc=$?
   grep -E "^(FAILED|ERROR)|passed|failed|skipped|error" "$OUT/pytest_llm.txt" | tail -15
+  ((rc == 124 || rc == 137)) && say "the tests timed out (their log: pytest_llm.txt)"
   return $rc
 }
 
@@ -123,7 +128,7 @@ llm() { need_out && run_for 120 "$PY" bench/bench_gpu.py llm --device "$DEVICE" 
 
 embed() {
   need_out
-  if [ ! -d "$SITE/mrt_fast" ] || [ ! -d "$SITE/polars" ]; then
+  if [ ! -f "$SITE/INSTALLED" ]; then
     echo "cold machine: rerun call 1"
     exit 3
   fi
@@ -144,8 +149,8 @@ case "${1:-}" in
   call1)
     install || { echo "install failed"; exit 1; }
     versions || rc=1
-    tests || rc=1
     llm || rc=1
+    tests || rc=1
     ;;
   call2) embed || rc=1 ;;
   *)

@@ -123,14 +123,38 @@ def test_merge_keeps_the_sections_that_exist(tmp_path):
     assert got == {"llm": {"ok": True}}
 
 
-@pytest.mark.embed
-def test_the_float16_copy_loads_as_float32_and_embeds_like_minilm(tmp_path):
+@pytest.fixture(scope="module")
+def fp16_minilm(tmp_path_factory):
     from mrt_fast.embeddings.tiers import minilm_path
 
-    copy = gpu_model.write_fp16_copy(minilm_path(), tmp_path / "minilm")
-    res = gpu_model.check_copy(minilm_path(), copy, ["a red apple", "quantum physics", "the dog barks at night"])
+    return gpu_model.write_fp16_copy(minilm_path(), tmp_path_factory.mktemp("gpu_model") / "minilm")
+
+
+@pytest.mark.embed
+def test_the_float16_copy_loads_as_float32_and_embeds_like_minilm(fp16_minilm):
+    from mrt_fast.embeddings.tiers import minilm_path
+
+    res = gpu_model.check_copy(minilm_path(), fp16_minilm, ["a red apple", "quantum physics", "the dog barks at night"])
     assert res["loaded_dtype"] == "float32" and res["ok"] and res["min"] >= 0.999
     assert res["weights_mb"] < 0.6 * sum(f.stat().st_size for f in minilm_path().rglob("*") if f.is_file()) / 2**20
+
+
+@pytest.mark.embed
+@pytest.mark.slow
+def test_the_embedding_section_times_every_path_on_the_same_texts(fp16_minilm, tmp_path):
+    import torch
+
+    torch.set_num_threads(1)
+    res = bench_gpu.embed_section(str(fp16_minilm), "cpu", n=24, n_cpu=8, batch=4, big_batch=8, cpu_threads=1,
+                                  repeats=1, min_cosine=0.999, work=tmp_path)
+    assert res["ok"] and res["model_dtype"] == res["mrt_model_dtype"] == "float32"
+    assert set(res["texts_per_second"]) == {
+        "encode, cpu, batch 4", "embed_texts, cpu, batch 4", "encode, cpu, batch 8", "embed_texts, cpu, batch 8",
+        "mrt embed, cpu, batch 4", "encode, cpu, batch 4, subset", "embed_texts, cpu, batch 4, subset",
+        "encode, cpu 1 threads, batch 4, subset", "embed_texts, cpu 1 threads, batch 4, subset"}
+    assert all(v > 0 for v in res["texts_per_second"].values()) and all(np.isfinite(list(res["ratios"].values())))
+    assert res["cosine_device_vs_cpu"]["rows"] == 8 and res["cosine_device_vs_cpu"]["min"] > 0.9999
+    assert res["embed_texts_vs_encode_max_abs_diff"] < 1e-5 and res["mrt_embed_vs_encode_max_abs_diff"] < 1e-5
 
 
 @pytest.mark.train
