@@ -44,6 +44,9 @@ SECTIONS = [
      "(target < 0.5 s)."),
     ("embed_bench", "Embedding throughput and quality (20,000 texts)",
      "`python bench/bench_embed.py` (see docs/embeddings.md)."),
+    ("gpu_bench", "MiniLM and the LLM stages on a GPU, against the CPU",
+     "`bash bench/gpu_check.sh prepare`, then `call1` and `call2` on a GPU machine, merged by "
+     "`python bench/bench_gpu.py merge` (see docs/embeddings.md, On a GPU)."),
     ("static_ab", "The static tier against MiniLM encode, alternating blocks",
      "`python bench/bench_static_ab.py --threads 2` (see docs/embeddings.md)."),
     ("interval_bench", "Bootstrap interval cost by number of prompts",
@@ -205,8 +208,48 @@ def _render_embed(doc: dict) -> str:
     return "\n".join(head + lines)
 
 
+def _fixed(v, digits: int = 6) -> str:
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _render_gpu(doc: dict) -> str:
+    """bench_gpu.py's merged results: the machine, MiniLM throughput and ratios, the LLM stages' agreement."""
+    v = doc.get("versions", {})
+    out = [f"- {v.get('gpu')} (CUDA {v.get('cuda')}), {v.get('cpus')} CPUs; torch {v.get('torch')}, transformers "
+           f"{v.get('transformers')}, sentence-transformers {v.get('sentence-transformers')}, peft {v.get('peft')}"]
+    e = doc.get("embed")
+    if e:
+        c = e.get("cosine_device_vs_cpu", {})
+        out += [f"- MiniLM ({e.get('model_dtype')} in memory) on {e.get('n_texts', 0):,} texts of "
+                f"`embed_corpus.mixed_texts`, batch {e.get('batch')} (and {e.get('big_batch')}), median of "
+                f"{e.get('repeats')} runs; the CPU rows ({e.get('cpu_threads')} torch threads) and the `subset` "
+                f"rows on the first {e.get('n_cpu_texts', 0):,}",
+                f"- cosine of each subset row, {e.get('device')} against the CPU: min {_fixed(c.get('min'))}, "
+                f"mean {_fixed(c.get('mean'))} (at least {c.get('threshold')}: {'met' if c.get('ok') else 'not met'}); "
+                f"`embed_texts` against `encode`: max abs difference {_cell(e.get('embed_texts_vs_encode_max_abs_diff'))}",
+                "", "| path | texts/s |", "| --- | ---: |"]
+        out += [f"| {k} | {r:,.1f} |" for k, r in e.get("texts_per_second", {}).items()]
+        out += ["", "| ratio | value |", "| --- | ---: |"]
+        out += [f"| {k} | {r:.2f} |" for k, r in e.get("ratios", {}).items()]
+    ll = doc.get("llm")
+    if ll:
+        out += ["", f"**LLM stages, tiny models: {ll.get('device')} against {ll.get('against')}** "
+                "(|device - cpu| <= abs + rel x |cpu| on every row; generation: log-probability per token "
+                "against teacher forcing on the CPU in float32)", "",
+                "| stage | dtype | rows | max abs diff | max rel diff | tolerance abs / rel | agrees |",
+                "| --- | --- | ---: | ---: | ---: | --- | --- |"]
+        for name, r in ll.items():
+            if not isinstance(r, dict):
+                continue
+            tol = r.get("tolerance", {})
+            out.append(f"| {name} | {r.get('dtype', '')} | {r.get('rows', '')} | {_cell(r.get('max_abs_diff', ''))} | "
+                       f"{_cell(r.get('max_rel_diff', ''))} | {_cell(tol.get('abs', ''))} / {_cell(tol.get('rel', ''))} | "
+                       f"{'yes' if r.get('ok') else 'no: ' + str(r.get('error', 'outside the tolerance'))} |")
+    return "\n".join(out)
+
+
 #: result files with a rendering of their own (the rest get the generic one)
-RENDERERS = {"batch_bench": _render_batch, "embed_bench": _render_embed}
+RENDERERS = {"batch_bench": _render_batch, "embed_bench": _render_embed, "gpu_bench": _render_gpu}
 
 
 def _load(path: Path):
