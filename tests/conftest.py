@@ -6,8 +6,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
+
+# The folder tests/datasets is on sys.path's tests/ as a namespace package named `datasets`.
+# Where Hugging Face `datasets` is not installed, transformers would find that folder, take it for
+# the library and fail on `datasets.Dataset`: the name is marked absent instead.
+_spec = importlib.util.find_spec("datasets")
+if _spec is not None and _spec.origin is None and any(
+        Path(p).resolve() == Path(__file__).resolve().parent / "datasets" for p in _spec.submodule_search_locations or ()):
+    sys.modules["datasets"] = None
 
 
 def _has(mod: str) -> bool:

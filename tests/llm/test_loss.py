@@ -100,6 +100,16 @@ def test_evaluation_uses_the_same_loss(tok):
     np.testing.assert_allclose(ev["per_reference"], pair_losses(model, tok, p, r), rtol=1e-5, atol=1e-6)
 
 
+def test_a_model_on_another_device_than_asked_is_refused_in_one_line(tok):
+    from mrt_fast.llm.loss import pair_losses
+    from mrt_fast.llm.testing import tiny_causal_lm
+
+    model = tiny_causal_lm(tok)  # on the CPU
+    with pytest.raises(MrtInputError, match=r"the model is on cpu but device='cuda' was asked"):
+        pair_losses(model, tok, ["a"], ["b"], device="cuda")
+    assert np.isfinite(pair_losses(model, tok, ["a"], ["b"], device="cpu")).all()
+
+
 def test_nll_cli_writes_the_same_losses(tmp_path):
     import torch
     from typer.testing import CliRunner

@@ -85,15 +85,16 @@ def nll_cmd(
 
             dev = resolve_device(device)
 
-            def loader():
+            def loader():  # float32 on every device: the losses feed the variance law
                 if model == "smollm2":
-                    return load_smollm2()
+                    return load_smollm2(device=dev)
+                import torch
                 from transformers import AutoModelForCausalLM, AutoTokenizer
 
                 tok = AutoTokenizer.from_pretrained(model)
                 if tok.pad_token_id is None:
                     tok.pad_token = tok.eos_token
-                return AutoModelForCausalLM.from_pretrained(model), tok
+                return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(dev).eval(), tok
 
             loader.model_id = model
             rep = nll_dataset(inp, out, loader=loader, prompt=prompt, response=response, loss=loss,

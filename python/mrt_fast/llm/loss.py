@@ -129,8 +129,12 @@ def pair_losses(
         pad = tokenizer.pad_token_id
         if pad is None:
             pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        on = next(model.parameters()).device
         if device is None:
-            device = next(model.parameters()).device
+            device = on
+        elif torch.device(device).type != on.type or (torch.device(device).index or 0) != (on.index or 0):
+            raise MrtInputError(f"the model is on {on} but device={str(device)!r} was asked: move the model "
+                                f"there (model.to({str(device)!r})) or leave device unset")
         order = np.argsort([len(e["input_ids"]) for e in ex], kind="stable") if sort_by_length else np.arange(n)
         was_training = model.training
         model.eval()
