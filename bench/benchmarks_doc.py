@@ -45,7 +45,7 @@ SECTIONS = [
     ("embed_bench", "Embedding throughput and quality (20,000 texts)",
      "`python bench/bench_embed.py` (see docs/embeddings.md)."),
     ("gpu_bench", "MiniLM and the LLM stages on a GPU, against the CPU",
-     "`bash bench/gpu_check.sh prepare`, then `call1` and `call2` on a GPU machine, merged by "
+     "`bash bench/gpu_check.sh prepare`, then `check` and `throughput` on a GPU machine, merged by "
      "`python bench/bench_gpu.py merge` (see docs/embeddings.md, On a GPU)."),
     ("static_ab", "The static tier against MiniLM encode, alternating blocks",
      "`python bench/bench_static_ab.py --threads 2` (see docs/embeddings.md)."),

@@ -3,13 +3,13 @@
 #
 #   prepare   here, with network: .whl/ (the core dependencies the GPU machine lacks, and mrt_fast
 #             built for CPython 3.12) and .gpu_model/minilm (MiniLM with float16 weights)
-#   call1     on the GPU machine, carrying .whl: install, versions, llm, tests
-#   call2     on the same machine within its warm period, carrying .gpu_model: embed
-#             (exit 3 at once when the machine is cold: call 1's install is gone)
+#   check       on the GPU machine, with .whl: install, versions, llm, tests
+#   throughput  on the same machine after check, with .gpu_model: embed
+#               (exit 3 at once where check's install is not there)
 #   install | versions | tests | llm | embed    one step alone
 #
 # Results go to $OUT (JSON, and the tests' log). Each step runs under `timeout`, within what is
-# left of $BUDGET_S seconds (default 230) for the whole call. Settings: MRT_SITE (where the wheels
+# left of $BUDGET_S seconds (default 230) for the whole step list. Settings: MRT_SITE (where the wheels
 # are installed, default /opt/mrt_site), PYTHON (default python3), GPU_DEVICE (default cuda; cpu
 # for a dry run), EMBED_N, EMBED_N_CPU, EMBED_BATCH, EMBED_BIG_BATCH, EMBED_REPEATS, and for
 # prepare PY312 (a CPython 3.12 to build the wheel for, default python3.12).
@@ -27,7 +27,7 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 say() { echo "== $*"; }
 
-# run_for CAP CMD...: CMD under timeout, at most CAP seconds and never past the call's budget
+# run_for CAP CMD...: CMD under timeout, at most CAP seconds and never past the budget
 run_for() {
   local cap=$1 left=$((END - SECONDS))
   shift
@@ -57,7 +57,7 @@ prepare() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl "polars==$(ver polars)" "polars-runtime-32==$(ver polars-runtime-32)" || return 1
-  # the runtime's wheel (54 MB) as an xz tarball of its files (33 MB): the payload limit
+  # the runtime's wheel (54 MB) as an xz tarball of its files (33 MB), so that each step's copy stays small
   python3 - .whl/polars_runtime_32-*.whl <<'EOF' || return 1
 import sys, tarfile, zipfile
 from pathlib import Path
@@ -80,7 +80,7 @@ EOF
   whl=$(du -sb .whl | cut -f1)
   model=$(du -sb .gpu_model | cut -f1)
   awk -v t="$tree" -v w="$whl" -v m="$model" 'BEGIN {
-    printf "payload: call 1 = tree %.1f + .whl %.1f = %.1f MiB; call 2 = tree + .gpu_model %.1f = %.1f MiB\n",
+    printf "to copy: check = tree %.1f + .whl %.1f = %.1f MiB; throughput = tree + .gpu_model %.1f = %.1f MiB\n",
       t / 2^20, w / 2^20, (t + w) / 2^20, m / 2^20, (t + m) / 2^20 }'
 }
 
@@ -105,7 +105,7 @@ print(f"mrt_fast from {mrt_fast.__file__}; core {_grades_core.__file__.rsplit('/
       f"polars {polars.__version__}; typer {typer.__version__}")
 EOF
   local rc=$?
-  ((rc == 0)) && date -u +%FT%TZ >"$SITE/INSTALLED" # what call 2 looks for
+  ((rc == 0)) && date -u +%FT%TZ >"$SITE/INSTALLED" # what throughput looks for
   return $rc
 }
 
@@ -129,7 +129,7 @@ llm() { need_out && run_for 120 "$PY" bench/bench_gpu.py llm --device "$DEVICE" 
 embed() {
   need_out
   if [ ! -f "$SITE/INSTALLED" ]; then
-    echo "cold machine: rerun call 1"
+    echo "not installed here: run check first"
     exit 3
   fi
   if [ ! -f "$MODEL/model.safetensors" ]; then
@@ -146,15 +146,15 @@ case "${1:-}" in
   prepare) prepare || rc=1 ;;
   install) install || rc=1 ;;
   versions | tests | llm | embed) "$1" || rc=1 ;;
-  call1)
+  check)
     install || { echo "install failed"; exit 1; }
     versions || rc=1
     llm || rc=1
     tests || rc=1
     ;;
-  call2) embed || rc=1 ;;
+  throughput) embed || rc=1 ;;
   *)
-    echo "usage: bash bench/gpu_check.sh prepare|call1|call2|install|versions|tests|llm|embed" >&2
+    echo "usage: bash bench/gpu_check.sh prepare|check|throughput|install|versions|tests|llm|embed" >&2
     exit 2
     ;;
 esac

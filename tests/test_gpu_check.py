@@ -1,5 +1,5 @@
 """The GPU check's own logic, on the CPU: its agreement rule, the float16 MiniLM copy, the LLM
-comparison as a CPU-against-CPU dry run, the driver's refusal on a cold machine, and the page
+comparison as a CPU-against-CPU dry run, the driver's refusal before the install, and the page
 section rendered from its results."""
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ def _check(step: str, tmp_path, **env):
                           env=e, timeout=60)
 
 
-def test_call2_on_a_cold_machine_stops_at_once(tmp_path):
-    r = _check("call2", tmp_path)
+def test_throughput_before_check_stops_at_once(tmp_path):
+    r = _check("throughput", tmp_path)
     assert r.returncode == 3, r.stdout + r.stderr
-    assert r.stdout.splitlines()[0] == "cold machine: rerun call 1"
+    assert r.stdout.splitlines()[0] == "not installed here: run check first"
     assert not list((tmp_path / "out").iterdir())
 
 
