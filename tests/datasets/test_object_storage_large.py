@@ -232,14 +232,17 @@ def test_a_job_aborts_the_unfinished_uploads_of_its_output_and_no_other(bucket, 
     assert run(parts=3).notes == []  # aborted once: the next run finds none
 
 
-def test_the_cli_says_in_one_line_that_it_aborted_unfinished_uploads(bucket):  # noqa: F811
+@pytest.mark.parametrize("command", [["select", "--k", "2"], pytest.param(["embed", "--no-cache", "--column", "e2"],
+                                                                           marks=pytest.mark.embed)],
+                         ids=["select", "embed"])
+def test_the_cli_says_in_one_line_that_it_aborted_unfinished_uploads(bucket, command):  # noqa: F811
     df = rows(20, 5)
     put_table(df, f"{bucket}/in.parquet")
     start_upload(f"{bucket}/out/part-00000-{'0' * 32}.parquet")
     start_upload(f"{bucket}/out2/part-00000-{'0' * 32}.parquet")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    r = subprocess.run([sys.executable, "-m", "mrt_fast.cli", "select", f"{bucket}/in.parquet", f"{bucket}/out",
-                        "--k", "2"], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "mrt_fast.cli", command[0], f"{bucket}/in.parquet", f"{bucket}/out",
+                        *command[1:]], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == ["warning: aborted 1 unfinished upload left by a killed run (5 MiB)"]
     assert unfinished(bucket) == {f"out2/part-00000-{'0' * 32}.parquet"}
@@ -296,3 +299,30 @@ def test_a_store_that_does_not_list_unfinished_uploads_does_not_fail_the_job(buc
     assert note.startswith(f"cannot list the unfinished uploads under '{bucket}/out/'") and "NotImplemented" in note
     assert "\n" not in note and "not aborted" in note
     assert by_pick(discover(f"{bucket}/out").read()).equals(by_pick(mrt_fast.select(df, 2, "grades")))
+
+
+def test_every_row_stage_reports_the_uploads_it_aborted(bucket):  # noqa: F811
+    """nll and score run as row stages of the same job: their report carries the note too."""
+    from mrt_fast.llm.dataset_stages import run_text_stage
+
+    df = rows(10, 7)
+    put_table(df, f"{bucket}/in.parquet")
+    start_upload(f"{bucket}/lens/part-00000-{'0' * 32}.parquet")
+    rep = run_text_stage(f"{bucket}/in.parquet", f"{bucket}/lens", name="length", columns=("response",),
+                         out_column="length", parameters={}, rows_per_part=20,
+                         make_stage=lambda: lambda d: d.with_columns(pl.col("response").str.len_chars().alias("length")))
+    assert rep.notes == ["aborted 1 unfinished upload left by a killed run (5 MiB)"]
+    assert discover(f"{bucket}/lens").read()["length"].to_list() == df["response"].str.len_chars().to_list()
+    assert not unfinished(bucket)
+
+
+@pytest.mark.embed
+def test_embed_reports_the_uploads_it_aborted(bucket):  # noqa: F811
+    from mrt_fast.embeddings.dataset import embed_dataset
+
+    df = pl.DataFrame({"prompt_id": np.repeat(np.arange(3), 2), "response": [f"answer {i}" for i in range(6)]})
+    put_table(df, f"{bucket}/in.parquet")
+    start_upload(f"{bucket}/emb.parquet")
+    rep = embed_dataset(f"{bucket}/in.parquet", f"{bucket}/emb.parquet", cache_dir=False)
+    assert rep.notes == ["aborted 1 unfinished upload left by a killed run (5 MiB)"]
+    assert not unfinished(bucket) and discover(f"{bucket}/emb.parquet").read().height == 6
