@@ -308,9 +308,10 @@ def test_every_row_stage_reports_the_uploads_it_aborted(bucket):  # noqa: F811
     df = rows(10, 7)
     put_table(df, f"{bucket}/in.parquet")
     start_upload(f"{bucket}/lens/part-00000-{'0' * 32}.parquet")
+    length = pl.col("response").str.len_chars().alias("length")
     rep = run_text_stage(f"{bucket}/in.parquet", f"{bucket}/lens", name="length", columns=("response",),
                          out_column="length", parameters={}, rows_per_part=20,
-                         make_stage=lambda: lambda d: d.with_columns(pl.col("response").str.len_chars().alias("length")))
+                         make_stage=lambda: lambda d: d.with_columns(length))
     assert rep.notes == ["aborted 1 unfinished upload left by a killed run (5 MiB)"]
     assert discover(f"{bucket}/lens").read()["length"].to_list() == df["response"].str.len_chars().to_list()
     assert not unfinished(bucket)

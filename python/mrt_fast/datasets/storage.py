@@ -33,8 +33,8 @@ from typing import Any
 from mrt_fast._util.messages import one_line
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["ObjectPath", "abort_uploads", "delete", "delete_if", "filesystem", "get", "is_url", "join", "list_files", "open_input", "put",
-           "put_if", "read_bytes", "write_bytes"]
+__all__ = ["ObjectPath", "abort_uploads", "delete", "delete_if", "filesystem", "get", "is_url", "join", "list_files",
+           "open_input", "put", "put_if", "read_bytes", "write_bytes"]
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: the schemes an input or output may have besides a local path
