@@ -24,11 +24,12 @@ boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 
 import mrt_fast  # noqa: E402
+from mrt_fast import MrtInputError  # noqa: E402
 from mrt_fast.datasets import Manifest, discover, select_dataset  # noqa: E402
 from mrt_fast.datasets import storage  # noqa: E402
 from mrt_fast.datasets.job import StoppedForTest, stopping_after  # noqa: E402
 from mrt_fast.datasets.object_output import PART_OBJECT  # noqa: E402
-from test_object_storage import bucket, endpoint, keys  # noqa: E402,F401 - the moto server and its buckets
+from test_object_storage import bucket, endpoint, keys, put_table, rows  # noqa: E402,F401 - the moto server, buckets
 
 pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::mrt_fast.errors.SmallPoolWarning")]
 
@@ -182,3 +183,147 @@ def test_a_file_output_above_the_threshold_is_uploaded_whole(large_input, bucket
     got = pl.read_parquet(io.BytesIO(storage.read_bytes(f"{bucket}/kept.parquet")))
     assert by_pick(got).equals(by_pick(mrt_fast.select(df, 2, "grades")))
     assert keys(bucket) == ["kept.parquet"]  # the lock beside it is released
+
+
+# --------------------------------------------------------------------------- unfinished uploads
+
+
+def start_upload(url: str) -> str:
+    """What a kill during a multipart upload leaves at ``url``: an upload of one 5 MiB piece, never
+    completed (no listing shows it). Its upload id."""
+    b, _, k = url.split("://", 1)[1].partition("/")
+    c = boto3.client("s3")
+    up = c.create_multipart_upload(Bucket=b, Key=k)["UploadId"]
+    c.upload_part(Bucket=b, Key=k, UploadId=up, PartNumber=1, Body=b"x" * (5 * MiB))
+    return up
+
+
+def unfinished(bucket_url: str) -> set[str]:
+    """The keys of the bucket's unfinished uploads."""
+    pages = boto3.client("s3").get_paginator("list_multipart_uploads").paginate(Bucket=bucket_url.split("://")[1])
+    return {u["Key"] for page in pages for u in page.get("Uploads", [])}
+
+
+@pytest.mark.parametrize("how", ["new", "resume", "overwrite", "file"])
+def test_a_job_aborts_the_unfinished_uploads_of_its_output_and_no_other(bucket, how):  # noqa: F811
+    """Taking the lock of an output (a new job, a resume after a stop, --overwrite; a directory or
+    a file output), a job aborts the unfinished uploads under that output, says so in one note,
+    and leaves those of sibling names (``out2/``, ``kept.parquet2``) alone."""
+    df = rows(30, 4)
+    put_table(df, f"{bucket}/in.parquet")
+    out = f"{bucket}/kept.parquet" if how == "file" else f"{bucket}/out"
+    run = lambda **kw: select_dataset(f"{bucket}/in.parquet", out, 2, "grades", **kw)  # noqa: E731
+    if how == "resume":
+        with stopping_after(1), pytest.raises(StoppedForTest):
+            run(parts=3)
+    elif how == "overwrite":
+        assert run(parts=3).notes == []  # nothing to abort: nothing said
+    mine = [out] if how == "file" else [f"{out}/part-00001-{'0' * 32}.parquet", f"{out}/.mrt/manifest.parquet"]
+    siblings = [f"{out}2", f"{bucket}/out2/part-00001-{'0' * 32}.parquet", f"{bucket}/ou"]
+    for u in mine + siblings:
+        start_upload(u)
+    rep = run(parts=3, overwrite=how == "overwrite")
+    n = len(mine)
+    assert rep.notes == [f"aborted {n} unfinished upload{'s' * (n > 1)} left by a killed run ({5 * n} MiB)"]
+    assert rep.resumed == (how == "resume")
+    assert unfinished(bucket) == {u.split("/", 3)[3] for u in siblings}
+    got = discover(out).read() if how != "file" else pl.read_parquet(io.BytesIO(storage.read_bytes(out)))
+    assert by_pick(got).equals(by_pick(mrt_fast.select(df, 2, "grades")))
+    assert run(parts=3).notes == []  # aborted once: the next run finds none
+
+
+@pytest.mark.parametrize("command", [["select", "--k", "2"], pytest.param(["embed", "--no-cache", "--column", "e2"],
+                                                                           marks=pytest.mark.embed)],
+                         ids=["select", "embed"])
+def test_the_cli_says_in_one_line_that_it_aborted_unfinished_uploads(bucket, command):  # noqa: F811
+    df = rows(20, 5)
+    put_table(df, f"{bucket}/in.parquet")
+    start_upload(f"{bucket}/out/part-00000-{'0' * 32}.parquet")
+    start_upload(f"{bucket}/out2/part-00000-{'0' * 32}.parquet")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    r = subprocess.run([sys.executable, "-m", "mrt_fast.cli", command[0], f"{bucket}/in.parquet", f"{bucket}/out",
+                        *command[1:]], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == ["warning: aborted 1 unfinished upload left by a killed run (5 MiB)"]
+    assert unfinished(bucket) == {f"out2/part-00000-{'0' * 32}.parquet"}
+
+
+class NoUploadListing:
+    """moto's server behind a WSGI layer that answers the listing of unfinished uploads as a store
+    that does not implement it does (501 ``NotImplemented``); every other request goes to moto."""
+
+    BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented</Code>'
+            b"<Message>A header you provided implies functionality that is not implemented</Message></Error>")
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        from urllib.parse import parse_qs
+
+        if environ["REQUEST_METHOD"] == "GET" \
+                and "uploads" in parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True):
+            start_response("501 Not Implemented", [("Content-Type", "application/xml"),
+                                                   ("Content-Length", str(len(self.BODY)))])
+            return [self.BODY]
+        return self.app(environ, start_response)
+
+
+@pytest.fixture
+def no_upload_listing(endpoint, monkeypatch):  # noqa: F811
+    """The environment pointed at a real moto server (same buckets) that does not list unfinished uploads."""
+    import threading
+
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    srv = make_server("127.0.0.1", 0, NoUploadListing(DomainDispatcherApplication(create_backend_app)), True,
+                      request_handler=MotoRequestHandler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{srv.server_address[1]}")
+    try:
+        yield
+    finally:
+        srv.shutdown()
+        t.join()
+
+
+def test_a_store_that_does_not_list_unfinished_uploads_does_not_fail_the_job(bucket, no_upload_listing):  # noqa: F811
+    df = rows(20, 6)
+    put_table(df, f"{bucket}/in.parquet")
+    with pytest.raises(MrtInputError, match="NotImplemented"):
+        storage.abort_uploads(f"{bucket}/out", directory=True)
+    rep = select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "grades", parts=2)
+    [note] = rep.notes
+    assert note.startswith(f"cannot list the unfinished uploads under '{bucket}/out/'") and "NotImplemented" in note
+    assert "\n" not in note and "not aborted" in note
+    assert by_pick(discover(f"{bucket}/out").read()).equals(by_pick(mrt_fast.select(df, 2, "grades")))
+
+
+def test_every_row_stage_reports_the_uploads_it_aborted(bucket):  # noqa: F811
+    """nll and score run as row stages of the same job: their report carries the note too."""
+    from mrt_fast.llm.dataset_stages import run_text_stage
+
+    df = rows(10, 7)
+    put_table(df, f"{bucket}/in.parquet")
+    start_upload(f"{bucket}/lens/part-00000-{'0' * 32}.parquet")
+    length = pl.col("response").str.len_chars().alias("length")
+    rep = run_text_stage(f"{bucket}/in.parquet", f"{bucket}/lens", name="length", columns=("response",),
+                         out_column="length", parameters={}, rows_per_part=20,
+                         make_stage=lambda: lambda d: d.with_columns(length))
+    assert rep.notes == ["aborted 1 unfinished upload left by a killed run (5 MiB)"]
+    assert discover(f"{bucket}/lens").read()["length"].to_list() == df["response"].str.len_chars().to_list()
+    assert not unfinished(bucket)
+
+
+@pytest.mark.embed
+def test_embed_reports_the_uploads_it_aborted(bucket):  # noqa: F811
+    from mrt_fast.embeddings.dataset import embed_dataset
+
+    df = pl.DataFrame({"prompt_id": np.repeat(np.arange(3), 2), "response": [f"answer {i}" for i in range(6)]})
+    put_table(df, f"{bucket}/in.parquet")
+    start_upload(f"{bucket}/emb.parquet")
+    rep = embed_dataset(f"{bucket}/in.parquet", f"{bucket}/emb.parquet", cache_dir=False)
+    assert rep.notes == ["aborted 1 unfinished upload left by a killed run (5 MiB)"]
+    assert not unfinished(bucket) and discover(f"{bucket}/emb.parquet").read().height == 6

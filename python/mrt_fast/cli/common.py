@@ -33,6 +33,12 @@ def user_errors():
         raise typer.Exit(2) from None
 
 
+def warn_notes(notes: list[str]) -> None:
+    """A run's notes (what it did beside its work, or could not do), one ``warning:`` line each on stderr."""
+    for note in notes:
+        typer.echo(f"warning: {note}", err=True)
+
+
 def k_or_column(k: str):
     """--k: an integer, or the name of a column with each pool's K."""
     try:

@@ -13,6 +13,7 @@ from mrt_fast.cli.common import (
     check_engine,
     console,
     user_errors,
+    warn_notes,
 )
 
 
@@ -64,6 +65,7 @@ def embed_cmd(
             overwrite_column=overwrite_column, overwrite=overwrite, rows_per_part=chunk_rows,
             progress=True, command=command, engine=engine, ray_address=ray_address, workers=workers,
         )
+    warn_notes(rep.notes)
     if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
         console.print(f"{out} is already complete ({rep.parts} part(s), {rep.rows} rows); nothing to do",
                       soft_wrap=True, highlight=False)

@@ -17,6 +17,7 @@ from mrt_fast.cli.common import (
     kv_options,
     needs,
     user_errors,
+    warn_notes,
 )
 
 
@@ -102,6 +103,7 @@ def nll_cmd(
                               rows_per_part=rows_per_part, overwrite=overwrite, progress=True, engine=engine,
                               ray_address=ray_address, workers=workers)
     console.print(f"{rep}; {loss!r} written to {out}")
+    warn_notes(rep.notes)
 
 
 @app.command("generate")
@@ -174,6 +176,7 @@ def score_cmd(
                                 overwrite=overwrite, progress=True, engine=engine, ray_address=ray_address,
                                 workers=workers)
     console.print(f"{rep}; {column!r} written to {out}")
+    warn_notes(rep.notes)
 
 
 @app.command("train")

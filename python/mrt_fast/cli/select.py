@@ -13,6 +13,7 @@ from mrt_fast.cli.common import (
     console,
     k_or_column,
     user_errors,
+    warn_notes,
 )
 
 
@@ -86,6 +87,7 @@ def select_cmd(
         else:
             rep = select_dataset(inp, out, options=opts, memory_limit=memory_limit, workers=workers, parts=parts,
                                  rows_per_part=chunk_rows, overwrite=overwrite, progress=True, command=command)
+    warn_notes(rep.notes)
     if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
         console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
                       soft_wrap=True, highlight=False)
@@ -102,8 +104,6 @@ def select_cmd(
         console.print(run_summary({"parts": rep.parts_done_now, "pools": rep.n_pools, "candidates": rep.n_candidates},
                                   {"parts": rep.n_parts, "rows written": rep.n_out_rows}),
                       soft_wrap=True, highlight=False)
-    for note in rep.notes:
-        typer.echo(f"warning: {note}", err=True)
     if rep.logs:
         console.print(f"Ray's logs: {rep.logs}", soft_wrap=True, highlight=False)
     what = "rows" if rep.layout == "flat" else "prompts"

@@ -13,7 +13,9 @@ what surrounds it, whatever runs it:
   datasets and pyarrow); missing parent directories are made for either
   (and removed again when nothing was written);
 * the lock (:mod:`mrt_fast.datasets.lock`): one job per output, released by
-  the kernel when its holder dies;
+  the kernel when its holder dies; on object storage, the holder aborts the
+  unfinished multipart uploads a killed run left under the output
+  (``job.notes`` says so);
 * the manifest (:mod:`mrt_fast.datasets.manifest`): the job's parameters and
   input fingerprint, each finished part's rows, size and checksum; resume
   (a rerun of the same job does the missing parts only; a finished directory
@@ -52,6 +54,7 @@ import polars as pl
 from mrt_fast._util import messages as _messages
 from mrt_fast._util.disk_space import reporting_full_disk
 from mrt_fast._util.files import check_output_dir
+from mrt_fast._util.memory import size_text
 from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import object_output, storage
 from mrt_fast.datasets import sources as _sources
@@ -149,6 +152,8 @@ class Job:
         self.progress = JobProgress(progress, name=f"mrt {what}" if what != "job" else what)
         #: where the executor's own logs went, when it sent them away from the terminal (Ray)
         self.logs: str | None = None
+        #: what the job did or could not do beside its work, one line each (for the run's report)
+        self.notes: list[str] = []
 
     # ---- the block
     def __enter__(self) -> "Job":
@@ -163,6 +168,8 @@ class Job:
                 prepare = object_output.prepare_output if self.remote else prepare_output
                 self.state, self.man = prepare(self.out, self.parameters, self.fingerprint,
                                                overwrite=self.overwrite)
+            if self.remote:
+                self._abort_uploads()
         except BaseException:
             self._stack.close()
             raise
@@ -184,6 +191,19 @@ class Job:
                 self._discard_unfinished()
         finally:
             self._stack.close()
+
+    def _abort_uploads(self) -> None:
+        """Abort the unfinished multipart uploads left under the output on object storage (this job
+        holds its lock: none is another writer's); a note when there were some, or when the store
+        cannot list them (never a failure)."""
+        try:
+            n, size = storage.abort_uploads(self.out, directory=self.to_dir)
+        except MrtInputError as e:
+            self.notes.append(f"{e}; any upload a killed run left unfinished there was not aborted")
+            return
+        if n:
+            self.notes.append(f"aborted {n} unfinished upload{'s' * (n != 1)} left by a killed run "
+                              f"({size_text(size)})")
 
     def _discard_unfinished(self) -> None:
         (object_output.discard_unfinished if self.remote else discard_unfinished)(self.out)

@@ -693,7 +693,8 @@ def select_dataset(
         rep = BatchReport(output=str(job.out), layout=lay, method=opts.method, k=opts.k, n_parts=0, parts_done_now=0,
                           n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0, n_small_pools=0,
                           modes_missed=0, mean_ratio=None, spilled=False, resumed=job.resumed,
-                          already_done=job.done, memory_limit=limit, peak_rss=0, seconds=0.0)
+                          already_done=job.done, memory_limit=limit, peak_rss=0, seconds=0.0,
+                          notes=list(job.notes))
         if job.done:
             assert job.man is not None
             rep.n_parts = job.man.n_parts

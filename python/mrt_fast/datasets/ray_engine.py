@@ -962,7 +962,7 @@ def select_dataset(
                               parts_done_now=0, n_input_rows=n_rows or 0, n_pools=0, n_candidates=0, n_kept=0,
                               n_small_pools=0, modes_missed=0, mean_ratio=None, spilled=lay == "flat",
                               resumed=state == "resume", already_done=state == "done", memory_limit=0, peak_rss=0,
-                              seconds=0.0, engine="ray")
+                              seconds=0.0, engine="ray", notes=list(job.notes))
             if state == "done":
                 rep.n_parts = man.n_parts
                 rep.n_kept = rep.n_out_rows = man.rows

@@ -14,7 +14,8 @@ fixed threshold, a multipart upload, seen only once completed), so a job
 never renames on object storage: it writes under a new name and records
 the name last (:mod:`mrt_fast.datasets.object_output`). The one conditional
 write the lock needs (create only if absent, replace only if unchanged) is
-not in pyarrow; it is made with boto3 (:func:`put_if`).
+not in pyarrow; it is made with boto3 (:func:`put_if`), as is the abort of
+the unfinished multipart uploads a killed writer leaves (:func:`abort_uploads`).
 
 :class:`ObjectPath` is an object's URL with the few ``pathlib`` methods the
 dataset code uses (name, suffix, parts, ``relative_to``, ``stat``), so a
@@ -32,8 +33,8 @@ from typing import Any
 from mrt_fast._util.messages import one_line
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["ObjectPath", "delete", "delete_if", "filesystem", "get", "is_url", "join", "list_files", "open_input", "put",
-           "put_if", "read_bytes", "write_bytes"]
+__all__ = ["ObjectPath", "abort_uploads", "delete", "delete_if", "filesystem", "get", "is_url", "join", "list_files",
+           "open_input", "put", "put_if", "read_bytes", "write_bytes"]
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: the schemes an input or output may have besides a local path
@@ -314,3 +315,44 @@ def delete_if(url: str, etag: str) -> bool:
         if str(e.response.get("Error", {}).get("Code")) in ("PreconditionFailed", "NoSuchKey", "412", "404"):
             return False
         raise _failed("delete", url, e) from None
+
+
+# --------------------------------------------------------------------------- unfinished uploads
+
+
+def abort_uploads(url: str, *, directory: bool) -> tuple[int, int]:
+    """Abort the unfinished multipart uploads of an output: every one under the prefix ``url/``
+    (``directory``) or of the key ``url`` itself (a file output), never one of a sibling such as
+    ``url2/``. Returns (uploads aborted, bytes of their uploaded pieces); one already gone is not
+    counted. An error of the store (one that does not list uploads: ``NotImplemented``) is an
+    `MrtInputError` naming the prefix."""
+    c = _client()
+    bucket, key = _bucket_key(url)
+    prefix = f"{key}/" if directory and key else key
+    where = f"s3://{bucket}/{prefix}"
+    try:
+        pages = c.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)
+        uploads = [(u["Key"], u["UploadId"]) for page in pages for u in page.get("Uploads", [])
+                   if u["Key"].startswith(prefix) and (directory or u["Key"] == key)]
+    except Exception as e:  # noqa: BLE001
+        raise _failed("list the unfinished uploads under", where, e) from None
+    n = size = 0
+    for k, upload in uploads:
+        got = _uploaded_bytes(c, bucket, k, upload)
+        try:
+            c.abort_multipart_upload(Bucket=bucket, Key=k, UploadId=upload)
+        except c.exceptions.NoSuchUpload:
+            continue  # completed or aborted meanwhile
+        except Exception as e:  # noqa: BLE001
+            raise _failed("abort the unfinished upload of", f"s3://{bucket}/{k}", e) from None
+        n, size = n + 1, size + got
+    return n, size
+
+
+def _uploaded_bytes(c: Any, bucket: str, key: str, upload: str) -> int:
+    """Bytes of the pieces an unfinished upload holds (0 when the store does not say)."""
+    try:
+        pages = c.get_paginator("list_parts").paginate(Bucket=bucket, Key=key, UploadId=upload)
+        return sum(int(p.get("Size", 0)) for page in pages for p in page.get("Parts", []))
+    except Exception:  # noqa: BLE001 - the size is only reported
+        return 0

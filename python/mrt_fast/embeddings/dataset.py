@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,6 +46,7 @@ class EmbedReport:
     resumed: bool = False
     already_done: bool = False
     logs: str | None = None  # Ray's log file, when the job sent Ray's own lines there
+    notes: list[str] = field(default_factory=list)  # what the job did beside its work (Job.notes)
 
     @property
     def texts_per_second(self) -> float:
@@ -123,7 +124,7 @@ def embed_dataset(
         n_parts = math.ceil(n / rows_per_part)
         rep = EmbedReport(output=str(job.out), rows=n, parts=n_parts if job.to_dir else 1, parts_done_now=0,
                           rows_done_now=0, computed=0, from_cache=0, model_id=model_id, seconds=0.0,
-                          resumed=job.resumed, already_done=job.done)
+                          resumed=job.resumed, already_done=job.done, notes=list(job.notes))
         if job.done:
             rep.seconds = time.perf_counter() - t0
             return rep

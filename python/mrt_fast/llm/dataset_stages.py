@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import polars as pl
@@ -41,6 +41,7 @@ class StageReport:
     already_done: bool
     seconds: float
     logs: str | None = None  # Ray's log file, when the job sent Ray's own lines there
+    notes: list[str] = field(default_factory=list)  # what the job did beside its work (Job.notes)
 
     def __str__(self) -> str:
         from mrt_fast.datasets.job import run_summary
@@ -87,7 +88,8 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
         n = job.count_rows()
         parts = max(1, -(-n // rows_per_part))
         rep = StageReport(output=str(job.out), rows=n, parts=parts if job.to_dir else 1, parts_done_now=0,
-                          rows_done_now=0, resumed=job.resumed, already_done=job.done, seconds=0.0)
+                          rows_done_now=0, resumed=job.resumed, already_done=job.done, seconds=0.0,
+                          notes=list(job.notes))
         if job.done:
             rep.seconds = time.perf_counter() - t0
             return rep
