@@ -1,6 +1,6 @@
 """Selection quality on ground truth: pools with known modes and rewards.
 
-Three kinds of pools, all built offline:
+Five kinds of pools, all built offline:
 
 * ``docstrings``: text pools whose modes are different sources (docstring
   paragraphs of different installed packages), 1 to 4 sources per pool, each
@@ -11,6 +11,10 @@ Three kinds of pools, all built offline:
   given several times reworded (a share of its words dropped, 10% to 70% by
   pool, and its ends cut), each answer with its own quality level: modes that
   are variations of the same answer, separated or not by the rewording;
+* ``approaches``: 1 to 4 distinct approaches to one prompt (the MOSAIC
+  examples, 4 approaches to each of 8 prompts), each given several times
+  lightly reworded (10% to 30% of its words dropped, ends cut): modes as
+  close to each other as real approaches to one prompt are;
 * ``controlled``: the paper's controlled setup (experiment c): responses
   y = f(x) + offset_m + noise with three modes, reward -(y - f(x))^2,
   embedded as Gaussian bumps (as ``mrt simulate`` does);
@@ -169,6 +173,35 @@ def answer_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.DataFr
         for j, (s, c) in enumerate(zip(picked, counts)):
             for _ in range(c):
                 rows.append((pid, reworded(source[s], drop, rng), j, float(level[j] + 0.15 * rng.normal()), drop))
+    df = pl.DataFrame(rows, schema=["prompt_id", "response", "mode_true", "reward", "rewording"], orient="row")
+    emb = embed_texts(df["response"].to_list(), "static" if static else None, progress=False, cache_dir=False)
+    return df.with_columns(pl.Series("embedding", emb.astype(np.float32)))
+
+
+def approach_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.DataFrame:
+    """Pools of 1 to 4 distinct approaches to one prompt (the MOSAIC examples: 8 prompts, 4
+    approaches each), each approach given several times lightly reworded (10% to 30% of its words
+    dropped, ends cut): modes as close as real approaches to one prompt are."""
+    from mrt_fast.embeddings.embed import embed_texts
+
+    rng = np.random.default_rng(seed + 2)
+    by: dict[str, list[str]] = {}
+    for line in (ROOT / "python" / "mrt_fast" / "data" / "mosaic_examples.jsonl").read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            by.setdefault(r["prompt_id"], []).append(r["response"])
+    prompts = sorted(by)
+    rows = []
+    for pid in range(n_pools):
+        answers = by[prompts[pid % len(prompts)]]
+        m = 1 + (pid // len(prompts)) % 4  # 1, 2, 3 or 4 approaches
+        drop = (0.1, 0.2, 0.3)[(pid // (4 * len(prompts))) % 3]
+        picked = rng.choice(len(answers), size=m, replace=False)
+        level = rng.uniform(0, 1, size=m)
+        counts = np.maximum(2, np.round(rng.dirichlet(np.full(m, 4.0)) * n).astype(int))
+        for j, (s, c) in enumerate(zip(picked, counts)):
+            for _ in range(c):
+                rows.append((pid, reworded(answers[s], drop, rng), j, float(level[j] + 0.15 * rng.normal()), drop))
     df = pl.DataFrame(rows, schema=["prompt_id", "response", "mode_true", "reward", "rewording"], orient="row")
     emb = embed_texts(df["response"].to_list(), "static" if static else None, progress=False, cache_dir=False)
     return df.with_columns(pl.Series("embedding", emb.astype(np.float32)))
@@ -521,6 +554,7 @@ def main() -> None:
     data = {
         "docstrings": docstring_pools(args.pools, args.n, args.static, args.seed),
         "answers": answer_pools(args.pools, args.n, args.static, args.seed),
+        "approaches": approach_pools(args.pools, args.n, args.static, args.seed),
         "controlled": controlled_pools(args.pools, 32, args.seed),
         "mosaic": mosaic_pools(args.static),
     }

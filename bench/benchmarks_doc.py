@@ -54,6 +54,7 @@ SECTIONS = [
     ("selection_quality", "Selection quality on pools with known modes",
      "`python bench/bench_selection_quality.py` (see docs/selection.md): every selector at K = 2, 4, 8 on "
      "docstring pools (sources as modes, MiniLM), text pools of reworded answers (answers as modes, MiniLM), "
+     "pools of reworded distinct approaches to one prompt (approaches as modes, MiniLM), "
      "the paper's controlled setup and the MOSAIC examples; GRADES' alpha sweep; the mode rule against "
      "planted modes, by their separation, with its silhouette thresholds and merge cosines (docs/modes.md)."),
     ("sandbox_overhead", "Sandbox start-up overhead",
