@@ -113,8 +113,9 @@ def versions() -> dict:
 
     import mrt_fast
 
-    out = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-           "mrt_fast_from": str(Path(mrt_fast.__file__).parent)}
+    print(f"mrt_fast from {Path(mrt_fast.__file__).parent}", flush=True)  # said, not recorded
+    out = {"python": platform.python_version(), "platform": f"{platform.system()} {platform.machine()}",
+           "cpus": os.cpu_count()}
     for pkg in ("torch", "transformers", "peft", "accelerate", "sentence-transformers", "tokenizers", "polars",
                 "pyarrow", "numpy", "typer"):
         try:
