@@ -115,6 +115,43 @@ def _num(x) -> float:
     return float(x)
 
 
+def gpu_section(cfg: dict, cm: dict, gpu_dir: Path) -> str:
+    """The matched-step cells run again on a GPU (``run.py --device cuda --results <dir>_gpu``),
+    beside the same cells on the CPU."""
+    gm = {k: v for k, v in load(gpu_dir).items() if v.get("config") == cfg}
+    if not gm:
+        return ""
+    devices = sorted({v.get("device", "?") for v in gm.values()})
+    L = ["\n### The same cells on a GPU\n",
+         f"The matched-step cells of `multiple` and `expression` run again with `run.py --device "
+         f"{'/'.join(devices)}` (`bench/results/llm_evidence_gpu/`) on one NVIDIA H200: the same data, "
+         "seeds and steps; training in float32 and evaluation in bfloat16 (the `auto` dtype on CUDA), so "
+         "the losses differ from the CPU's by the arithmetic, not by the design. Mean over the seeds done, "
+         "95% interval over seeds and prompts; the CPU cells ran on 2 shared cores.\n",
+         "| task | K | ref loss, GPU | 95% CI | seeds | ref loss, CPU | s / cell, GPU | s / cell, CPU |",
+         "|---|---|---|---|---|---|---|---|"]
+    for t in cfg["tasks"]:
+        for k in cfg["ks"]:
+            nm = [f"matched-{t}-k{k}-s{s}" for s in cfg["seeds"]]
+            g = group(gm, nm)
+            if not g:
+                continue
+            c = group(cm, nm)
+            sec = lambda m: f(float(np.mean([m[n]["seconds"] for n in nm if n in m])), 1)  # noqa: E731
+            L.append(f"| {t} | {k} | {f(point(g))} | {ci(interval(g))} | {len(g)}/{len(cfg['seeds'])} "
+                     f"| {f(point(c)) if c else 'pending'} | {sec(gm)} | {sec(cm) if c else ''} |")
+    falls = []
+    for t in cfg["tasks"]:
+        for where, m in (("GPU", gm), ("CPU", cm)):
+            pts = [point(g) for k in cfg["ks"] if (g := group(m, [f"matched-{t}-k{k}-s{s}" for s in cfg["seeds"]]))]
+            if len(pts) == len(cfg["ks"]) and t in {n.split("-")[1] for n in gm}:
+                falls.append(f"{t} on the {where}: {'falls' if all(a > b for a, b in zip(pts, pts[1:])) else 'does not fall'}"
+                             " at every step of K")
+    if falls:
+        L.append("\nReference loss by K: " + "; ".join(falls) + ".")
+    return "\n".join(L) + "\n"
+
+
 def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
     cfg = QUICK if quick else FULL
     cm = load(results)
@@ -187,6 +224,10 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
             w(f"| {t} | {k} | {f(kept(cm, nm), 1)} | {f(point(g))} | {ci(interval(g))} | {f(mean_of(cm, nm, 'coverage'))} "
               f"| {f(mean_of(cm, nm, 'valid_rate'), 2)} | {f(mean_of(cm, nm, 'distinct_valid'), 2)} "
               f"| {len(g)}/{len(seeds)} |")
+
+    gpu_dir = results.parent / (results.name + "_gpu")
+    if not quick and gpu_dir.is_dir():
+        w(gpu_section(cfg, cm, gpu_dir))
 
     # ---------------------------------------------------------------- R1oN -> R2oN
     w("\n## 3. R1oN → R2oN gain against the predicted ratio\n")

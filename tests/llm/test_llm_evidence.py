@@ -61,3 +61,34 @@ def test_quick_run_writes_every_cell_and_resumes(evidence, tmp_path):
     summary = run.Runner(run.QUICK, out, run.HERE.parent / ".llm_model" / "smollm2", tmp_path).run()
     assert summary["ran"] == 0 and summary["skipped"] == len(names)
     assert before == {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")}
+
+
+def test_the_gpu_cells_are_reported_beside_the_cpu_cells(evidence, tmp_path):
+    """Cells of the same configuration in ``<results>_gpu`` get a table of their own, each row the
+    seed mean of the cells found there, beside the CPU's, and a line saying whether the loss falls with K."""
+    run, report = evidence
+    cfg = run.FULL
+    res = tmp_path / "llm_evidence"
+    gpu = tmp_path / "llm_evidence_gpu"
+    res.mkdir()
+    gpu.mkdir()
+
+    def cell(d: Path, name: str, loss: float, device: str) -> None:
+        r = {"per_reference": [loss] * 8, "ref_tokens": [3] * 8, "n_refs_per_prompt": 4}
+        (d / f"{name}.json").write_text(json.dumps({"cell": name, "config": cfg, "seconds": 2.0, "device": device,
+                                                    "result": r}))
+
+    for i, k in enumerate(cfg["ks"]):
+        for s in cfg["seeds"]:
+            cell(res, f"matched-multiple-k{k}-s{s}", 2.0 - 0.1 * i, "cpu")
+            cell(gpu, f"matched-multiple-k{k}-s{s}", 1.0 + 0.1 * (i == 2), "cuda")  # rises at K = 4
+    cell(gpu, "matched-expression-k1-s0", 9.0, "cuda")
+    cell(gpu, "matched-other-k1-s0", 5.0, "cuda")
+    (gpu / "stale.json").write_text(json.dumps({"cell": "matched-expression-k2-s0", "config": {}, "result": {}}))
+    text = report.gpu_section(cfg, report.load(res), gpu)
+    rows = [r for r in text.splitlines() if r.startswith("| multiple |") or r.startswith("| expression |")]
+    assert [r.split(" | ")[2] for r in rows] == ["1.000", "1.000", "1.100", "1.000", "9.000"]
+    assert rows[-1].split(" | ")[5] == "pending"  # no CPU cell of that name
+    assert "multiple on the GPU: does not fall" in text and "multiple on the CPU: falls" in text
+    (tmp_path / "none").mkdir()
+    assert report.gpu_section(cfg, report.load(res), tmp_path / "none") == ""  # no cell: no section
