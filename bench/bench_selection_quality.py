@@ -21,7 +21,9 @@ Five kinds of pools, all built offline:
 * ``mosaic``: the bundled MOSAIC examples (8 prompts x 4 responses, each a
   different approach, i.e. its own mode).
 
-For every selector at K = 2, 4, 8: mode coverage (distinct modes kept over
+For every selector at K = 2, 4, 8 (each with the library's defaults: kernel
+"clip" for diverse and GRADES; ``grades_shift`` is GRADES with kernel
+"shift", the paper's code): mode coverage (distinct modes kept over
 min(K, modes in the pool)), mean reward kept (pool-normalised to [0, 1]),
 duplicates kept while distinct candidates remained, picks decided by the tie
 rule, zero-gain picks, and pools whose kept rows change when the rows are
@@ -58,6 +60,7 @@ import mrt_fast
 from mrt_fast.errors import SmallPoolWarning
 from mrt_fast.selection.knn import unit_rows
 from mrt_fast.selection.modes import pool_modes, silhouette_score
+from mrt_fast.selection.options import DEFAULT_KERNEL, KERNELS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -68,7 +71,7 @@ SELECTORS = {
     "top": dict(method="top"),
     "diverse": dict(method="diverse"),
     "grades": dict(method="grades"),
-    "grades_clip": dict(method="grades", kernel="clip"),
+    "grades_shift": dict(method="grades", kernel="shift"),
     "stratified": dict(method="stratified"),
 }
 #: planted modes whose own mean silhouette reaches this are "separated"
@@ -430,7 +433,7 @@ def evaluate(name: str, df: pl.DataFrame, seed: int) -> dict:
         for sel, opts in SELECTORS.items():
             r = run_selector(df, k, opts, seed)
             res["selectors"].append({"selector": sel, "k": k, **r})
-    for kernel in ("shift", "clip"):
+    for kernel in KERNELS:
         for a in ALPHAS:
             r = run_selector(df, 4, dict(method="grades", alpha=a, kernel=kernel), seed)
             res["alpha_sweep"].append({"kernel": kernel, "alpha": a, "mode_coverage": r["mode_coverage"],
@@ -442,6 +445,11 @@ def evaluate(name: str, df: pl.DataFrame, seed: int) -> dict:
     return res
 
 
+def kernel_note(kernel: str) -> str:
+    """What a kernel is, for the legend and the tables: the default, or the paper's code."""
+    return " (default)" if kernel == DEFAULT_KERNEL else " (paper's code)" if kernel == "shift" else ""
+
+
 def figure(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -450,10 +458,10 @@ def figure(results: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6))
     for ax, (name, res) in zip(np.atleast_1d(axes), results.items()):
-        for kernel, style in (("shift", "o-"), ("clip", "s--")):
+        for kernel, style in (("clip", "o-"), ("shift", "s--")):
             pts = [r for r in res["alpha_sweep"] if r["kernel"] == kernel]
             ax.plot([r["mode_coverage"] for r in pts], [r["reward_norm"] for r in pts], style,
-                    label=f"GRADES, kernel={kernel}")
+                    label=f"GRADES, kernel={kernel}" + kernel_note(kernel))
             for r in pts:
                 ax.annotate(f"{r['alpha']:g}", (r["mode_coverage"], r["reward_norm"]), fontsize=7,
                             xytext=(3, 3), textcoords="offset points")
@@ -519,7 +527,9 @@ def markdown(doc: dict) -> str:
     out = ["# Selection quality on pools with known modes", "",
            f"Embeddings: {doc['embeddings']}. Reward is pool-normalised to [0, 1]; mode coverage is distinct "
            "modes kept over min(K, modes in the pool); duplicates kept count only pools that had K distinct "
-           "candidates; 'row order' counts pools whose kept rows change when the rows are shuffled.", ""]
+           "candidates; 'row order' counts pools whose kept rows change when the rows are shuffled. Selectors run "
+           f"with the defaults (kernel {DEFAULT_KERNEL!r}); grades_shift is GRADES with kernel 'shift' (the paper's "
+           "code).", ""]
     for name, res in doc["datasets"].items():
         out += [f"## {name}: {res['pools']} pools, {res['candidates']} candidates", "",
                 "| selector | K | mode coverage | reward | duplicates kept | tie picks | zero-gain picks | "
@@ -532,10 +542,10 @@ def markdown(doc: dict) -> str:
                 "| kernel | " + " | ".join(f"alpha {a:g}" for a in ALPHAS) + " | top |",
                 "|---|" + "---|" * (len(ALPHAS) + 1)]
         top = [r for r in res["alpha_sweep"] if r["alpha"] == "top"][0]
-        for kernel in ("shift", "clip"):
+        for kernel in KERNELS:
             pts = [r for r in res["alpha_sweep"] if r["kernel"] == kernel]
-            out.append(f"| {kernel} | " + " | ".join(f"{r['mode_coverage']:.2f} / {r['reward_norm']:.2f}"
-                                                      for r in pts)
+            out.append(f"| {kernel}{kernel_note(kernel)} | "
+                       + " | ".join(f"{r['mode_coverage']:.2f} / {r['reward_norm']:.2f}" for r in pts)
                        + f" | {top['mode_coverage']:.2f} / {top['reward_norm']:.2f} |")
         out += mode_lines(res["modes"])
     return "\n".join(out).rstrip() + "\n"

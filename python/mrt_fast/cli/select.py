@@ -15,6 +15,7 @@ from mrt_fast.cli.common import (
     user_errors,
     warn_notes,
 )
+from mrt_fast.selection.options import DEFAULT_KERNEL
 
 
 @app.command("select")
@@ -32,7 +33,8 @@ def select_cmd(
     mode: str = typer.Option("mode", help="Mode column (stratified); computed by k-means when absent."),
     alpha: float = typer.Option(0.75, help="Quality exponent (grades)."),
     k_max: Optional[int] = typer.Option(None, help="Prefilter: keep only the best K_MAX by reward as ground set (grades)."),
-    kernel: str = typer.Option("shift", help="shift: (1+c)/2, clip: max(0, c)."),
+    kernel: str = typer.Option(DEFAULT_KERNEL, help="How a cosine c becomes a similarity (diverse, grades): "
+                               "clip: max(0, c); shift: (1+c)/2, the paper's code."),
     n_modes: Optional[int] = typer.Option(None, help="Modes per pool when they are computed (default: silhouette rule)."),
     max_mode_cosine: Optional[float] = typer.Option(
         None, "--max-mode-cosine", help="Computed modes whose directions are at a cosine above this are merged "

@@ -8,7 +8,11 @@ embedding). Both kept sets are then scored with the reference, as the demo
 scores them: coverage = mean over a pool's candidates of the max cosine to a
 kept one, diversity = 1 - mean pairwise cosine of the kept ones, averaged over
 pools. The gap is (coverage with the tier - coverage with the reference) /
-coverage with the reference.
+coverage with the reference. ``diverse`` and ``grades`` choose with
+``kernel="shift"``: its similarity (1 + c)/2 is an affine map of the cosine,
+so ``diverse`` maximises this coverage itself (its first pick with the
+reference embeddings is the coverage optimum) and ``grades`` its
+quality-weighted form; a gap then measures the embedding alone.
 
 Each gap comes with a 95% interval from a paired bootstrap over pools (pools
 resampled with replacement, the same draw for both picks). The strict ranking
@@ -40,6 +44,8 @@ BOOTSTRAP = 2000
 _ROW = "__mrt_row"
 _EMB = "__mrt_embedding"
 _MODE = "__mrt_mode"
+#: the kernel the facility-location selectors choose with: the one whose objective is the coverage scored
+KERNEL = "shift"
 
 
 def _kept_scores(df: pl.DataFrame, kept: pl.DataFrame, x_ref: np.ndarray, by: str) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +97,7 @@ def select_all(df: pl.DataFrame, x: np.ndarray, k: int, *, by: str = "prompt_id"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallPoolWarning)
         for m in methods:
-            out[m] = select(t, k, m, by=by, embedding=_EMB, reward=reward, mode=_MODE, seed=0)
+            out[m] = select(t, k, m, by=by, embedding=_EMB, reward=reward, mode=_MODE, seed=0, kernel=KERNEL)
     return out
 
 

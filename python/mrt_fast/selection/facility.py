@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
-from mrt_fast.selection.options import U64_END, check_common, check_k, check_optimizer
+from mrt_fast.selection.options import DEFAULT_KERNEL, U64_END, check_common, check_k, check_optimizer
 
 
 class Ragged(Sequence):
@@ -106,7 +106,7 @@ def facility_location(
     alpha: float = 0.0,
     eps: float = 1e-6,
     k_max: int | None = None,
-    kernel: str = "shift",
+    kernel: str = DEFAULT_KERNEL,
     similarity: Any = None,
     optimizer: str = "lazy",
     memory: str = "auto",
@@ -120,6 +120,9 @@ def facility_location(
     * a precomputed similarity in [0, 1]: ``similarity`` as a dense (n, n)
       array, a scipy.sparse matrix, or an ``(indptr, indices, data)`` CSR
       triple (then ``embeddings`` is not needed).
+
+    ``kernel`` maps embedding cosines c into [0, 1]: ``"clip"`` max(0, c)
+    (default, as in `select`) or ``"shift"`` (1 + c)/2 (the paper's code).
 
     ``memory`` picks how each pool of embeddings is solved: ``"dense"``
     holds the n x n similarity, ``"on_demand"`` recomputes similarity columns

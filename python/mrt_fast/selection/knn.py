@@ -3,8 +3,8 @@
 * :func:`knn_graph` builds a sparse kNN similarity graph (CSR) over one large
   pool or a whole corpus: exact inner product (``IndexFlatIP``) by default, or
   approximate (IVF, HNSW) with a measured recall against exact on a sample.
-  Cosines are mapped into [0, 1] with the core's kernels (``"shift"``:
-  ``(1 + c)/2``, ``"clip"``: ``max(0, c)``).
+  Cosines are mapped into [0, 1] with the core's kernels (``"clip"``:
+  ``max(0, c)``, the default; ``"shift"``: ``(1 + c)/2``).
 * :func:`facility_location_corpus` feeds that graph to the core's sparse
   facility location.
 
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from mrt_fast.errors import MissingDependencyError, MrtInputError
+from mrt_fast.selection.options import DEFAULT_KERNEL, KERNELS
 
 INDEXES = ("flat", "ivf", "hnsw")
-KERNELS = ("shift", "clip")
 
 
 def faiss_module():
@@ -158,7 +158,7 @@ def knn_graph(
     k: int = 10,
     *,
     index: str = "flat",
-    kernel: str = "shift",
+    kernel: str = DEFAULT_KERNEL,
     symmetrize: bool = True,
     nlist: int | None = None,
     nprobe: int = 8,
@@ -172,8 +172,10 @@ def knn_graph(
 
     Every row keeps itself (similarity ``kernel(1) = 1``) and its ``k`` most
     similar other rows. ``symmetrize=True`` makes ``S = max(S, S^T)`` (an edge
-    kept by either end). ``index``: ``"flat"`` exact; ``"ivf"`` (``nlist``
-    cells, ``nprobe`` probed; default nlist ~ 4 sqrt(n)); ``"hnsw"``
+    kept by either end). ``kernel``: ``"clip"`` (default) maps a cosine c to
+    max(0, c) and drops the zero entries, ``"shift"`` to (1 + c)/2.
+    ``index``: ``"flat"`` exact; ``"ivf"`` (``nlist`` cells, ``nprobe``
+    probed; default nlist ~ 4 sqrt(n)); ``"hnsw"``
     (``hnsw_m`` links, ``ef_search``, ``ef_construction``). For the
     approximate indexes, ``recall`` is recall@k against exact search on
     ``recall_sample`` random rows (0 skips it).

@@ -29,7 +29,12 @@ METHODS = {
 FACILITY_METHODS = ("diverse", "grades")
 
 
+#: how a cosine c becomes a similarity in [0, 1]: "clip" max(0, c), "shift" (1 + c)/2 (the paper's code)
 KERNELS = ("clip", "shift")
+
+#: the kernel of every selector and facility-location entry point unless one is given (docs/selection.md,
+#: "The kernel": unrelated candidates then cover nothing of each other)
+DEFAULT_KERNEL = "clip"
 
 
 #: k, k_max and seed are unsigned 64-bit integers in the core
@@ -113,7 +118,7 @@ class SelectOptions:
     alpha: float = 0.75
     eps: float = 1e-6
     k_max: int | None = None
-    kernel: str = "shift"
+    kernel: str = DEFAULT_KERNEL
     seed: int = 0
     candidate_key: str | None = None
     optimizer: str = "lazy"

@@ -33,8 +33,8 @@ from mrt_fast.tables.arrays import (
 )
 from mrt_fast.errors import SmallPoolWarning
 from mrt_fast.selection.report import SelectionReport
-from mrt_fast.selection.options import (FACILITY_METHODS, METHODS, SelectOptions, check_common, check_k,
-                                       check_optimizer, check_seed)
+from mrt_fast.selection.options import (DEFAULT_KERNEL, FACILITY_METHODS, METHODS, SelectOptions, check_common,
+                                       check_k, check_optimizer, check_seed)
 from mrt_fast.selection.facility import DENSE_LIMIT_BYTES
 from mrt_fast.selection.table_errors import said_of_table as _said_of_table
 from mrt_fast.selection.content import content_keys, duplicate_classes, text_keys
@@ -102,7 +102,7 @@ def select(
     alpha: float = 0.75,
     eps: float = 1e-6,
     k_max: int | None = None,
-    kernel: str = "shift",
+    kernel: str = DEFAULT_KERNEL,
     seed: int = 0,
     candidate_key: str | None = None,
     optimizer: str = "lazy",
@@ -138,8 +138,10 @@ def select(
         GRADES quality weights ``q = eps + (r - min r)/(max r - min r + eps)``,
         weights ``q**alpha``; ``k_max`` keeps only the best ``k_max`` by quality
         as the ground set.
-    kernel : "shift" | "clip"
-        Cosine c mapped into [0, 1] as ``(1 + c)/2`` or ``max(0, c)``.
+    kernel : "clip" | "shift"
+        Cosine c mapped into [0, 1] as ``max(0, c)`` (default: unrelated
+        candidates cover nothing of each other) or ``(1 + c)/2`` (the paper's
+        code; see docs/selection.md, "The kernel").
     seed : int
         Random draws are seeded per pool from ``(seed, prompt id)`` and each
         candidate's content (its embedding, reward and text): a pool's draw
