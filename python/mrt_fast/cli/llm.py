@@ -245,10 +245,14 @@ def run_cmd(
                                              "key (--set train.max_steps=2 --set generate.n=4); repeatable."),
     out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Override out_dir (relative to the current "
                                            "directory)."),
+    redo_changed: bool = typer.Option(False, "--redo-changed", help="Outputs in out_dir made with other settings "
+                                      "(or without a record of them) are deleted with what was made from them, "
+                                      "and made again; without it such an out_dir is refused."),
 ) -> None:
     """Generate -> embed -> score -> select -> train -> evaluate over a method x K grid; writes results.
 
-    Relative paths in the config are relative to the YAML file."""
+    Relative paths in the config are relative to the YAML file. Outputs already in out_dir are reused
+    when they were made with the same settings."""
     from mrt_fast.llm.pipeline import RunConfig, results_markdown, run
 
     with user_errors():
@@ -258,7 +262,7 @@ def run_cmd(
         cfg = RunConfig.from_yaml(config, overrides)
         if k is not None:
             cfg.select = {**cfg.select, "ks": k}
-        res = run(cfg)
+        res = run(cfg, redo_changed=redo_changed)
     console.print(results_markdown(res))
     console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
 

@@ -33,6 +33,7 @@ import polars as pl
 
 from mrt_fast.llm.cells import cell_name, cells_on_disk, kept_key, parse_cell
 from mrt_fast.llm.models import set_threads
+from mrt_fast.llm import stage_records as sr
 from mrt_fast.embeddings.embedders import make_embedder
 from mrt_fast.datasets.formats import read_table, scan, write_table
 from mrt_fast.tables.arrays import require_columns
@@ -219,12 +220,125 @@ def check_inputs(cfg: "RunConfig", stages: tuple | list, generating: bool) -> No
             raise MrtInputError(f"{role} {str(path)!r} has no column(s) {missing} (it has {names})")
 
 
+class StagePlan:
+    """The record each output of ``out_dir`` would get under the current settings
+    (`mrt_fast.llm.stage_records`), and the check of the outputs already there."""
+
+    def __init__(self, cfg: RunConfig, gcfg, tcfg, ecfg, sel_kw: dict, auto: dict | None, embedder_id: str,
+                 hook_id: str | None):
+        self.cfg, self.tcfg, self.ecfg, self.sel_kw, self.auto = cfg, tcfg, ecfg, sel_kw, auto
+        self.embedder_id, self.hook_id = embedder_id, hook_id
+        self.gen = sr.make_record({"model": cfg.model, "train_prompts": sr.data_fingerprint(cfg.train_prompts),
+                                   "generate": sr.effective(asdict(gcfg))})
+        self.embed = sr.make_record({"embedder": embedder_id}, {"generate": self.gen})
+        self.score = sr.make_record({"reward_model": cfg.reward_model, "reward_fn": hook_id,
+                                     "train_prompts": sr.data_fingerprint(cfg.train_prompts)}, {"embed": self.embed})
+        self.modes = sr.make_record({"n_modes": cfg.select.get("n_modes"), "seed": int(cfg.select.get("seed", 0))},
+                                    {"score": self.score})
+        self.eval_data = sr.data_fingerprint(cfg.eval_data)
+        self.out_dir = Path(cfg.out_dir)
+
+    def expected(self, key: str, kept: str | None = None, same_as: str | None = None) -> dict:
+        """The record of stage ``key`` (``select/<cell>`` ...); ``kept``: the cell's kept rows' key,
+        ``same_as``: the identical cell whose model it evaluates."""
+        from mrt_fast.selection.options import METHODS, SelectOptions
+
+        stage, _, name = key.partition("/")
+        if stage in ("generate", "embed", "score", "modes"):
+            return getattr(self, {"generate": "gen"}.get(stage, stage))
+        if stage == "diagnose":
+            val = self.cfg.validation_data
+            return sr.make_record({"model": self.cfg.model, "validation": sr.data_fingerprint(val),
+                                   "validation_prompts": (self.auto or {}).get("validation_prompts"),
+                                   "max_length": self.tcfg.max_length, "prompt_format": self.tcfg.prompt_format,
+                                   "dtype": self.tcfg.dtype}, {} if val else {"score": self.score})
+        method, k = parse_cell(name)
+        if stage == "evaluate":
+            up = {} if method == "base" else {f"train/{name}": self.expected(f"train/{name}", kept)}
+            if same_as is not None:
+                up[f"train/{same_as}"] = self.expected(f"train/{same_as}", self._kept_on_disk(same_as))
+            return sr.make_record({"model": self.cfg.model, "eval_data": self.eval_data,
+                                   "evaluate": sr.effective(asdict(self.ecfg)), "reward_model": self.cfg.reward_model,
+                                   "reward_fn": self.hook_id, "embedder": self.embedder_id, "same_as": same_as}, up)
+        canon = METHODS[method.lower()]
+        if stage == "select":
+            params = SelectOptions(k=k, method=canon, **self.sel_kw).parameters()
+            up = {"score": self.score, **({"modes": self.modes} if canon == "stratified" else {})}
+            return sr.make_record(sr.select_settings(params, canon), up)
+        return sr.make_record({"model": self.cfg.model, "train": sr.effective(asdict(self.tcfg)), "kept_key": kept},
+                              {f"select/{name}": self.expected(f"select/{name}")})
+
+    def _kept_on_disk(self, name: str) -> str | None:
+        f = self.out_dir / "select" / f"{name}.parquet"
+        return kept_key(pl.read_parquet(f)) if f.exists() else None
+
+    def present(self) -> dict[str, dict | None]:
+        """The stages with an output in out_dir: key -> what is needed to rebuild its record."""
+        from mrt_fast.selection.options import METHODS
+
+        out = self.out_dir
+        found: dict[str, dict] = {}
+        if (out / "candidates.parquet").exists() or (out / "candidates.parquet.parts").exists():
+            found["generate"] = {}
+        for key, f in (("embed", "embedded.parquet"), ("score", "scored.parquet")):
+            if (out / f).exists():
+                found[key] = {}
+        if (out / "scored.parquet").exists() and "mode" in pl.read_parquet_schema(out / "scored.parquet"):
+            found["modes"] = {}
+        if self.auto is not None and (out / "diagnose" / "losses.parquet").exists():
+            found["diagnose"] = {}
+        runs = out / "runs"
+        names = ({f.stem for f in (out / "select").glob("*.parquet")}
+                 | ({d.name for d in runs.iterdir() if d.is_dir()} if runs.is_dir() else set()))
+        for name in sorted(names):
+            cell = parse_cell(name)
+            if cell is None or (cell[0] != "base" and cell[0].lower() not in METHODS):
+                continue
+            run_dir = out / "runs" / name
+            if (out / "select" / f"{name}.parquet").exists():
+                found[f"select/{name}"] = {}
+            kept = self._kept_on_disk(name) if cell[0] != "base" else None
+            if any((run_dir / f).exists() for f in sr.TRAIN_FILES):
+                found[f"train/{name}"] = {"kept": kept}
+            if (run_dir / "metrics.json").exists():
+                found[f"evaluate/{name}"] = {"kept": kept}
+        return found
+
+    def check(self, out: Path, redo: bool) -> sr.Records:
+        """Refuse (one line) an out_dir holding outputs made with other settings; with ``redo``,
+        delete those outputs and everything made from them. Returns the records to update."""
+        old = sr.read_records(out) if out.is_dir() else None
+        present = self.present() if out.is_dir() else {}
+        legacy = old is None and bool(present)
+        old = old or {}
+        changed = {}
+        for key, kw in present.items():
+            if key.startswith("evaluate/"):
+                kw = {**kw, "same_as": (old.get(key) or {}).get("settings", {}).get("same_as")}
+            new = self.expected(key, **kw)
+            if old.get(key) != new:
+                changed[key] = sr.differences(old.get(key), new)
+        if changed and not redo:
+            raise sr.refusal(out, changed, legacy)
+        records = sr.Records(out, old)
+        if changed:
+            sr.remove_outputs(out, changed)
+            if "modes" in changed and "score" not in changed:
+                write_table(pl.read_parquet(out / "scored.parquet").drop("mode"), out / "scored.parquet")
+            records.drop(changed)
+        return records
+
+
 def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_fn=None, progress: bool = True,
-        stages: tuple[str, ...] = STAGES) -> pl.DataFrame:
+        stages: tuple[str, ...] = STAGES, redo_changed: bool = False) -> pl.DataFrame:
     """Run the experiment grid; returns the results table (one row per method x K).
 
     ``reward_fn``: a reward hook (a callable over the candidate rows, see
     `mrt_fast.llm.reward.load_reward_fn`) overriding the config's ``reward_fn``.
+    An output already in ``out_dir`` is reused only when it was made with the
+    current settings (`mrt_fast.llm.stage_records`); one made with other
+    settings is refused before any work, or with ``redo_changed`` deleted with
+    everything made from it, and made again.
     """
     from mrt_fast.llm.evaluate import EvalConfig, evaluate
     from mrt_fast.llm.generate import GenerationConfig, generate
@@ -259,6 +373,9 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
         raise MrtInputError("set either reward_model or reward_fn, not both")
     out = Path(cfg.out_dir)
     check_inputs(cfg, stages, generating=not (out / "candidates.parquet").exists())
+    plan = StagePlan(cfg, gcfg, tcfg, ecfg, sel_kw, auto, sr.embedder_identity(cfg.embedder, embedder),
+                     sr.hook_identity(rfn))
+    records = plan.check(out, redo_changed)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
     from mrt_fast.llm.models import is_gguf, materialize_gguf
@@ -288,6 +405,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
         if "generate" not in stages:
             raise MrtInputError(f"{cand} is missing and the generate stage is not run")
         _log(f"generate: n={gcfg.n} per prompt -> {cand}", progress)
+        records.set("generate", plan.expected("generate"))
         prompts_tab = read_table(cfg.train_prompts)
         require_columns(prompts_tab, ["prompt_id", "prompt"], "train prompts")
         generate(prompts_tab.select("prompt_id", "prompt"), cand, model, gcfg, progress=progress)
@@ -295,6 +413,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     embedded = out / "embedded.parquet"
     if not embedded.exists():
         _log("embed candidates", progress)
+        records.set("embed", plan.expected("embed"))
         df = pl.read_parquet(cand)
         e = np.asarray(get_embedder()(df["response"].fill_null("").to_list()), dtype=np.float32)
         df = df.with_columns(pl.Series("embedding", e).cast(pl.Array(pl.Float32, e.shape[1])))
@@ -302,6 +421,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     # 3. score (and modes when stratified is asked)
     scored = out / "scored.parquet"
     if not scored.exists():
+        records.set("score", plan.expected("score"))
         df = pl.read_parquet(embedded)
         if cfg.reward_model:
             _log(f"score with {cfg.reward_model}", progress)
@@ -323,6 +443,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
         from mrt_fast.selection.modes import pool_modes
 
         _log("modes of each pool (k-means on the embeddings) for stratified", progress)
+        records.set("modes", plan.expected("modes"))
         pool = pool_modes(pool, n_modes=cfg.select.get("n_modes"), seed=int(cfg.select.get("seed", 0)))
         write_table(pool, scored)
     has_reward = "reward" in pool.columns
@@ -334,6 +455,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
         pairs = validation_pairs(cfg.validation_data if cfg.validation_data else pool,
                                  auto["validation_prompts"])
         _log(f"diagnose: base-model losses of {pairs.height} validation pairs -> K*", progress)
+        records.set("diagnose", plan.expected("diagnose"))
         advice = diagnose(pairs, model, out / "diagnose", cost_prompt=auto["cost_prompt"],
                           cost_response=auto["cost_response"], budget=auto.get("budget"), k_max=gcfg.n,
                           n_boot=auto["n_boot"], seed=int(cfg.select.get("seed", 0)), max_length=tcfg.max_length,
@@ -353,7 +475,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
         run_dir = out / "runs" / name
         metrics_f = run_dir / "metrics.json"
         adapter = None
-        same_as = None
+        same_as = key = None
         fresh = not metrics_f.exists()
         if method is not None:
             canon = METHODS[method.lower()]
@@ -362,12 +484,15 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
             sel_f = out / "select" / f"{name}.parquet"
             if not sel_f.exists():
                 _log(f"select {name}", progress)
+                records.set(f"select/{name}", plan.expected(f"select/{name}"))
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     kept = select(pool, k, canon, **sel_kw)
                 write_table(kept, sel_f)
             kept = pl.read_parquet(sel_f)
-            same_as = trained_by.setdefault(kept_key(kept), name)
+            key = kept_key(kept)
+            records.set(f"train/{name}", plan.expected(f"train/{name}", key))
+            same_as = trained_by.setdefault(key, name)
             same_as = None if same_as == name else same_as
             adapter = run_dir / "adapter"
             if same_as is not None and not (adapter / "adapter_config.json").exists():
@@ -377,6 +502,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                     _log(f"{name} keeps the same rows as {same_as}: its model and metrics are reused", progress)
                     run_dir.mkdir(parents=True, exist_ok=True)
                     m = json.loads(twin_metrics.read_text())
+                    records.set(f"evaluate/{name}", plan.expected(f"evaluate/{name}", key, same_as))
                     metrics_f.write_text(json.dumps({**m, "same_as": same_as}, indent=2))
             if not (adapter / "adapter_config.json").exists():
                 if "train" not in stages:
@@ -388,6 +514,8 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
             if "evaluate" not in stages:
                 continue
             _log(f"evaluate {name}", progress)
+            twin = same_as if adapter is not None and adapter != run_dir / "adapter" else None
+            records.set(f"evaluate/{name}", plan.expected(f"evaluate/{name}", key, twin))
             t0 = time.time()
             m = evaluate(eval_df, model, adapter=adapter, config=ecfg, embedder=get_embedder(),
                          reward_model=cfg.reward_model, reward_fn=reward_hook,

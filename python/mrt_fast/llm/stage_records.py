@@ -1,0 +1,188 @@
+"""The settings each output of an ``mrt run`` out_dir was made with: record, compare, invalidate.
+
+A stage's record holds the effective settings its output was made with
+(defaults resolved, data files fingerprinted) and the digest of the record of
+each upstream stage it was made from, so a changed upstream changes every
+record below it. Records live in ``out_dir/.mrt/stages.json``, keyed by stage
+(``generate``, ``embed``, ``score``, ``modes``, ``diagnose``, and per cell
+``select/<cell>``, ``train/<cell>``, ``evaluate/<cell>``). A rerun compares
+the record of every output on disk with the one the current config would
+write: an output made with other settings is refused, or with ``redo`` its
+files (and those of the stages below it) are deleted so that it is made again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mrt_fast._util.files import write_text
+from mrt_fast.datasets.manifest import part_check
+from mrt_fast.errors import MrtInputError
+
+#: where the records of an out_dir are kept
+RECORDS = Path(".mrt") / "stages.json"
+
+#: files above this size are fingerprinted by size and modification time, not by content
+HASH_LIMIT = 256 << 20
+
+#: settings that change how a stage runs, not what it makes
+OPERATIONAL = {"device", "batch_size", "max_batch", "shard_prompts", "vllm_kwargs", "log_every", "save_steps",
+               "save_total_limit", "resume", "report_to", "log_pair_losses", "gradient_checkpointing"}
+
+_FACILITY = ("alpha", "eps", "k_max", "kernel", "optimizer")
+_MODES = ("n_modes", "max_mode_cosine")
+#: selection knobs a method does not read (changing them leaves its kept rows as they are)
+NOT_READ = {"random": _FACILITY + _MODES, "top": _FACILITY + _MODES + ("seed",), "diverse": ("alpha",) + _MODES,
+            "grades": _MODES, "stratified": _FACILITY}
+
+#: the files of a run directory that mrt run writes (train, then evaluate)
+TRAIN_FILES = ("adapter", "checkpoints", "train_log.jsonl", "train_config.json")
+EVAL_FILES = ("metrics.json", "samples.parquet")
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON values (tuples as lists, anything else as its string)."""
+    return json.loads(json.dumps(value, default=str, sort_keys=True))
+
+
+def digest(record: dict) -> str:
+    return hashlib.blake2b(json.dumps(record, sort_keys=True).encode(), digest_size=12).hexdigest()
+
+
+def make_record(settings: dict, upstream: dict[str, dict] | None = None) -> dict:
+    """A stage's record: its settings and the digests of the upstream records it was made from."""
+    return {"settings": plain(settings), "upstream": {k: digest(v) for k, v in (upstream or {}).items()}}
+
+
+def effective(settings: dict) -> dict:
+    """A config's settings without those that only change how a stage runs."""
+    return {k: v for k, v in settings.items() if k not in OPERATIONAL}
+
+
+def select_settings(parameters: dict, method: str) -> dict:
+    """The selection options a method reads (``SelectOptions.parameters()``, canonical method)."""
+    return {k: v for k, v in parameters.items() if k not in NOT_READ.get(method, ())}
+
+
+def hook_identity(hook: Any) -> str | None:
+    """A reward hook as a name: the string it was given as, or a callable's qualified name."""
+    if hook is None or isinstance(hook, str):
+        return hook
+    return f"{getattr(hook, '__module__', '?')}:{getattr(hook, '__qualname__', type(hook).__qualname__)}"
+
+
+def embedder_identity(spec: str, embedder: Any = None) -> str:
+    """The embedder as a name: the config's spec, or the class of an embedder passed in."""
+    return spec if embedder is None else f"{type(embedder).__module__}:{type(embedder).__qualname__}"
+
+
+def data_fingerprint(path: str | os.PathLike | None) -> Any:
+    """Size and content hash of a data file (of each file of a directory); size and modification time
+    above `HASH_LIMIT`; the name itself for what is not a local path."""
+    if path is None:
+        return None
+    p = Path(path)
+    if "://" in str(path) or not p.exists():
+        return str(path)
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    out = {}
+    for f in files:
+        st = f.stat()
+        key = f.name if f == p else str(f.relative_to(p))
+        out[key] = part_check(f) if st.st_size <= HASH_LIMIT else {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return out
+
+
+def read_records(out_dir: Path) -> dict[str, dict] | None:
+    """The records of ``out_dir`` (None when it has none)."""
+    f = Path(out_dir) / RECORDS
+    if not f.exists():
+        return None
+    try:
+        return json.loads(f.read_text())["stages"]
+    except (ValueError, KeyError, TypeError):
+        raise MrtInputError(f"{str(f)!r} is not a record of mrt run's stages; delete it and rerun with "
+                            "--redo-changed") from None
+
+
+@dataclass
+class Records:
+    """The records of an out_dir, written atomically after each change."""
+
+    out_dir: Path
+    stages: dict[str, dict] = field(default_factory=dict)
+
+    def set(self, key: str, record: dict) -> None:
+        if self.stages.get(key) != record:
+            self.stages[key] = record
+            write_text(self.out_dir / RECORDS, json.dumps({"version": 1, "stages": self.stages}, indent=1))
+
+    def drop(self, keys) -> None:
+        for k in keys:
+            self.stages.pop(k, None)
+        write_text(self.out_dir / RECORDS, json.dumps({"version": 1, "stages": self.stages}, indent=1))
+
+
+def differences(old: dict | None, new: dict, few: int = 3) -> str:
+    """What changed between two records, in a few words (``alpha 0.75 -> 0.5``)."""
+    if old is None:
+        return "made without a record of its settings"
+    o, n = old.get("settings", {}), new["settings"]
+    diff = [f"{k} {o.get(k)!r} -> {n.get(k)!r}" for k in sorted(set(o) | set(n)) if o.get(k) != n.get(k)]
+    up = sorted(k for k in set(old.get("upstream", {})) | set(new["upstream"])
+                if old.get("upstream", {}).get(k) != new["upstream"].get(k))
+    diff += [f"its {k} changed" for k in up]
+    return ", ".join(diff[:few]) + (f" and {len(diff) - few} more" if len(diff) > few else "")
+
+
+def refusal(out_dir: Path, changed: dict[str, str], legacy: bool, few: int = 3) -> MrtInputError:
+    """The one-line error of an out_dir whose outputs were made with other settings."""
+    how = (f"write to a new out_dir, or rerun with --redo-changed (Python: run(..., redo_changed=True)) to redo "
+           "these stages and those that depend on them")
+    if legacy:
+        return MrtInputError(f"out_dir {str(out_dir)!r} was made without a record of its settings (its outputs "
+                             f"may be of other settings): {how}")
+    items = [f"{k} ({why})" for k, why in list(changed.items())[:few]]
+    more = f" and {len(changed) - few} more" if len(changed) > few else ""
+    return MrtInputError(f"out_dir {str(out_dir)!r} holds outputs made with other settings: {'; '.join(items)}{more}: "
+                         f"{how}")
+
+
+def outputs_of(key: str) -> list[Path]:
+    """The paths (relative to the out_dir) a stage writes."""
+    stage, _, cell = key.partition("/")
+    if stage == "generate":
+        return [Path("candidates.parquet"), Path("candidates.parquet.parts")]
+    if stage == "embed":
+        return [Path("embedded.parquet")]
+    if stage == "score":
+        return [Path("scored.parquet")]
+    if stage == "diagnose":
+        return [Path("diagnose") / n for n in ("losses.parquet", "report.json", "variance.png")]
+    if stage == "select":
+        return [Path("select") / f"{cell}.parquet"]
+    if stage == "train":
+        return [Path("runs") / cell / n for n in TRAIN_FILES]
+    if stage == "evaluate":
+        return [Path("runs") / cell / n for n in EVAL_FILES]
+    return []  # modes: a column of scored.parquet, dropped by the pipeline
+
+
+def remove_outputs(out_dir: Path, keys) -> None:
+    """Delete the files the stages ``keys`` wrote (and the folders left empty by it)."""
+    for key in keys:
+        for rel in outputs_of(key):
+            p = Path(out_dir) / rel
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            elif p.exists() or p.is_symlink():
+                p.unlink()
+            for d in (p.parent, p.parent.parent):
+                if d != Path(out_dir) and d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()

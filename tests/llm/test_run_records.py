@@ -1,0 +1,141 @@
+"""mrt run reuses an output only when it was made with the current settings: a changed setting is
+refused in one line before any work, or redone (with what depends on it) on request."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from mrt_fast import MrtInputError
+
+pytestmark = pytest.mark.train
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tmp_path_factory):
+    from mrt_fast.llm.testing import save_tiny_models
+
+    return save_tiny_models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture
+def trained(monkeypatch):
+    """The run directories trained, in order."""
+    import mrt_fast.llm.train as train_mod
+
+    seen = []
+    real = train_mod.train
+    monkeypatch.setattr(train_mod, "train", lambda data, model, out, *a, **kw: (seen.append(out.name),
+                                                                               real(data, model, out, *a, **kw))[1])
+    return seen
+
+
+def _cfg(tmp_path, tiny_paths, methods=("random", "grades"), ks=(1,), **select):
+    from mrt_fast.llm.testing import tiny_prompt_table
+
+    tiny_prompt_table(3, with_reference=False).write_ndjson(tmp_path / "train.jsonl")
+    tiny_prompt_table(3, offset=5).write_ndjson(tmp_path / "eval.jsonl")
+    return {"out_dir": str(tmp_path / "out"), "model": str(tiny_paths["lm"]), "reward_model": str(tiny_paths["reward"]),
+            "embedder": "hashing", "data": {"train_prompts": str(tmp_path / "train.jsonl"),
+                                             "eval": str(tmp_path / "eval.jsonl")},
+            "generate": {"n": 3, "max_new_tokens": 4}, "select": {"methods": list(methods), "ks": list(ks), **select},
+            "train": {"max_steps": 1}, "evaluate": {"n_samples": 2, "max_new_tokens": 4}, "threads": 1,
+            "baseline": False}
+
+
+def _files(out):
+    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_a_changed_selection_setting_is_refused_then_redone_for_its_cells_only(tiny_paths, tmp_path, trained):
+    from mrt_fast.llm.pipeline import run
+
+    cfg = _cfg(tmp_path, tiny_paths)
+    run(cfg, progress=False)
+    out = tmp_path / "out"
+    assert sorted(trained) == ["grades_k1", "random_k1"] and (out / ".mrt" / "stages.json").exists()
+    before = _files(out)
+    trained.clear()
+    again = run(cfg, progress=False)  # nothing changed: everything reused
+    assert trained == [] and again["cell"].to_list() == ["reused", "reused"]
+    assert {k: v for k, v in _files(out).items() if k.startswith(("select", "runs", "cand", "emb", "scored"))} == \
+        {k: v for k, v in before.items() if k.startswith(("select", "runs", "cand", "emb", "scored"))}
+    cfg["select"]["alpha"] = 0.25
+    before = _files(out)
+    with pytest.raises(MrtInputError) as e:
+        run(cfg, progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and str(out) in msg and "select/grades_k1" in msg and "alpha 0.75 -> 0.25" in msg
+    assert "random_k1" not in msg and "--redo-changed" in msg
+    assert _files(out) == before and trained == []  # nothing written, nothing trained
+    run(cfg, progress=False, redo_changed=True)
+    assert trained == ["grades_k1"]  # random does not read alpha: its cell is reused
+    after = _files(out)
+    for f in ("runs/random_k1/adapter/adapter_config.json", "runs/random_k1/metrics.json",
+              "select/random_k1.parquet", "candidates.parquet", "scored.parquet"):
+        assert after[f] == before[f]
+    assert after["runs/grades_k1/metrics.json"] != before["runs/grades_k1/metrics.json"]
+    rec = json.loads((out / ".mrt" / "stages.json").read_text())["stages"]
+    assert rec["select/grades_k1"]["settings"]["alpha"] == 0.25 and "alpha" not in rec["select/random_k1"]["settings"]
+
+
+def test_a_changed_train_setting_redoes_every_trained_cell_and_adding_a_k_runs_only_it(tiny_paths, tmp_path,
+                                                                                         trained):
+    from mrt_fast.llm.pipeline import run
+
+    cfg = _cfg(tmp_path, tiny_paths, methods=("random",))
+    run(cfg, progress=False)
+    out = tmp_path / "out"
+    cfg["select"]["ks"] = [1, 2]  # a new cell is no change of the existing one
+    trained.clear()
+    res = run(cfg, progress=False)
+    assert trained == ["random_k2"] and res["cell"].to_list() == ["reused", "new"]
+    before = _files(out)
+    cfg["train"]["max_steps"] = 2
+    with pytest.raises(MrtInputError, match=r"train/random_k1 \(train .*max_steps.* 1.* -> .*2"):
+        run(cfg, progress=False)
+    cfg["select"]["ks"] = [2]  # random_k1 is outside the grid now: it is redone-away, not left as comparable
+    trained.clear()
+    res = run(cfg, progress=False, redo_changed=True)
+    assert trained == ["random_k2"] and res["cell"].to_list() == ["new"]
+    assert not (out / "runs" / "random_k1").exists()
+    after = _files(out)
+    for f in ("candidates.parquet", "embedded.parquet", "scored.parquet", "select/random_k2.parquet"):
+        assert after[f] == before[f]
+
+
+def test_an_out_dir_without_records_is_refused_then_redone(tiny_paths, tmp_path, trained):
+    from mrt_fast.llm.pipeline import run
+
+    cfg = _cfg(tmp_path, tiny_paths, methods=("random",))
+    run(cfg, progress=False)
+    out = tmp_path / "out"
+    (out / ".mrt" / "stages.json").unlink()
+    before = _files(out)
+    with pytest.raises(MrtInputError, match="made without a record of its settings") as e:
+        run(cfg, progress=False)
+    assert "\n" not in str(e.value) and _files(out) == before
+    trained.clear()
+    run(cfg, progress=False, redo_changed=True)
+    assert trained == ["random_k1"] and (out / ".mrt" / "stages.json").exists()
+
+
+def test_a_changed_data_file_is_refused_and_names_the_stage(tiny_paths, tmp_path):
+    from mrt_fast.llm.pipeline import run
+    from mrt_fast.llm.testing import tiny_prompt_table
+
+    cfg = _cfg(tmp_path, tiny_paths, methods=("random",))
+    run(cfg, progress=False)
+    tiny_prompt_table(2, offset=5).write_ndjson(tmp_path / "eval2.jsonl")
+    cfg["data"]["eval"] = str(tmp_path / "eval2.jsonl")
+    with pytest.raises(MrtInputError, match=r"evaluate/random_k1 \(eval_data"):
+        run(cfg, progress=False)
