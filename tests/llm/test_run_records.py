@@ -139,3 +139,23 @@ def test_a_changed_data_file_is_refused_and_names_the_stage(tiny_paths, tmp_path
     cfg["data"]["eval"] = str(tmp_path / "eval2.jsonl")
     with pytest.raises(MrtInputError, match=r"evaluate/random_k1 \(eval_data"):
         run(cfg, progress=False)
+
+
+def test_the_cli_refuses_in_one_line_with_exit_2_and_redoes_with_redo_changed(tiny_paths, tmp_path, trained):
+    import yaml
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+    from mrt_fast.llm.pipeline import run
+
+    cfg = _cfg(tmp_path, tiny_paths, methods=("grades",))
+    run(cfg, progress=False)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    trained.clear()
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "c.yaml"), "--set", "select.kernel=shift"])
+    err = r.stderr.strip()
+    assert r.exit_code == 2 and len(err.splitlines()) == 1 and "kernel 'clip' -> 'shift'" in err, err
+    assert "Traceback" not in r.output and trained == []
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "c.yaml"), "--set", "select.kernel=shift", "--redo-changed"])
+    assert r.exit_code == 0, r.output
+    assert trained == ["grades_k1"]

@@ -371,6 +371,8 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     rfn = reward_fn if reward_fn is not None else cfg.reward_fn
     if cfg.reward_model and rfn is not None:
         raise MrtInputError("set either reward_model or reward_fn, not both")
+    builtin_hook = isinstance(rfn, str) and rfn.startswith("builtin:")
+    reward_hook = None if rfn is None or builtin_hook else load_reward_fn(rfn)
     out = Path(cfg.out_dir)
     check_inputs(cfg, stages, generating=not (out / "candidates.parquet").exists())
     plan = StagePlan(cfg, gcfg, tcfg, ecfg, sel_kw, auto, sr.embedder_identity(cfg.embedder, embedder),
@@ -393,10 +395,8 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
             emb = make_embedder(cfg.embedder)
         return emb
 
-    reward_hook = None
-    if rfn is not None:
-        reward_hook = load_reward_fn(rfn, None if not (isinstance(rfn, str) and rfn.startswith("builtin:"))
-                                     else get_embedder())
+    if builtin_hook:  # a builtin hook reads the embedder: loaded once it is needed
+        reward_hook = load_reward_fn(rfn, get_embedder())
 
     # 1. generate
     cand = out / "candidates.parquet"
