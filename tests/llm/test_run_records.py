@@ -159,3 +159,25 @@ def test_the_cli_refuses_in_one_line_with_exit_2_and_redoes_with_redo_changed(ti
     r = CliRunner().invoke(app, ["run", str(tmp_path / "c.yaml"), "--set", "select.kernel=shift", "--redo-changed"])
     assert r.exit_code == 0, r.output
     assert trained == ["grades_k1"]
+
+
+def test_identical_cells_are_reused_on_a_rerun_and_follow_their_twin(tiny_paths, tmp_path, trained):
+    """K = the pool size: grades evaluates random's model; a rerun reuses both, and a change of random's
+    selection redoes the cell that shares its model too."""
+    from mrt_fast.llm.pipeline import run
+
+    cfg = _cfg(tmp_path, tiny_paths, ks=(3,))
+    run(cfg, progress=False)
+    assert trained == ["random_k3"]
+    trained.clear()
+    res = run(cfg, progress=False)
+    assert trained == [] and res["same_as"].to_list() == [None, "random_k3"]
+    out = tmp_path / "out"
+    before = _files(out)
+    cfg["select"]["seed"] = 5  # read by random only
+    with pytest.raises(MrtInputError, match=r"select/random_k3 \(seed 0 -> 5\)"):
+        run(cfg, progress=False)
+    run(cfg, progress=False, redo_changed=True)
+    after = _files(out)
+    assert trained == ["random_k3"] and after["select/grades_k3.parquet"] == before["select/grades_k3.parquet"]
+    assert after["runs/grades_k3/metrics.json"] != before["runs/grades_k3/metrics.json"]

@@ -38,8 +38,8 @@ OPERATIONAL = {"device", "batch_size", "max_batch", "shard_prompts", "vllm_kwarg
 _FACILITY = ("alpha", "eps", "k_max", "kernel", "optimizer")
 _MODES = ("n_modes", "max_mode_cosine")
 #: selection knobs a method does not read (changing them leaves its kept rows as they are)
-NOT_READ = {"random": _FACILITY + _MODES, "top": _FACILITY + _MODES + ("seed",), "diverse": ("alpha",) + _MODES,
-            "grades": _MODES, "stratified": _FACILITY}
+NOT_READ = {"random": _FACILITY + _MODES, "top": _FACILITY + _MODES + ("seed",),
+            "diverse": ("alpha", "seed") + _MODES, "grades": _MODES + ("seed",), "stratified": _FACILITY}
 
 #: the files of a run directory that mrt run writes (train, then evaluate)
 TRAIN_FILES = ("adapter", "checkpoints", "train_log.jsonl", "train_config.json")
