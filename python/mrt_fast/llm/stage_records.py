@@ -145,11 +145,11 @@ def refusal(out_dir: Path, changed: dict[str, str], legacy: bool, few: int = 3) 
     """The one-line error of an out_dir whose outputs were made with other settings."""
     how = (f"write to a new out_dir, or rerun with --redo-changed (Python: run(..., redo_changed=True)) to redo "
            "these stages and those that depend on them")
-    if legacy:
-        return MrtInputError(f"out_dir {str(out_dir)!r} was made without a record of its settings (its outputs "
-                             f"may be of other settings): {how}")
-    items = [f"{k} ({why})" for k, why in list(changed.items())[:few]]
     more = f" and {len(changed) - few} more" if len(changed) > few else ""
+    if legacy:
+        return MrtInputError(f"out_dir {str(out_dir)!r} was made without a record of its settings (its "
+                             f"{', '.join(list(changed)[:few])}{more} may be of other settings): {how}")
+    items = [f"{k} ({why})" for k, why in list(changed.items())[:few]]
     return MrtInputError(f"out_dir {str(out_dir)!r} holds outputs made with other settings: {'; '.join(items)}{more}: "
                          f"{how}")
 
