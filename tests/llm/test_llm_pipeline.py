@@ -17,14 +17,7 @@ from hypothesis import strategies as st
 
 from mrt_fast import MrtInputError
 
-pytestmark = pytest.mark.train
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    import torch
-
-    torch.set_num_threads(1)
+pytestmark = [pytest.mark.train, pytest.mark.usefixtures("torch_one_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +25,6 @@ def tok():
     from mrt_fast.llm.testing import tiny_tokenizer
 
     return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def tiny_paths(tmp_path_factory):
-    from mrt_fast.llm.testing import save_tiny_models
-
-    return save_tiny_models(tmp_path_factory.mktemp("models"))
 
 
 # ------------------------------------------------------------------ masking

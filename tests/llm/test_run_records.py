@@ -10,21 +10,7 @@ import pytest
 
 from mrt_fast import MrtInputError
 
-pytestmark = pytest.mark.train
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    import torch
-
-    torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def tiny_paths(tmp_path_factory):
-    from mrt_fast.llm.testing import save_tiny_models
-
-    return save_tiny_models(tmp_path_factory.mktemp("models"))
+pytestmark = [pytest.mark.train, pytest.mark.usefixtures("torch_one_thread")]
 
 
 @pytest.fixture
