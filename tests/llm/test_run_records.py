@@ -127,6 +127,19 @@ def test_a_changed_data_file_is_refused_and_names_the_stage(tiny_paths, tmp_path
         run(cfg, progress=False)
 
 
+def test_another_model_saved_at_the_same_path_is_a_change(tmp_path):
+    from mrt_fast.llm.pipeline import run
+    from mrt_fast.llm.testing import save_tiny_models
+
+    paths = save_tiny_models(tmp_path / "models", seed=0)
+    cfg = _cfg(tmp_path, paths, methods=("random",))
+    run(cfg, progress=False)
+    run(cfg, progress=False)  # the same files: everything reused, nothing refused
+    save_tiny_models(tmp_path / "models", seed=1)  # other weights under the same path
+    with pytest.raises(MrtInputError, match=r"generate \(model "):
+        run(cfg, progress=False)
+
+
 def test_the_cli_refuses_in_one_line_with_exit_2_and_redoes_with_redo_changed(tiny_paths, tmp_path, trained):
     import yaml
     from typer.testing import CliRunner

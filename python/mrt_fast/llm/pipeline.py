@@ -228,10 +228,12 @@ class StagePlan:
                  hook_id: str | None):
         self.cfg, self.tcfg, self.ecfg, self.sel_kw, self.auto = cfg, tcfg, ecfg, sel_kw, auto
         self.embedder_id, self.hook_id = embedder_id, hook_id
-        self.gen = sr.make_record({"model": cfg.model, "train_prompts": sr.data_fingerprint(cfg.train_prompts),
+        self.model = sr.model_identity(cfg.model)
+        self.reward_model = sr.model_identity(cfg.reward_model)
+        self.gen = sr.make_record({"model": self.model, "train_prompts": sr.data_fingerprint(cfg.train_prompts),
                                    "generate": sr.effective(asdict(gcfg))})
         self.embed = sr.make_record({"embedder": embedder_id}, {"generate": self.gen})
-        self.score = sr.make_record({"reward_model": cfg.reward_model, "reward_fn": hook_id,
+        self.score = sr.make_record({"reward_model": self.reward_model, "reward_fn": hook_id,
                                      "train_prompts": sr.data_fingerprint(cfg.train_prompts)}, {"embed": self.embed})
         self.modes = sr.make_record({"n_modes": cfg.select.get("n_modes"), "seed": int(cfg.select.get("seed", 0))},
                                     {"score": self.score})
@@ -248,7 +250,7 @@ class StagePlan:
             return getattr(self, {"generate": "gen"}.get(stage, stage))
         if stage == "diagnose":
             val = self.cfg.validation_data
-            return sr.make_record({"model": self.cfg.model, "validation": sr.data_fingerprint(val),
+            return sr.make_record({"model": self.model, "validation": sr.data_fingerprint(val),
                                    "validation_prompts": (self.auto or {}).get("validation_prompts"),
                                    "max_length": self.tcfg.max_length, "prompt_format": self.tcfg.prompt_format,
                                    "dtype": self.tcfg.dtype}, {} if val else {"score": self.score})
@@ -257,15 +259,15 @@ class StagePlan:
             up = {} if method == "base" else {f"train/{name}": self.expected(f"train/{name}", kept)}
             if same_as is not None:
                 up[f"train/{same_as}"] = self.expected(f"train/{same_as}", self._kept_on_disk(same_as))
-            return sr.make_record({"model": self.cfg.model, "eval_data": self.eval_data,
-                                   "evaluate": sr.effective(asdict(self.ecfg)), "reward_model": self.cfg.reward_model,
+            return sr.make_record({"model": self.model, "eval_data": self.eval_data,
+                                   "evaluate": sr.effective(asdict(self.ecfg)), "reward_model": self.reward_model,
                                    "reward_fn": self.hook_id, "embedder": self.embedder_id, "same_as": same_as}, up)
         canon = METHODS[method.lower()]
         if stage == "select":
             params = SelectOptions(k=k, method=canon, **self.sel_kw).parameters()
             up = {"score": self.score, **({"modes": self.modes} if canon == "stratified" else {})}
             return sr.make_record(sr.select_settings(params, canon), up)
-        return sr.make_record({"model": self.cfg.model, "train": sr.effective(asdict(self.tcfg)), "kept_key": kept},
+        return sr.make_record({"model": self.model, "train": sr.effective(asdict(self.tcfg)), "kept_key": kept},
                               {f"select/{name}": self.expected(f"select/{name}")})
 
     def _kept_on_disk(self, name: str) -> str | None:

@@ -99,6 +99,21 @@ def data_fingerprint(path: str | os.PathLike | None) -> Any:
     return out
 
 
+def model_identity(spec: Any) -> Any:
+    """A model as its spec and, for a local file or folder (``pkg://`` resolved), the fingerprint of
+    its files (`data_fingerprint`), so another model saved at the same path is a change; a hub id is
+    its name."""
+    if spec is None or not isinstance(spec, (str, os.PathLike)):
+        return None if spec is None else f"{type(spec).__module__}:{type(spec).__qualname__}"
+    from mrt_fast.llm.models import resolve_model_path
+
+    try:
+        where = resolve_model_path(str(spec))
+    except MrtInputError:
+        return str(spec)
+    return {"spec": str(spec), "files": data_fingerprint(where)}
+
+
 def read_records(out_dir: Path) -> dict[str, dict] | None:
     """The records of ``out_dir`` (None when it has none)."""
     f = Path(out_dir) / RECORDS
