@@ -51,6 +51,7 @@ import inspect
 import json
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -161,32 +162,40 @@ def reworded(text: str, drop: float, rng: np.random.Generator) -> str:
     return " ".join(kept[a:b])
 
 
-def answer_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.DataFrame:
+def reworded_pools(n_pools: int, n: int, static: bool, rng: np.random.Generator,
+                   pick: Callable[[int], list[str]], drop: Callable[[int], float]) -> pl.DataFrame:
+    """Pool ``pid`` holds the distinct answers ``pick(pid)`` (each a mode, drawn from ``rng`` when
+    the pool is built), about ``n`` copies in all, at least 2 of each, reworded with ``drop(pid)``
+    (`reworded`); each answer with its own quality level (reward = level + noise); embedded
+    (MiniLM, or the static tier)."""
     from mrt_fast.embeddings.embed import embed_texts
 
-    rng = np.random.default_rng(seed + 1)
-    source = [par for p in PACKAGES for par in paragraphs(p)]
     rows = []
     for pid in range(n_pools):
-        m = 1 + pid % 4  # 1, 2, 3 or 4 answers
-        drop = (0.1, 0.3, 0.5, 0.7)[(pid // 4) % 4]
-        picked = rng.choice(len(source), size=m, replace=False)
+        answers, share = pick(pid), drop(pid)
+        m = len(answers)
         level = rng.uniform(0, 1, size=m)
         counts = np.maximum(2, np.round(rng.dirichlet(np.full(m, 4.0)) * n).astype(int))
-        for j, (s, c) in enumerate(zip(picked, counts)):
+        for j, (text, c) in enumerate(zip(answers, counts)):
             for _ in range(c):
-                rows.append((pid, reworded(source[s], drop, rng), j, float(level[j] + 0.15 * rng.normal()), drop))
+                rows.append((pid, reworded(text, share, rng), j, float(level[j] + 0.15 * rng.normal()), share))
     df = pl.DataFrame(rows, schema=["prompt_id", "response", "mode_true", "reward", "rewording"], orient="row")
     emb = embed_texts(df["response"].to_list(), "static" if static else None, progress=False, cache_dir=False)
     return df.with_columns(pl.Series("embedding", emb.astype(np.float32)))
+
+
+def answer_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.DataFrame:
+    rng = np.random.default_rng(seed + 1)
+    source = [par for p in PACKAGES for par in paragraphs(p)]
+    return reworded_pools(n_pools, n, static, rng,
+                  lambda pid: [source[s] for s in rng.choice(len(source), size=1 + pid % 4, replace=False)],
+                  lambda pid: (0.1, 0.3, 0.5, 0.7)[(pid // 4) % 4])
 
 
 def approach_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.DataFrame:
     """Pools of 1 to 4 distinct approaches to one prompt (the MOSAIC examples: 8 prompts, 4
     approaches each), each approach given several times lightly reworded (10% to 30% of its words
     dropped, ends cut): modes as close as real approaches to one prompt are."""
-    from mrt_fast.embeddings.embed import embed_texts
-
     rng = np.random.default_rng(seed + 2)
     by: dict[str, list[str]] = {}
     for line in (ROOT / "python" / "mrt_fast" / "data" / "mosaic_examples.jsonl").read_text().splitlines():
@@ -194,20 +203,13 @@ def approach_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.Data
             r = json.loads(line)
             by.setdefault(r["prompt_id"], []).append(r["response"])
     prompts = sorted(by)
-    rows = []
-    for pid in range(n_pools):
-        answers = by[prompts[pid % len(prompts)]]
-        m = 1 + (pid // len(prompts)) % 4  # 1, 2, 3 or 4 approaches
-        drop = (0.1, 0.2, 0.3)[(pid // (4 * len(prompts))) % 3]
-        picked = rng.choice(len(answers), size=m, replace=False)
-        level = rng.uniform(0, 1, size=m)
-        counts = np.maximum(2, np.round(rng.dirichlet(np.full(m, 4.0)) * n).astype(int))
-        for j, (s, c) in enumerate(zip(picked, counts)):
-            for _ in range(c):
-                rows.append((pid, reworded(answers[s], drop, rng), j, float(level[j] + 0.15 * rng.normal()), drop))
-    df = pl.DataFrame(rows, schema=["prompt_id", "response", "mode_true", "reward", "rewording"], orient="row")
-    emb = embed_texts(df["response"].to_list(), "static" if static else None, progress=False, cache_dir=False)
-    return df.with_columns(pl.Series("embedding", emb.astype(np.float32)))
+    p = len(prompts)
+
+    def pick(pid: int) -> list[str]:
+        answers = by[prompts[pid % p]]
+        return [answers[s] for s in rng.choice(len(answers), size=1 + (pid // p) % 4, replace=False)]
+
+    return reworded_pools(n_pools, n, static, rng, pick, lambda pid: (0.1, 0.2, 0.3)[(pid // (4 * p)) % 3])
 
 
 def controlled_pools(n_pools: int, n: int, seed: int = 0) -> pl.DataFrame:
