@@ -187,9 +187,10 @@ def reworded_pools(n_pools: int, n: int, static: bool, rng: np.random.Generator,
 def answer_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.DataFrame:
     rng = np.random.default_rng(seed + 1)
     source = [par for p in PACKAGES for par in paragraphs(p)]
-    return reworded_pools(n_pools, n, static, rng,
-                  lambda pid: [source[s] for s in rng.choice(len(source), size=1 + pid % 4, replace=False)],
-                  lambda pid: (0.1, 0.3, 0.5, 0.7)[(pid // 4) % 4])
+    def pick(pid: int) -> list[str]:  # 1, 2, 3 or 4 answers
+        return [source[s] for s in rng.choice(len(source), size=1 + pid % 4, replace=False)]
+
+    return reworded_pools(n_pools, n, static, rng, pick, lambda pid: (0.1, 0.3, 0.5, 0.7)[(pid // 4) % 4])
 
 
 def approach_pools(n_pools: int, n: int, static: bool, seed: int = 0) -> pl.DataFrame:
