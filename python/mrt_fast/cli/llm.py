@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from typing import Optional
 
@@ -82,20 +84,14 @@ def nll_cmd(
         with needs("train"):
             from mrt_fast._util.device import resolve_device
             from mrt_fast.llm.dataset_stages import nll_dataset
-            from mrt_fast.llm.nll import load_smollm2
+            from mrt_fast.llm.models import load_causal_lm, load_tokenizer
+            from mrt_fast.llm.nll import smollm2_gguf_path
 
             dev = resolve_device(device)
+            spec = os.path.join(*smollm2_gguf_path()) if model == "smollm2" else model
 
             def loader():  # float32 on every device: the losses feed the variance law
-                if model == "smollm2":
-                    return load_smollm2(device=dev)
-                import torch
-                from transformers import AutoModelForCausalLM, AutoTokenizer
-
-                tok = AutoTokenizer.from_pretrained(model)
-                if tok.pad_token_id is None:
-                    tok.pad_token = tok.eos_token
-                return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(dev).eval(), tok
+                return load_causal_lm(spec, device=dev, dtype="float32"), load_tokenizer(spec)
 
             loader.model_id = model
             rep = nll_dataset(inp, out, loader=loader, prompt=prompt, response=response, loss=loss,
