@@ -1,5 +1,15 @@
 # The README's commands. Everything a fresh machine needs is installed here.
-PY ?= python3
+# By default everything goes into a project-local virtual environment (.venv),
+# created on first use, so nothing outside this checkout is touched. To use a
+# chosen interpreter instead: `make test PY=/path/to/python` (or PY=python3).
+VENV ?= .venv
+ifeq ($(origin PY),undefined)
+PY := $(VENV)/bin/python
+VENV_DEP := $(PY)
+# console scripts (`mrt`, `ray`) of the environment come first on PATH
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export VIRTUAL_ENV := $(abspath $(VENV))
+endif
 PIP := $(PY) -m pip
 # extras installed by `make setup`; the test suite covers all of them
 EXTRAS ?= dev,embed,int8,train,bench,ray
@@ -11,7 +21,10 @@ export TRANSFORMERS_OFFLINE ?= 1
 
 .PHONY: setup demo test test-rust test-py bench bench-rust lint
 
-setup:
+$(VENV)/bin/python:
+	python3 -m venv $(VENV)
+
+setup: $(VENV_DEP)
 	# build tools for the sdists built without isolation below (apricot-select
 	# needs setuptools' bdist_wheel, which older setuptools keep in `wheel`)
 	$(PIP) install --quiet --upgrade "pip>=23.1" "maturin>=1.9.4,<2.0" "setuptools>=70.1" "wheel>=0.42"
