@@ -337,8 +337,9 @@ def _only_the_lock(out_dir: Path, name: str) -> bool:
     return name == META_DIR and set(os.listdir(out_dir / name)) <= {LOCK_NAME}
 
 
-#: the files of a spill folder (:mod:`mrt_fast.datasets.local`) and of the metadata folder
-_SPILL_FILE = re.compile(r"^(bucket-\d{5}\.(\d+\.arrow|dropped)|_complete)$")
+#: the files of a spill folder (the local engine's and Ray's, by their path in it) and of the metadata folder
+SPILL_FILE = re.compile(r"^(bucket-\d{5}\.(\d+\.arrow|dropped)|_complete|b\d{5}/o\d{20}\.arrow"
+                        r"|(b\d{5}/)?\.[^/]+\.tmp)$")
 _META_FILE = re.compile(rf"^({re.escape(LOCK_NAME)}|manifest\.parquet|\.(lock|manifest\.parquet)\..+\.tmp)$")
 _PART_FILE = re.compile(r"^part-(\d{5})\.parquet$")
 _TEMP_FILE = re.compile(r"^\.(part-\d{5}\.parquet|_manifest\.json|_mrt\.lock)\..+\.tmp$")
@@ -346,6 +347,19 @@ _TEMP_FILE = re.compile(r"^\.(part-\d{5}\.parquet|_manifest\.json|_mrt\.lock)\..
 
 def _plain_file(p: Path) -> bool:
     return p.is_file() and not p.is_symlink()
+
+
+def _spill_entries(d: Path) -> list[str]:
+    """Every file, link and folder name in a spill folder, relative to it (Ray's bucket folders
+    opened, never a link)."""
+    out = []
+    for f in sorted(os.listdir(d)):
+        sub = d / f
+        if re.fullmatch(r"b\d{5}", f) and sub.is_dir() and not sub.is_symlink():
+            out += [f"{f}/{g}" for g in sorted(os.listdir(sub))]
+        else:
+            out.append(f)
+    return out
 
 
 def what_the_job_wrote(out_dir: Path, m: "Manifest | None") -> tuple[list[str], list[str]]:
@@ -363,7 +377,7 @@ def what_the_job_wrote(out_dir: Path, m: "Manifest | None") -> tuple[list[str], 
                 (doomed if ok else in_the_way).append(f"{n}/{f}")
             continue
         if n == "_spill" and p.is_dir() and not p.is_symlink():
-            bad = [f"{n}/{f}" for f in sorted(os.listdir(p)) if not (_SPILL_FILE.match(f) and _plain_file(p / f))]
+            bad = [f"{n}/{f}" for f in _spill_entries(p) if not (SPILL_FILE.match(f) and _plain_file(p / f))]
             in_the_way += bad
             if not bad:
                 doomed.append(n)

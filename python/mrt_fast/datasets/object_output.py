@@ -21,7 +21,8 @@ import polars as pl
 
 from mrt_fast.datasets import storage
 from mrt_fast.datasets.lock import META_DIR
-from mrt_fast.datasets.manifest import (EMPTY_PART, MANIFEST, Manifest, bytes_check, part_name, written_by_a_job)
+from mrt_fast.datasets.manifest import (EMPTY_PART, MANIFEST, SPILL_FILE, Manifest, bytes_check, part_name,
+                                        written_by_a_job)
 from mrt_fast.errors import MrtInputError
 
 __all__ = ["PART_OBJECT", "discard_unfinished", "find_part", "prepare_output", "put_part"]
@@ -137,7 +138,8 @@ def _what_the_job_wrote(names: dict[str, storage.ObjectPath], man: Manifest | No
         if n == f"{META_DIR}/lock":
             continue
         m = PART_OBJECT.match(n)
-        ok = n == MANIFEST or n in recorded or (man is not None and m is not None and int(m[1]) < man.n_parts)
+        spill = n.startswith("_spill/") and SPILL_FILE.match(n[len("_spill/"):]) is not None
+        ok = n == MANIFEST or n in recorded or spill or (man is not None and m is not None and int(m[1]) < man.n_parts)
         (doomed if ok else in_the_way).append(n)
     return doomed, in_the_way
 
