@@ -75,9 +75,10 @@ def scan_json(f: Path, schema: pl.Schema | None = None) -> pl.LazyFrame:
         with _stream(f) as fh:
             data = fh.read()
         return pl.read_ndjson(data, schema=schema, infer_schema_length=None).lazy()
+    src = str(f) if not isinstance(f, (str, Path)) else f  # an object: by its URL
     if schema is not None:
-        return pl.scan_ndjson(f, schema=schema)
-    return pl.scan_ndjson(f, infer_schema_length=None)
+        return pl.scan_ndjson(src, schema=schema)
+    return pl.scan_ndjson(src, infer_schema_length=None)
 
 
 def bad_line(f: Path) -> int | None:
