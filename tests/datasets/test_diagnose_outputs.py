@@ -1,6 +1,6 @@
-"""`mrt diagnose --json/--plot/--allocation`: a place that cannot take the output is
-refused before any work, in one line with exit code 2; a write that fails at the
-end is one line too, and leaves no partial file."""
+"""`mrt diagnose --json/--plot/--allocation` (and `mrt export`): a place that cannot take the
+output is refused before any work, in one line with exit code 2; a write that fails at the
+end is one line too, naming the output, and leaves no partial file."""
 
 from __future__ import annotations
 
@@ -85,8 +85,22 @@ def test_a_write_that_fails_at_the_end_is_one_line_and_leaves_nothing(tmp_path, 
 
     with mock.patch(target, disk_full):
         r = diagnose(inp, f"--{what}", out, "--allocate", "100")
-    one_line_exit_2(r, "No space left on device")
+    one_line_exit_2(r, "no space left on device while writing", f"--{what} {str(out)!r}", "bytes free")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]
+
+
+def test_export_on_a_full_disk_names_its_output(tmp_path):
+    inp = tmp_path / "kept.parquet"
+    pl.DataFrame({"prompt_id": [0, 0, 1], "prompt": ["a", "a", "b"], "response": ["x", "y", "z"]}).write_parquet(inp)
+    out = tmp_path / "train.jsonl"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with mock.patch("polars.DataFrame.write_ndjson", disk_full):
+        r = runner.invoke(app, ["export", str(inp), str(out), "--plain"])
+    one_line_exit_2(r, "no space left on device while writing", repr(str(out)), "bytes free")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.parquet"]
 
 
 def test_every_output_is_written(tmp_path):
