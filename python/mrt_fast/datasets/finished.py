@@ -69,8 +69,8 @@ def finished_parts(source: str, files: list, root: Any = None, listed: list | No
 def _unrecorded(man: Manifest, folder: str, files: list, remote: bool, whole: bool) -> set[str]:
     """The part files in ``folder`` the manifest does not record; a recorded part missing from a
     whole directory read is refused."""
-    recorded = {n for n, rows in man.parts.items() if rows}
-    names = {man.files.get(n, "") for n in recorded} if remote else recorded
+    # a part's file is named as the manifest records it (an object's own name: a copy of an s3 output reads too)
+    names = {man.files.get(n, n) for n, rows in man.parts.items() if rows}
     present = {Path(str(f)).name if not remote else str(f).rsplit("/", 1)[1] for f in files}
     if whole and man.done:
         missing = sorted(n for n in names if n not in present)
