@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from mrt_fast.cli.common import (
+    ALLOW_PARTIAL,
     app,
     check_engine,
     check_input_table,
@@ -34,7 +35,7 @@ MODEL_WORKERS = typer.Option(None, "--workers", help="--engine ray: model worker
 
 
 def check_text_stage(inp, out, texts: tuple, new_column: str, batch_size: int, engine: str,
-                     ray_address, workers) -> None:
+                     ray_address, workers, allow_partial: bool = False) -> None:
     """The checks nll and score make before a model loads: their numbers and engine flags, the
     input's text columns, no column of the name they add, and the output."""
     from mrt_fast.errors import MrtInputError
@@ -44,7 +45,7 @@ def check_text_stage(inp, out, texts: tuple, new_column: str, batch_size: int, e
     check_engine(engine, ray_address, ray_only={"--workers": workers})
     if workers is not None and workers < 1:
         raise MrtInputError(f"--workers must be >= 1, got {workers}")
-    lf = check_input_table(inp, texts, dataset=True)
+    lf = check_input_table(inp, texts, dataset=True, allow_partial=allow_partial)
     if new_column in lf.collect_schema().names():
         raise MrtInputError(f"{str(inp)!r} already has a {new_column!r} column", column=new_column)
     check_text_columns(lf, inp, texts)
@@ -69,6 +70,7 @@ def nll_cmd(
     engine: str = MODEL_ENGINE,
     ray_address: Optional[str] = RAY_ADDRESS,
     workers: Optional[int] = MODEL_WORKERS,
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM.
 
@@ -78,7 +80,8 @@ def nll_cmd(
     with user_errors():
         if max_length is not None and max_length < 1:
             raise MrtInputError(f"--max-length must be >= 1, got {max_length}")
-        check_text_stage(inp, out, (prompt, response), loss, batch_size, engine, ray_address, workers)
+        check_text_stage(inp, out, (prompt, response), loss, batch_size, engine, ray_address, workers,
+                         allow_partial)
         if model != "smollm2" and not Path(model).is_dir():
             raise MrtInputError(f"--model {model!r}: not 'smollm2' and not a local model directory")
         with needs("train"):
@@ -97,7 +100,7 @@ def nll_cmd(
             rep = nll_dataset(inp, out, loader=loader, prompt=prompt, response=response, loss=loss,
                               batch_size=batch_size, max_length=max_length, prompt_format=prompt_format, device=dev,
                               rows_per_part=rows_per_part, overwrite=overwrite, progress=True, engine=engine,
-                              ray_address=ray_address, workers=workers)
+                              ray_address=ray_address, workers=workers, allow_partial=allow_partial)
     console.print(f"{rep}; {loss!r} written to {out}")
     warn_notes(rep.notes)
 
@@ -128,6 +131,9 @@ def generate_cmd(
             check_input_table(prompts, ("prompt_id", "prompt"), "prompt table")
             _formats.check_output(out)
             parts = out.with_name(out.name + ".parts")
+            from mrt_fast.datasets.overlap import check_apart
+
+            check_apart([("prompt table", prompts)], [("output", out), ("shard folder", parts)])
             fresh = not parts.exists()
             with _files.parents_made(out):  # removed again if the run leaves nothing in them
                 try:
@@ -157,12 +163,14 @@ def score_cmd(
     engine: str = MODEL_ENGINE,
     ray_address: Optional[str] = RAY_ADDRESS,
     workers: Optional[int] = MODEL_WORKERS,
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Score every (prompt, response) with a reward model; either layout, resumable to a directory."""
     from mrt_fast.errors import MrtInputError
 
     with user_errors():
-        check_text_stage(inp, out, (prompt, response), column, batch_size, engine, ray_address, workers)
+        check_text_stage(inp, out, (prompt, response), column, batch_size, engine, ray_address, workers,
+                         allow_partial)
         with needs("train"):
             from mrt_fast._util.device import resolve_device
             from mrt_fast.llm.dataset_stages import score_dataset
@@ -170,7 +178,7 @@ def score_cmd(
             rep = score_dataset(inp, out, model, prompt=prompt, response=response, column=column,
                                 batch_size=batch_size, device=resolve_device(device), rows_per_part=rows_per_part,
                                 overwrite=overwrite, progress=True, engine=engine, ray_address=ray_address,
-                                workers=workers)
+                                workers=workers, allow_partial=allow_partial)
     console.print(f"{rep}; {column!r} written to {out}")
     warn_notes(rep.notes)
 
@@ -192,6 +200,9 @@ def train_cmd(
             cfg = TrainConfig.from_dict({"max_steps": max_steps, **kv_options(sets)})
             check_input_table(data, ("prompt_id", "prompt", "response"), "training data")
             _files.check_output_dir(out)
+            from mrt_fast.datasets.overlap import check_apart
+
+            check_apart([("training data", data)], [("output directory", out)])
             r = train(str(data), model, out, cfg)
     console.print(f"{r.steps} steps over {r.n_pairs} pairs ({r.n_prompts} prompts, {r.epochs:.2f} epochs); "
                   f"final loss {r.log[-1]['loss']:.4f}; adapter -> {r.adapter_dir}")
@@ -225,6 +236,9 @@ def evaluate_cmd(
                 raise MrtInputError(f"--adapter {str(adapter)!r} is not a directory")
             if out:
                 _formats.check_output(out, "--out", table=False)
+                from mrt_fast.datasets.overlap import check_apart
+
+                check_apart([("evaluation data", data)], [("--out", out)])
             m = evaluate(str(data), model, adapter=adapter, config=cfg,
                          embedder=make_embedder(embedder), reward_model=reward_model)
         if out:
@@ -265,9 +279,9 @@ def run_cmd(
 
 @app.command("export")
 def export_cmd(
-    kept: Path = typer.Argument(..., help="Kept rows (from mrt select: a file, a dataset directory or a quoted "
-                                "glob): prompt_id, prompt, response[, weight, reward]."),
-    out: Path = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet)."),
+    kept: str = typer.Argument(..., help="Kept rows (from mrt select: a file, a dataset directory, a quoted "
+                               "glob or s3://): prompt_id, prompt, response[, weight, reward]."),
+    out: str = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet), a local path."),
     fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight), openrlhf (input/output/reward), "
                             "dpo (prompt/chosen/rejected pairs from the rewards) or kto (prompt/completion/label)."),
     conversational: Optional[bool] = typer.Option(
@@ -284,6 +298,7 @@ def export_cmd(
     reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
     engine: str = typer.Option("local", "--engine", help="local only: the weights and pairs of a prompt need "
                                "all its kept rows at once, and the output is one file."),
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Write kept rows as a TRL (SFT, DPO, KTO) or OpenRLHF training file.
 
@@ -298,13 +313,24 @@ def export_cmd(
             raise MrtInputError("mrt export runs on the local engine only (--engine ray is refused): the weights "
                                 "and pairs of a prompt need all its kept rows at once, and it writes one file")
         check_engine(engine, None)
-        rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(kept, dataset=True), kept))
+        from mrt_fast.datasets import storage
+        from mrt_fast.datasets.overlap import check_apart
+
+        if storage.is_url(out):
+            raise MrtInputError(f"output {str(out)!r}: mrt export writes a local file (copy it to object storage "
+                                "after)")
+        check_apart([("input", kept)], [("output", out)])
+        rows = _formats.decode_embedding_columns(_formats.collect(
+            check_input_table(kept, dataset=True, allow_partial=allow_partial), kept))
         tok = None
         if model is not None and conversational is None and fmt == "trl":
             with needs("train"):
                 from mrt_fast.llm.models import load_tokenizer
 
                 tok = load_tokenizer(model)
-        res = export(rows, out, fmt, conversational=conversational, tokenizer=tok, by=by, prompt=prompt,
-                     response=response, reward=reward, min_margin=min_margin, max_pairs=max_pairs)
+        from mrt_fast._util.disk_space import reporting_full_disk
+
+        with reporting_full_disk("writing", out):
+            res = export(rows, Path(out), fmt, conversational=conversational, tokenizer=tok, by=by, prompt=prompt,
+                         response=response, reward=reward, min_margin=min_margin, max_pairs=max_pairs)
     console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")

@@ -260,7 +260,7 @@ def _object_schema(f: Any, fmt: str) -> pl.Schema:
         if fmt == "jsonl":
             if f.stat().st_size == 0:
                 raise MrtInputError(f"input object {str(f)!r} is empty")
-            return pl.scan_ndjson(str(f), infer_schema_length=None).collect_schema()
+            return json_text.scan_json(f).collect_schema()
         return pl.scan_csv(str(f)).collect_schema()
     except MrtInputError:
         raise

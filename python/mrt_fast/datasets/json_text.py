@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
-__all__ = ["COMPRESSED", "JSON_SUFFIXES", "bad_line", "is_json_array", "scan_json"]
+__all__ = ["COMPRESSED", "JSON_SUFFIXES", "bad_line", "is_json_array", "read_whole", "scan_json"]
 
 #: compression suffixes a JSON text table may carry
 COMPRESSED = (".gz", ".zst")
@@ -27,9 +27,26 @@ COMPRESSED = (".gz", ".zst")
 JSON_SUFFIXES = tuple(s + c for s in (".jsonl", ".ndjson", ".json") for c in ("", *COMPRESSED))
 
 
+def _stream(f: Path) -> pa.NativeFile:
+    """The file's bytes, decompressed by its suffix (an object on object storage too)."""
+    from mrt_fast.datasets import storage
+
+    if storage.is_url(f):
+        return storage.open_stream(f)
+    return pa.input_stream(str(f), compression="detect")
+
+
 def _text(f: Path) -> io.TextIOWrapper:
     """The file's text, decompressed by its suffix."""
-    return io.TextIOWrapper(pa.input_stream(str(f), compression="detect"), encoding="utf-8", errors="replace")
+    return io.TextIOWrapper(_stream(f), encoding="utf-8", errors="replace")
+
+
+def read_whole(f: Path) -> bool:
+    """Whether a JSON text file is parsed whole rather than scanned by polars: a JSON array, or
+    a compressed object on object storage (polars reads an object's bytes as they are)."""
+    from mrt_fast.datasets import storage
+
+    return is_json_array(f) or (storage.is_url(f) and f.name.lower().endswith(COMPRESSED))
 
 
 def is_json_array(f: Path) -> bool:
@@ -51,9 +68,13 @@ def scan_json(f: Path, schema: pl.Schema | None = None) -> pl.LazyFrame:
     """A lazy scan of one JSON text table (``schema``: the types to read it with; else every
     row is looked at). A JSON array is parsed whole; JSON Lines are scanned."""
     if is_json_array(f):
-        with pa.input_stream(str(f), compression="detect") as fh:
+        with _stream(f) as fh:
             data = fh.read()
         return pl.read_json(data, schema=schema, infer_schema_length=None).lazy()
+    if read_whole(f):
+        with _stream(f) as fh:
+            data = fh.read()
+        return pl.read_ndjson(data, schema=schema, infer_schema_length=None).lazy()
     if schema is not None:
         return pl.scan_ndjson(f, schema=schema)
     return pl.scan_ndjson(f, infer_schema_length=None)

@@ -16,6 +16,7 @@ import polars as pl
 from mrt_fast.errors import MrtInputError
 from mrt_fast._util.messages import one_line
 from mrt_fast.datasets import hf_disk, json_text, storage
+from mrt_fast.datasets.finished import finished_parts
 from mrt_fast.datasets.formats import FORMATS, file_schema, fmt_of, table_suffix
 
 
@@ -63,7 +64,7 @@ class Dataset:
                 lf = _hive_ndjson(self)
                 if row_index is not None:
                     lf = lf.with_row_index(row_index)
-            elif self.fmt == "jsonl" and not any(json_text.is_json_array(f) for f in self.files):
+            elif self.fmt == "jsonl" and not any(json_text.read_whole(f) for f in self.files):
                 lf = pl.scan_ndjson(files, row_index_name=row_index, schema=schema)
             elif self.fmt in DATASET_FORMATS:
                 lf = pl.concat([self.scan_file(f) for f in self.files], how="vertical")
@@ -253,14 +254,15 @@ def _hive_ndjson(ds: Dataset) -> pl.LazyFrame:
     return pl.concat(parts, how="vertical")
 
 
-def discover(source: str | os.PathLike) -> Dataset:
+def discover(source: str | os.PathLike, *, allow_partial: bool = False) -> Dataset:
     """The files of an input (a file, a directory, a glob or a ``save_to_disk`` folder); a
-    one-line error if none."""
+    one-line error if none. An unfinished ``mrt`` output is refused unless ``allow_partial``
+    (:mod:`mrt_fast.datasets.finished`)."""
     import glob as _glob
 
     s = str(source)
     if storage.is_url(s):
-        return _discover_objects(s)
+        return _discover_objects(s, allow_partial)
     p = Path(s)
     if p.is_file():
         fmt = fmt_of(p, "input")
@@ -288,6 +290,7 @@ def discover(source: str | os.PathLike) -> Dataset:
     else:
         _refuse_broken_links([p])
         raise MrtInputError(f"input {s!r} does not exist")
+    files = finished_parts(s, files, root if p.is_dir() else None, allow_partial=allow_partial)
     if not files:
         raise MrtInputError(f"{what} matches no .parquet/.jsonl file")
     fmts = {fmt_of(f, "input") for f in files}
@@ -378,7 +381,7 @@ def _glob_match(parts: tuple[str, ...], pat: tuple[str, ...]) -> bool:
 # --------------------------------------------------------------------------- object storage
 
 
-def _discover_objects(s: str) -> Dataset:
+def _discover_objects(s: str, allow_partial: bool = False) -> Dataset:
     """:func:`discover` of an ``s3://`` input: one object, a prefix (an ``mrt`` output's
     recorded parts only) or a glob."""
     from mrt_fast.datasets.schema import common_hive_keys
@@ -389,13 +392,17 @@ def _discover_objects(s: str) -> Dataset:
     if _is_glob(s):
         head = "/".join(p for p in s.split("/")[:next(i for i, p in enumerate(s.split("/")) if _is_glob(p))])
         pat = storage.ObjectPath(s).parts
-        found = [f for f in storage.list_files(head) if _glob_match(f.parts, pat)]
+        listed = storage.list_files(head)
+        found = [f for f in listed if _glob_match(f.parts, pat)]
         root, what = storage.ObjectPath(head), f"glob {s!r}"
     else:
         root, what = storage.ObjectPath(s), f"prefix {s!r}"
-        found = _recorded_or_listed(root)
-    files = sorted(f for f in found if f.suffix.lower() in FORMATS
+        found = listed = storage.list_files(root)
+    files = sorted(f for f in found if table_suffix(Path(f.name)) in FORMATS
                    and not any(part.startswith((".", "_")) for part in f.relative_to(root).parts))
+    if not all(_plain_json(f) for f in files):  # .json beside other tables is metadata, as in a local directory
+        files = [f for f in files if not _plain_json(f)]
+    files = finished_parts(s, files, None if _is_glob(s) else root, listed, allow_partial=allow_partial)
     if not files:
         raise MrtInputError(f"{what} matches no .parquet/.jsonl object")
     fmts = {fmt_of(Path(f.name), "input") for f in files}
@@ -407,18 +414,9 @@ def _discover_objects(s: str) -> Dataset:
     return Dataset(s, files, fmt, bool(common_hive_keys(files, root)), root)
 
 
-def _recorded_or_listed(root: storage.ObjectPath) -> list[storage.ObjectPath]:
-    """The objects under a prefix; for an ``mrt`` output (a manifest), only the parts it records."""
-    from mrt_fast.datasets.manifest import Manifest
-    from mrt_fast.datasets.object_output import recorded_parts
-
-    listed = storage.list_files(root)
-    man = Manifest.read(str(root)) if any(f.relative_to(root).as_posix() == ".mrt/manifest.parquet"
-                                          for f in listed) else None
-    if man is None:
-        return listed
-    sizes = {f.url: f for f in listed}
-    return [sizes.get(f.url, f) for f in recorded_parts(str(root), man)]
+def _plain_json(f: storage.ObjectPath) -> bool:
+    sfx = table_suffix(Path(f.name))
+    return sfx.startswith(".json") and not sfx.startswith(".jsonl")
 
 
 def _object_inside_input(out: str, ds: Dataset) -> bool:
