@@ -97,8 +97,8 @@ def check_widening(schemas: list[tuple[Path, pl.Schema]], unified: pl.Schema,
                 row, v = hit
                 raise MrtInputError(
                     f"column {c!r} is {s[c]} in {str(f)!r} but {want} in {str(floats)!r}: read as {want}, its "
-                    f"value {v} (row {row} of {str(f)!r}) would become {float(v):.17g}, which {leaf} cannot hold "
-                    f"exactly (beyond 2^{limit.bit_length() - 1}); {_ASK}", column=c, row=row)
+                    f"value {v} (row {row} of {str(f)!r}) is beyond 2^{limit.bit_length() - 1}, where {leaf} no "
+                    f"longer holds every integer exactly; {_ASK}", column=c, row=row)
 
 
 def _whole_beyond(text: pl.Expr, limit: int) -> pl.Expr:
@@ -126,9 +126,10 @@ def check_json_keys(f: Path, schema: pl.Schema, columns: list[str],
                                                                                    exact_limit(schema[c])))[c][0])
     v = hit[c][0].strip()
     raise MrtInputError(
-        f"column {c!r} of {str(f)!r} mixes whole and fractional numbers, so it is read as {schema[c]}, which cannot "
-        f"hold its value {v} ({where(f, row)}) exactly; write the ids as text (\"{v}\") or as whole "
-        "numbers only", column=c, row=row)
+        f"column {c!r} of {str(f)!r} mixes whole and fractional numbers, so it is read as {schema[c]}, but its "
+        f"value {v} ({where(f, row)}) is beyond 2^{exact_limit(schema[c]).bit_length() - 1}, where {schema[c]} no "
+        f"longer holds every integer exactly; write the ids as text (\"{v}\") or as whole numbers only",
+        column=c, row=row)
 
 
 def check_no_int128(f: Path, schema: pl.Schema, scan: Callable[[Path, pl.Schema], pl.LazyFrame],

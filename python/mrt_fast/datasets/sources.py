@@ -15,7 +15,8 @@ import polars as pl
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast._util.messages import one_line
-from mrt_fast.datasets import hf_disk, json_text, storage
+from mrt_fast.datasets import hf_disk, json_text, parquet_views, storage
+from mrt_fast.datasets.exact_numbers import KEY_ROLES, check_json_keys, check_widening
 from mrt_fast.datasets.formats import FORMATS, file_schema, fmt_of, table_suffix
 
 
@@ -45,6 +46,7 @@ class Dataset:
         self.root = root  # the directory the files live under (None for one file)
         self._file_schemas: list[pl.Schema] | None = None
         self._files_schema: pl.Schema | None = None
+        self._own: dict[str, bool] | None = None  # per file: whether it is read with wider types
 
     def __repr__(self) -> str:
         return f"Dataset({self.source!r}, {len(self.files)} {self.fmt} file(s){', hive' if self.hive else ''})"
@@ -55,15 +57,16 @@ class Dataset:
         if self.fmt in DATASET_FORMATS:
             schema = self.files_schema()
         try:
-            if self.fmt == "parquet":
+            if self.fmt == "parquet" and not self.hive and not self.by_arrow():
                 cast = {} if self.uniform() else {"schema": schema, "cast_options": _WIDEN}
-                lf = pl.scan_parquet(files, row_index_name=row_index, hive_partitioning=self.hive,
-                                     glob=False, **cast)
-            elif self.fmt == "jsonl" and self.hive:
-                lf = _hive_ndjson(self)
+                lf = pl.scan_parquet(files, row_index_name=row_index, hive_partitioning=False, glob=False, **cast)
+            elif self.hive:
+                from mrt_fast.datasets.hive import scan_hive
+
+                lf = scan_hive(self)
                 if row_index is not None:
                     lf = lf.with_row_index(row_index)
-            elif self.fmt == "jsonl" and not any(json_text.is_json_array(f) for f in self.files):
+            elif self.fmt == "jsonl" and all(json_text.scans_directly(f) for f in self.files):
                 lf = pl.scan_ndjson(files, row_index_name=row_index, schema=schema)
             elif self.fmt in DATASET_FORMATS:
                 lf = pl.concat([self.scan_file(f) for f in self.files], how="vertical")
@@ -76,11 +79,24 @@ class Dataset:
         return lf
 
     def scan_file(self, f: Path) -> pl.LazyFrame:
-        """One file of a JSON text or Arrow-stream dataset, read with the dataset's types (hive
-        columns not included)."""
+        """One file of the dataset, read with the dataset's types (hive columns not included)."""
+        schema = self.files_schema()
         if self.fmt == hf_disk.FORMAT:
-            return hf_disk.scan_stream(f, self.files_schema())
-        return json_text.scan_json(f, self.files_schema())
+            return hf_disk.scan_stream(f, schema)
+        if self.fmt == "parquet":
+            if parquet_views.read_by_arrow(f):
+                return parquet_views.scan(f, schema)
+            if self._own is None:
+                self._own = {str(g): dict(s) != dict(schema) for g, s in zip(self.files, self.file_schemas())}
+            cast = {"schema": schema, "cast_options": _WIDEN} if self._own[str(f)] else {}
+            return pl.scan_parquet(str(f), hive_partitioning=False, glob=False, **cast)
+        return json_text.scan_json(f, schema)
+
+    def by_arrow(self) -> bool:
+        """Whether a Parquet file of the dataset is read by pyarrow (see
+        :mod:`mrt_fast.datasets.parquet_views`)."""
+        self.files_schema()
+        return self.fmt == "parquet" and any(parquet_views.read_by_arrow(f) for f in self.files)
 
     def read(self, contiguous: str | None = None) -> pl.DataFrame:
         """Every row in memory, in dataset order. Parquet files without hive
@@ -101,7 +117,7 @@ class Dataset:
             if df is not None:
                 return df
         n = min(len(self.files), pl.thread_pool_size(), os.cpu_count() or 1)
-        if self.fmt == "parquet" and not self.hive and n > 1 and self.uniform():
+        if self.fmt == "parquet" and not self.hive and n > 1 and self.uniform() and not self.by_arrow():
             from concurrent.futures import ThreadPoolExecutor
 
             files = [str(f) for f in self.files]
@@ -133,6 +149,7 @@ class Dataset:
                         f"column {col!r} ({role}) not found in {str(f)!r}; it has columns {s.names()}", column=col
                     )
         schema = self.files_schema()
+        _check_json_keys(self, [col for col, role in needed if role in KEY_ROLES])
         if self.hive:
             schema = self.scan().collect_schema()
         return schema
@@ -154,7 +171,10 @@ class Dataset:
             if self.hive:
                 for f, s in zip(self.files, self.file_schemas()):
                     check_hive_collision(f, self.fmt, s, hive_values(f.relative_to(self.root)))
-            self._files_schema = unify(list(zip(self.files, self.file_schemas())))
+            schemas = list(zip(self.files, self.file_schemas()))
+            unified = unify(schemas)
+            check_widening(schemas, unified, lambda f: _own_scan(f, self.fmt))
+            self._files_schema = unified
         return self._files_schema
 
     def uniform(self) -> bool:
@@ -239,18 +259,27 @@ def hive_columns(ds: Dataset) -> list[str]:
     return list(hive_keys(ds.files[0].relative_to(ds.root)))
 
 
-def _hive_ndjson(ds: Dataset) -> pl.LazyFrame:
-    """JSONL files under ``key=value`` folders, the keys as (text) columns.
-    (polars reads the hive partitions of Parquet itself.)"""
-    from mrt_fast.datasets.schema import hive_values
+def _own_scan(f: Path, fmt: str) -> pl.LazyFrame:
+    """One file read with its own types (not the dataset's)."""
+    if fmt == hf_disk.FORMAT:
+        return hf_disk.scan_stream(f)
+    if fmt == "parquet":
+        return parquet_views.scan(f) if parquet_views.read_by_arrow(f) else \
+            pl.scan_parquet(str(f), hive_partitioning=False, glob=False)
+    if isinstance(f, (str, os.PathLike)):
+        return json_text.scan_json(f)
+    return pl.scan_ndjson(str(f), infer_schema_length=None)
 
-    schema = ds.files_schema()
-    parts = []
-    for f in ds.files:
-        one = json_text.scan_json(f, schema)
-        vals = hive_values(f.relative_to(ds.root))  # a key the file holds keeps the file's column
-        parts.append(one.with_columns(pl.lit(v).alias(k) for k, v in vals.items() if k not in schema))
-    return pl.concat(parts, how="vertical")
+
+def _check_json_keys(ds: Dataset, columns: list[str]) -> None:
+    """:func:`mrt_fast.datasets.exact_numbers.check_json_keys` on every JSON text file of ``ds``."""
+    if ds.fmt != "jsonl" or not columns:
+        return
+    for f, s in zip(ds.files, ds.file_schemas()):
+        if isinstance(f, (str, os.PathLike)):
+            check_json_keys(f, s, columns, json_text.scan_json, json_text.row_at)
+        else:
+            check_json_keys(f, s, columns, lambda o, t: pl.scan_ndjson(str(o), schema=t), lambda o, r: f"row {r}")
 
 
 def discover(source: str | os.PathLike) -> Dataset:
