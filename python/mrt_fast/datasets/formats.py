@@ -19,6 +19,7 @@ from typing import Any
 import polars as pl
 from mrt_fast.errors import MrtInputError
 from mrt_fast.datasets.exact_numbers import check_no_int128
+from mrt_fast.datasets.parquet_pages import WRITE_OPTIONS, verify_pages
 from mrt_fast.tables.arrays import as_frame
 from mrt_fast._util.messages import one_line
 from mrt_fast._util.files import atomic_path, check_output_dir, new_temp
@@ -92,9 +93,12 @@ def parquet_schema(f: Any) -> pl.Schema:
     a local file's footer is looked at first, as polars stops the process at what it cannot read)."""
     try:
         if isinstance(f, (str, os.PathLike)):
+            verify_pages(f)
             views = parquet_views.schema(f)
             return views if views is not None else pl.Schema(pl.read_parquet_schema(f))
         return pl.scan_parquet(str(f), hive_partitioning=False).collect_schema()  # an object (``s3://``)
+    except MrtInputError:
+        raise
     except BaseException as e:
         if not parquet_views.polars_failed(e):
             raise
@@ -185,7 +189,7 @@ class AtomicWriter:
 
             t = df.to_arrow()
             if self._pq is None:
-                self._pq = pq.ParquetWriter(self.tmp, t.schema)
+                self._pq = pq.ParquetWriter(self.tmp, t.schema, **WRITE_OPTIONS)
             self._pq.write_table(t.cast(self._pq.schema) if t.schema != self._pq.schema else t)
         else:
             if self._fh is None:
@@ -299,7 +303,15 @@ def _object_schema(f: Any, fmt: str) -> pl.Schema:
         raise MrtInputError(f"cannot read {str(f)!r} as {fmt}: {one_line(e)}") from None
 
 
+def write_parquet(df: pl.DataFrame, where: Any) -> None:
+    """Write ``df`` as Parquet to a path or a binary file object, with page checksums
+    (:mod:`mrt_fast.datasets.parquet_pages`)."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(df.to_arrow(), where, **WRITE_OPTIONS)
+
+
 def write_parquet_atomic(df: pl.DataFrame, path: Path) -> None:
     """Write a Parquet file under a temp name beside ``path``, renamed into place when complete."""
     with atomic_path(path, clean=False) as tmp:
-        df.write_parquet(tmp)
+        write_parquet(df, tmp)

@@ -234,7 +234,8 @@ class Dataset:
                 if self.fmt == "parquet":
                     import pyarrow.parquet as pq
 
-                    for _ in pq.ParquetFile(storage.open_input(f)).iter_batches(batch_size=65536):
+                    for _ in pq.ParquetFile(storage.open_input(f), page_checksum_verification=True).iter_batches(
+                            batch_size=65536):
                         pass
                 else:
                     self.scan_file(f).collect()
@@ -288,6 +289,8 @@ def discover(source: str | os.PathLike) -> Dataset:
     import glob as _glob
 
     s = str(source)
+    if not s.strip():
+        raise MrtInputError("the input path is empty; name a file, a directory or a glob")
     if storage.is_url(s):
         return _discover_objects(s)
     p = Path(s)
@@ -300,12 +303,14 @@ def discover(source: str | os.PathLike) -> Dataset:
         found = _without_json_sidecars([f for f in p.rglob("*") if table_suffix(f) in FORMATS
                                         and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts)])
         _refuse_broken_links(found)
+        _refuse_special_files(found)
         files = sorted(f for f in found if f.is_file())
         root = p
         what = f"directory {s!r}"
     elif _is_glob(s):
         found = [Path(f) for f in _glob.glob(s, recursive=True)]
         _refuse_broken_links(found)
+        _refuse_special_files([f for f in found if table_suffix(f) in FORMATS])
         files = sorted(f for f in found if f.is_file())
         fixed = []
         for part in p.parts:
@@ -316,6 +321,7 @@ def discover(source: str | os.PathLike) -> Dataset:
         what = f"glob {s!r}"
     else:
         _refuse_broken_links([p])
+        _refuse_special_files([p])
         raise MrtInputError(f"input {s!r} does not exist")
     if not files:
         raise MrtInputError(f"{what} matches no .parquet/.jsonl file")
@@ -352,6 +358,24 @@ def _refuse_broken_links(paths: list[Path]) -> None:
         if f.is_symlink() and not f.exists():
             raise MrtInputError(f"input file {str(f)!r} is a symbolic link to {os.readlink(f)!r}, which does not "
                                 "exist (fetch it, or remove the link)")
+
+
+def _refuse_special_files(paths: list[Path]) -> None:
+    """A FIFO, a device or a socket where a table is expected is refused, naming what it is
+    (never read, never skipped)."""
+    import stat
+
+    kinds = {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a character device",
+             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+    for f in paths:
+        try:
+            mode = f.stat().st_mode
+        except OSError:
+            continue
+        kind = next((k for test, k in kinds.items() if test(mode)), None)
+        if kind is not None:
+            raise MrtInputError(f"input {str(f)!r} is {kind}, not a regular file or a directory; write the table "
+                                "to a file first")
 
 
 def fingerprint(files: list[Path]) -> str:
