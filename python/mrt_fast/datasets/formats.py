@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 from mrt_fast.errors import MrtInputError
 from mrt_fast.datasets.exact_numbers import check_no_int128
-from mrt_fast.datasets.parquet_pages import WRITE_OPTIONS, verify_pages
+from mrt_fast.datasets.parquet_pages import ROW_GROUP_ROWS, WRITE_OPTIONS, verify_pages
 from mrt_fast.tables.arrays import as_frame
 from mrt_fast._util.messages import one_line
 from mrt_fast._util.files import atomic_path, check_output_dir, new_temp
@@ -190,7 +190,8 @@ class AtomicWriter:
             t = df.to_arrow()
             if self._pq is None:
                 self._pq = pq.ParquetWriter(self.tmp, t.schema, **WRITE_OPTIONS)
-            self._pq.write_table(t.cast(self._pq.schema) if t.schema != self._pq.schema else t)
+            self._pq.write_table(t.cast(self._pq.schema) if t.schema != self._pq.schema else t,
+                                 row_group_size=ROW_GROUP_ROWS)
         else:
             if self._fh is None:
                 self._fh = open(self.tmp, "wb")
@@ -308,7 +309,7 @@ def write_parquet(df: pl.DataFrame, where: Any) -> None:
     (:mod:`mrt_fast.datasets.parquet_pages`)."""
     import pyarrow.parquet as pq
 
-    pq.write_table(df.to_arrow(), where, **WRITE_OPTIONS)
+    pq.write_table(df.to_arrow(), where, row_group_size=ROW_GROUP_ROWS, **WRITE_OPTIONS)
 
 
 def write_parquet_atomic(df: pl.DataFrame, path: Path) -> None:

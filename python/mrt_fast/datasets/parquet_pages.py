@@ -24,10 +24,12 @@ from typing import Any, BinaryIO
 
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["WRITE_OPTIONS", "verify_pages"]
+__all__ = ["ROW_GROUP_ROWS", "WRITE_OPTIONS", "verify_pages"]
 
 #: pyarrow's Parquet writer options for every Parquet file mrt_fast writes
-WRITE_OPTIONS = {"compression": "zstd", "write_page_checksum": True, "row_group_size": 1 << 18}
+WRITE_OPTIONS = {"compression": "zstd", "write_page_checksum": True}
+#: rows per row group of those files (as polars writes them)
+ROW_GROUP_ROWS = 1 << 18
 _HEAD = 256  # bytes read for a page header at first (a header with long statistics reads more)
 _MAX_HEAD = 16 << 20
 _verified: set[tuple[str, int, int]] = set()
