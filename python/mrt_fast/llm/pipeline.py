@@ -79,6 +79,9 @@ class RunConfig:
             raw = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise MrtInputError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        except UnicodeDecodeError as e:
+            raise MrtInputError(f"config file {str(path)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") \
+                from None
         if not isinstance(raw, dict):
             raise MrtInputError(f"config file {str(path)!r} must hold a mapping of keys")
         raw = _resolved(raw, path.parent.resolve())
