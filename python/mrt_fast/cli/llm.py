@@ -269,15 +269,27 @@ def export_cmd(
                                 "glob): prompt_id, prompt, response[, weight, reward]."),
     out: Path = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet)."),
     fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight), openrlhf (input/output/reward), "
-                            "dpo (prompt/chosen/rejected pairs from the rewards) or kto (prompt/completion/label)."),
+                            "dpo (prompt/chosen/rejected pairs from the rewards), kto (prompt/completion/label) "
+                            "or listwise (one row a prompt: completions best first, rewards)."),
     conversational: Optional[bool] = typer.Option(
-        None, "--conversational/--plain", help="TRL: user/assistant message lists (TRL applies the chat template) "
-        "or plain prompt/completion strings. Default for trl: the prompt format of mrt train, conversational "
-        "unless --model's tokenizer has no chat template; plain for dpo and kto."),
-    model: Optional[str] = typer.Option(None, "--model", help="trl: the model mrt train would train; only its "
+        None, "--conversational/--plain", help="trl, dpo, kto, listwise: user/assistant message lists (TRL applies "
+        "the chat template) or plain strings. Default: the prompt format of mrt train, conversational unless "
+        "--model's tokenizer has no chat template."),
+    model: Optional[str] = typer.Option(None, "--model", help="The model that will train on the file; only its "
                                         "tokenizer is read, to see whether it has a chat template."),
+    pairs: str = typer.Option("sweet-spot", "--pairs", help="dpo: the pairing rule, sweet-spot (best vs the one "
+                              "nearest mu - 2 sigma), best-worst, margin (DCRM-style, needs --embedding), diverse "
+                              "(DivPO-style, needs --embedding) or all (docs/preference.md)."),
     min_margin: float = typer.Option(0.0, "--min-margin", help="dpo: the least reward gap of a pair."),
-    max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="dpo: at most this many pairs a prompt."),
+    max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="dpo best-worst, all: at most this many pairs "
+                                            "a prompt."),
+    kto_label: str = typer.Option("quantile:0.5", "--kto-label", help="kto: threshold:X, quantile:Q (of all "
+                                  "rewards), column:NAME (a boolean verdict such as correct) or pool-mean."),
+    pool: Optional[str] = typer.Option(None, "--pool", help="The candidate table the kept rows were selected "
+                                       "from (with --pairs-from pool)."),
+    pairs_from: str = typer.Option("kept", "--pairs-from", help="dpo, kto, listwise: take the responses of the "
+                                   "kept rows (kept) or every candidate of the kept prompts in --pool (pool)."),
+    embedding: str = typer.Option("embedding", "--embedding", help="Embedding column (--pairs margin, diverse)."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
     response: str = typer.Option("response", help="Response text column."),
@@ -285,9 +297,10 @@ def export_cmd(
     engine: str = typer.Option("local", "--engine", help="local only: the weights and pairs of a prompt need "
                                "all its kept rows at once, and the output is one file."),
 ) -> None:
-    """Write kept rows as a TRL (SFT, DPO, KTO) or OpenRLHF training file.
+    """Write kept rows as a TRL (SFT, DPO, KTO), listwise or OpenRLHF training file.
 
-    The TRL SFT file uses mrt train's prompt format by default (see --conversational/--plain)."""
+    The TRL files use mrt train's prompt format by default (see --conversational/--plain); the
+    preference formats report what they left out and why."""
     from mrt_fast.llm.export import export
 
     from mrt_fast.datasets import formats as _formats
@@ -299,12 +312,20 @@ def export_cmd(
                                 "and pairs of a prompt need all its kept rows at once, and it writes one file")
         check_engine(engine, None)
         rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(kept, dataset=True), kept))
+        pool_rows = None
+        if pool is not None:
+            pool_rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(pool, dataset=True),
+                                                                           pool))
         tok = None
-        if model is not None and conversational is None and fmt == "trl":
+        if model is not None and conversational is None and fmt != "openrlhf":
             with needs("train"):
                 from mrt_fast.llm.models import load_tokenizer
 
                 tok = load_tokenizer(model)
-        res = export(rows, out, fmt, conversational=conversational, tokenizer=tok, by=by, prompt=prompt,
-                     response=response, reward=reward, min_margin=min_margin, max_pairs=max_pairs)
+        res, rep = export(rows, out, fmt, conversational=conversational, tokenizer=tok, by=by, prompt=prompt,
+                          response=response, reward=reward, min_margin=min_margin, max_pairs=max_pairs, pairs=pairs,
+                          kto_label=kto_label, pool=pool_rows, pairs_from=pairs_from, embedding=embedding,
+                          return_report=True)
     console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")
+    for line in rep.lines()[1:]:
+        console.print(f"  {line}")
