@@ -293,7 +293,7 @@ def export_cmd(
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
     response: str = typer.Option("response", help="Response text column."),
-    reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
+    reward: str = typer.Option("reward", help="Reward column (dpo, kto, listwise; openrlhf when present)."),
     engine: str = typer.Option("local", "--engine", help="local only: the weights and pairs of a prompt need "
                                "all its kept rows at once, and the output is one file."),
 ) -> None:
@@ -302,6 +302,8 @@ def export_cmd(
     The TRL files use mrt train's prompt format by default (see --conversational/--plain); the
     preference formats report what they left out and why."""
     from mrt_fast.llm.export import export
+    from mrt_fast.llm.labels import parse_label_rule
+    from mrt_fast.llm.pairs import check_pair_options
 
     from mrt_fast.datasets import formats as _formats
     from mrt_fast.errors import MrtInputError
@@ -311,6 +313,8 @@ def export_cmd(
             raise MrtInputError("mrt export runs on the local engine only (--engine ray is refused): the weights "
                                 "and pairs of a prompt need all its kept rows at once, and it writes one file")
         check_engine(engine, None)
+        check_pair_options(pairs, min_margin, max_pairs)  # before reading a large input
+        parse_label_rule(kto_label)
         rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(kept, dataset=True), kept))
         pool_rows = None
         if pool is not None:
@@ -327,5 +331,5 @@ def export_cmd(
                           kto_label=kto_label, pool=pool_rows, pairs_from=pairs_from, embedding=embedding,
                           return_report=True)
     console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")
-    for line in rep.lines()[1:]:
+    for line in rep.lines():
         console.print(f"  {line}")

@@ -141,7 +141,9 @@ def _check_rewards(df: pl.DataFrame, reward: str, by: str, what: str) -> None:
     bad = ~s.cast(pl.Float64).is_finite().fill_null(False)
     if bad.any():
         row = int(bad.arg_true()[0])
-        raise MrtInputError(f"column {reward!r} of the {what} is {s[row]} at row {row} (prompt {df[by][row]!r}): "
+        v = s[row]
+        v = "null" if v is None else "NaN" if v != v else v
+        raise MrtInputError(f"column {reward!r} of the {what} is {v} at row {row} (prompt {df[by][row]!r}): "
                             "rewards must be finite numbers", column=reward, row=row, pool=df[by][row])
 
 

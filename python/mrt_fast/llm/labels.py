@@ -4,15 +4,17 @@
   quantile (linear interpolation) of the rewards of every exported row, and
   then as ``threshold:X``.
 * ``threshold:X`` — desirable when the reward is above X, undesirable when
-  below; responses at X exactly get no label (counted).
+  below; responses at X get no label (counted).
 * ``column:NAME`` — a boolean checker verdict (e.g. ``correct``): true is
   desirable, false undesirable; a null verdict, or copies of one text whose
   verdicts differ, get no label (counted).
 * ``pool-mean`` — pool-relative: desirable above the mean reward of the
   response's own pool, undesirable below. A pool whose rewards are all equal
-  gives no label (counted: there is nothing to prefer), and a reward within
-  1e-9 of the pool's reward range of its mean counts as at the mean (no
-  label), so rounding in the mean never decides a label.
+  gives no label (counted: there is nothing to prefer), and a reward at the
+  pool's mean gets none either.
+
+Rewards within 1e-9 (relative) of each other, or of the bar, are equal: the
+rounding of a mean never decides a label.
 
 Copies of one text in a pool are one response with the mean of their rewards.
 """
@@ -25,11 +27,11 @@ import numpy as np
 import polars as pl
 
 from mrt_fast.errors import MrtInputError
+from mrt_fast.llm.pairs import TIE_TOLERANCE
 
 __all__ = ["DEFAULT_LABEL", "LabelRule", "kto_labels", "parse_label_rule"]
 
 DEFAULT_LABEL = "quantile:0.5"
-TIE_TOLERANCE = 1e-9
 
 
 class LabelRule:
@@ -80,13 +82,14 @@ def kto_labels(cands: pl.DataFrame, rule: LabelRule, row_rewards: np.ndarray) ->
                          dtype=pl.Boolean), left
     if rule.kind == "pool-mean":
         lo, hi, mu = cands["__lo"].to_numpy(), cands["__hi"].to_numpy(), cands["__mu"].to_numpy()
-        flat = hi == lo
-        tie = ~flat & (np.abs(r - mu) <= TIE_TOLERANCE * (hi - lo))
+        width = TIE_TOLERANCE * np.maximum(np.abs(lo), np.abs(hi))
+        flat = hi - lo <= width
+        tie = ~flat & (np.abs(r - mu) <= width)
         left = {"pools with equal rewards": int(flat.sum()), "at the pool mean": int(tie.sum())}
         out = np.where(flat | tie, None, r > mu)
     else:
         x = float(np.quantile(np.sort(row_rewards), rule.value)) if rule.kind == "quantile" else rule.value
-        at = r == x
+        at = np.abs(r - x) <= TIE_TOLERANCE * np.maximum(np.abs(r), abs(x))
         left = {f"at the threshold {x:g}": int(at.sum())}
         out = np.where(at, None, r > x)
     return pl.Series("label", out.tolist(), dtype=pl.Boolean), left

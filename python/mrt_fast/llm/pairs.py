@@ -5,7 +5,9 @@ of one text are one candidate whose reward is the mean of theirs, so no pair
 ever holds the same text twice), in canonical order: reward descending, equal
 rewards by text. The rules see nothing of the row order, so shuffled input
 gives the same pairs. Every pair has chosen reward > rejected reward and a
-margin (their difference) of at least ``min_margin``.
+margin (their difference) of at least ``min_margin``; rewards within 1e-9 of
+the pool's largest absolute reward of each other are equal (rounding in a
+mean never makes a pair).
 
 * ``sweet-spot`` (default) — chosen: the best candidate; rejected: the
   candidate whose reward is nearest to mu - 2 sigma, mu and sigma being the
@@ -45,8 +47,10 @@ import numpy as np
 
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["DEFAULT_RULE", "NEEDS_EMBEDDING", "RULES", "check_pair_options", "pool_pairs"]
+__all__ = ["DEFAULT_RULE", "NEEDS_EMBEDDING", "RULES", "TIE_TOLERANCE", "check_pair_options", "pool_pairs",
+           "tie_width"]
 
+TIE_TOLERANCE = 1e-9
 RULES = ("sweet-spot", "best-worst", "margin", "diverse", "all")
 DEFAULT_RULE = "sweet-spot"
 NEEDS_EMBEDDING = ("margin", "diverse")
@@ -63,9 +67,15 @@ def check_pair_options(rule: str, min_margin: float, max_pairs: int | None) -> N
         raise MrtInputError(f"max_pairs must be an integer >= 1, got {max_pairs!r}")
 
 
+def tie_width(r: np.ndarray) -> float:
+    """Rewards of a pool closer than this are equal: 1e-9 of its largest absolute reward, so the
+    rounding of a mean (copies of a text, the pool's mean) never decides a pair or a label."""
+    return TIE_TOLERANCE * float(np.abs(r).max()) if len(r) else 0.0
+
+
 def _ok(r: np.ndarray, i, j, min_margin: float):
     m = r[i] - r[j]
-    return (m > 0) & (m >= min_margin)
+    return (m > tie_width(r)) & (m >= min_margin)
 
 
 def best_worst(r: np.ndarray, min_margin: float, max_pairs: int | None) -> list[tuple[int, int]]:

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from mrt_fast.llm.labels import LabelRule, kto_labels
-from mrt_fast.llm.pairs import pool_pairs
+from mrt_fast.llm.pairs import TIE_TOLERANCE, pool_pairs, tie_width
 from mrt_fast.tables.arrays import embeddings as embedding_matrix
 
 __all__ = ["ExportReport", "candidates", "dpo_rows", "kto_rows", "listwise_rows"]
@@ -139,7 +139,8 @@ def _drop_reasons(cands: pl.DataFrame, by: str) -> pl.DataFrame:
     """Per pool: why it can give nothing (one candidate; equal rewards), or null."""
     return cands.group_by("__pool", maintain_order=True).agg(
         pl.col(by).first(), pl.when(pl.len() < 2).then(pl.lit(ONE))
-        .when(pl.col("__r").max() == pl.col("__r").min()).then(pl.lit(FLAT)).alias("__why").first())
+        .when(pl.col("__r").max() - pl.col("__r").min() <= TIE_TOLERANCE * pl.col("__r").abs().max())
+        .then(pl.lit(FLAT)).alias("__why").first())
 
 
 def dpo_rows(cands: pl.DataFrame, report: ExportReport, by: str, prompt: str, response: str, rule: str,
@@ -157,7 +158,7 @@ def dpo_rows(cands: pl.DataFrame, report: ExportReport, by: str, prompt: str, re
         if b - a < 2:
             dropped[ONE] += 1
             continue
-        if rr[0] == rr[-1]:
+        if rr[0] - rr[-1] <= tie_width(rr):
             dropped[FLAT] += 1
             continue
         pairs = pool_pairs(rule, rr, embedding=None if e is None else e[a:b], mu=float(mu[a]),
