@@ -337,3 +337,80 @@ def test_listwise_ranks_best_first_and_ignores_row_order(tmp_path_factory, data)
     assert res.sort("prompt_id").equals(shuffled.sort("prompt_id"))
     for texts, rewards in res.select("completions", "rewards").rows():
         assert len(set(texts)) == len(texts) >= 2 and rewards == sorted(rewards, reverse=True)
+
+
+# ---- the files train with the trainers they are for (tiny models, offline, one step)
+
+TRAIN = pl.DataFrame({"prompt_id": [i // 4 for i in range(16)], "prompt": [f"Say {i // 4}." for i in range(16)],
+                      "response": [f"ok {i}" for i in range(16)], "reward": [float(i % 4) for i in range(16)]})
+
+
+def _tiny(tmp_path, chat: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mrt_fast.llm.testing import save_tiny_models
+
+    models = save_tiny_models(tmp_path / "m")
+    tok = AutoTokenizer.from_pretrained(models["lm"])
+    if chat:
+        tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}</s>\n"
+                             "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return AutoModelForCausalLM.from_pretrained(models["lm"]), tok
+
+
+def _common(tmp_path):
+    return dict(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4, report_to=[],
+                use_cpu=True, save_strategy="no", disable_tqdm=True)
+
+
+@pytest.mark.train
+@pytest.mark.parametrize("chat", [False, True])
+def test_dpo_rows_train_one_step_of_trls_dpo_trainer(tmp_path, chat):
+    trl = pytest.importorskip("trl")
+    import torch
+    from datasets import load_dataset
+
+    torch.set_num_threads(1)
+    model, tok = _tiny(tmp_path, chat)
+    export(TRAIN, tmp_path / "d.jsonl", "dpo", pairs="all", tokenizer=tok)
+    ds = load_dataset("json", data_files=str(tmp_path / "d.jsonl"), split="train")
+    assert len(ds) == 24 and isinstance(ds[0]["prompt"], list) is chat
+    out = trl.DPOTrainer(model=model, args=trl.DPOConfig(**_common(tmp_path)), train_dataset=ds,
+                         processing_class=tok).train()
+    assert out.global_step == 1 and np.isfinite(out.training_loss)
+
+
+@pytest.mark.train
+@pytest.mark.parametrize("chat", [False, True])
+def test_kto_rows_train_one_step_of_trls_kto_trainer(tmp_path, chat):
+    trl = pytest.importorskip("trl")
+    import torch
+    from datasets import load_dataset
+
+    torch.set_num_threads(1)
+    model, tok = _tiny(tmp_path, chat)
+    export(TRAIN, tmp_path / "k.jsonl", "kto", kto_label="threshold:1.5", tokenizer=tok)
+    ds = load_dataset("json", data_files=str(tmp_path / "k.jsonl"), split="train")
+    assert len(ds) == 16 and sum(ds["label"]) == 8 and isinstance(ds[0]["completion"], list) is chat
+    out = trl.KTOTrainer(model=model, args=trl.KTOConfig(**_common(tmp_path)), train_dataset=ds,
+                         processing_class=tok).train()
+    assert out.global_step == 1 and np.isfinite(out.training_loss)
+
+
+@pytest.mark.train
+def test_sft_and_listwise_rows_load_with_datasets_and_sft_trains(tmp_path):
+    trl = pytest.importorskip("trl")
+    import torch
+    from datasets import load_dataset
+
+    torch.set_num_threads(1)
+    model, tok = _tiny(tmp_path, True)
+    export(TRAIN, tmp_path / "l.jsonl", "listwise", tokenizer=tok)
+    lw = load_dataset("json", data_files=str(tmp_path / "l.jsonl"), split="train")
+    assert len(lw) == 4 and lw[0]["rewards"] == [3.0, 2.0, 1.0, 0.0]
+    assert lw[0]["completions"][0] == [{"role": "assistant", "content": "ok 3"}]
+    export(TRAIN, tmp_path / "s.jsonl", "trl", tokenizer=tok)
+    ds = load_dataset("json", data_files=str(tmp_path / "s.jsonl"), split="train")
+    out = trl.SFTTrainer(model=model, args=trl.SFTConfig(**_common(tmp_path)), train_dataset=ds,
+                         processing_class=tok).train()
+    assert out.global_step == 1 and np.isfinite(out.training_loss)
