@@ -102,7 +102,17 @@ def test_cli_writes_a_plan_generate_reads(tmp_path):
     assert r.exit_code == 0, r.output
     t = pl.read_parquet(tmp_path / "plan.parquet")
     assert t.columns[:3] == ["prompt_id", "prompt", "n"] and t["n"].sum() == 12 and t["n"][0] == 0
-    assert "uniform n needs" in r.output and "1 prompt" in r.output
+    assert "at the uniform n of the same variance" in r.output and "prompts with no variance in the pilot: 1, 1 of them starved" in r.output
+    r = CliRunner().invoke(app, ["plan", str(tmp_path / "pilot.parquet"), str(tmp_path / "plan.parquet"),
+                                 "--budget", "12", "--cost-prompt", "10"])
+    assert r.exit_code == 0 and "expected cost 32 (C_p 10 x 2 prompts + C_r 1 x 12 responses) vs 42 at" in r.output
+    for args, msg in ((["missing.parquet", "p.parquet"], "does not exist"),
+                      ([str(tmp_path / "pilot.parquet"), str(tmp_path / "p.xlsx")], "unsupported format"),
+                      ([str(tmp_path / "pilot.parquet"), str(tmp_path / "p.parquet"), "--value", "loss"], "loss"),
+                      ([str(tmp_path / "pilot.parquet"), str(tmp_path / "p.parquet"), "--cost-prompt", "-1"],
+                       "cost_prompt")):
+        r = CliRunner().invoke(app, ["plan", *args, "--budget", "12"])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and msg in r.output, r.output
     r = CliRunner().invoke(app, ["plan", str(tmp_path / "pilot.parquet"), str(tmp_path / "p.parquet"),
                                  "--budget", "1", "--n-min", "2"])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "less than n_min" in r.output

@@ -26,6 +26,9 @@ def plan_cmd(
     keep: Optional[str] = typer.Option(None, "--keep", help="A boolean column: true for prompts never starved."),
     mode: str = typer.Option("mode", "--mode", help="Answer column for the Good-Turing unseen mass (used when "
                              "present)."),
+    cost_prompt: float = typer.Option(0.0, "--cost-prompt", help="Cost C_p of sampling a prompt at all (e.g. its "
+                                      "prefill), for the comparison with uniform n."),
+    cost_response: float = typer.Option(1.0, "--cost-response", help="Cost C_r of one response."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     prompt: str = typer.Option("prompt", help="Prompt text column (carried to the plan when present)."),
 ) -> None:
@@ -39,7 +42,7 @@ def plan_cmd(
         _formats.check_output(out)
         rows = _formats.collect(check_input_table(pilot, (by, value), "pilot", dataset=True), pilot)
         plan = plan_generation(rows, budget, by=by, value=value, n_min=n_min, n_max=n_max, n_zero=n_zero, keep=keep,
-                               mode=mode, prompt=prompt)
+                               mode=mode, prompt=prompt, cost_prompt=cost_prompt, cost_response=cost_response)
         write_table(plan.table, out)
     console.print(f"wrote the plan of {plan.table.height} prompts to {out}")
     for line in plan.lines():

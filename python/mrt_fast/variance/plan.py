@@ -58,6 +58,12 @@ class GenerationPlan:
     predicted_within: float
     uniform_within: float
     uniform_needed: int
+    cost_prompt: float = 0.0
+    cost_response: float = 1.0
+
+    def cost(self, responses: float, prompts: int) -> float:
+        """C_p per prompt sampled plus C_r per response."""
+        return self.cost_prompt * prompts + self.cost_response * responses
 
     @property
     def starved(self) -> int:
@@ -73,7 +79,7 @@ class GenerationPlan:
                "n > 0)" if len(live) else f"{int(t['n'].sum())} responses over {np_} prompts"]
         nv = int(t["no_variance"].sum())
         if nv:
-            out.append(f"{nv} prompts show no variance in the pilot; {self.starved} of them get no response"
+            out.append(f"prompts with no variance in the pilot: {nv}, {self.starved} of them starved (n = n_zero)"
                        + ("" if nv == self.starved else " (the others are kept or may still give an unseen answer)"))
         if self.starved == np_:
             out.append(f"no prompt shows variance in the pilot: {int(t['n'].sum())} of the {self.total} responses "
@@ -82,8 +88,12 @@ class GenerationPlan:
         gain = self.uniform_within / self.predicted_within if self.predicted_within > 0 else math.inf
         out.append(f"predicted within-prompt variance {self.predicted_within:.4g} vs {self.uniform_within:.4g} at "
                    f"uniform n = {self.total / np_:.3g} ({gain:.3g}x)")
-        out.append(f"uniform n needs {self.uniform_needed} responses for the plan's variance (the plan: "
-                   f"{self.total})")
+        planned = int(t["n"].sum())
+        sampled = int((t["n"] > 0).sum())
+        out.append(f"expected cost {self.cost(planned, sampled):.6g} (C_p {self.cost_prompt:g} x {sampled} prompts + "
+                   f"C_r {self.cost_response:g} x {planned} responses) vs {self.cost(self.total, np_):.6g} at uniform "
+                   f"n with the same budget and {self.cost(self.uniform_needed, np_):.6g} at the uniform n of the "
+                   f"same variance ({self.uniform_needed} responses)")
         return out
 
     def __str__(self) -> str:
@@ -98,11 +108,16 @@ def _int(name: str, v: Any, least: int) -> int:
 
 def plan_generation(pilot: Any, total: int, *, by: str = "prompt_id", value: str = "reward", n_min: int = 1,
                     n_max: int | None = None, n_zero: int = 0, keep: str | None = None, mode: str | None = "mode",
-                    prompt: str | None = "prompt", shrink: Any = "auto") -> GenerationPlan:
+                    prompt: str | None = "prompt", shrink: Any = "auto", cost_prompt: float = 0.0,
+                    cost_response: float = 1.0) -> GenerationPlan:
     """Per-prompt n for ``total`` responses from a pilot table (one row per pilot response, ``value`` its
     reward or loss). ``keep``: a boolean column, true for prompts never starved; ``mode``: the answer
     column for the Good-Turing unseen mass (used when present); ``prompt``: carried to the plan when
-    present, so the plan is a prompt table for ``mrt generate``."""
+    present, so the plan is a prompt table for ``mrt generate``; ``cost_prompt``, ``cost_response``: the
+    cost of sampling a prompt at all and of one response, for the comparison with uniform n."""
+    for name, c in (("cost_prompt", cost_prompt), ("cost_response", cost_response)):
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0:
+            raise MrtInputError(f"{name} must be a finite number >= 0, got {c!r}")
     total = _int("total", total, 1)
     n_min = _int("n_min", n_min, 1)
     n_zero = _int("n_zero", n_zero, 0)
@@ -170,4 +185,5 @@ def plan_generation(pilot: Any, total: int, *, by: str = "prompt_id", value: str
             pl.Series("no_variance", no_var), "kept", "unseen"]
     if prompt is not None and prompt in stats.columns:
         cols.insert(1, prompt)
-    return GenerationPlan(stats.select(cols), total, v_pooled, pw, uw, needed)
+    return GenerationPlan(stats.select(cols), total, v_pooled, pw, uw, needed, float(cost_prompt),
+                          float(cost_response))
