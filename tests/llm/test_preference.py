@@ -218,14 +218,17 @@ def test_pairs_from_the_pool_or_the_kept_rows(tmp_path):
                       return_report=True)
     assert small["margin"].to_list() == [2.0, 0.5] and big["margin"].to_list() == [15.0, 1.0]
     assert rep.source == "pool" and rep.rows_in == 9 and rep.prompts_in == 2  # prompt c was not kept
-    with pytest.raises(MrtInputError, match="needs the candidate table as pool"):
+    with pytest.raises(MrtInputError, match="pairs from the pool need the candidate table"):
         export(kept, tmp_path / "p.jsonl", "dpo", pairs_from="pool")
+    with pytest.raises(MrtInputError, match="the pool is read only for pairs from the pool"):
+        export(kept, tmp_path / "p.jsonl", "dpo", pool=POOLS, pairs_from="kept")
+    assert export(kept, tmp_path / "p.jsonl", "dpo", pool=POOLS, conversational=False).equals(big)
     with pytest.raises(MrtInputError, match="1 prompts of the kept rows are not in the pool, e.g. 'b'"):
         export(kept, tmp_path / "p.jsonl", "dpo", pool=POOLS.filter(pl.col("prompt_id") != "b"), pairs_from="pool")
     kept.write_parquet(tmp_path / "kept.parquet")
     POOLS.write_parquet(tmp_path / "pool.parquet")
     r = CliRunner().invoke(app, ["export", str(tmp_path / "kept.parquet"), str(tmp_path / "c.jsonl"), "--format",
-                                 "dpo", "--pool", str(tmp_path / "pool.parquet"), "--pairs-from", "pool"])
+                                 "dpo", "--pool", str(tmp_path / "pool.parquet")])
     assert r.exit_code == 0, r.output
     assert "from 9 pool rows of 2 prompts" in r.output and "15" in r.output
 

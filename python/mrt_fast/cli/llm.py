@@ -286,9 +286,10 @@ def export_cmd(
     kto_label: str = typer.Option("quantile:0.5", "--kto-label", help="kto: threshold:X, quantile:Q (of all "
                                   "rewards), column:NAME (a boolean verdict such as correct) or pool-mean."),
     pool: Optional[str] = typer.Option(None, "--pool", help="The candidate table the kept rows were selected "
-                                       "from (with --pairs-from pool)."),
-    pairs_from: str = typer.Option("kept", "--pairs-from", help="dpo, kto, listwise: take the responses of the "
-                                   "kept rows (kept) or every candidate of the kept prompts in --pool (pool)."),
+                                       "from: the preference rows take every candidate of the kept prompts."),
+    pairs_from: Optional[str] = typer.Option(None, "--pairs-from", help="dpo, kto, listwise: take the responses "
+                                             "of the kept rows (kept) or every candidate of the kept prompts in "
+                                             "--pool (pool). Default: pool when --pool is given, else kept."),
     embedding: str = typer.Option("embedding", "--embedding", help="Embedding column (--pairs margin, diverse)."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),

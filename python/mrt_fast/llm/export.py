@@ -76,7 +76,7 @@ def export(kept: Any, out: str | os.PathLike, format: str = "trl", *, conversati
            tokenizer: Any = None, by: str = "prompt_id", prompt: str = "prompt", response: str = "response",
            reward: str = "reward", weight: str = "weight", layout: str = "auto", pairs: str = DEFAULT_RULE,
            min_margin: float = 0.0, max_pairs: int | None = None, embedding: str = "embedding",
-           kto_label: str = DEFAULT_LABEL, pool: Any = None, pairs_from: str = "kept",
+           kto_label: str = DEFAULT_LABEL, pool: Any = None, pairs_from: str | None = None,
            return_report: bool = False) -> pl.DataFrame | tuple[pl.DataFrame, ExportReport]:
     """Write the kept rows (a table or a path) as a TRL or OpenRLHF training file; returns what was written
     (and, with ``return_report``, the `ExportReport`).
@@ -87,16 +87,19 @@ def export(kept: Any, out: str | os.PathLike, format: str = "trl", *, conversati
     with ``tokenizer`` (a tokenizer, or a model path or id whose tokenizer is read; see the module
     doc); ``openrlhf`` writes strings. ``pairs``, ``min_margin``, ``max_pairs``, ``embedding``: the
     ``dpo`` pairing rule and its options; ``kto_label``: the ``kto`` label rule; ``pool`` and
-    ``pairs_from``: where the preference formats take their responses from."""
+    ``pairs_from``: where the preference formats take their responses from (``None``: the pool
+    when one is given, else the kept rows)."""
     if format not in FORMATS:
         raise MrtInputError(f"format must be one of {FORMATS}, got {format!r}")
     check_pair_options(pairs, min_margin, max_pairs)
     label_rule = parse_label_rule(kto_label)
+    if pairs_from is None:
+        pairs_from = "kept" if pool is None else "pool"
     if pairs_from not in SOURCES:
         raise MrtInputError(f"pairs_from must be one of {SOURCES}, got {pairs_from!r}")
     if (pool is not None) != (pairs_from == "pool"):
-        raise MrtInputError("pairs_from='pool' needs the candidate table as pool (mrt export --pool), and a pool "
-                            "is read only with pairs_from='pool'")
+        raise MrtInputError("pairs from the pool need the candidate table (pool=, mrt export --pool), and the pool "
+                            "is read only for pairs from the pool (pairs_from='pool', --pairs-from pool)")
     if pairs_from == "pool" and format not in PREFERENCE_FORMATS:
         raise MrtInputError(f"pairs_from='pool' applies to {PREFERENCE_FORMATS}, not {format!r}")
     if conversational is None:
