@@ -401,7 +401,7 @@ def test_kto_rows_train_one_step_of_trls_kto_trainer(tmp_path, chat):
 
 
 @pytest.mark.train
-def test_sft_and_listwise_rows_load_with_datasets_and_sft_trains(tmp_path):
+def test_sft_listwise_and_openrlhf_rows_load_with_datasets_and_sft_trains(tmp_path):
     trl = pytest.importorskip("trl")
     import torch
     from datasets import load_dataset
@@ -412,6 +412,9 @@ def test_sft_and_listwise_rows_load_with_datasets_and_sft_trains(tmp_path):
     lw = load_dataset("json", data_files=str(tmp_path / "l.jsonl"), split="train")
     assert len(lw) == 4 and lw[0]["rewards"] == [3.0, 2.0, 1.0, 0.0]
     assert lw[0]["completions"][0] == [{"role": "assistant", "content": "ok 3"}]
+    export(TRAIN, tmp_path / "o.jsonl", "openrlhf")
+    o = load_dataset("json", data_files=str(tmp_path / "o.jsonl"), split="train")
+    assert len(o) == 16 and o[0] == {"input": "Say 0.", "output": "ok 0", "reward": 0.0}
     export(TRAIN, tmp_path / "s.jsonl", "trl", tokenizer=tok)
     ds = load_dataset("json", data_files=str(tmp_path / "s.jsonl"), split="train")
     out = trl.SFTTrainer(model=model, args=trl.SFTConfig(**_common(tmp_path)), train_dataset=ds,
