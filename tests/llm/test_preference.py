@@ -420,3 +420,38 @@ def test_sft_listwise_and_openrlhf_rows_load_with_datasets_and_sft_trains(tmp_pa
     out = trl.SFTTrainer(model=model, args=trl.SFTConfig(**_common(tmp_path)), train_dataset=ds,
                          processing_class=tok).train()
     assert out.global_step == 1 and np.isfinite(out.training_loss)
+
+
+def _reference(df: pl.DataFrame, rule: str, min_margin: float, max_pairs: int | None) -> list[tuple]:
+    """best-worst and all, written out from their definitions (distinct texts in every pool)."""
+    out = []
+    for pid in sorted(set(df["prompt_id"].to_list())):
+        pool = sorted(df.filter(pl.col("prompt_id") == pid).select("response", "reward").rows(),
+                      key=lambda x: (-x[1], x[0]))
+        scale = max(abs(r) for _, r in pool)
+        ok = lambda a, b: a[1] - b[1] > 1e-9 * scale and a[1] - b[1] >= min_margin  # noqa: E731
+        if rule == "best-worst":
+            pairs = []
+            for i in range(len(pool) // 2):
+                if not ok(pool[i], pool[-1 - i]) or len(pairs) == (max_pairs or 10**9):
+                    break
+                pairs.append((pool[i][0], pool[-1 - i][0]))
+        else:
+            cand = [(pool[i][1] - pool[j][1], i, j) for i in range(len(pool)) for j in range(i + 1, len(pool))
+                    if ok(pool[i], pool[j])]
+            pairs = [(pool[i][0], pool[j][0]) for _, i, j in sorted(cand, key=lambda x: (-x[0], x[1], x[2]))]
+            pairs = pairs[:max_pairs]
+        out += [(pid, c, w) for c, w in pairs]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(pools(), st.sampled_from(["best-worst", "all"]), st.sampled_from([0.0, 0.15, 1.0]),
+       st.sampled_from([None, 1, 2]))
+def test_best_worst_and_all_are_their_definitions(tmp_path_factory, data, rule, min_margin, max_pairs):
+    df = data[0].unique(["prompt_id", "response"], keep="first", maintain_order=True)
+    res = _export_or_none(df, tmp_path_factory.mktemp("r") / "d.jsonl", format="dpo", pairs=rule,
+                          min_margin=min_margin, max_pairs=max_pairs)
+    got = [] if res is None else res.sort("prompt_id", maintain_order=True).select(
+        "prompt_id", "chosen", "rejected").rows()
+    assert got == _reference(df, rule, min_margin, max_pairs)
