@@ -283,27 +283,43 @@ def export_cmd(
                                "glob or s3://): prompt_id, prompt, response[, weight, reward]."),
     out: str = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet), a local path."),
     fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight), openrlhf (input/output/reward), "
-                            "dpo (prompt/chosen/rejected pairs from the rewards) or kto (prompt/completion/label)."),
+                            "dpo (prompt/chosen/rejected pairs from the rewards), kto (prompt/completion/label) "
+                            "or listwise (one row a prompt: completions best first, rewards)."),
     conversational: Optional[bool] = typer.Option(
-        None, "--conversational/--plain", help="TRL: user/assistant message lists (TRL applies the chat template) "
-        "or plain prompt/completion strings. Default for trl: the prompt format of mrt train, conversational "
-        "unless --model's tokenizer has no chat template; plain for dpo and kto."),
-    model: Optional[str] = typer.Option(None, "--model", help="trl: the model mrt train would train; only its "
+        None, "--conversational/--plain", help="trl, dpo, kto, listwise: user/assistant message lists (TRL applies "
+        "the chat template) or plain strings. Default: the prompt format of mrt train, conversational unless "
+        "--model's tokenizer has no chat template."),
+    model: Optional[str] = typer.Option(None, "--model", help="The model that will train on the file; only its "
                                         "tokenizer is read, to see whether it has a chat template."),
+    pairs: str = typer.Option("sweet-spot", "--pairs", help="dpo: the pairing rule, sweet-spot (best vs the one "
+                              "nearest mu - 2 sigma), best-worst, margin (DCRM-style, needs --embedding), diverse "
+                              "(DivPO-style, needs --embedding) or all (docs/preference.md)."),
     min_margin: float = typer.Option(0.0, "--min-margin", help="dpo: the least reward gap of a pair."),
-    max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="dpo: at most this many pairs a prompt."),
+    max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="dpo best-worst, all: at most this many pairs "
+                                            "a prompt."),
+    kto_label: str = typer.Option("quantile:0.5", "--kto-label", help="kto: threshold:X, quantile:Q (of all "
+                                  "rewards), column:NAME (a boolean verdict such as correct) or pool-mean."),
+    pool: Optional[str] = typer.Option(None, "--pool", help="The candidate table the kept rows were selected "
+                                       "from: the preference rows take every candidate of the kept prompts."),
+    pairs_from: Optional[str] = typer.Option(None, "--pairs-from", help="dpo, kto, listwise: take the responses "
+                                             "of the kept rows (kept) or every candidate of the kept prompts in "
+                                             "--pool (pool). Default: pool when --pool is given, else kept."),
+    embedding: str = typer.Option("embedding", "--embedding", help="Embedding column (--pairs margin, diverse)."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
     response: str = typer.Option("response", help="Response text column."),
-    reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
+    reward: str = typer.Option("reward", help="Reward column (dpo, kto, listwise; openrlhf when present)."),
     engine: str = typer.Option("local", "--engine", help="local only: the weights and pairs of a prompt need "
                                "all its kept rows at once, and the output is one file."),
     allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
-    """Write kept rows as a TRL (SFT, DPO, KTO) or OpenRLHF training file.
+    """Write kept rows as a TRL (SFT, DPO, KTO), listwise or OpenRLHF training file.
 
-    The TRL SFT file uses mrt train's prompt format by default (see --conversational/--plain)."""
+    The TRL files use mrt train's prompt format by default (see --conversational/--plain); the
+    preference formats report what they left out and why."""
     from mrt_fast.llm.export import export
+    from mrt_fast.llm.labels import parse_label_rule
+    from mrt_fast.llm.pairs import check_pair_options
 
     from mrt_fast.datasets import formats as _formats
     from mrt_fast.errors import MrtInputError
@@ -319,11 +335,18 @@ def export_cmd(
         if storage.is_url(out):
             raise MrtInputError(f"output {str(out)!r}: mrt export writes a local file (copy it to object storage "
                                 "after)")
-        check_apart([("input", kept)], [("output", out)])
+        inputs = [("input", kept)] + ([("--pool", pool)] if pool is not None else [])
+        check_apart(inputs, [("output", out)])
+        check_pair_options(pairs, min_margin, max_pairs)  # before reading a large input
+        parse_label_rule(kto_label)
         rows = _formats.decode_embedding_columns(_formats.collect(
             check_input_table(kept, dataset=True, allow_partial=allow_partial), kept))
+        pool_rows = None
+        if pool is not None:
+            pool_rows = _formats.decode_embedding_columns(_formats.collect(
+                check_input_table(pool, dataset=True, allow_partial=allow_partial), pool))
         tok = None
-        if model is not None and conversational is None and fmt == "trl":
+        if model is not None and conversational is None and fmt != "openrlhf":
             with needs("train"):
                 from mrt_fast.llm.models import load_tokenizer
 
@@ -331,6 +354,10 @@ def export_cmd(
         from mrt_fast._util.disk_space import reporting_full_disk
 
         with reporting_full_disk("writing", out):
-            res = export(rows, Path(out), fmt, conversational=conversational, tokenizer=tok, by=by, prompt=prompt,
-                         response=response, reward=reward, min_margin=min_margin, max_pairs=max_pairs)
+            res, rep = export(rows, Path(out), fmt, conversational=conversational, tokenizer=tok, by=by,
+                              prompt=prompt, response=response, reward=reward, min_margin=min_margin,
+                              max_pairs=max_pairs, pairs=pairs, kto_label=kto_label, pool=pool_rows,
+                              pairs_from=pairs_from, embedding=embedding, return_report=True)
     console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")
+    for line in rep.lines():
+        console.print(f"  {line}")

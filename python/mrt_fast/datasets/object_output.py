@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 
 from mrt_fast.datasets import storage
+from mrt_fast.datasets.formats import write_parquet
 from mrt_fast.datasets.lock import META_DIR
 from mrt_fast.datasets.manifest import (EMPTY_PART, MANIFEST, SPILL_FILE, Manifest, bytes_check, part_name,
                                         written_by_a_job)
@@ -48,7 +49,7 @@ def put_part(df: pl.DataFrame, url: str, i: int) -> tuple[int, str | None, dict[
     if not df.height:
         return 0, None, dict(EMPTY_PART)
     buf = io.BytesIO()
-    df.write_parquet(buf)
+    write_parquet(df, buf)
     data = buf.getvalue()
     check = bytes_check(data)
     name = f"part-{i:05d}-{check['blake2b']}.parquet"
