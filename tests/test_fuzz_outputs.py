@@ -109,7 +109,7 @@ def test_an_unfinished_output_is_refused_by_every_reader_or_read_as_its_finished
 ALIASES = ("same path", "link to it", "through ..", "through a linked folder", "hard link", "folder holding it",
            "inside the input folder")
 COMMANDS = ("export", "diagnose --json", "diagnose --allocation", "diagnose --plot", "embed-quality --json",
-            "select", "nll")
+            "select", "nll", "plan")
 
 
 @cases(16)
@@ -137,7 +137,8 @@ def test_an_output_aliasing_an_input_is_refused_and_nothing_changes(tmp_path_fac
             "diagnose --plot": ["diagnose", src, "--n-boot", "0", "--plot", target],
             "embed-quality --json": ["embed-quality", src, "--json", target],
             "select": ["select", src, target, "--k", "1", "--method", "top"],
-            "nll": ["nll", src, target, "--model", root]}[command]
+            "nll": ["nll", src, target, "--model", root],
+            "plan": ["plan", src, target, "--budget", "50"]}[command]
     note(f"{command} {alias} (input a {'folder' if as_dir else 'file'})")
     before = snapshot(root)
     r = runner.invoke(app, [str(a) for a in args])

@@ -50,6 +50,7 @@ CASES = {
     "evaluate --out onto its data": ["evaluate", "{i}", "--model", "m", "--out", "{i}"],
     "train into a directory holding its data": ["train", "{i}", "{d}", "--model", "m"],
     "select into a directory holding its input": ["select", "{i}", "{d}", "--k", "2", "--method", "top"],
+    "plan onto its pilot": ["plan", "{i}", "{l}", "--budget", "100"],
 }
 
 

@@ -60,6 +60,7 @@ COMMANDS = {
                               "--pool-sizes", "{src}"],
     "export": ["export", "{src}", "{d}/dest.jsonl", "--plain"],
     "embed-quality": ["embed-quality", "{src}"],
+    "plan": ["plan", "{src}", "{d}/plan.parquet", "--budget", "100"],
 }
 
 

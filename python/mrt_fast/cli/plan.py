@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from mrt_fast.cli.common import app, check_input_table, console, user_errors
+from mrt_fast.cli.common import ALLOW_PARTIAL, app, check_input_table, console, user_errors
 
 
 @app.command("plan")
@@ -31,19 +31,25 @@ def plan_cmd(
     cost_response: float = typer.Option(1.0, "--cost-response", help="Cost C_r of one response."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     prompt: str = typer.Option("prompt", help="Prompt text column (carried to the plan when present)."),
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Per-prompt n for the next generation round: Neyman allocation over the pilot's within-prompt
     variance, prompts with no variance starved (docs/per_prompt_k.md)."""
+    from mrt_fast._util.disk_space import reporting_full_disk
     from mrt_fast.datasets import formats as _formats
     from mrt_fast.datasets.formats import write_table
+    from mrt_fast.datasets.overlap import check_apart
     from mrt_fast.variance.plan import plan_generation
 
     with user_errors():
         _formats.check_output(out)
-        rows = _formats.collect(check_input_table(pilot, (by, value), "pilot", dataset=True), pilot)
+        check_apart([("pilot", pilot)], [("output", out)])
+        rows = _formats.collect(check_input_table(pilot, (by, value), "pilot", dataset=True,
+                                                  allow_partial=allow_partial), pilot)
         plan = plan_generation(rows, budget, by=by, value=value, n_min=n_min, n_max=n_max, n_zero=n_zero, keep=keep,
                                mode=mode, prompt=prompt, cost_prompt=cost_prompt, cost_response=cost_response)
-        write_table(plan.table, out)
+        with reporting_full_disk("writing", out):
+            write_table(plan.table, out)
     console.print(f"wrote the plan of {plan.table.height} prompts to {out}")
     for line in plan.lines():
         console.print(f"  {line}")
