@@ -38,6 +38,10 @@ def _parent(f: Any) -> str:
     return str(f).rsplit("/", 1)[0] if storage.is_url(f) else str(Path(f).parent)
 
 
+def _name(f: Any) -> str:
+    return str(f).rsplit("/", 1)[-1] if storage.is_url(f) else Path(f).name
+
+
 def finished_parts(source: str, files: list, root: Any = None, listed: list | None = None, *,
                    allow_partial: bool = False) -> list:
     """``files`` (found for the input ``source``, under ``root`` when it is a directory or a
@@ -61,28 +65,23 @@ def finished_parts(source: str, files: list, root: Any = None, listed: list | No
         if man is None:
             continue
         whole = root is not None and str(root).rstrip("/") == d.rstrip("/")
-        drop |= _unrecorded(man, d, [f for f in files if _parent(f) == d], remote, whole)
+        drop |= _unrecorded(man, d, [f for f in files if _parent(f) == d], whole)
         _check_done(man, source if whole else d, allow_partial)
     return [f for f in files if str(f) not in drop]
 
 
-def _unrecorded(man: Manifest, folder: str, files: list, remote: bool, whole: bool) -> set[str]:
+def _unrecorded(man: Manifest, folder: str, files: list, whole: bool) -> set[str]:
     """The part files in ``folder`` the manifest does not record; a recorded part missing from a
     whole directory read is refused."""
     # a part's file is named as the manifest records it (an object's own name: a copy of an s3 output reads too)
     names = {man.files.get(n, n) for n, rows in man.parts.items() if rows}
-    present = {Path(str(f)).name if not remote else str(f).rsplit("/", 1)[1] for f in files}
+    present = {_name(f) for f in files}
     if whole and man.done:
         missing = sorted(n for n in names if n not in present)
         if missing:
             raise MrtInputError(f"{folder!r} is an mrt output missing {len(missing)} of its recorded parts "
                                 f"(the first {missing[0]!r}); rerun the job that writes it to redo them")
-    out = set()
-    for f in files:
-        name = str(f).rsplit("/", 1)[1] if remote else Path(str(f)).name
-        if _PART.match(name) and name not in names:
-            out.add(str(f))
-    return out
+    return {str(f) for f in files if _PART.match(_name(f)) and _name(f) not in names}
 
 
 def _check_done(man: Manifest, where: str, allow_partial: bool) -> None:
