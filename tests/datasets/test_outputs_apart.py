@@ -51,6 +51,7 @@ CASES = {
     "train into a directory holding its data": ["train", "{i}", "{d}", "--model", "m"],
     "select into a directory holding its input": ["select", "{i}", "{d}", "--k", "2", "--method", "top"],
     "plan onto its pilot": ["plan", "{i}", "{l}", "--budget", "100"],
+    "generate onto its prompts": ["generate", "{i}", "{d}/sub/../kept.parquet", "--model", "m"],
 }
 
 
