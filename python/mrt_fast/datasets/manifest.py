@@ -17,7 +17,8 @@ checksum. A job
 is identified by its parameters and the fingerprint of its input: re-running
 the same job checks the recorded parts against the files and redoes those
 missing or changed; another job is refused unless the directory is
-overwritten, and overwriting deletes only what a job wrote.
+overwritten, and overwriting deletes only what the manifest records as the
+job's, never through a symbolic link (:func:`what_the_job_wrote`).
 """
 
 from __future__ import annotations
