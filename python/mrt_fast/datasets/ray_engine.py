@@ -518,14 +518,15 @@ def variance_budget(ds: Any, *, by: str = "prompt_id", loss: str = "loss", layou
 # --------------------------------------------------------------------------- dataset jobs (files in, parts out)
 
 
-def read(source: Any, columns: list[str] | None = None):
+def read(source: Any, columns: list[str] | None = None, *, allow_partial: bool = False):
     """A Ray Dataset over the files of a source (a file, a directory of
     Parquet/JSONL files or a glob, found as `mrt_fast.datasets.sources.discover` finds
-    them), rows in the same order: files sorted by path, then row order."""
+    them, an unfinished ``mrt`` output only with ``allow_partial``), rows in the same
+    order: files sorted by path, then row order."""
     ray = _ray()
     from mrt_fast.datasets import hf_disk, json_text
     from mrt_fast.datasets import sources as _sources
-    src = source if isinstance(source, _sources.Dataset) else _sources.discover(source)
+    src = source if isinstance(source, _sources.Dataset) else _sources.discover(source, allow_partial=allow_partial)
     files = [str(f) for f in src.files]
     if src.fmt == "parquet":
         fs = {"filesystem": storage.filesystem()} if src.files and storage.is_url(src.files[0]) else {}
