@@ -37,6 +37,7 @@ class AnswerReport:
     dropped_rows: int = 0
     null_references: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
+    kept_only: bool = False  # answers and the all-correct/all-wrong split counted over the kept prompts only
     output: str | None = None
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -45,16 +46,22 @@ class AnswerReport:
         return asdict(self)
 
     def lines(self) -> list[str]:
+        among = " (among the kept prompts)" if self.kept_only else ""
         out = [f"{self.rows:,} responses in {self.pools:,} prompts; {self.answered:,} answered, "
-               f"{self.unanswered:,} with no answer (each its own mode)"]
+               f"{self.unanswered:,} with no answer (each its own mode){among}"]
         if self.null_references:
             out.append(f"{self.null_references:,} responses have a null reference (scored wrong)")
         if self.statuses:
             out.append("program runs: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.statuses.items())))
-        out.append(f"{self.one_answer_pools:,} prompts have one answer (one mode)")
-        why = (f"all rewards equal: {self.all_correct_pools:,} all correct, {self.all_wrong_pools:,} all wrong, "
-               f"{self.zero_signal_pools - self.all_correct_pools - self.all_wrong_pools:,} other"
-               if self.rewarded else "one answer, no reference")
+        out.append(f"{self.one_answer_pools:,} prompts have one answer (one mode){among}")
+        split = f"{self.all_correct_pools:,} all correct, {self.all_wrong_pools:,} all wrong"
+        if self.kept_only:
+            why = f"all rewards equal; {split} of those kept"
+        else:
+            other = self.zero_signal_pools - self.all_correct_pools - self.all_wrong_pools
+            why = f"all rewards equal: {split}" + (f", {other:,} other" if other else "")
+        if not self.rewarded:
+            why = "one answer, no reference"
         out.append(f"{self.zero_signal_pools:,} of {self.pools:,} prompts carry no learning signal ({why})")
         if self.dropped_pools:
             out.append(f"dropped {self.dropped_pools:,} of them ({self.dropped_rows:,} rows)")
