@@ -43,21 +43,23 @@ NORMALIZERS = ("math", "text", "none")
 _SIGNED = r"(?P<sign>[-+−]?)"
 _TOKEN = re.compile(
     _SIGNED + r"(?:\\[dt]?frac\s*\{\s*(?P<fn>\d+)\s*\}\s*\{\s*(?P<fd>\d+)\s*\}"
-    r"|(?P<num>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:\s*/\s*(?P<den>\d+)(?![\d.]))?)")
+    r"|(?P<num>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:\s*/\s*(?P<den>\d+)(?!\d|\.\d))?)")
 
 
 def last_number(text: str) -> str | None:
-    """The last number of ``text`` as written (sign kept when it is one: after a space, a bracket,
-    ``=`` or the start, never after a letter or digit); None when there is none."""
+    """The last number of ``text`` as written, its sign kept unless the minus reads as a subtraction
+    (right after a letter, digit or closing bracket, or after a number and a space); None when none."""
     last = None
     for m in _TOKEN.finditer(text):
         last = m
     if last is None:
         return None
     sign = last.group("sign")
-    if sign:
-        before = text[:last.start()].rstrip(" ")
-        if before and (before[-1].isalnum() or before[-1] in ")]}"):
+    if sign:  # not a sign right after a word or a closing bracket, nor after a number and a space (5 - 3)
+        at = last.start()
+        prev = text[at - 1] if at else ""
+        rest = text[:at].rstrip()
+        if prev and (prev.isalnum() or prev in ")]}") or (prev.isspace() and rest and (rest[-1].isdigit() or rest[-1] in ")]}")):
             sign = ""
     sign = "-" if sign in ("-", "−") else ""
     if last.group("fn") is not None:

@@ -56,7 +56,7 @@ def strip_latex(text: str) -> str:
         s = s2
     s = _DEGREES.sub("", s)
     s = s.strip()
-    while len(s) > 1 and s.endswith((".", "。")):
+    while len(s) > 1 and s.endswith((".", "。", ",", ";", ":", "!")):
         s = s[:-1].rstrip()
     s = _LHS.sub("", s)
     return s.strip()
