@@ -3,7 +3,8 @@
 A response's program (its first fenced code block, else the whole text:
 :func:`mrt_fast.sandbox.extract_code`) runs once per test input under
 :func:`mrt_fast.sandbox.run_program`, with its limits (``timeout_s``,
-``cpu_s``, ``memory_mb``, ``output_mb``, ...), ``workers`` programs at a time.
+``cpu_s``, ``memory_mb``, ``output_mb``, ...), ``workers`` programs at a time (each
+worker a fresh process).
 
 * **Execution mode**: the answer key is the tuple of what the program did on
   the inputs, as compact JSON: its output (trailing whitespace per line and
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from mrt_fast.errors import MrtInputError
@@ -68,12 +70,19 @@ def _output_key(stdout: str) -> str:
     return f"<{len(text)} chars {hashlib.blake2b(text.encode(), digest_size=8).hexdigest()}>"
 
 
+def _run_one(run: tuple[str, str, dict]) -> Any:
+    from mrt_fast.sandbox import run_program
+
+    code, stdin, limits = run
+    return run_program(code, stdin, **limits)
+
+
 def run_tests(programs: list[str | None], tests: list[list[tuple[str, str | None]]], *, workers: int = 1,
               limits: dict | None = None) -> list[tuple[str | None, float | None, dict[str, int]]]:
     """Run program ``i`` on the inputs of ``tests[i]``: per program its execution key (None for no
     program or no test), its pass fraction (None when no test has an expected output) and its
     status counts."""
-    from mrt_fast.sandbox import outputs_match, require_isolation, run_program
+    from mrt_fast.sandbox import outputs_match, require_isolation
 
     limits = dict(limits or {})
     jobs = [(i, j) for i, (p, ts) in enumerate(zip(programs, tests)) if p is not None and p.strip()
@@ -81,15 +90,14 @@ def run_tests(programs: list[str | None], tests: list[list[tuple[str, str | None
     if jobs:
         require_isolation(limits.get("isolation"), limits.get("python"))  # before any program runs
 
-    def one(ij: tuple[int, int]):
-        i, j = ij
-        return run_program(programs[i], tests[i][j][0], **limits)
-
+    runs = [(programs[i], tests[i][j][0], limits) for i, j in jobs]
     if workers > 1 and len(jobs) > 1:
-        with ThreadPoolExecutor(max_workers=workers) as ex:
-            results = list(ex.map(one, jobs))
+        # one process per worker (started fresh: no copy of this process's threads or open files)
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as ex:
+            results = list(ex.map(_run_one, runs, chunksize=max(1, len(runs) // (4 * workers))))
     else:
-        results = [one(ij) for ij in jobs]
+        results = [_run_one(r) for r in runs]
     by_row: dict[int, list] = {}
     for (i, j), r in zip(jobs, results):
         by_row.setdefault(i, []).append((j, r))
