@@ -37,11 +37,12 @@ from mrt_fast.llm import stage_records as sr
 from mrt_fast.embeddings.embedders import make_embedder
 from mrt_fast.datasets.formats import read_table, scan, write_table
 from mrt_fast.tables.arrays import require_columns
+from mrt_fast.answers.run_config import answer_columns, check_answers_config
 from mrt_fast.errors import MrtInputError
 
 STAGES = ("generate", "embed", "score", "select", "train", "evaluate")
 _TOP = {"out_dir", "model", "reward_model", "reward_fn", "embedder", "data", "generate", "select", "train",
-        "evaluate", "threads", "baseline", "device"}
+        "evaluate", "threads", "baseline", "device", "answers"}
 #: keys of the `select` section that are not arguments of `mrt_fast.select`
 _SELECT_OWN = {"methods", "ks", "n_modes"}
 
@@ -63,6 +64,7 @@ class RunConfig:
     threads: int | None = None
     baseline: bool = True  # also evaluate the base model (K = 0 row)
     device: str = "auto"
+    answers: dict | None = None  # modes and rewards from the answer itself (mrt_fast.answers.run_config)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, overrides: dict | None = None) -> "RunConfig":
@@ -117,6 +119,7 @@ class RunConfig:
             threads=raw.get("threads"),
             baseline=bool(raw.get("baseline", True)),
             device=raw.get("device", "auto"),
+            answers=check_answers_config(raw.get("answers"), raw.get("reward_model"), raw.get("reward_fn")),
         )
 
 
@@ -233,7 +236,7 @@ class StagePlan:
         self.gen = sr.make_record({"model": self.model, "train_prompts": sr.data_fingerprint(cfg.train_prompts),
                                    "generate": sr.effective(asdict(gcfg))})
         self.embed = sr.make_record({"embedder": embedder_id}, {"generate": self.gen})
-        self.score = sr.make_record({"reward_model": self.reward_model, "reward_fn": hook_id,
+        self.score = sr.make_record({"reward_model": self.reward_model, "reward_fn": hook_id, "answers": cfg.answers,
                                      "train_prompts": sr.data_fingerprint(cfg.train_prompts)}, {"embed": self.embed})
         self.modes = sr.make_record({"n_modes": cfg.select.get("n_modes"), "seed": int(cfg.select.get("seed", 0))},
                                     {"score": self.score})
@@ -439,6 +442,11 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                 rows = rows.join(prompts_tab.select(extra).with_columns(pl.col("prompt_id").cast(df["prompt_id"].dtype)),
                                  on="prompt_id", how="left", maintain_order="left")
             df = df.with_columns(score_with(rows, reward_hook)["reward"])
+        if cfg.answers is not None:  # the answer is the mode, the checker's verdict the reward
+            _log(f"answers: extract {cfg.answers.get('extract', 'last_number')}", progress)
+            df = answer_columns(df, cfg.answers, read_table(cfg.train_prompts) if prompts_tab is None else prompts_tab)
+            if "mode" in df.columns:
+                records.set("modes", plan.expected("modes"))
         write_table(df, scored)
     pool = pl.read_parquet(scored)
     if any(METHODS[m.lower()] == "stratified" for m in methods) and "mode" not in pool.columns:
