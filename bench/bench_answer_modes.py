@@ -25,7 +25,7 @@ one-answer pools split; then at K = 4 the share of the true modes kept
 (distinct true modes kept over min(K, true modes)) by ``stratified`` on the
 answer modes, ``grades`` (embeddings and rewards) and ``random``.
 
-    python bench/bench_answer_modes.py            # writes bench/results/answer_modes.json, the table in docs/modes.md
+    python bench/bench_answer_modes.py            # bench/results/answer_modes.json and .md, the table in docs/modes.md
     python bench/bench_answer_modes.py --check    # the table in docs/modes.md matches the results file
 """
 
@@ -204,7 +204,8 @@ def write_doc(doc: dict, check: bool) -> bool:
     _, tail = rest.split(END, 1)
     new = head + START + "\n" + table(doc) + END + tail
     if check:
-        return new == text
+        md = RESULTS.with_suffix(".md")
+        return new == text and md.exists() and md.read_text() == table(doc)
     DOC.write_text(new)
     return True
 
@@ -245,6 +246,7 @@ def main() -> None:
     doc["seconds"] = time.perf_counter() - t0
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(doc, indent=1))
+    RESULTS.with_suffix(".md").write_text(table(doc))
     write_doc(doc, check=False)
     print(table(doc))
 
