@@ -59,7 +59,9 @@ def last_number(text: str) -> str | None:
         at = last.start()
         prev = text[at - 1] if at else ""
         rest = text[:at].rstrip()
-        if prev and (prev.isalnum() or prev in ")]}") or (prev.isspace() and rest and (rest[-1].isdigit() or rest[-1] in ")]}")):
+        after_term = prev and (prev.isalnum() or prev in ")]}")
+        after_number = prev.isspace() and rest and (rest[-1].isdigit() or rest[-1] in ")]}")
+        if after_term or after_number:
             sign = ""
     sign = "-" if sign in ("-", "−") else ""
     if last.group("fn") is not None:
