@@ -116,3 +116,20 @@ def test_the_ray_engine_writes_what_the_local_one_does(tmp_path):
     answers_dataset(tmp_path / "g.parquet", tmp_path / "ray", reference="ref", rows_per_part=4, engine="ray",
                     ray_workers=2)
     assert read_dir(tmp_path / "ray").equals(read_dir(tmp_path / "local"))
+
+
+def test_a_raising_function_is_named_with_its_file_and_row(tmp_path):
+    df = pools(2)
+    df.write_parquet(tmp_path / "in.parquet")
+    bad = df["response"][5]
+
+    def fn(text):
+        if text == bad:
+            raise ValueError("unreadable")
+        return text
+
+    with pytest.raises(mrt_fast.MrtInputError, match=r"unreadable at row .*in\.parquet") as e:
+        answers_dataset(tmp_path / "in.parquet", tmp_path / "out", extract=fn, rows_per_part=4)
+    assert "\n" not in str(e.value)
+    first = df["response"].to_list().index(bad)
+    assert f"row {first}" in str(e.value)  # the input's row (one file: the global row)

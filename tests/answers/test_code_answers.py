@@ -88,3 +88,15 @@ def test_without_isolation_programs_are_refused_before_any_runs(monkeypatch):
     monkeypatch.delenv(sb.ENV_ISOLATION, raising=False)
     with pytest.raises(SandboxUnavailableError):
         mrt_fast.answers(programs("print(5)"), extract="code", tests="tests")
+
+
+@needs_bwrap
+def test_a_dataset_run_reports_how_the_programs_ended(tmp_path):
+    from mrt_fast.answers import answers_dataset
+
+    programs("print(5)", "while True: pass").write_parquet(tmp_path / "in.parquet")
+    rep = answers_dataset(tmp_path / "in.parquet", tmp_path / "out", extract="code", tests="tests",
+                          sandbox={**LIMITS, "timeout_s": 2.0, "cpu_s": 1})
+    assert rep.statuses.get("exited") == 2 and sum(rep.statuses.values()) == 4
+    assert set(rep.statuses) - {"exited"} <= {"timeout", "cpu_limit"}
+    assert "program runs:" in str(rep)

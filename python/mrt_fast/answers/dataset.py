@@ -90,6 +90,19 @@ def answers_dataset(source: Any, output: str | os.PathLike, *, rows_per_part: in
     return rep
 
 
+def program_statuses(keys: pl.Series) -> dict[str, int]:
+    """Runs by how they ended, read from execution keys (``"<timeout>"``, ...; ``"exited"`` for a run
+    that exited 0, whatever it printed)."""
+    import json
+
+    out: dict[str, int] = {}
+    for k in keys.drop_nulls().to_list():
+        for v in json.loads(k):
+            s = v[1:-1] if v.startswith("<") and v.endswith(">") and v[1:-1].replace("_", "").isalpha() else "exited"
+            out[s] = out.get(s, 0) + 1
+    return out
+
+
 def dataset_report(ds: Any, output: str, opts: AnswerOptions, layout: str) -> AnswerReport:
     """The report of a finished answers output (see the module doc)."""
     from mrt_fast.datasets import sources
@@ -108,6 +121,8 @@ def dataset_report(ds: Any, output: str, opts: AnswerOptions, layout: str) -> An
     stats = pool_stats(flat, opts.by, opts.mode, opts.reward if opts.rewarded else None,
                        opts.correct if opts.rewarded else None)
     fill(rep, stats, opts.rewarded)
+    if opts.extract.kind == "code":  # runs that did not exit cleanly, from the execution keys
+        rep.statuses = program_statuses(flat[opts.answer])
     if opts.keep_share < 1.0:  # what is not in the output was dropped, and carried no signal
         inp = ds.scan()
         if layout == GROUPED:
