@@ -236,7 +236,8 @@ class StagePlan:
         self.gen = sr.make_record({"model": self.model, "train_prompts": sr.data_fingerprint(cfg.train_prompts),
                                    "generate": sr.effective(asdict(gcfg))})
         self.embed = sr.make_record({"embedder": embedder_id}, {"generate": self.gen})
-        self.score = sr.make_record({"reward_model": self.reward_model, "reward_fn": hook_id, "answers": cfg.answers,
+        self.score = sr.make_record({"reward_model": self.reward_model, "reward_fn": hook_id,
+                                     **({"answers": cfg.answers} if cfg.answers is not None else {}),
                                      "train_prompts": sr.data_fingerprint(cfg.train_prompts)}, {"embed": self.embed})
         self.modes = sr.make_record({"n_modes": cfg.select.get("n_modes"), "seed": int(cfg.select.get("seed", 0))},
                                     {"score": self.score})
