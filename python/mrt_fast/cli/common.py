@@ -18,15 +18,32 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
+#: --allow-partial, on every command that reads a dataset
+ALLOW_PARTIAL = typer.Option(False, "--allow-partial", help="Read an unfinished mrt output (its job stopped "
+                             "before the end): only its finished parts, with a warning giving their count and "
+                             "rows. Without it such an input is refused.")
 
 
 @contextlib.contextmanager
 def user_errors():
-    """Bad input ends the command with one line on stderr and exit code 2."""
-    from mrt_fast.errors import MissingDependencyError, MrtInputError
+    """Bad input ends the command with one line on stderr and exit code 2; a partial read's
+    warning is one ``warning:`` line on stderr."""
+    import warnings
+
+    from mrt_fast.errors import MissingDependencyError, MrtInputError, PartialOutputWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PartialOutputWarning):
+            typer.echo(f"warning: {message}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
 
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            yield
     except (MrtInputError, MissingDependencyError, OSError, TypeError) as e:
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         typer.echo(f"error: {msg}", err=True)
@@ -92,10 +109,11 @@ def kv_options(pairs: list[str] | None) -> dict:
         out[k.strip()] = yaml.safe_load(v)
     return out
 
-def check_input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input", *, dataset: bool = False):
+def check_input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input", *, dataset: bool = False,
+                      allow_partial: bool = False):
     """Check an input table before any work: readable, the columns present, at least one row.
-    ``dataset``: ``path`` may also be a directory (an ``mrt`` output included) or a glob,
-    found as every dataset job finds its input."""
+    ``dataset``: ``path`` may also be a directory (an ``mrt`` output included; an unfinished one
+    only with ``allow_partial``) or a glob, found as every dataset job finds its input."""
     import polars as pl
 
     from mrt_fast.datasets import formats as _formats
@@ -104,7 +122,7 @@ def check_input_table(path: Path, columns: tuple[str, ...] = (), role: str = "in
     if dataset:
         from mrt_fast.datasets.sources import discover
 
-        lf = discover(str(path)).scan()
+        lf = discover(str(path), allow_partial=allow_partial).scan()
     else:
         lf = _formats.scan(path)
     names = lf.collect_schema().names()

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from mrt_fast.cli.common import (
+    ALLOW_PARTIAL,
     app,
     check_engine,
     console,
@@ -44,6 +45,7 @@ def embed_cmd(
                                               "(default: start or join a local one)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="--engine ray: model workers (default: the "
                                           "cluster's CPUs)."),
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Add unit-norm sentence embeddings of a text column to a table or dataset (resumable to a directory)."""
     import shlex
@@ -64,6 +66,7 @@ def embed_cmd(
             cache_dir=False if no_cache else cache_dir, device=device, processes=processes,
             overwrite_column=overwrite_column, overwrite=overwrite, rows_per_part=chunk_rows,
             progress=True, command=command, engine=engine, ray_address=ray_address, workers=workers,
+            allow_partial=allow_partial,
         )
     warn_notes(rep.notes)
     if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
@@ -108,12 +111,14 @@ def embed_quality_cmd(
     cache_dir: Optional[Path] = typer.Option(None, help="Embedding cache directory (default: $MRT_CACHE_DIR or ~/.cache/mrt_fast)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows and the verdict as JSON here."),
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """What choosing with a fast embedding costs each selector, on a sample of your own pools."""
     import json
 
     from mrt_fast._util.files import write_text
     from mrt_fast.datasets.formats import check_output
+    from mrt_fast.datasets.overlap import check_apart
     from mrt_fast.embeddings.quality import compare_embeddings, summarize
     from mrt_fast.errors import MrtInputError
 
@@ -126,8 +131,10 @@ def embed_quality_cmd(
             raise MrtInputError(f"--tolerance must be in [0, 1), got {tolerance}")
         if json_out is not None:
             check_output(json_out, "--json", table=False)
+        check_apart([("input", inp)], [("--json", json_out)])
         df = compare_embeddings(inp, model, reference, text=text, by=by, reward=reward, ks=ks, pools=pools,
-                                seed=seed, cache_dir=False if no_cache else cache_dir, device=device)
+                                seed=seed, cache_dir=False if no_cache else cache_dir, device=device,
+                                allow_partial=allow_partial)
         rows = df.to_dicts()
         verdict = summarize(rows, tolerance)
     ref_name = reference or "MiniLM"

@@ -77,6 +77,7 @@ def embed_dataset(
     engine: str = "local",
     ray_address: str | None = None,
     workers: int | None = None,
+    allow_partial: bool = False,
 ) -> EmbedReport:
     """Add an embedding column to every row of a dataset (see the module doc).
 
@@ -88,6 +89,8 @@ def embed_dataset(
     already_done)`` once the work is known. The other options are those of :func:`mrt_fast.embeddings.embed.embed`.
     ``engine="ray"`` runs the parts on a Ray cluster (``ray_address``; ``workers`` actors, each
     loading the model once), with the same parts, manifest and resume as the local engine.
+    An unfinished ``mrt`` output as ``source`` is refused unless ``allow_partial`` (its finished
+    parts are read, with a warning).
     """
     from mrt_fast.datasets.job import Job, run_row_parts
     from mrt_fast.embeddings.embed import check_model, check_output_column, embed
@@ -101,7 +104,7 @@ def embed_dataset(
     if engine == "ray" and (callback is not None or processes != 1):
         raise MrtInputError("on the Ray engine each worker embeds its own parts: progress callbacks and "
                             "processes apply to the local engine only")
-    ds = _sources.discover(source)
+    ds = _sources.discover(source, allow_partial=allow_partial)
     schema = ds.check_columns([(text, "text to embed")])
     names = list(schema.names())
     if schema[text] not in (pl.String, pl.List(pl.String)):  # one text a row, or one list a prompt (grouped)

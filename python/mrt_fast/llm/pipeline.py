@@ -81,6 +81,9 @@ class RunConfig:
             raw = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise MrtInputError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        except UnicodeDecodeError as e:
+            raise MrtInputError(f"config file {str(path)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") \
+                from None
         if not isinstance(raw, dict):
             raise MrtInputError(f"config file {str(path)!r} must hold a mapping of keys")
         raw = _resolved(raw, path.parent.resolve())
@@ -473,8 +476,9 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                           prompt_format=tcfg.prompt_format, device=cfg.device, dtype=tcfg.dtype,
                           batch_size=ecfg.batch_size, progress=progress)
         ks = ks_to_train(advice, auto["neighbours"], gcfg.n)
+        ident = "" if advice.get("identified", True) else " (ratio not identified: the K its interval supports)"
         _log(f"diagnose: V_x={advice['v_x']:.4g}, V_y|x={advice['v_y_given_x']:.4g}, K*={advice['k_star']} "
-             f"-> train K in {ks}", progress)
+             f"-> train K in {ks}{ident}", progress)
     # 4-6. select, train, evaluate each cell; cells with the same kept rows train one model
     eval_df = read_table(cfg.eval_data)
     rows = []

@@ -443,6 +443,13 @@ class VarianceReport:
     ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     predicted: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)
+    #: False when the pilot cannot bound the ratio V_y|x / V_x (V_x estimated <= 0, or the ratio's
+    #: interval unbounded above): K* is then not a recommendation; `k_at_least` is what the data support
+    identified: bool = True
+    #: why the ratio is not identified and what more data would fix it (None when identified)
+    identification: str | None = None
+    #: the smallest K the pilot's interval supports (the lower end of k_best's interval; k_best without one)
+    k_at_least: int = 1
     _pilot: Any = field(default=None, repr=False, compare=False)  # (prompt ids, losses) for `allocate`
 
     def to_dict(self) -> dict[str, Any]:
@@ -480,6 +487,8 @@ class VarianceReport:
             f"  costs C_p, C_r:            {self.cost_prompt:g}, {self.cost_response:g}",
             f"  K* (continuous):           {f(self.k_star)}{ci('k_star')}",
             f"  best integer K:            {self.k_best}{ci('k_best')}",
+            *([] if self.identified else [
+                f"  ratio NOT identified:      K* is no recommendation; the pilot supports K >= {self.k_at_least}"]),
             f"  MRT pays (K* > 1):         {self.mrt_pays}",
             f"  K=2 beats K=1:             {self.k2_beats_k1}",
             f"  bound tightening (K->inf): {f(self.tightening_saturation)}",
@@ -731,6 +740,14 @@ def report_from_accumulator(
                          f"V_y|x > 0: {used} intervals instead")
         if frac0 > 0:
             notes.append(f"V_x was 0 in {frac0:.1%} of bootstrap resamples (K* infinite there)")
+    identified, identification = _identification(s, vx, vy, ci, ci_level)
+    k_at_least = kb
+    if "k_best" in ci and math.isfinite(ci["k_best"][0]):
+        k_at_least = int(min(kb, max(1, math.ceil(ci["k_best"][0]))))
+    elif not identified:
+        k_at_least = 1
+    if not identified:
+        notes.insert(0, identification)
 
     return VarianceReport(
         n_rows=int(s["n_rows"]),
@@ -762,6 +779,35 @@ def report_from_accumulator(
         ci=ci,
         predicted=pl.DataFrame(cols),
         notes=notes,
+        identified=identified,
+        identification=identification,
+        k_at_least=k_at_least,
+    )
+
+
+def _identification(s: dict, vx: float, vy: float, ci: dict, level: float) -> tuple[bool, str | None]:
+    """Whether the pilot bounds the ratio V_y|x / V_x, and if not, why and what more data would fix it."""
+    if vy == 0:
+        return True, None  # no within-prompt spread: K = 1, whatever V_x is
+    raw = float(s["v_x_raw"])
+    if vx <= 0:
+        why = (f"the V_x estimate is {raw:.4g} <= 0 (the spread of the prompt means is within their "
+               "response noise)")
+    elif "ratio" in ci and not math.isfinite(ci["ratio"][1]):
+        why = f"the ratio's {level:.0%} interval is unbounded above (V_x's interval reaches 0)"
+    else:
+        return True, None
+    p = int(s["n_used_prompts"])
+    vm = float(s["var_of_means"])
+    noise = max(vm - raw, 0.0)  # mean s_i^2 / K_i: the response noise in the spread of the means
+    # the spread of P prompt means has a standard error of about vm * sqrt(2 / (P - 1)); a prompt
+    # floor below about twice that cannot be told from 0
+    floor = 2.0 * max(vm, noise) * math.sqrt(2.0 / max(p - 1, 1))
+    return False, (
+        f"ratio not identified: {why}, so K* is not a recommendation. With {p} prompts this pilot cannot "
+        f"tell a prompt floor V_x below about {floor:.3g} from 0; that limit shrinks as 1/sqrt(prompts) "
+        f"(4x the prompts halves it), and more responses per prompt shrink the response noise ({noise:.3g}) "
+        "it must be told apart from"
     )
 
 
