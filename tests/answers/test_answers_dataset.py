@@ -133,3 +133,18 @@ def test_a_raising_function_is_named_with_its_file_and_row(tmp_path):
     assert "\n" not in str(e.value)
     first = df["response"].to_list().index(bad)
     assert f"row {first}" in str(e.value)  # the input's row (one file: the global row)
+
+
+def test_an_unfinished_input_is_refused_unless_partial_reads_are_asked_for(tmp_path):
+    from mrt_fast.errors import PartialOutputWarning
+
+    df = pools(4, 20)
+    df.write_parquet(tmp_path / "in.parquet")
+    with stopping_after(1), pytest.raises(StoppedForTest):
+        answers_dataset(tmp_path / "in.parquet", tmp_path / "half", rows_per_part=10)
+    with pytest.raises(mrt_fast.MrtInputError, match="unfinished mrt output"):
+        answers_dataset(tmp_path / "half", tmp_path / "again")
+    with pytest.warns(PartialOutputWarning):
+        rep = answers_dataset(tmp_path / "half", tmp_path / "again.parquet", allow_partial=True,
+                              answer="answer2", mode="mode2")
+    assert rep.rows == 10

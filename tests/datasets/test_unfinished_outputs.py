@@ -60,6 +60,7 @@ COMMANDS = {
                               "--pool-sizes", "{src}"],
     "export": ["export", "{src}", "{d}/dest.jsonl", "--plain"],
     "embed-quality": ["embed-quality", "{src}"],
+    "answers": ["answers", "{src}", "{d}/dest"],
 }
 
 

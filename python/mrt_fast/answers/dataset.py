@@ -42,9 +42,10 @@ class AnswerRows:
 
 def answers_dataset(source: Any, output: str | os.PathLike, *, rows_per_part: int = 50_000, overwrite: bool = False,
                     progress: Any = False, engine: str = "local", ray_address: str | None = None,
-                    ray_workers: int | None = None, **kw) -> AnswerReport:
+                    ray_workers: int | None = None, allow_partial: bool = False, **kw) -> AnswerReport:
     """:func:`mrt_fast.answers.answers` over a dataset (see the module doc); ``kw`` are its keywords.
-    ``progress``: the job's display (True: a bar on a terminal, plain lines otherwise)."""
+    ``progress``: the job's display (True: a bar on a terminal, plain lines otherwise).
+    ``allow_partial``: read the finished parts of an unfinished ``mrt`` output (refused otherwise)."""
     from mrt_fast.answers.table import check_columns
     from mrt_fast.datasets import sources
     from mrt_fast.datasets.job import Job, run_row_parts
@@ -59,7 +60,7 @@ def answers_dataset(source: Any, output: str | os.PathLike, *, rows_per_part: in
         raise MrtInputError("ray_address and ray_workers apply to engine='ray' only")
     kw.pop("return_report", None)
     opts = options(**kw)
-    ds = sources.discover(source)
+    ds = sources.discover(source, allow_partial=allow_partial)
     schema = ds.check_columns([(opts.response, "response")] + [(c, r) for c, r in ((opts.reference, "reference"),
                                                                                    (opts.tests, "tests")) if c])
     lay = check_columns(schema, opts)

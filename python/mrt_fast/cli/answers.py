@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from mrt_fast.cli.common import app, check_engine, user_errors, warn_notes
+from mrt_fast.cli.common import ALLOW_PARTIAL, app, check_engine, user_errors, warn_notes
 
 
 @app.command("answers")
@@ -50,6 +50,7 @@ def answers_cmd(
     engine: str = typer.Option("local", "--engine", help="local | ray."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: the cluster to join."),
     workers: Optional[int] = typer.Option(None, "--workers", help="--engine ray: workers (default: its CPUs)."),
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Find each response's answer: its key becomes the mode, the checker's verdict the reward.
 
@@ -74,7 +75,7 @@ def answers_cmd(
                               mode=mode_column, reward=reward_column, correct=correct_column, layout=layout,
                               drop_zero_signal=drop, sandbox=sandbox, workers=parallel,
                               rows_per_part=rows_per_part, overwrite=overwrite, progress=True, engine=engine,
-                              ray_address=ray_address, ray_workers=workers)
+                              ray_address=ray_address, ray_workers=workers, allow_partial=allow_partial)
     for line in rep.lines():
         typer.echo(line)
     typer.echo(f"-> {rep.output}")
