@@ -144,7 +144,7 @@ def check_columns(schema: pl.Schema, opts: AnswerOptions) -> str:
     inner = t.inner if isinstance(t, (pl.List, pl.Array)) else t
     if inner not in (pl.String, pl.Null):
         raise MrtInputError(f"column {opts.response!r} (response) must hold text, got {t}", column=opts.response)
-    if lay == GROUPED and opts.by not in names:
+    if opts.by not in names:
         raise MrtInputError(f"column {opts.by!r} (prompt id) not found; the table has columns {names}",
                             column=opts.by)
     return lay
@@ -234,9 +234,6 @@ def apply(df: pl.DataFrame, opts: AnswerOptions) -> tuple[pl.DataFrame, AnswerRe
         out = attach(df, [opts.response], cols)
         stats = pool_stats(flat.select(opts.by).with_columns(list(cols.values())), *stat_cols)
     else:
-        if opts.by not in df.columns:
-            raise MrtInputError(f"column {opts.by!r} (prompt id) not found; the table has columns {df.columns}",
-                                column=opts.by)
         cols, rep = flat_columns(df, opts)
         out = df.with_columns(list(cols.values()))
         stats = pool_stats(out.select(opts.by, *[c for c in cols]), *stat_cols)
