@@ -131,3 +131,15 @@ def test_the_light_path_serves_without_the_extra(monkeypatch):
     monkeypatch.setattr(keys, "has_math_verify", lambda: False)
     assert canonical("0.5") == canonical("\\frac{1}{2}") == "1/2"
     assert canonical("\\sqrt{8}") == "\\sqrt{8}"  # no symbolic parser: its text
+
+
+@given(st.text(alphabet="xyzqw ,.;:!?\n0123456789", max_size=60), st.text(alphabet="xyzqw ,.;!?\n", max_size=60),
+       st.sampled_from("ABCDE"), st.sampled_from(["The answer is ({}).", "Answer: {}", "\\boxed{{{}}}"]))
+def test_a_choice_is_found_whatever_prose_surrounds_it(before, after, letter, template):
+    assert find_choice(f"{before}\n{template.format(letter)}\n{after}") == letter
+
+
+@given(st.text(alphabet="abcxyz ,.;!?$\n0123456789", max_size=60), rationals)
+def test_an_answer_line_is_found_after_any_working(before, v):
+    text = f"{before}\nFinal answer: {forms(v)[0]}\n"
+    assert canonical(answer_line(text), symbolic=False) == format_number(v)
