@@ -1,4 +1,5 @@
-"""mrt run's results: cells of earlier runs kept and marked, identical cells trained once and
+"""mrt run's results: the cells of its grid (those of earlier runs outside it kept on disk, not
+reported), identical cells trained once and
 flagged, intervals over the evaluation prompts in the table and the plot."""
 
 from __future__ import annotations
@@ -62,17 +63,20 @@ def test_the_key_of_kept_rows_ignores_order_but_not_content_or_weight():
     assert kept_key(kept) != kept_key(kept.head(2))
 
 
-def test_results_accumulate_across_runs_and_mark_reused_cells(tiny_paths, tmp_path):
+def test_results_hold_the_grid_and_mark_reused_cells(tiny_paths, tmp_path):
     from mrt_fast.llm.pipeline import run
 
     first = run(_cfg(tmp_path, tiny_paths, ["random"], [1]), progress=False)
     assert first.select("method", "K", "cell").rows() == [("base", 0, "new"), ("random", 1, "new")]
     second = run(_cfg(tmp_path, tiny_paths, ["random"], [2]), progress=False)
-    assert second.select("method", "K", "cell").rows() == [("base", 0, "reused"), ("random", 1, "earlier"),
-                                                           ("random", 2, "new")]
-    assert second.filter(pl.col("K") == 1)["ref_loss"].item() == first.filter(pl.col("K") == 1)["ref_loss"].item()
+    assert second.select("method", "K", "cell").rows() == [("base", 0, "reused"), ("random", 2, "new")]
+    assert (tmp_path / "out" / "runs" / "random_k1" / "metrics.json").exists()  # kept on disk
     on_disk = pl.read_csv(tmp_path / "out" / "results.csv")
     assert on_disk.select("method", "K", "cell").rows() == second.select("method", "K", "cell").rows()
+    third = run(_cfg(tmp_path, tiny_paths, ["random"], [1, 2]), progress=False)  # back in the grid: reused
+    assert third.select("method", "K", "cell").rows() == [("base", 0, "reused"), ("random", 1, "reused"),
+                                                          ("random", 2, "reused")]
+    assert third.filter(pl.col("K") == 1)["ref_loss"].item() == first.filter(pl.col("K") == 1)["ref_loss"].item()
 
 
 def test_the_results_plot_draws_intervals_and_identical_cells(tmp_path, monkeypatch):
