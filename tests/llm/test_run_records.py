@@ -208,3 +208,33 @@ def test_identical_cells_are_reused_on_a_rerun_and_follow_their_twin(tiny_paths,
     for f in ("runs/random_k3/metrics.json", "runs/random_k3/adapter/adapter_config.json", "runs/grades_k3/metrics.json"):
         assert after[f] == before[f]
     assert res["same_as"].to_list() == [None, "random_k3"]
+
+
+HOOK = "def reward(rows):\n    return [{scale} * len(r) for r in rows['response'].to_list()]\n"
+
+
+def test_a_reward_hook_is_recorded_by_its_code(tiny_paths, tmp_path, monkeypatch):
+    """The hook's file and source are its record: an edit is a change; a hook whose code cannot be
+    read (made by exec) has no fingerprint, and what was made with it is never reused."""
+    from mrt_fast.llm.pipeline import run
+
+    (tmp_path / "myhook.py").write_text(HOOK.format(scale=1.0))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = _cfg(tmp_path, tiny_paths, methods=("top",))
+    cfg.pop("reward_model")
+    cfg["reward_fn"] = "myhook:reward"
+    stages = ("generate", "embed", "score", "select")
+    run(cfg, progress=False, stages=stages)
+    run(cfg, progress=False, stages=stages)  # the same code: reused
+    (tmp_path / "myhook.py").write_text(HOOK.format(scale=-1.0))
+    with pytest.raises(MrtInputError, match=r"score \(reward_fn 'myhook:reward': its code changed\)") as e:
+        run(cfg, progress=False, stages=stages)
+    assert "\n" not in str(e.value)
+    ns: dict = {}
+    exec(HOOK.format(scale=1.0), ns)  # noqa: S102 - a hook with neither a file nor a source
+    run(cfg, reward_fn=ns["reward"], progress=False, stages=stages, redo_changed=True)
+    with pytest.raises(MrtInputError, match=r"score \(reward_fn .* has no fingerprint of its code .*--redo-changed"):
+        run(cfg, reward_fn=ns["reward"], progress=False, stages=stages)
+    scored = _files(tmp_path / "out")["scored.parquet"]
+    run(cfg, reward_fn=ns["reward"], progress=False, stages=stages, redo_changed=True)
+    assert _files(tmp_path / "out")["scored.parquet"] != scored  # made again, not reused
