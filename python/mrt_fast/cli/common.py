@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from mrt_fast._util.messages import rich_console
 from mrt_fast.errors import MissingDependencyError
 
 app = typer.Typer(
@@ -17,7 +17,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console()
+console = rich_console()
 
 
 @contextlib.contextmanager

@@ -259,8 +259,8 @@ def run_cmd(
         if k is not None:
             cfg.select = {**cfg.select, "ks": k}
         res = run(cfg, redo_changed=redo_changed)
-    console.print(results_markdown(res))
-    console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
+    console.print(results_markdown(res), markup=False, highlight=False)
+    console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png", markup=False, highlight=False)
 
 
 @app.command("export")

@@ -179,9 +179,11 @@ def apply_overrides(raw: dict, overrides: dict) -> dict:
 
 def _log(msg: str, progress: bool) -> None:
     if progress:
-        from rich.console import Console
+        from rich.markup import escape
 
-        Console(stderr=True).print(f"[bold cyan]mrt run[/] {msg}")
+        from mrt_fast._util.messages import rich_console
+
+        rich_console(stderr=True).print(f"[bold cyan]mrt run[/] {escape(msg)}")
 
 
 def _parse_ks(value: Any) -> list[int] | str:
