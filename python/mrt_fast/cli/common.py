@@ -20,9 +20,17 @@ app = typer.Typer(
 console = rich_console()
 
 
+@app.callback()
+def _before_every_command() -> None:
+    from mrt_fast.cli.quiet import quiet_libraries
+
+    quiet_libraries()
+
+
 @contextlib.contextmanager
-def user_errors():
-    """Bad input ends the command with one line on stderr and exit code 2."""
+def user_errors(resumable: bool = False):
+    """Bad input ends the command with one line on stderr and exit code 2; Ctrl-C with one line
+    (saying that a rerun resumes, for a ``resumable`` command) and exit code 130."""
     from mrt_fast.errors import MissingDependencyError, MrtInputError
 
     try:
@@ -31,6 +39,9 @@ def user_errors():
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted" + ("; rerun the same command to resume" if resumable else ""), err=True)
+        raise typer.Exit(130) from None
 
 
 def warn_notes(notes: list[str]) -> None:
