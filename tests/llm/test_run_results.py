@@ -106,6 +106,30 @@ def test_the_results_plot_draws_intervals_and_identical_cells(tmp_path, monkeypa
     assert any(abs(p.get_height() - 2 * 1.96 * 0.1) < 1e-9 for p in ax.patches if hasattr(p, "get_height"))
 
 
+def test_the_results_plot_labels_k_plainly_and_names_the_number_of_eval_prompts(tmp_path, monkeypatch):
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from mrt_fast.llm.pipeline import plot_results
+
+    res = pl.DataFrame({"method": ["base", "random", "random", "random"], "K": [0, 1, 2, 8],
+                        "ref_loss": [2.0, 1.8, 1.7, 1.6], "ref_loss_se": [0.1, 0.05, 0.04, 0.04]})
+    figs = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **kw: figs.append(self))
+    plot_results(res, tmp_path / "r.png", n_prompts=37)
+    fig = figs[0]
+    fig.canvas.draw()
+    assert "37 evaluation prompts" in fig._suptitle.get_text()
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text() and lo <= t.get_position()[0] <= hi]
+    assert {"1", "2", "8"} <= set(labels) and all(re.fullmatch(r"\d+", t) for t in labels), labels
+
+
 def test_standard_errors_over_prompts_by_hand():
     from mrt_fast.llm.evaluate import ratio_standard_error, standard_error
 

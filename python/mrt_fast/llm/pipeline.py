@@ -489,6 +489,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     cells = [(None, 0)] if cfg.baseline else []
     cells += [(m, k) for m in methods for k in ks]
     trained_by: dict[str, str] = {}  # kept rows' key -> the first cell of this grid that holds them
+    n_eval: set = set()  # the number of evaluation prompts of each cell's metrics
     for method, k in cells:
         name = cell_name(method, k)
         run_dir = out / "runs" / name
@@ -554,6 +555,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
             run_dir.mkdir(parents=True, exist_ok=True)
             metrics_f.write_text(json.dumps(m, indent=2))
         m = json.loads(metrics_f.read_text())
+        n_eval.add(m.get("n_prompts"))
         row = results_row(method or "base", k, m, "new" if fresh and same_as is None else "reused", same_as)
         if advice is not None:
             from mrt_fast.llm.advisor import as_float
@@ -574,7 +576,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     if rows:
         write_table(results, out / "results.csv")
         (out / "results.md").write_text(results_markdown(results))
-        plot_results(results, out / "results.png")
+        plot_results(results, out / "results.png", n_prompts=max(n_eval - {None}, default=eval_df.height))
     return results
 
 
@@ -618,15 +620,17 @@ def results_markdown(results: pl.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_results(results: pl.DataFrame, path: str | os.PathLike) -> None:
-    """Each metric against K, one line per method, with 95% intervals over the evaluation prompts
-    (mean +- 1.96 standard errors; the base model as a dashed line and a band). Methods are drawn
-    side by side around each K so that equal values stay visible; a cell that shares its kept rows
-    (and so its model) with another is drawn hollow and labelled with that cell."""
+def plot_results(results: pl.DataFrame, path: str | os.PathLike, n_prompts: int | None = None) -> None:
+    """Each metric against K (plain integer labels), one line per method, with 95% intervals over
+    the ``n_prompts`` evaluation prompts (mean +- 1.96 standard errors; the base model as a dashed
+    line and a band). Methods are drawn side by side around each K so that equal values stay
+    visible; a cell that shares its kept rows (and so its model) with another is drawn hollow and
+    labelled with that cell."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker as mticker
 
     metrics = [m for m in RESULT_METRICS if m in results.columns and results[m].drop_nulls().len()]
     methods = [m for m in results["method"].unique(maintain_order=True).to_list() if m != "base"]
@@ -662,14 +666,20 @@ def plot_results(results: pl.DataFrame, path: str | os.PathLike) -> None:
             if lo is not None and math.isfinite(lo):
                 ax.axvspan(max(lo, 0.5), hi if math.isfinite(hi) else ax.get_xlim()[1], color="C3", alpha=0.1)
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(mticker.LogLocator(base=2))
+        ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.0f}" if v >= 1 else f"{v:g}"))
+        ax.xaxis.set_minor_formatter(mticker.NullFormatter())
         ax.set_xlabel("K")
         ax.set_title(f"{met} (95% interval over prompts)", fontsize=9)
     axes[0][0].legend(fontsize=8)
+    title = [] if n_prompts is None else [f"{n_prompts} evaluation prompts"]
     if "k_star" in results.columns and results["k_star"][0] is not None:
         r = results.row(0, named=True)
-        fig.suptitle(f"V_x = {r['v_x']:.3g}, V_y|x = {r['v_y_given_x']:.3g}, K* = {r['k_star']:.3g} "
+        title.append(f"V_x = {r['v_x']:.3g}, V_y|x = {r['v_y_given_x']:.3g}, K* = {r['k_star']:.3g} "
                      f"[{r['k_star_lo']:.3g}, {r['k_star_hi']:.3g}], trained K = "
-                     f"{sorted(set(results.filter(pl.col('method') != 'base')['K'].to_list()))}", fontsize=9)
+                     f"{sorted(set(results.filter(pl.col('method') != 'base')['K'].to_list()))}")
+    if title:
+        fig.suptitle("; ".join(title), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
