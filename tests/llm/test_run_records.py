@@ -139,6 +139,23 @@ def test_an_out_dir_without_records_is_refused_then_redone(tiny_paths, tmp_path,
     assert trained == ["random_k1"] and (out / ".mrt" / "stages.json").exists()
 
 
+def test_a_selection_lost_before_it_was_made_again_is_made_again_and_its_model_reused(tiny_paths, tmp_path,
+                                                                                        trained):
+    """--redo-changed deletes a changed selection first; stopped right then, the next run selects
+    again and keeps the trained cell when the rows are the same."""
+    from mrt_fast.llm.pipeline import run
+
+    cfg = _cfg(tmp_path, tiny_paths, methods=("random",))
+    run(cfg, progress=False)
+    out = tmp_path / "out"
+    before = _files(out)
+    (out / "select" / "random_k1.parquet").unlink()
+    trained.clear()
+    res = run(cfg, progress=False)
+    assert trained == [] and res["cell"].to_list() == ["reused"]
+    assert _files(out)["runs/random_k1/metrics.json"] == before["runs/random_k1/metrics.json"]
+
+
 def test_a_changed_data_file_is_refused_and_names_the_stage(tiny_paths, tmp_path):
     from mrt_fast.llm.pipeline import run
     from mrt_fast.llm.testing import tiny_prompt_table

@@ -328,6 +328,9 @@ class StagePlan:
         old = old or {}
         changed = {}
         for key, kw in present.items():
+            if key.startswith(("train/", "evaluate/")) and kw.get("kept") is None and key in old \
+                    and not key.endswith("/base"):
+                continue  # its selection is made again first; then the run checks its record against it
             if key.startswith("evaluate/"):
                 kw = {**kw, "same_as": (old.get(key) or {}).get("settings", {}).get("same_as")}
             new = self.expected(key, **kw)
