@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from typer.testing import CliRunner
-
 from mrt_fast.cli import app
+from typer.testing import CliRunner
 
 
 def test_piped_output_keeps_paths_and_the_report_whole(tmp_path):
@@ -35,8 +34,7 @@ def _interrupt(*a, **kw):
 
 def test_ctrl_c_ends_with_one_line_and_exit_130(tmp_path, monkeypatch):
     import yaml
-
-    import mrt_fast.llm.pipeline as pipeline
+    from mrt_fast.llm import pipeline
     monkeypatch.setattr(pipeline, "run", _interrupt)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"out_dir": "out", "model": "m", "data": {"train_prompts": "t", "eval": "e"}}))

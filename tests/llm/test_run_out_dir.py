@@ -4,10 +4,7 @@ anything is read or written."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
 from mrt_fast import MrtInputError
 
 

@@ -11,7 +11,6 @@ def test_quick_run_figures_are_titled_as_such(tmp_path, monkeypatch, quick):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from mrt_fast.simulate.report import plot_all
 
     titles = []
