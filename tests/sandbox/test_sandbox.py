@@ -817,3 +817,19 @@ def test_a_limit_above_the_callers_hard_limit_is_refused_not_an_error_label(isol
     assert lines[0].startswith("refused max_processes=2000 cannot be set: it needs RLIMIT_NPROC 2000, above the hard limit 1000")
     assert lines[1].startswith("refused memory_mb=8192 cannot be set: it needs RLIMIT_AS")
     assert lines[2] == "within passed", out.stderr[-500:]
+
+
+@pytest.mark.parametrize("isolation", [pytest.param("bwrap", marks=needs_bwrap), "none-i-understand"])
+def test_runs_from_several_threads_at_once(isolation):
+    # every run closes only the descriptors it still owns: a descriptor closed twice can be
+    # another thread's by then
+    from concurrent.futures import ThreadPoolExecutor
+
+    kw = {} if isolation == "bwrap" else {"isolation": isolation}
+
+    def one(i: int):
+        return sb.run_program(f"print({i} * 3)", expected_output=f"{i * 3}\n", **kw)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(16)))
+    assert [r.status for r in results] == ["passed"] * 16, [(r.status, r.stderr[-200:]) for r in results]

@@ -305,7 +305,7 @@ def _inode_cap(disk_bytes: int) -> int:
 
 
 def _close_all(fds: list[int]) -> None:
-    """Close every descriptor, ignoring those already closed."""
+    """Close every descriptor of ``fds`` (each still owned: closed nowhere else)."""
     for fd in fds:
         try:
             os.close(fd)
@@ -434,7 +434,7 @@ def _run_bwrap(exe: str, code: str, stdin: str, *, python: str, timeout_s: float
         if cgroup is not None:
             argv = cgroup.wrap(argv)
         r = _supervise(argv, stdin_fd=stdin_fd, pass_fds=(*data_fds, info_w, report_w),
-                       close_after_start=(*data_fds, info_w, report_w), report_r=report_r,
+                       close_after_start=(*data_fds, info_w, report_w), owned=fds, report_r=report_r,
                        info_r=info_r, cwd="/", timeout_s=timeout_s, cpu_s=cpu_s, output_bytes=output_bytes,
                        isolation=BWRAP, address_space=config["memory_bytes"])
         if cgroup is not None:
@@ -470,7 +470,7 @@ def _run_unisolated(code: str, stdin: str, *, python: str, timeout_s: float, cpu
                       memory_bytes=_program_memory(limits), file_bytes=disk_bytes, max_processes=max_processes,
                       max_files=_max_files(), audit_hook=True)
         argv = [python, "-I", "-B", str(_BOOT), json.dumps(config)]
-        return _supervise(argv, stdin_fd=stdin_fd, pass_fds=(report_w,), close_after_start=(report_w,),
+        return _supervise(argv, stdin_fd=stdin_fd, pass_fds=(report_w,), close_after_start=(report_w,), owned=fds,
                           report_r=report_r, info_r=None, cwd=d, timeout_s=timeout_s, cpu_s=cpu_s,
                           output_bytes=output_bytes, isolation=UNISOLATED, home=d,
                           address_space=config["memory_bytes"])
@@ -486,10 +486,15 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_start: tuple, report_r: int,
+def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_start: tuple, owned: list[int],
+               report_r: int,
                info_r: int | None, cwd: str, timeout_s: float, cpu_s: int, output_bytes: int, isolation: str,
                address_space: int, home: str | None = None) -> ExecResult:
-    """Start ``argv``, read its output with a cap and a deadline, kill everything at the end, label the run."""
+    """Start ``argv``, read its output with a cap and a deadline, kill everything at the end, label the run.
+
+    ``close_after_start`` are closed once the program has started and leave ``owned`` (the caller's
+    descriptors to close at the end): a descriptor is closed once, never after its number may have
+    gone to another thread."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     own = [out_r, out_w, err_r, err_w]
@@ -503,10 +508,12 @@ def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_s
     try:
         proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=out_w, stderr=err_w, pass_fds=pass_fds, cwd=cwd,
                                 env=env, start_new_session=True, close_fds=True)
-        for fd in (out_w, err_w, *close_after_start):
+        for fd in (out_w, err_w):
+            own.remove(fd)
             os.close(fd)
-        own.remove(out_w)
-        own.remove(err_w)
+        for fd in close_after_start:
+            owned.remove(fd)
+            os.close(fd)
         bufs = {out_r: bytearray(), err_r: bytearray()}
         total = 0
         report = bytearray()
