@@ -279,13 +279,16 @@ def test_an_empty_input_path_is_refused(tmp_path, path, monkeypatch):
         select(path, tmp_path / "o.parquet")
 
 
-def test_the_cli_refuses_an_empty_input_in_one_line(tmp_path):
+def test_the_cli_refuses_an_empty_input_in_one_line(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from mrt_fast.cli import app
 
+    monkeypatch.chdir(tmp_path)  # a directory holding a table: "" must not read it
+    pools([1, 1, 2]).write_parquet(tmp_path / "a.parquet")
     r = CliRunner().invoke(app, ["select", "", str(tmp_path / "o.parquet"), "--k", "1"])
     assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
+    assert "input path is empty" in r.output and not (tmp_path / "o.parquet").exists()
 
 
 # --------------------------------------------------------------------------- Parquet page checksums
