@@ -120,6 +120,29 @@ def test_json_integers_beyond_128_bits_name_their_line(tmp_path):
     assert "(line 3)" in one_line(e.value) and "in.jsonl" in str(e.value)
 
 
+@given(ids=st.lists(st.integers(-(2**127), 2**127 - 1) | st.integers(-5, 5), min_size=1, max_size=6))
+@settings(max_examples=60, deadline=None)
+def test_128_bit_integer_ids_are_keyed_as_the_same_values_of_other_types(ids):
+    """A 128-bit integer id keys as the int64 (or decimal text) id of the same value."""
+    from mrt_fast.tables.arrays import pool_keys
+
+    got = pool_keys(pl.Series(ids, dtype=pl.Int128))
+    want = [pool_keys(pl.Series([v], dtype=pl.Int64) if -(2**63) <= v < 2**63 else pl.Series([str(v)]))[0]
+            for v in ids]
+    assert got.tolist() == want
+
+
+def test_a_table_of_128_bit_ids_is_selected_and_advised():
+    ids = [2**64 + 1] * 3 + [3] * 2 + [2**100] * 2
+    df = pl.DataFrame({"prompt_id": pl.Series(ids, dtype=pl.Int128), "reward": [0.1, 0.5, 0.3, 0.2, 0.4, 0.8, 0.6]})
+    for method in ("random", "top"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert mrt_fast.select(df, 1, method)["prompt_id"].to_list() == [2**64 + 1, 3, 2**100]
+    as_text = df.with_columns(pl.col("prompt_id").cast(pl.String))
+    assert repr(mrt_fast.variance_budget(df, loss="reward")) == repr(mrt_fast.variance_budget(as_text, loss="reward"))
+
+
 # --------------------------------------------------------------------------- hive values
 
 
