@@ -203,6 +203,17 @@ def test_view_tables_are_accepted_by_the_python_api():
     assert mrt_fast.pool_modes(views).equals(mrt_fast.pool_modes(df))
 
 
+def test_view_tables_are_accepted_by_per_pool_k_and_export(tmp_path):
+    from mrt_fast.llm.export import export
+
+    df = candidates().with_columns(k=pl.when(pl.col("prompt_id") == "a").then(2).otherwise(1),
+                                   prompt=pl.col("prompt_id"))
+    views = as_views(df)
+    assert pl.from_arrow(mrt_fast.select(views, "k", "top")).equals(mrt_fast.select(df, "k", "top"))
+    got = export(views, tmp_path / "v.jsonl", "openrlhf")
+    assert got.equals(export(df, tmp_path / "p.jsonl", "openrlhf"))
+
+
 def test_a_grouped_view_table_is_accepted():
     g = candidates().group_by("prompt_id", maintain_order=True).agg(pl.col("response", "reward", "embedding"))
     t = g.to_arrow(compat_level=pl.CompatLevel.newest())
