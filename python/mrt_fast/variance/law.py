@@ -159,7 +159,8 @@ class VarianceAccumulator:
             k = np.ascontiguousarray(k)
         else:
             ids = _id_series(prompt_ids)
-            if ids.dtype.is_integer() and not (ids.dtype == pl.UInt64 and (ids.max() or 0) > np.iinfo(np.int64).max):
+            if ids.dtype.is_integer() and ids.dtype not in (pl.Int128, getattr(pl, "UInt128", pl.Int128)) and \
+                    not (ids.dtype == pl.UInt64 and (ids.max() or 0) > np.iinfo(np.int64).max):
                 # keyed inside the accumulator's scan, once per run of equal ids
                 # (ids beyond int64 are keyed by `pool_keys`, by value, below)
                 k = np.ascontiguousarray(ids.cast(pl.Int64).to_numpy())
