@@ -382,11 +382,12 @@ def edge_inputs(draw):
     whole = pl.concat(frames, how="vertical_relaxed")
 
     if kind == "mixed_ids":  # integer ids beside fractional ones, in two shards or in one JSON file
-        big = draw(st.booleans())
+        base = draw(st.sampled_from([0, 2**60, 2**64]))  # small, beyond 2^53, beyond 64 bits (JSON only)
+        big = base > 0
         within = draw(st.booleans())
-        sfx = ".jsonl" if within else draw(st.sampled_from([".parquet", ".jsonl"]))
-        base = 2**60 if big else 0
-        ints = frames[0].with_columns(pl.col("prompt_id") + base)
+        sfx = ".jsonl" if within or base >= 2**63 else draw(st.sampled_from([".parquet", ".jsonl"]))
+        ints = frames[0].with_columns((pl.col("prompt_id").cast(pl.Int128) + base)
+                                      .cast(pl.Int64 if base < 2**63 else pl.Int128))
         floats = pools(2, draw(st.integers(0, 99)), first=500).with_columns(pl.col("prompt_id") + 0.5)
         first_big = ints["prompt_id"][0]
         lines = ints.write_ndjson().splitlines() + floats.write_ndjson().splitlines()
@@ -470,7 +471,8 @@ def edge_inputs(draw):
 @given(case=edge_inputs(), method=st.sampled_from(["top", "random", "grades"]), k=st.integers(1, 3),
        n_parts=st.integers(1, 2), cli=VIA_CLI)
 def test_inputs_at_the_edges_give_the_in_memory_rows_or_one_line(tmp_path_factory, case, method, k, n_parts, cli):
-    """Mixed integer/float ids (across shards, inside one JSON file, beyond 2^53 or not), odd hive
+    """Mixed integer/float ids (across shards, inside one JSON file; small, beyond 2^53 or beyond
+    64 bits), odd hive
     values, Arrow view types, byte order marks, a FIFO among the shards, a damaged page."""
     kind, write_files, whole, needles = case
     tmp = tmp_path_factory.mktemp("edge")

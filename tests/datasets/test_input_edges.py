@@ -120,6 +120,29 @@ def test_json_integers_beyond_128_bits_name_their_line(tmp_path):
     assert "(line 3)" in one_line(e.value) and "in.jsonl" in str(e.value)
 
 
+@given(ids=st.lists(st.integers(-(2**127), 2**127 - 1) | st.integers(-5, 5), min_size=1, max_size=6))
+@settings(max_examples=60, deadline=None)
+def test_128_bit_integer_ids_are_keyed_as_the_same_values_of_other_types(ids):
+    """A 128-bit integer id keys as the int64 (or decimal text) id of the same value."""
+    from mrt_fast.tables.arrays import pool_keys
+
+    got = pool_keys(pl.Series(ids, dtype=pl.Int128))
+    want = [pool_keys(pl.Series([v], dtype=pl.Int64) if -(2**63) <= v < 2**63 else pl.Series([str(v)]))[0]
+            for v in ids]
+    assert got.tolist() == want
+
+
+def test_a_table_of_128_bit_ids_is_selected_and_advised():
+    ids = [2**64 + 1] * 3 + [3] * 2 + [2**100] * 2
+    df = pl.DataFrame({"prompt_id": pl.Series(ids, dtype=pl.Int128), "reward": [0.1, 0.5, 0.3, 0.2, 0.4, 0.8, 0.6]})
+    for method in ("random", "top"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert mrt_fast.select(df, 1, method)["prompt_id"].to_list() == [2**64 + 1, 3, 2**100]
+    as_text = df.with_columns(pl.col("prompt_id").cast(pl.String))
+    assert repr(mrt_fast.variance_budget(df, loss="reward")) == repr(mrt_fast.variance_budget(as_text, loss="reward"))
+
+
 # --------------------------------------------------------------------------- hive values
 
 
@@ -178,6 +201,17 @@ def test_view_tables_are_accepted_by_the_python_api():
         assert got.equals(want), (method, got, want)
     assert mrt_fast.variance_budget(views, loss="loss").k_star == mrt_fast.variance_budget(df, loss="loss").k_star
     assert mrt_fast.pool_modes(views).equals(mrt_fast.pool_modes(df))
+
+
+def test_view_tables_are_accepted_by_per_pool_k_and_export(tmp_path):
+    from mrt_fast.llm.export import export
+
+    df = candidates().with_columns(k=pl.when(pl.col("prompt_id") == "a").then(2).otherwise(1),
+                                   prompt=pl.col("prompt_id"))
+    views = as_views(df)
+    assert pl.from_arrow(mrt_fast.select(views, "k", "top")).equals(mrt_fast.select(df, "k", "top"))
+    got = export(views, tmp_path / "v.jsonl", "openrlhf")
+    assert got.equals(export(df, tmp_path / "p.jsonl", "openrlhf"))
 
 
 def test_a_grouped_view_table_is_accepted():
@@ -279,13 +313,16 @@ def test_an_empty_input_path_is_refused(tmp_path, path, monkeypatch):
         select(path, tmp_path / "o.parquet")
 
 
-def test_the_cli_refuses_an_empty_input_in_one_line(tmp_path):
+def test_the_cli_refuses_an_empty_input_in_one_line(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from mrt_fast.cli import app
 
+    monkeypatch.chdir(tmp_path)  # a directory holding a table: "" must not read it
+    pools([1, 1, 2]).write_parquet(tmp_path / "a.parquet")
     r = CliRunner().invoke(app, ["select", "", str(tmp_path / "o.parquet"), "--k", "1"])
     assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
+    assert "input path is empty" in r.output and not (tmp_path / "o.parquet").exists()
 
 
 # --------------------------------------------------------------------------- Parquet page checksums

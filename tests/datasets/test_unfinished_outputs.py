@@ -61,6 +61,7 @@ COMMANDS = {
     "export": ["export", "{src}", "{d}/dest.jsonl", "--plain"],
     "embed-quality": ["embed-quality", "{src}"],
     "plan": ["plan", "{src}", "{d}/plan.parquet", "--budget", "100"],
+    "answers": ["answers", "{src}", "{d}/dest"],
 }
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from mrt_fast._util.messages import rich_console
 from mrt_fast.errors import MissingDependencyError
 
 app = typer.Typer(
@@ -17,17 +17,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console()
+console = rich_console()
 #: --allow-partial, on every command that reads a dataset
 ALLOW_PARTIAL = typer.Option(False, "--allow-partial", help="Read an unfinished mrt output (its job stopped "
                              "before the end): only its finished parts, with a warning giving their count and "
                              "rows. Without it such an input is refused.")
 
 
+@app.callback()
+def _before_every_command() -> None:
+    from mrt_fast.cli.quiet import quiet_libraries
+
+    quiet_libraries()
+
+
 @contextlib.contextmanager
-def user_errors():
-    """Bad input ends the command with one line on stderr and exit code 2; a partial read's
-    warning is one ``warning:`` line on stderr."""
+def user_errors(resumable: bool = False):
+    """Bad input ends the command with one line on stderr and exit code 2; Ctrl-C with one line
+    (saying that a rerun resumes, for a ``resumable`` command) and exit code 130; a partial
+    read's warning is one ``warning:`` line on stderr."""
     import warnings
 
     from mrt_fast.errors import MissingDependencyError, MrtInputError, PartialOutputWarning
@@ -48,6 +56,9 @@ def user_errors():
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted" + ("; rerun the same command to resume" if resumable else ""), err=True)
+        raise typer.Exit(130) from None
 
 
 def warn_notes(notes: list[str]) -> None:

@@ -53,7 +53,7 @@ def embed_cmd(
 
     from mrt_fast.embeddings.dataset import embed_dataset
 
-    with user_errors():
+    with user_errors(resumable=True):
         if chunk_rows < 1:
             raise typer.BadParameter("--chunk-rows must be >= 1")
         if processes < 1:

@@ -77,7 +77,7 @@ def nll_cmd(
     OUTPUT with a suffix is one file; without, a resumable directory of parts. Either layout."""
     from mrt_fast.errors import MrtInputError
 
-    with user_errors():
+    with user_errors(resumable=True):
         if max_length is not None and max_length < 1:
             raise MrtInputError(f"--max-length must be >= 1, got {max_length}")
         check_text_stage(inp, out, (prompt, response), loss, batch_size, engine, ray_address, workers,
@@ -121,7 +121,7 @@ def generate_cmd(
     """Overgenerate N candidate responses per prompt (vLLM on GPU, transformers on CPU); resumable."""
     from mrt_fast._util import files as _files
     from mrt_fast.datasets import formats as _formats
-    with user_errors():
+    with user_errors(resumable=True):
         with needs("train"):
             from mrt_fast.llm.generate import GenerationConfig, generate
 
@@ -168,7 +168,7 @@ def score_cmd(
     """Score every (prompt, response) with a reward model; either layout, resumable to a directory."""
     from mrt_fast.errors import MrtInputError
 
-    with user_errors():
+    with user_errors(resumable=True):
         check_text_stage(inp, out, (prompt, response), column, batch_size, engine, ray_address, workers,
                          allow_partial)
         with needs("train"):
@@ -193,7 +193,7 @@ def train_cmd(
 ) -> None:
     """LoRA fine-tuning on the per-prompt-averaged multi-response loss."""
     from mrt_fast._util import files as _files
-    with user_errors():
+    with user_errors(resumable=True):
         with needs("train"):
             from mrt_fast.llm.train import TrainConfig, train
 
@@ -265,7 +265,7 @@ def run_cmd(
     when they were made with the same settings."""
     from mrt_fast.llm.pipeline import RunConfig, results_markdown, run
 
-    with user_errors():
+    with user_errors(resumable=True):
         overrides = kv_options(sets)
         if out_dir is not None:
             overrides["out_dir"] = str(out_dir)
@@ -273,8 +273,8 @@ def run_cmd(
         if k is not None:
             cfg.select = {**cfg.select, "ks": k}
         res = run(cfg, redo_changed=redo_changed)
-    console.print(results_markdown(res))
-    console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
+    console.print(results_markdown(res), markup=False, highlight=False)
+    console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png", markup=False, highlight=False)
 
 
 @app.command("export")

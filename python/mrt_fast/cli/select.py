@@ -72,7 +72,7 @@ def select_cmd(
     from mrt_fast.datasets.local import select_dataset
     from mrt_fast.selection.options import SelectOptions
 
-    with user_errors():
+    with user_errors(resumable=True):
         check_engine(engine, ray_address, {"--memory-limit": memory_limit, "--workers": workers},
                      parts={"--parts": parts, "--chunk-rows": chunk_rows})
         command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])

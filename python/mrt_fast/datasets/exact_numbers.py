@@ -112,24 +112,18 @@ def check_json_keys(f: Path, schema: pl.Schema, columns: list[str],
     """Refuse a key column of a JSON text file that polars reads as floats (it mixes whole and
     fractional numbers) when one of its whole numbers is beyond what the float holds exactly.
     ``scan(f, schema)`` reads the file with given types; ``where(f, row)`` names the row's line."""
-    cols = [c for c in columns if c in schema and exact_limit(schema[c]) is not None]
-    if not cols:
-        return
-    as_text = pl.Schema({c: (pl.String if c in cols else t) for c, t in schema.items()})
-    lf = scan(f, as_text).select(cols).with_row_index("__row")
-    hits = lf.filter(pl.any_horizontal(_whole_beyond(pl.col(c), exact_limit(schema[c])) for c in cols)).head(1)
-    hit = hits.collect()
-    if hit.height == 0:
-        return
-    row = int(hit["__row"][0])
-    c = next(c for c in cols if hit[c][0] is not None and hit.select(_whole_beyond(pl.col(c),
-                                                                                   exact_limit(schema[c])))[c][0])
-    v = hit[c][0].strip()
-    raise MrtInputError(
-        f"column {c!r} of {str(f)!r} mixes whole and fractional numbers, so it is read as {schema[c]}, but its "
-        f"value {v} ({where(f, row)}) is beyond 2^{exact_limit(schema[c]).bit_length() - 1}, where {schema[c]} no "
-        f"longer holds every integer exactly; write the ids as text (\"{v}\") or as whole numbers only",
-        column=c, row=row)
+    for c in [c for c in columns if c in schema and exact_limit(schema[c]) is not None]:
+        limit = exact_limit(schema[c])
+        as_text = pl.Schema({k: (pl.String if k == c else t) for k, t in schema.items()})
+        hit = (scan(f, as_text).select(c).with_row_index("__row")
+               .filter(_whole_beyond(pl.col(c), limit)).head(1).collect())
+        if hit.height == 0:
+            continue
+        row, v = int(hit["__row"][0]), hit[c][0].strip()
+        raise MrtInputError(
+            f"column {c!r} of {str(f)!r} mixes whole and fractional numbers, so it is read as {schema[c]}, but its "
+            f"value {v} ({where(f, row)}) is beyond 2^{limit.bit_length() - 1}, where {schema[c]} no longer holds "
+            f"every integer exactly; write the ids as text (\"{v}\") or as whole numbers only", column=c, row=row)
 
 
 def check_no_int128(f: Path, schema: pl.Schema, scan: Callable[[Path, pl.Schema], pl.LazyFrame],

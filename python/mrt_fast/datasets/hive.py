@@ -1,7 +1,7 @@
 """Hive folders (``key=value``) above a dataset's files, read as text columns.
 
-Each file is read on its own and its folders' values added as constant
-columns, in the order of the folders, after the file's columns. A value is
+Each file's folder values are added as columns, in the order of the folders,
+after the file's columns. A value is
 kept as the text of its folder name, percent-decoded as pyarrow and polars
 decode it: ``007`` stays ``"007"`` (pyarrow's hive discovery would infer an
 int32 column of 7, polars an Int64), ``a=b`` after the key's ``=`` is the value
@@ -25,14 +25,35 @@ from mrt_fast.datasets.schema import hive_keys, hive_values
 if TYPE_CHECKING:  # pragma: no cover
     from mrt_fast.datasets.sources import Dataset
 
-__all__ = ["scan_hive"]
+__all__ = ["PATH_COLUMN", "from_paths", "scan_hive"]
+
+#: the column a multi-file scan names each row's file in (``include_file_paths``)
+PATH_COLUMN = "__mrt_hive_file"
+
+
+def _keys(ds: "Dataset") -> list[str]:
+    assert ds.root is not None
+    schema = ds.files_schema()
+    return [k for k in hive_keys(ds.files[0].relative_to(ds.root)) if k not in schema]
+
+
+def from_paths(ds: "Dataset", lf: pl.LazyFrame) -> pl.LazyFrame:
+    """A multi-file scan of ``ds`` that named each row's file in :data:`PATH_COLUMN`, with that
+    column replaced by the file's hive values (one scan: fast for many files)."""
+    assert ds.root is not None
+    paths = [str(f) for f in ds.files]
+    values = [hive_values(f.relative_to(ds.root)) for f in ds.files]
+    file = pl.col(PATH_COLUMN)
+    return lf.with_columns(
+        file.replace_strict(paths, [v[k] for v in values], return_dtype=pl.String).alias(k) for k in _keys(ds)
+    ).drop(PATH_COLUMN)
 
 
 def scan_hive(ds: "Dataset") -> pl.LazyFrame:
-    """Every file of ``ds`` (in order) with its hive values as text columns."""
-    schema = ds.files_schema()
+    """Every file of ``ds`` (in order) read on its own, with its hive values as text columns
+    (for files a multi-file scan does not read: objects, JSON arrays, view types)."""
     assert ds.root is not None
-    keys = [k for k in hive_keys(ds.files[0].relative_to(ds.root)) if k not in schema]
+    keys = _keys(ds)
     parts = []
     for f in ds.files:
         values = hive_values(f.relative_to(ds.root))

@@ -58,23 +58,30 @@ class Dataset:
         if self.fmt in DATASET_FORMATS:
             schema = self.files_schema()
         try:
-            if self.fmt == "parquet" and not self.hive and not self.by_arrow():
-                cast = {} if self.uniform() else {"schema": schema, "cast_options": _WIDEN}
-                lf = pl.scan_parquet(files, row_index_name=row_index, hive_partitioning=False, glob=False, **cast)
-            elif self.hive:
-                from mrt_fast.datasets.hive import scan_hive
+            from mrt_fast.datasets import hive
 
-                lf = scan_hive(self)
+            direct = (self.fmt == "parquet" and not self.by_arrow()) or \
+                (self.fmt == "jsonl" and all(json_text.scans_directly(f) for f in self.files))
+            by_path = self.hive and direct and all(isinstance(f, (str, os.PathLike)) for f in self.files)
+            paths = {"include_file_paths": hive.PATH_COLUMN} if by_path else {}
+            if self.hive and not by_path:
+                lf = hive.scan_hive(self)
                 if row_index is not None:
                     lf = lf.with_row_index(row_index)
-            elif self.fmt == "jsonl" and all(json_text.scans_directly(f) for f in self.files):
-                lf = pl.scan_ndjson(files, row_index_name=row_index, schema=schema)
+            elif self.fmt == "parquet" and direct:
+                cast = {} if self.uniform() else {"schema": schema, "cast_options": _WIDEN}
+                lf = pl.scan_parquet(files, row_index_name=row_index, hive_partitioning=False, glob=False, **cast,
+                                     **paths)
+            elif self.fmt == "jsonl" and direct:
+                lf = pl.scan_ndjson(files, row_index_name=row_index, schema=schema, **paths)
             elif self.fmt in DATASET_FORMATS:
                 lf = pl.concat([self.scan_file(f) for f in self.files], how="vertical")
                 if row_index is not None:
                     lf = lf.with_row_index(row_index)
             else:
                 lf = pl.scan_csv(files, row_index_name=row_index)
+            if by_path:
+                lf = hive.from_paths(self, lf)
         except Exception as e:  # noqa: BLE001
             raise MrtInputError(f"cannot read {self.source!r}: {one_line(e)}") from None
         return lf

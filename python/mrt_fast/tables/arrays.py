@@ -217,16 +217,27 @@ def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups
     return Groups(keys=g[by], offsets=offsets, rows=rows, identity=identity)
 
 
+#: integer types wider than 64 bits
+_WIDE_INTS = tuple(getattr(pl, n) for n in ("Int128", "UInt128") if hasattr(pl, n))
+
+
 def pool_keys(keys: pl.Series) -> np.ndarray:
     """Stable 64-bit keys of prompt ids; a key depends only on the id's value.
 
-    Integers that fit an int64 are keyed by value, larger ones (uint64 >= 2^63)
-    by their decimal text, any other id by its text (see the core's `keys`);
-    a float -0.0 by the text of 0.0 (the same value, the same pool).
+    Integers that fit an int64 are keyed by value, larger ones (uint64 >= 2^63,
+    a 128-bit integer beyond int64) by their decimal text, any other id by its
+    text (see the core's `keys`); a float -0.0 by the text of 0.0 (the same
+    value, the same pool).
     """
     keys = canonical(keys)
     if keys.dtype == pl.UInt64:
         return core.keys_from_uints(np.ascontiguousarray(keys.to_numpy()))
+    if keys.dtype in _WIDE_INTS:
+        small = keys.cast(pl.Int64, strict=False)
+        if small.null_count() == keys.null_count():
+            return core.keys_from_ints(small.to_numpy())
+        by_text = pool_keys(keys.cast(pl.Utf8))
+        return np.where(small.is_null().to_numpy(), by_text, core.keys_from_ints(small.fill_null(0).to_numpy()))
     if keys.dtype.is_integer():
         return core.keys_from_ints(keys.cast(pl.Int64).to_numpy())
     try:

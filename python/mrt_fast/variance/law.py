@@ -159,7 +159,8 @@ class VarianceAccumulator:
             k = np.ascontiguousarray(k)
         else:
             ids = _id_series(prompt_ids)
-            if ids.dtype.is_integer() and not (ids.dtype == pl.UInt64 and (ids.max() or 0) > np.iinfo(np.int64).max):
+            if ids.dtype.is_integer() and ids.dtype not in (pl.Int128, getattr(pl, "UInt128", pl.Int128)) and \
+                    not (ids.dtype == pl.UInt64 and (ids.max() or 0) > np.iinfo(np.int64).max):
                 # keyed inside the accumulator's scan, once per run of equal ids
                 # (ids beyond int64 are keyed by `pool_keys`, by value, below)
                 k = np.ascontiguousarray(ids.cast(pl.Int64).to_numpy())
@@ -440,6 +441,7 @@ class VarianceReport:
     seed: int
     bootstrap: str = "none"
     interval: str = "none"
+    pilot_k_max: int | None = None  # the most responses a prompt of the pilot had (K measured, not extrapolated)
     ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     predicted: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)
@@ -451,6 +453,20 @@ class VarianceReport:
     #: the smallest K the pilot's interval supports (the lower end of k_best's interval; k_best without one)
     k_at_least: int = 1
     _pilot: Any = field(default=None, repr=False, compare=False)  # (prompt ids, losses) for `allocate`
+
+    def _k_axis(self, ax, top: int) -> None:
+        """A log axis of K with plain integer labels, and the K beyond the pilot's shaded: there the
+        law is extrapolated, not measured."""
+        import matplotlib.ticker as mticker
+
+        ax.set_xscale("log", base=2)
+        ax.set_xlim(1, top)
+        ax.xaxis.set_major_locator(mticker.LogLocator(base=2))
+        ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.0f}" if v >= 1 else f"{v:g}"))
+        ax.xaxis.set_minor_formatter(mticker.NullFormatter())
+        if self.pilot_k_max is not None and self.pilot_k_max < top:
+            ax.axvspan(self.pilot_k_max, top, color="0.85", alpha=0.5, zorder=0,
+                       label=f"K > {self.pilot_k_max}: beyond the pilot, extrapolated")
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -531,17 +547,18 @@ class VarianceReport:
         if path is not None:
             matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
+        import matplotlib.ticker as mticker
 
         top = k_max_plot or int(max(64, min(self.k_max, 4 * (self.k_best or 1))))
         ks = np.arange(1, top + 1, dtype=np.float64)
         n_ref = max(self.n_prompts, 1)
-        fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8), squeeze=False)
+        fig, axes = plt.subplots(1, 2, figsize=(10.4, 4.0), squeeze=False)
         ax = axes[0, 0]
         ax.plot(ks, predicted_variance(self.v_x, self.v_y_given_x, ks, n_ref), label="V_x/Np + V_y|x/(Np K)")
         ax.axhline(self.v_x / n_ref, ls="--", c="gray", label="prompt floor V_x/Np")
-        ax.set_xscale("log", base=2)
         ax.set_xlabel("responses per prompt K")
         ax.set_ylabel(f"variance of empirical loss (Np = {n_ref})")
+        self._k_axis(ax, top)
         ax.legend(fontsize=8)
         ax = axes[0, 1]
         kc = np.linspace(1, top, 400)
@@ -562,10 +579,17 @@ class VarianceReport:
             if lo <= hi:
                 ax.axvspan(lo, hi, color="C3", alpha=0.12,
                            label=f"K* {self.ci_level:.0%} interval [{self.ci['k_star'][0]:.3g}, {self.ci['k_star'][1]:.3g}]")
-        ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(mticker.FuncFormatter(  # plain numbers, 2 and 5 of each decade
+            lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
         ax.set_xlabel("responses per prompt K")
+        self._k_axis(ax, top)
         ax.legend(fontsize=8)
+        budget = "" if self.budget is None else f", budget B = {self.budget:g}"
+        fig.suptitle(f"costs C_p = {self.cost_prompt:g} a prompt, C_r = {self.cost_response:g} a response{budget}; "
+                     f"{self.n_prompts} pilot prompts" + (f" with K <= {self.pilot_k_max}" if self.pilot_k_max else ""),
+                     fontsize=9)
         fig.tight_layout()
         if path is not None:
             from mrt_fast._util.files import atomic_path
@@ -776,6 +800,7 @@ def report_from_accumulator(
         seed=int(seed),
         bootstrap=method,
         interval=used,
+        pilot_k_max=int(np.max(acc._core.per_prompt()["count"])) if len(acc) else None,
         ci=ci,
         predicted=pl.DataFrame(cols),
         notes=notes,
