@@ -5,7 +5,7 @@ all its outputs (side outputs such as ``--json``, ``--plot`` or
 ``--allocation`` included; a dataset job checks its main output itself,
 :class:`mrt_fast.datasets.job.Job`). An output that is an input, holds one
 (a directory above it), lies inside an input directory or matches an input
-glob, whether named directly, through ``..`` or through a symbolic link, is
+glob, whether named directly, through ``..``, a symbolic or a hard link, is
 refused in one line; so is an output named twice. An input that cannot be
 found is left to the command's own reading, which says why.
 """
@@ -26,14 +26,6 @@ __all__ = ["check_apart"]
 def _where(p: Any) -> str:
     """Where an output lands: its URL, or its real path."""
     return str(p).rstrip("/") if storage.is_url(p) else os.path.realpath(p)
-
-
-def _same_file(a: Any, b: Any) -> bool:
-    """Two local paths that are one file (hard links included)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def check_apart(inputs: Sequence[tuple[str, Any]], outputs: Sequence[tuple[str, Any]]) -> None:
@@ -57,7 +49,6 @@ def check_apart(inputs: Sequence[tuple[str, Any]], outputs: Sequence[tuple[str, 
         except MrtInputError:
             continue  # not there, or not readable: the command's own reading says so
         for what, o in outs:
-            if sources.output_inside_input(o, ds) or any(_same_file(o, f) for f in ds.files
-                                                         if not storage.is_url(o) and not storage.is_url(f)):
+            if sources.output_inside_input(o, ds):
                 raise MrtInputError(f"{what} {str(o)!r} would write over the {in_what} {ds.source!r} (it is that "
                                     "path, holds it or lies inside it); write it elsewhere")

@@ -403,10 +403,13 @@ def output_inside_input(out: Path, ds: Dataset) -> bool:
     """True when ``out`` is one of the input files, is inside the input's
     directory, holds an input file, or matches the input glob; symbolic links
     and ``..`` are followed (an output reached through a link into the input
-    is inside it). An output on object storage is inside an input there when its key
-    prefix is, or holds, an input object or the input's prefix."""
+    is inside it), and a hard link of an input file is that file. An output on
+    object storage is inside an input there when its key prefix is, or holds,
+    an input object or the input's prefix."""
     if storage.is_url(out) or any(storage.is_url(f) for f in ds.files[:1]):
         return _object_inside_input(str(out), ds)
+    if os.path.isfile(out) and any(os.path.samefile(out, f) for f in ds.files if os.path.exists(f)):
+        return True
     outs = {Path(os.path.abspath(out)), Path(os.path.realpath(out))}
     for f in ds.files:
         for fa in {Path(os.path.abspath(f)), Path(os.path.realpath(f))}:
