@@ -543,6 +543,22 @@ def _with_contiguous(t, name: str, schema: pl.Schema | None, buffer: list | None
     return rest.with_columns(s).select(t.column_names)  # type: ignore[union-attr]
 
 
+def core_threads() -> int:
+    """Threads the selection core runs pools on at once (``RAYON_NUM_THREADS``, else the CPUs)."""
+    try:
+        n = int(os.environ.get("RAYON_NUM_THREADS") or 0)
+    except ValueError:
+        n = 0
+    return n if n > 0 else os.cpu_count() or 1
+
+
+def dense_budget(budget: Budget) -> int:
+    """Bytes one pool's n x n similarity block may take within ``budget``: half the job's work
+    shared by the core's threads (each may hold one block at once); a larger pool runs with
+    similarity columns computed on demand (:func:`mrt_fast.selection.facility.dense_limit_within`)."""
+    return max(0, budget.work // 2) // core_threads()
+
+
 def _plan(total_bytes: int, budget: Budget, workers: int | None) -> tuple[int, int]:
     """(n_buckets, workers) for an input of ``total_bytes`` within ``budget``: one
     bucket when the input fits, else buckets small enough for ``workers``
@@ -702,7 +718,11 @@ def select_dataset(
             rep.peak_rss = peak_rss()
             rep.seconds = time.perf_counter() - t0
             return rep
-        rep = _execute(job, opts, lay, lists, schema, n_rows, limit, workers, parts, rows_per_part, progress, rep, t0)
+        from mrt_fast.selection.facility import dense_limit_within
+
+        with dense_limit_within(dense_budget(Budget.now(limit))):
+            rep = _execute(job, opts, lay, lists, schema, n_rows, limit, workers, parts, rows_per_part, progress,
+                           rep, t0)
     if rep.peak_rss > limit:
         rep.notes.append(f"peak memory {size_text(rep.peak_rss)} went over the limit of {size_text(limit)}")
     return rep
@@ -938,6 +958,80 @@ def _refuse_repeated_prompt(ds: _sources.Dataset, lf: pl.LazyFrame, by: str) -> 
                         row=r0)
 
 
+#: a planned part of grouped rows holds at least this many candidates (or the whole input): parts of one
+#: prompt each cost a part file and a manifest entry per prompt
+MIN_PART_CANDIDATES = 4096
+#: grouped rows read to measure the size of a row, grouped and as one row per candidate
+SIZE_SAMPLE_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class GroupedSize:
+    """What a grouped input costs in memory: ``rows`` prompts, ``row_bytes`` a grouped row (Arrow),
+    ``exploded_row_bytes`` the same row as one row per candidate (its other columns repeated), and
+    ``candidates`` per row on average."""
+
+    rows: int
+    row_bytes: float
+    exploded_row_bytes: float
+    candidates: float
+
+    @property
+    def work_row_bytes(self) -> float:
+        """Memory of selecting one grouped row: the row, and a few copies of it exploded."""
+        return self.row_bytes + WORK_FACTOR * self.exploded_row_bytes
+
+    @property
+    def floor_rows(self) -> int:
+        """The fewest rows a planned part holds: :data:`MIN_PART_CANDIDATES` candidates, or every row."""
+        return max(1, min(self.rows, math.ceil(MIN_PART_CANDIDATES / max(1.0, self.candidates))))
+
+
+def grouped_size(ds: _sources.Dataset, lf: pl.LazyFrame, n_rows: int, lists: list[str]) -> GroupedSize:
+    """:class:`GroupedSize` of a grouped input, measured on its first rows (the whole input's
+    estimated size when that is larger)."""
+    sample = lf.head(SIZE_SAMPLE_ROWS).collect()
+    n = max(1, sample.height)
+    scalars = [c for c in sample.columns if c not in lists]
+    list_bytes = sample.select(lists).estimated_size() if lists else 0
+    scalar_bytes = sample.select(scalars).estimated_size() if scalars else 0
+    c0 = lists[0]
+    lens = sample[c0].list.len() if isinstance(sample.schema[c0], pl.List) else sample[c0].arr.len()
+    cands = float(lens.fill_null(0).mean() or 0.0) if sample.height else 0.0
+    row = max((list_bytes + scalar_bytes) / n, ds.memory_bytes() / max(1, n_rows))
+    exploded = row + scalar_bytes / n * max(0.0, cands - 1)
+    return GroupedSize(int(n_rows), row, exploded, cands)
+
+
+def plan_grouped(size: GroupedSize, budget: Budget, workers: int | None, what: str) -> tuple[int, int]:
+    """(parts, workers) for a grouped input within ``budget``: one part when it fits whole, else
+    parts of runs of rows as large as ``workers`` parts at once allow, never fewer rows than
+    :attr:`GroupedSize.floor_rows`. A limit under which a part of that many rows does not fit is
+    refused in one line naming the smallest limit that does (counting the rows exploded to one
+    per candidate)."""
+    per_row = size.work_row_bytes
+    floor = size.floor_rows
+    least = floor * per_row + SELECT_WORKER
+    if least > budget.work:
+        raise budget.refusal(budget.base + HEADROOM + least,
+                             f"{what} ({size_text(size.rows * size.row_bytes)} in memory, "
+                             f"{size_text(size.rows * size.exploded_row_bytes)} as one row per candidate; "
+                             f"parts of at least {floor:,} prompts)")
+    if size.rows * per_row + SELECT_WORKER <= budget.work:
+        return 1, 1
+    cpus = os.cpu_count() or 1
+    w = max(1, min(cpus + (cpus > 1), 4) if workers is None else int(workers))
+    while True:
+        rows = int((budget.work - w * SELECT_WORKER) / (w * per_row * SLACK)) if budget.work > w * SELECT_WORKER \
+            else 0
+        if rows >= floor or w == 1:
+            break
+        w -= 1
+    rows = max(floor, rows)
+    # never more parts than runs of ``floor`` rows: a part of ceil(rows / parts) rows holds at least ``floor``
+    return max(1, min(math.ceil(size.rows / rows), size.rows // floor)), w
+
+
 def _run_grouped(job: Job, opts, lists, limit, workers, rep, t0, n_parts_override):
     """Grouped layout: parts are runs of consecutive prompts (rows), run by the job's
     :func:`~mrt_fast.datasets.job.run_row_parts`; nothing is shuffled."""
@@ -964,8 +1058,8 @@ def _run_grouped(job: Job, opts, lists, limit, workers, rep, t0, n_parts_overrid
     if n_rows == 0:
         raise MrtInputError(f"{ds.source!r} has no rows: there is nothing to select from")
     rep.n_input_rows = n_rows
-    total_bytes = ds.memory_bytes()
-    n_parts, w = _plan(total_bytes, Budget.now(limit), workers)
+    size = grouped_size(ds, lf, n_rows, lists)
+    n_parts, w = plan_grouped(size, Budget.now(limit), workers, f"{ds.source!r}")
     if n_parts_override is not None:
         n_parts, w = int(n_parts_override), max(1, int(workers or 1))
     n_parts = max(1, min(n_parts, n_rows))
