@@ -86,6 +86,18 @@ def diagnose_cmd(
             rep = variance_budget(ds.scan().select([c for c, _ in cols]).collect(), **opts)
         else:
             rep = variance_budget(inp, engine=engine, address=ray_address, **opts)
+        # every option is checked before any output is written: the allocation too
+        al = None
+        if allocate is not None:
+            try:
+                al = rep.allocate(allocate, k_max=k_max, pool_sizes=sizes)
+            except MrtInputError as e:
+                if sizes is not None or "more than" not in str(e):
+                    raise
+                raise MrtInputError(f"{e} (the allocation covers the {rep.n_prompts:,} prompts of the pilot, each "
+                                    "capped by its number of losses there: give their real pool sizes with "
+                                    "--pool-sizes, or a total for these prompts; see docs/variance.md for the "
+                                    "prompts outside the pilot)") from None
     console.print(repr(rep), highlight=False)
     print_table(rep.predicted, "predicted variance by K")
     from mrt_fast._util.files import write_text
@@ -98,8 +110,7 @@ def diagnose_cmd(
         if plot is not None:
             rep.plot(plot)
             console.print(f"wrote {plot}")
-        if allocate is not None:
-            al = rep.allocate(allocate, k_max=k_max, pool_sizes=sizes)
+        if al is not None:
             console.print(repr(al), highlight=False)
             if allocation is not None:
                 write_table(al.table, allocation)
