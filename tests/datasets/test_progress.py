@@ -16,7 +16,8 @@ from mrt_fast.datasets.local import select_dataset
 from mrt_fast.datasets.progress import INTERVAL_ENV, JobProgress
 from mrt_fast.errors import MrtInputError
 
-LINE = re.compile(r"^mrt (\w+)(: [^:]+)?: ([\d,]+)( of ([\d,]+) rows \((\d+)%\)| rows), ([\d,]+) rows/s(, ETA \S+( \S+)?)?$")
+LINE = re.compile(r"^mrt (\w+)(: [^:]+)?: ([\d,]+)( of ([\d,]+) (?:rows|prompts) \((\d+)%\)| rows| prompts), "
+                  r"([\d,.]+) (?:rows|prompts)/s(, ETA \S+( \S+)?)?$")
 
 
 def table(n_pools: int = 12, per: int = 5, seed: int = 0) -> pl.DataFrame:

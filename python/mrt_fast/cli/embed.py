@@ -44,6 +44,10 @@ def embed_cmd(
                                               "(default: start or join a local one)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="--engine ray: model workers (default: the "
                                           "cluster's CPUs)."),
+    empty_text: str = typer.Option("refuse", "--empty-text", help="What an empty, whitespace-only or null text "
+                                   "gets: refuse (stop before the model loads, naming its row and candidate), "
+                                   "skip (leave its candidate out, counted) or keep (a null embedding that "
+                                   "mrt select leaves out, counted)."),
 ) -> None:
     """Add unit-norm sentence embeddings of a text column to a table or dataset (resumable to a directory)."""
     import shlex
@@ -64,6 +68,7 @@ def embed_cmd(
             cache_dir=False if no_cache else cache_dir, device=device, processes=processes,
             overwrite_column=overwrite_column, overwrite=overwrite, rows_per_part=chunk_rows,
             progress=True, command=command, engine=engine, ray_address=ray_address, workers=workers,
+            empty_text=empty_text,
         )
     warn_notes(rep.notes)
     if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
@@ -73,12 +78,27 @@ def embed_cmd(
     tab = Table(title="mrt embed", show_header=False)
     tab.add_column("")
     tab.add_column("", justify="right")
-    for name, v in (("rows", f"{rep.rows:,}"), ("model", str(rep.model_id)), ("computed", f"{rep.computed:,}"),
-                    ("from cache", f"{rep.from_cache:,}"), ("parts", f"{rep.parts} ({rep.parts_done_now} by this run)"),
-                    ("texts/s", f"{rep.texts_per_second:,.0f}"), ("seconds", f"{rep.seconds:.1f}")):
+    unit = "prompts" if rep.layout == "grouped" else "rows"
+    lines = [(unit, f"{rep.rows:,}")]
+    if rep.layout == "grouped":
+        lines.append(("candidates", f"{rep.candidates:,}"))
+    lines += [("model", str(rep.model_id)), ("computed", f"{rep.computed:,}"), ("from cache", f"{rep.from_cache:,}")]
+    if rep.empty_skipped or rep.empty_text == "skip":
+        lines.append(("empty texts skipped", f"{rep.empty_skipped:,}"
+                      + (f" ({rep.prompts_skipped:,} prompts left with none, left out)" if rep.prompts_skipped
+                         else "")))
+    if rep.empty_kept or rep.empty_text == "keep":
+        lines.append(("empty texts kept (null embedding)", f"{rep.empty_kept:,}"))
+    lines += [("parts", f"{rep.parts} ({rep.parts_done_now} by this run)"),
+              ("texts/s", f"{rep.texts_per_second:,.1f}" if rep.texts_per_second < 10 else
+               f"{rep.texts_per_second:,.0f}")]
+    if rep.layout == "grouped":
+        lines.append(("prompts/s", f"{rep.rows_per_second:,.1f}"))
+    lines.append(("seconds", f"{rep.seconds:.1f}"))
+    for name, v in lines:
         tab.add_row(name, v)
     console.print(tab)
-    said = f"wrote {rep.rows_done_now} rows to {out}"
+    said = f"wrote {rep.rows_done_now} {unit} to {out}"
     if rep.resumed:
         from mrt_fast.datasets.job import run_summary
 

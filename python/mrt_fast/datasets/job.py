@@ -366,7 +366,7 @@ def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, ro
                   n_rows: int | None = None, layout: str = "flat", workers: int = 1,
                   on_part: Callable[[int, pl.DataFrame, pl.DataFrame], None] | None = None,
                   on_total: Callable[[int, int], None] | None = None,
-                  advance_by_part: bool = True) -> dict[str, int]:
+                  advance_by_part: bool = True, items_total: int | None = None) -> dict[str, int]:
     """The local executor of a row-wise stage: part ``i`` is input rows
     ``[i r, (i + 1) r)`` (``r = rows_per_part``; a resumed job keeps its
     manifest's), read, mapped by ``stage`` and committed (a directory) or
@@ -374,7 +374,8 @@ def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, ro
     of a part is restated with the input file and row. ``on_part(i, input,
     output)`` after each part; ``on_total(total, done)`` once the work is
     known. ``job.progress`` advances by each part's input rows (``advance_by_part``; else the
-    stage advances it). Returns ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
+    stage advances it); ``items_total``: the candidates of the input, when the stage ticks them
+    (:meth:`~mrt_fast.datasets.progress.JobProgress.tick`). Returns ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
     n = job.count_rows() if n_rows is None else n_rows
     if n == 0:
         raise MrtInputError(f"{job.ds.source!r} has no rows: there is nothing to do")
@@ -382,7 +383,7 @@ def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, ro
     n_parts = job.n_parts or max(1, math.ceil(n / per))
     todo = job.start(n_parts, layout=layout, rows_per_part=per, n_rows=n)
     before = rows_before(n, per, n_parts, todo)
-    job.progress.start(n, before)
+    job.progress.start(n, before, items_total=items_total)
     if on_total is not None:
         on_total(n, before)
     lf = job.ds.scan()

@@ -133,6 +133,10 @@ def select_frame(df: pl.DataFrame, opts: SelectOptions, *, layout: str = "flat",
         return _select_grouped(df, opts, list_columns or globals()["list_columns"](opts, df.schema))
     if ROW in df.columns and not df[ROW].is_sorted():
         df = df.sort(ROW)
+    df, no_embedding = without_embedding(df, opts.embedding)
+    if df.height == 0:
+        raise MrtInputError(f"every candidate here has a null {opts.embedding!r}: nothing is left to select from",
+                            column=opts.embedding)
     df = _formats.decode_embedding(df, opts.embedding)
     if opts.method == "stratified" and opts.mode not in df.columns:
         from mrt_fast.selection.modes import pool_modes
@@ -142,12 +146,28 @@ def select_frame(df: pl.DataFrame, opts: SelectOptions, *, layout: str = "flat",
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallPoolWarning)
         kept, rep = select(df, options=_flat(opts), return_report=True)
+    rep.n_no_embedding = no_embedding
     if ROW in kept.columns:
         if first:
             f = df.group_by(opts.by).agg(pl.col(ROW).min().alias(FIRST))
             kept = kept.join(f, on=opts.by, how="left", maintain_order="left")
         kept = kept.drop(ROW)
     return kept, rep
+
+
+_FLAT_ROW = "__flat_row"
+
+
+def without_embedding(df: pl.DataFrame, embedding: str, keep_row: bool = False) -> tuple[pl.DataFrame, int]:
+    """``df`` without the candidates whose ``embedding`` is null (``mrt embed --empty-text keep`` gives
+    an empty text one), and how many there were. ``keep_row``: a ``__flat_row`` column keeps each
+    row's index in ``df`` (an error about a row is then said of the row as given)."""
+    if keep_row:
+        df = df.with_row_index(_FLAT_ROW)
+    if embedding not in df.columns or not df[embedding].null_count():
+        return df, 0
+    n = df[embedding].null_count()
+    return df.filter(pl.col(embedding).is_not_null()), n
 
 
 def _flat(opts: SelectOptions) -> SelectOptions:
@@ -167,6 +187,7 @@ def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
     flat = explode(df, by, lists, hint="name the per-candidate list columns with candidate_columns / "
                    "--candidate-columns")
     read = flat.columns
+    flat, no_embedding = without_embedding(flat, opts.embedding, keep_row=True)
     try:
         flat = _formats.decode_embedding(flat, opts.embedding)
         if opts.method == "stratified" and opts.mode not in flat.columns:
@@ -176,17 +197,19 @@ def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
                               max_mode_cosine=opts.max_mode_cosine, seed=opts.seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SmallPoolWarning)
-            kept, rep = select(flat, options=_flat(opts), return_report=True)
+            kept, rep = select(flat.drop(_FLAT_ROW), options=_flat(opts), return_report=True)
+        rep.n_no_embedding = no_embedding
     except MrtInputError as e:  # a candidate's row -> its prompt's row
         if e.row is None or not 0 <= e.row < flat.height:
             raise
         from mrt_fast.datasets.row_origin import restate_row
 
         c0 = lists[0]
-        i = grouped_row(e.row, df[c0].list.len() if isinstance(df.schema[c0], pl.List) else df[c0].arr.len())
+        i = grouped_row(int(flat[_FLAT_ROW][e.row]),
+                        df[c0].list.len() if isinstance(df.schema[c0], pl.List) else df[c0].arr.len())
         raise restate_row(e, e.row, f"row {i}", i) from None
     # modes computed for the selection are not kept: the part holds what select adds
-    kept = kept.drop([c for c in flat.columns if c not in read])
+    kept = kept.drop([c for c in flat.columns if c not in read and c in kept.columns])
     return regroup(kept, df, by, lists), rep
 
 
@@ -228,6 +251,7 @@ class BatchReport:
     n_duplicates_skipped: int = 0
     n_near_duplicates_removed: int = 0
     n_one_mode_pools: int = 0
+    n_no_embedding: int = 0  # candidates with a null embedding (mrt embed --empty-text keep), left out
 
     @property
     def rows_per_second(self) -> float:
@@ -1072,6 +1096,7 @@ def _run_grouped(job: Job, opts, lists, limit, workers, rep, t0, n_parts_overrid
         tot.add(r)
         return kept
 
+    job.progress.set_unit("prompts")
     job.progress.phase(f"{opts.method}-{opts.k} by part")
     r = run_row_parts(job, stage, rows_per_part=per, n_rows=n_rows, layout="grouped", workers=w)
     rep.n_parts, rep.parts_done_now = r["parts"], r["parts_done_now"]

@@ -63,12 +63,17 @@ def _check_rows_per_part(rows_per_part: Any) -> int:
 def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns: tuple[str, ...], out_column: str,
                    parameters: dict, make_stage: Callable[[], Callable[[pl.DataFrame], pl.DataFrame]],
                    rows_per_part: int = 50_000, overwrite: bool = False, engine: str = "local",
-                   ray_address: str | None = None, workers: int | None = None, progress: Any = False) -> StageReport:
+                   ray_address: str | None = None, workers: int | None = None, progress: Any = False,
+                   layout: str = "auto") -> StageReport:
     """Run a stage that adds ``out_column`` to rows holding text ``columns``: ``make_stage()`` (called
     once per worker, when there is work; picklable for ``engine="ray"``) returns the function of a part.
-    ``progress``: the job's display (:class:`mrt_fast.datasets.progress.JobProgress`)."""
+    ``progress``: the job's display (:class:`mrt_fast.datasets.progress.JobProgress`), by rows
+    (prompts in the grouped layout, told from the last of ``columns``, the responses) and, on the
+    local engine, by candidates as the model does them: a factory that takes ``tick`` gets the
+    display's :meth:`~mrt_fast.datasets.progress.JobProgress.tick` to call after each batch."""
     from mrt_fast.datasets import sources
     from mrt_fast.datasets.job import Job, run_row_parts
+    from mrt_fast.tables.layouts import GROUPED, detect
 
     t0 = time.perf_counter()
     rows_per_part = _check_rows_per_part(rows_per_part)
@@ -82,8 +87,11 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
     schema = ds.check_columns([(c, "text") for c in columns])
     if out_column in schema.names():
         raise MrtInputError(f"{ds.source!r} already has a {out_column!r} column", column=out_column)
+    grouped = detect(schema, {columns[-1]: 0}, layout) == GROUPED
     job_ = Job(ds, output, {**parameters, "rows_per_part": rows_per_part}, overwrite=overwrite,
                command=f"mrt {name}", what=name, progress=progress)
+    if grouped:
+        job_.progress.set_unit("prompts")
     with job_ as job:
         n = job.count_rows()
         parts = max(1, -(-n // rows_per_part))
@@ -99,20 +107,36 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
             r = ray_engine.run_row_parts(job, make_stage, rows_per_part=rows_per_part, n_rows=n, workers=workers,
                                          address=ray_address)
         else:
+            import inspect
+
             fn: list = []
+            ticks = "tick" in inspect.signature(make_stage).parameters
+            items = count_candidates(ds, columns[-1], grouped, n) if ticks and job.progress.mode != "off" else None
 
             def stage(df: pl.DataFrame) -> pl.DataFrame:
                 if not fn:
-                    fn.append(make_stage())
+                    job.progress.phase("loading the model")
+                    fn.append(make_stage(tick=job.progress.tick) if ticks else make_stage())
+                    job.progress.phase(f"{name} by part")
                 return fn[0](df)
 
-            r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n)
+            r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n, items_total=items)
         rep.parts = r["parts"] if job.to_dir else 1
         rep.parts_done_now = r["parts_done_now"] if job.to_dir else 1
         rep.rows_done_now = r["rows_done_now"]
         rep.logs = job.logs
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def count_candidates(ds: Any, column: str, grouped: bool, n_rows: int) -> int:
+    """The candidates of a dataset: its rows, or (grouped) the sum of the lengths of ``column``'s lists."""
+    if not grouped:
+        return n_rows
+    try:
+        return int(ds.scan().select(pl.col(column).list.len().sum()).collect().item() or 0)
+    except Exception:  # noqa: BLE001 - a count for the display only; the stage names a bad file
+        return n_rows
 
 
 class NllRows:
@@ -125,11 +149,12 @@ class NllRows:
             raise MrtInputError("give a model (and its tokenizer) or a loader, one of the two")
         self.kw, self.model, self.tokenizer, self.loader = kw, model, tokenizer, loader
 
-    def __call__(self) -> Callable[[pl.DataFrame], pl.DataFrame]:
+    def __call__(self, tick: Callable[[int], None] | None = None) -> Callable[[pl.DataFrame], pl.DataFrame]:
+        """The function of a part; ``tick(n)`` (local engine) is called as each batch of ``n`` pairs is done."""
         from mrt_fast.llm.nll import nll_table
 
         m, tok = self.loader() if self.loader is not None else (self.model, self.tokenizer)
-        kw = self.kw
+        kw = self.kw if tick is None else {**self.kw, "callback": tick}
         return lambda df: nll_table(df, m, tok, **kw)
 
 
@@ -141,12 +166,13 @@ class ScoreRows:
     def __init__(self, model: Any, kw: dict, batch_size: int = 16, device: str = "auto"):
         self.model, self.kw, self.batch_size, self.device = model, kw, batch_size, device
 
-    def __call__(self) -> Callable[[pl.DataFrame], pl.DataFrame]:
+    def __call__(self, tick: Callable[[int], None] | None = None) -> Callable[[pl.DataFrame], pl.DataFrame]:
+        """The function of a part; ``tick(n)`` (local engine) is called as each batch of ``n`` pairs is scored."""
         from mrt_fast.llm.reward import RewardModel, score
 
         rm = self.model if isinstance(self.model, RewardModel) else RewardModel(
             self.model, batch_size=self.batch_size, device=self.device)
-        kw = self.kw
+        kw = self.kw if tick is None else {**self.kw, "callback": tick}
         return lambda df: score(df, rm, **kw)
 
 
@@ -168,7 +194,7 @@ def nll_dataset(source: Any, output: str | os.PathLike, model: Any = None, token
               "response": response, "loss": loss, "max_length": max_length, "prompt_format": prompt_format}
     return run_text_stage(source, output, name="nll", columns=(prompt, response), out_column=loss,
                           parameters=params, make_stage=make, rows_per_part=rows_per_part, overwrite=overwrite,
-                          engine=engine, ray_address=ray_address, workers=workers, progress=progress)
+                          engine=engine, ray_address=ray_address, workers=workers, progress=progress, layout=layout)
 
 
 def score_dataset(source: Any, output: str | os.PathLike, model: Any, *, prompt: str = "prompt",
@@ -185,4 +211,4 @@ def score_dataset(source: Any, output: str | os.PathLike, model: Any, *, prompt:
               "prompt": prompt, "response": response, "column": column}
     return run_text_stage(source, output, name="score", columns=(prompt, response), out_column=column,
                           parameters=params, make_stage=make, rows_per_part=rows_per_part, overwrite=overwrite,
-                          engine=engine, ray_address=ray_address, workers=workers, progress=progress)
+                          engine=engine, ray_address=ray_address, workers=workers, progress=progress, layout=layout)
