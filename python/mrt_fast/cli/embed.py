@@ -12,6 +12,8 @@ from mrt_fast.cli.common import (
     app,
     check_engine,
     console,
+    RESPONSE_HELP,
+    response_column,
     user_errors,
     warn_notes,
 )
@@ -23,7 +25,8 @@ def embed_cmd(
                               "files (hive partitions included) or a quoted glob such as 'data/*.parquet'."),
     out: str = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
                                "resumable) or a file (.parquet, .jsonl, .csv)."),
-    text: str = typer.Option("response", help="Column holding the text to embed."),
+    text: Optional[str] = typer.Option(None, "--text", "--response-column",
+                                       help="Column holding the text to embed. " + RESPONSE_HELP),
     column: str = typer.Option("embedding", help="Name of the embedding column written."),
     overwrite_column: bool = typer.Option(False, "--overwrite-column",
                                           help="Allow the embedding to replace an existing column of that name."),
@@ -63,6 +66,7 @@ def embed_cmd(
         check_engine(engine, ray_address, local_only={"--processes": processes if processes != 1 else None},
                      ray_only={"--workers": workers})
         command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
+        text = response_column(inp, text, "--text")
         rep = embed_dataset(
             inp, out, text=text, column=column, model=model, batch_size=batch_size,
             cache_dir=False if no_cache else cache_dir, device=device, processes=processes,

@@ -18,6 +18,8 @@ from mrt_fast.cli.common import (
     console,
     kv_options,
     needs,
+    RESPONSE_HELP,
+    response_column,
     user_errors,
     warn_notes,
 )
@@ -57,7 +59,7 @@ def nll_cmd(
     out: str = typer.Argument(..., help="Output table with the loss column added; format from the suffix."),
     model: str = typer.Option("smollm2", help="'smollm2' (bundled GGUF) or a local Hugging Face model directory."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
-    response: str = typer.Option("response", help="Response text column."),
+    response: Optional[str] = typer.Option(None, "--response", "--response-column", help=RESPONSE_HELP),
     loss: str = typer.Option("loss", help="Name of the loss column written."),
     batch_size: int = typer.Option(8, help="Pairs per forward pass."),
     max_length: int = typer.Option(None, help="Truncate pairs longer than this many tokens as training does."),
@@ -78,6 +80,7 @@ def nll_cmd(
     with user_errors():
         if max_length is not None and max_length < 1:
             raise MrtInputError(f"--max-length must be >= 1, got {max_length}")
+        response = response_column(inp, response, "--response")
         check_text_stage(inp, out, (prompt, response), loss, batch_size, engine, ray_address, workers)
         if model != "smollm2" and not Path(model).is_dir():
             raise MrtInputError(f"--model {model!r}: not 'smollm2' and not a local model directory")
@@ -149,7 +152,7 @@ def score_cmd(
     model: str = typer.Option(..., "--model", help="Sequence-classification reward model (num_labels=1)."),
     batch_size: int = typer.Option(16),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
-    response: str = typer.Option("response", help="Response text column."),
+    response: Optional[str] = typer.Option(None, "--response", "--response-column", help=RESPONSE_HELP),
     column: str = typer.Option("reward", help="Name of the reward column written."),
     device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda[:N] | mps."),
     rows_per_part: int = ROWS_PER_PART,
@@ -162,6 +165,7 @@ def score_cmd(
     from mrt_fast.errors import MrtInputError
 
     with user_errors():
+        response = response_column(inp, response, "--response")
         check_text_stage(inp, out, (prompt, response), column, batch_size, engine, ray_address, workers)
         with needs("train"):
             from mrt_fast._util.device import resolve_device
@@ -280,7 +284,7 @@ def export_cmd(
     max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="dpo: at most this many pairs a prompt."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
-    response: str = typer.Option("response", help="Response text column."),
+    response: Optional[str] = typer.Option(None, "--response", "--response-column", help=RESPONSE_HELP),
     reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
     engine: str = typer.Option("local", "--engine", help="local only: the weights and pairs of a prompt need "
                                "all its kept rows at once, and the output is one file."),
@@ -298,6 +302,7 @@ def export_cmd(
             raise MrtInputError("mrt export runs on the local engine only (--engine ray is refused): the weights "
                                 "and pairs of a prompt need all its kept rows at once, and it writes one file")
         check_engine(engine, None)
+        response = response_column(kept, response, "--response")
         rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(kept, dataset=True), kept))
         tok = None
         if model is not None and conversational is None and fmt == "trl":

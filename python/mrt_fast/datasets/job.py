@@ -20,6 +20,8 @@ what surrounds it, whatever runs it:
   input fingerprint, each finished part's rows, size and checksum; resume
   (a rerun of the same job does the missing parts only; a finished directory
   is left as it is; another job's directory is refused unless ``overwrite``);
+  a file output follows the same rule through the record beside it
+  (:mod:`mrt_fast.datasets.file_record`);
 * the progress display (:class:`mrt_fast.datasets.progress.JobProgress`: a bar
   on a terminal, plain periodic lines otherwise), advanced by the executors;
 * committing a part (written atomically, checked, recorded; a full disk is one
@@ -145,6 +147,7 @@ class Job:
         self.fingerprint = self.ds.fingerprint()
         self.state = "new"
         self.man: Manifest | None = None
+        self._file_rows = 0  # rows of a finished file output (state "done")
         self._stack: ExitStack | None = None
         self._lock = threading.Lock()
         self._committed = 0
@@ -168,6 +171,11 @@ class Job:
                 prepare = object_output.prepare_output if self.remote else prepare_output
                 self.state, self.man = prepare(self.out, self.parameters, self.fingerprint,
                                                overwrite=self.overwrite)
+            elif not self.remote:
+                from mrt_fast.datasets.file_record import check_file_output
+
+                self.state, self._file_rows = check_file_output(self.out, self.parameters, self.fingerprint,
+                                                                overwrite=self.overwrite, command=self.command)
             if self.remote:
                 self._abort_uploads()
         except BaseException:
@@ -229,6 +237,11 @@ class Job:
                                 n_parts=int(n_parts), layout=layout, rows_per_part=rows_per_part)
             self.man.write(self.out)
         return self.man.missing_parts(self.out)
+
+    @property
+    def rows_written(self) -> int:
+        """Rows a finished output holds (its manifest's, or a file's record's)."""
+        return self.man.rows if self.man is not None else self._file_rows
 
     @property
     def n_parts(self) -> int | None:
@@ -293,7 +306,12 @@ class Job:
                 wr.commit()
             if self.remote:
                 storage.put(path, self.out)
-        return sum(f.height for f in frames)
+        rows = sum(f.height for f in frames)
+        if not self.remote:
+            from mrt_fast.datasets.file_record import write_record
+
+            write_record(self.out, self.command, self.parameters, self.fingerprint, rows)
+        return rows
 
     # ---- reading the input
     def count_rows(self) -> int:

@@ -736,9 +736,8 @@ def select_dataset(
                           already_done=job.done, memory_limit=limit, peak_rss=0, seconds=0.0,
                           notes=list(job.notes))
         if job.done:
-            assert job.man is not None
-            rep.n_parts = job.man.n_parts
-            rep.n_kept = rep.n_out_rows = job.man.rows
+            rep.n_parts = job.man.n_parts if job.man is not None else 1
+            rep.n_kept = rep.n_out_rows = job.rows_written
             rep.peak_rss = peak_rss()
             rep.seconds = time.perf_counter() - t0
             return rep

@@ -964,8 +964,8 @@ def select_dataset(
                               resumed=state == "resume", already_done=state == "done", memory_limit=0, peak_rss=0,
                               seconds=0.0, engine="ray", notes=list(job.notes))
             if state == "done":
-                rep.n_parts = man.n_parts
-                rep.n_kept = rep.n_out_rows = man.rows
+                rep.n_parts = man.n_parts if man is not None else 1
+                rep.n_kept = rep.n_out_rows = job.rows_written
                 rep.seconds = time.perf_counter() - t0
                 return rep
             init(address)
