@@ -124,3 +124,15 @@ def test_one_large_pool_stays_under_the_limit(tmp_path):
                         "450MB"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "went over the limit" not in r.stdout, r.stdout
+
+
+def test_hints_for_rows_on_grouped_data_and_selection_without_embeddings(tmp_path):
+    from mrt_fast.datasets.local import select_dataset
+
+    src = tmp_path / "g.parquet"
+    grouped_table(4, 3, 4).write_parquet(src)
+    with pytest.raises(MrtInputError, match="looks grouped.*--layout grouped"):
+        select_dataset(src, tmp_path / "o.parquet", 2, "grades", layout="rows")
+    grouped_table(4, 3, 4).drop("embedding").write_parquet(src)
+    r = CliRunner().invoke(app, ["select", str(src), str(tmp_path / "o2.parquet"), "--k", "2"])
+    assert r.exit_code == 2 and "mrt embed" in r.output and "--text responses" in r.output, r.output

@@ -21,9 +21,9 @@ from mrt_fast.cli.common import (
 
 @app.command("embed")
 def embed_cmd(
-    inp: str = typer.Argument(..., help="Input: a file (.parquet, .jsonl/.ndjson, .csv), a directory of Parquet/JSONL "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Input: a file (.parquet, .jsonl/.ndjson, .csv), a directory of Parquet/JSONL "
                               "files (hive partitions included) or a quoted glob such as 'data/*.parquet'."),
-    out: str = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
                                "resumable) or a file (.parquet, .jsonl, .csv)."),
     text: Optional[str] = typer.Option(None, "--text", "--response-column",
                                        help="Column holding the text to embed. " + RESPONSE_HELP),
@@ -115,7 +115,7 @@ def embed_cmd(
 
 @app.command("embed-quality")
 def embed_quality_cmd(
-    inp: str = typer.Argument(..., help="Your pools: a file (.parquet, .jsonl/.ndjson, .csv), a directory of "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Your pools: a file (.parquet, .jsonl/.ndjson, .csv), a directory of "
                               "Parquet/JSONL files or a quoted glob; scanned, a sample of pools is read."),
     model: str = typer.Option("static", help="The embedding to judge: static, int8, a sentence-transformers "
                               "model name or local directory."),

@@ -54,9 +54,9 @@ def check_text_stage(inp, out, texts: tuple, new_column: str, batch_size: int, e
 
 @app.command("nll")
 def nll_cmd(
-    inp: str = typer.Argument(..., help="Table with prompt and response text columns: a file, a directory "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Table with prompt and response text columns: a file, a directory "
                                "(an mrt output included) or a quoted glob."),
-    out: str = typer.Argument(..., help="Output table with the loss column added; format from the suffix."),
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Output table with the loss column added; format from the suffix."),
     model: str = typer.Option("smollm2", help="'smollm2' (bundled GGUF) or a local Hugging Face model directory."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
     response: Optional[str] = typer.Option(None, "--response", "--response-column", help=RESPONSE_HELP),
@@ -107,8 +107,8 @@ def nll_cmd(
 
 @app.command("generate")
 def generate_cmd(
-    prompts: Path = typer.Argument(..., help="Prompt table (.parquet/.jsonl/.csv) with prompt_id and prompt."),
-    out: Path = typer.Argument(..., help="Candidate table to write; shards in OUT.parts/ make the run resumable."),
+    prompts: Path = typer.Argument(..., metavar="PROMPTS", help="Prompt table (.parquet/.jsonl/.csv) with prompt_id and prompt."),
+    out: Path = typer.Argument(..., metavar="OUTPUT", help="Candidate table to write; shards in OUT.parts/ make the run resumable."),
     model: str = typer.Option(..., "--model", help="Model path, hub id, .gguf file or pkg://package/file."),
     n: int = typer.Option(64, "--n", help="Candidates per prompt."),
     temperature: float = typer.Option(1.0),
@@ -146,9 +146,9 @@ def generate_cmd(
 
 @app.command("score")
 def score_cmd(
-    inp: str = typer.Argument(..., help="Candidate table with prompt and response columns: a file, a "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Candidate table with prompt and response columns: a file, a "
                                "directory (an mrt output included) or a quoted glob."),
-    out: str = typer.Argument(..., help="Output with a reward column: a file, or a resumable directory."),
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Output with a reward column: a file, or a resumable directory."),
     model: str = typer.Option(..., "--model", help="Sequence-classification reward model (num_labels=1)."),
     batch_size: int = typer.Option(16),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
@@ -181,8 +181,8 @@ def score_cmd(
 
 @app.command("train")
 def train_cmd(
-    data: Path = typer.Argument(..., help="Kept rows: prompt_id, prompt, response."),
-    out: Path = typer.Argument(..., help="Output directory (adapter/, train_log.jsonl)."),
+    data: Path = typer.Argument(..., metavar="DATA", help="Kept rows: prompt_id, prompt, response."),
+    out: Path = typer.Argument(..., metavar="OUTPUT", help="Output directory (adapter/, train_log.jsonl)."),
     model: str = typer.Option(..., "--model"),
     max_steps: int = typer.Option(200, help="Optimizer steps (the same for every K)."),
     sets: list[str] = typer.Option(None, "--set", help="Any TrainConfig field, key=value (repeatable)."),
@@ -203,7 +203,7 @@ def train_cmd(
 
 @app.command("evaluate")
 def evaluate_cmd(
-    data: Path = typer.Argument(..., help="Held-out prompts: prompt_id, prompt, reference[, tests]."),
+    data: Path = typer.Argument(..., metavar="DATA", help="Held-out prompts: prompt_id, prompt, reference[, tests]."),
     model: str = typer.Option(..., "--model"),
     adapter: Path = typer.Option(None, help="LoRA adapter directory."),
     reward_model: str = typer.Option(None, help="Reward model for best-of-n reward."),
@@ -238,7 +238,7 @@ def evaluate_cmd(
 
 @app.command("run")
 def run_cmd(
-    config: Path = typer.Argument(..., help="Experiment YAML (see docs/pipeline.md)."),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="Experiment YAML (see docs/pipeline.md)."),
     k: Optional[str] = typer.Option(None, "--k", help="Override select.ks: 'auto' (K from the variance advisor, "
                                     "needs select.cost_prompt and select.cost_response) or a list like '1,2,4'."),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="Override a config value: key=value with a dotted "
@@ -269,9 +269,9 @@ def run_cmd(
 
 @app.command("export")
 def export_cmd(
-    kept: Path = typer.Argument(..., help="Kept rows (from mrt select: a file, a dataset directory or a quoted "
+    kept: Path = typer.Argument(..., metavar="KEPT", help="Kept rows (from mrt select: a file, a dataset directory or a quoted "
                                 "glob): prompt_id, prompt, response[, weight, reward]."),
-    out: Path = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet)."),
+    out: Path = typer.Argument(..., metavar="OUTPUT", help="Training file to write (.jsonl; TRL also .parquet)."),
     fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight), openrlhf (input/output/reward), "
                             "dpo (prompt/chosen/rejected pairs from the rewards) or kto (prompt/completion/label)."),
     conversational: Optional[bool] = typer.Option(

@@ -20,9 +20,9 @@ from mrt_fast.selection.options import DEFAULT_KERNEL
 
 @app.command("select")
 def select_cmd(
-    inp: str = typer.Argument(..., help="Input: a file, a directory of Parquet/JSONL files (hive partitions "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Input: a file, a directory of Parquet/JSONL files (hive partitions "
                               "included) or a quoted glob such as 'data/*.parquet'."),
-    out: str = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
                                "resumable) or a file (.parquet, .jsonl, .csv)."),
     k: str = typer.Option(..., "--k", help="Responses kept per prompt, or the name of an integer column holding "
                           "each prompt's K (e.g. from mrt diagnose --allocate)."),

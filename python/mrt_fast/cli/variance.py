@@ -18,7 +18,7 @@ from mrt_fast.cli.common import (
 
 @app.command("diagnose")
 def diagnose_cmd(
-    inp: str = typer.Argument(..., help="Per-response losses: a file (.parquet, .jsonl, .csv), a directory of "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Per-response losses: a file (.parquet, .jsonl, .csv), a directory of "
                               "Parquet/JSONL files or a quoted glob; streamed, never read whole."),
     loss: Optional[str] = typer.Option(None, help="Loss column (default: loss; with --loss-from logprob: logprob)."),
     loss_from: str = typer.Option("loss", "--loss-from", help="loss (a per-response loss column, e.g. mrt nll's) "

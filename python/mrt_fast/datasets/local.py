@@ -25,6 +25,7 @@ bucket or part in memory -> its kept rows), :func:`write_part` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import math
@@ -168,6 +169,29 @@ def without_embedding(df: pl.DataFrame, embedding: str, keep_row: bool = False) 
         return df, 0
     n = df[embedding].null_count()
     return df.filter(pl.col(embedding).is_not_null()), n
+
+
+def refuse_missing_embedding(opts: SelectOptions, names: list[str], source: str) -> None:
+    """A method that reads embeddings, on data that has none: one line that says how to add them."""
+    if opts.uses_embedding(names) and opts.embedding not in names:
+        text = next((c for c in ("response", "responses", "text") if c in names), "response")
+        raise MrtInputError(
+            f"{opts.method} selection needs embeddings and {source!r} has no {opts.embedding!r} column (it has "
+            f"{names}): add them with `mrt embed {source} EMBEDDED --text {text}` and select from EMBEDDED, "
+            f"name the column with --embedding, or choose --method random or top", column=opts.embedding)
+
+
+@contextlib.contextmanager
+def layout_hint(opts: SelectOptions, lay: str, schema: pl.Schema):
+    """An error of a job told ``layout="flat"`` (``rows``) on data that looks grouped says so."""
+    try:
+        yield
+    except MrtInputError as e:
+        if lay != "flat" or opts.layout == "auto" or resolve_layout(dataclasses.replace(opts, layout="auto"),
+                                                                    schema) != "grouped":
+            raise
+        raise MrtInputError(f"{e} (the data looks grouped: one row per prompt with list columns; use --layout "
+                            "grouped or auto)", pool=e.pool, column=e.column, row=e.row) from None
 
 
 def _flat(opts: SelectOptions) -> SelectOptions:
@@ -722,6 +746,7 @@ def select_dataset(
     ds = _sources.discover(source)
     first_schema = ds.file_schemas()[0]
     names = list(first_schema.names()) + _sources.hive_columns(ds)
+    refuse_missing_embedding(opts, names, ds.source)
     schema = ds.check_columns(opts.needed(names))
     lay = resolve_layout(opts, schema)
     lists = list_columns(opts, schema) if lay == "grouped" else None
@@ -743,7 +768,7 @@ def select_dataset(
             return rep
         from mrt_fast.selection.facility import dense_limit_within
 
-        with dense_limit_within(dense_budget(Budget.now(limit))):
+        with dense_limit_within(dense_budget(Budget.now(limit))), layout_hint(opts, lay, schema):
             rep = _execute(job, opts, lay, lists, schema, n_rows, limit, workers, parts, rows_per_part, progress,
                            rep, t0)
     if rep.peak_rss > limit:
