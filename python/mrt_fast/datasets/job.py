@@ -20,8 +20,8 @@ what surrounds it, whatever runs it:
   input fingerprint, each finished part's rows, size and checksum; resume
   (a rerun of the same job does the missing parts only; a finished directory
   is left as it is; another job's directory is refused unless ``overwrite``);
-  a file output follows the same rule through the record beside it
-  (:mod:`mrt_fast.datasets.file_record`);
+  a file output follows the same rule through the record in a Parquet file's
+  footer (:mod:`mrt_fast.datasets.file_record`);
 * the progress display (:class:`mrt_fast.datasets.progress.JobProgress`: a bar
   on a terminal, plain periodic lines otherwise), advanced by the executors;
 * committing a part (written atomically, checked, recorded; a full disk is one
@@ -300,18 +300,16 @@ class Job:
 
                 path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=".mrt-upload-"))) \
                     / storage.ObjectPath(self.out).name
-            with _formats.AtomicWriter(path) as wr:
+            from mrt_fast.datasets.file_record import record_metadata
+
+            meta = record_metadata(path, self.command, self.parameters, self.fingerprint)
+            with _formats.AtomicWriter(path, metadata=meta) as wr:
                 for f in frames:
                     wr.write(f)
                 wr.commit()
             if self.remote:
                 storage.put(path, self.out)
-        rows = sum(f.height for f in frames)
-        if not self.remote:
-            from mrt_fast.datasets.file_record import write_record
-
-            write_record(self.out, self.command, self.parameters, self.fingerprint, rows)
-        return rows
+        return sum(f.height for f in frames)
 
     # ---- reading the input
     def count_rows(self) -> int:
