@@ -42,3 +42,10 @@ def test_export_reads_grouped_responses_by_default(grouped, tmp_path):
     r = run(["export", str(grouped), str(out), "--plain"])
     assert r.exit_code == 0, r.output
     assert pl.read_ndjson(out).height == 4
+
+
+def test_a_null_response_in_a_list_is_named_before_the_model(tmp_path):
+    p = tmp_path / "g.parquet"
+    pl.DataFrame({"prompt_id": [1, 2], "prompt": ["a", "b"], "responses": [["x", "y"], ["z", None]]}).write_parquet(p)
+    r = run(["nll", str(p), str(tmp_path / "o.parquet"), "--model", str(tmp_path / "no_model")])
+    assert r.exit_code == 2 and "row 1, candidate 1" in r.output, r.output

@@ -135,6 +135,15 @@ def check_text_columns(lf, path: Path, columns: tuple[str, ...]) -> None:
         if nulls[f"__n_{c}"][0]:
             row = int(nulls[c][0])
             raise MrtInputError(f"{str(path)!r}: column {c!r} is null in row {row}", column=c, row=row)
+    for c in columns:  # grouped: a null inside a list, named by its row and its index in the list
+        if isinstance(schema[c], pl.List):
+            inner = pl.col(c).list.eval(pl.element().is_null())
+            got = lf.select(inner.list.any().arg_true().first().alias("row")).collect()["row"][0]
+            if got is not None:
+                cell = lf.slice(int(got), 1).select(c).collect()[c][0]
+                cand = next(i for i, t in enumerate(cell) if t is None)
+                raise MrtInputError(f"{str(path)!r}: column {c!r} is null at row {got}, candidate {cand}",
+                                    column=c, row=int(got))
 
 
 #: the response column's two usual names: one response a row (flat), a list a prompt (grouped, as vLLM's n)
