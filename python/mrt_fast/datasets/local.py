@@ -305,7 +305,8 @@ class BatchReport:
             rows.append(("mean certified ratio", f"{self.mean_ratio:.4f}"))
             rows.append(("zero-gain picks", f"{self.n_zero_gain_picks:,}"))
         rows += pick_lines(self)
-        rows += [("buckets", buckets), ("rows/s", f"{self.rows_per_second:,.0f}"),
+        rows += [("buckets", buckets), ("prompts/s" if self.layout == "grouped" else "rows/s",
+                                        f"{self.rows_per_second:,.0f}"),
                  ("peak memory", memory), ("seconds", f"{self.seconds:.2f}")]
         return rows
 

@@ -42,15 +42,17 @@ class StageReport:
     seconds: float
     logs: str | None = None  # Ray's log file, when the job sent Ray's own lines there
     notes: list[str] = field(default_factory=list)  # what the job did beside its work (Job.notes)
+    unit: str = "rows"  # what a row is: rows, or prompts in the grouped layout
 
     def __str__(self) -> str:
         from mrt_fast.datasets.job import run_summary
 
+        u = self.unit
         if self.already_done or (self.resumed and self.parts_done_now == 0):
-            return f"{self.output}: already complete ({self.rows} rows in {self.parts} part(s)); nothing to do"
+            return f"{self.output}: already complete ({self.rows} {u} in {self.parts} part(s)); nothing to do"
         how = "resumed" if self.resumed else "done"
-        return (f"{self.output}: {how}; " + run_summary({"parts": self.parts_done_now, "rows": self.rows_done_now},
-                                                        {"parts": self.parts, "rows": self.rows})
+        return (f"{self.output}: {how}; " + run_summary({"parts": self.parts_done_now, u: self.rows_done_now},
+                                                        {"parts": self.parts, u: self.rows})
                 + f", {self.seconds:.1f} s" + (f"; Ray's logs: {self.logs}" if self.logs else ""))
 
 
@@ -97,7 +99,7 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
         parts = max(1, -(-n // rows_per_part))
         rep = StageReport(output=str(job.out), rows=n, parts=parts if job.to_dir else 1, parts_done_now=0,
                           rows_done_now=0, resumed=job.resumed, already_done=job.done, seconds=0.0,
-                          notes=list(job.notes))
+                          notes=list(job.notes), unit="prompts" if grouped else "rows")
         if job.done:
             rep.seconds = time.perf_counter() - t0
             return rep
