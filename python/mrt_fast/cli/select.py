@@ -91,7 +91,8 @@ def select_cmd(
                                  rows_per_part=chunk_rows, overwrite=overwrite, progress=True, command=command)
     warn_notes(rep.notes)
     if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
-        console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
+        rows = "rows" if rep.layout == "flat" else "prompts"
+        console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} {rows}); nothing to do",
                       soft_wrap=True, highlight=False)
         return
     tab = Table(title=f"mrt select: {rep.method}, K = {k}" + (" (this run)" if rep.resumed else ""), show_header=False)

@@ -403,6 +403,8 @@ def embed(
         if stats is not None:
             stats["empty_skipped" if empty_text == "skip" else "empty_kept"] = int(blank.sum())
         if empty_text == "skip":
+            if callback is not None:  # done with: they are left out
+                callback(int(blank.sum()))
             kept = skip_candidates(df, text, blank, lengths, by)
             if stats is not None:
                 stats["prompts_skipped"] = df.height - kept.height
