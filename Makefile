@@ -12,7 +12,7 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 endif
 PIP := $(PY) -m pip
 # extras installed by `make setup`; the test suite covers all of them
-EXTRAS ?= dev,embed,int8,train,bench,ray
+EXTRAS ?= dev,embed,int8,train,bench,ray,answers
 export OMP_NUM_THREADS ?= 2
 export MKL_NUM_THREADS ?= 2
 export TOKENIZERS_PARALLELISM ?= false

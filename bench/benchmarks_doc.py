@@ -57,6 +57,8 @@ SECTIONS = [
      "pools of reworded distinct approaches to one prompt (approaches as modes, MiniLM), "
      "the paper's controlled setup and the MOSAIC examples; GRADES' alpha sweep; the mode rule against "
      "planted modes, by their separation, with its silhouette thresholds and merge cosines (docs/modes.md)."),
+    ("answer_modes", "Answer-key modes against the embedding rule",
+     "`python bench/bench_answer_modes.py` (see docs/modes.md and docs/answers.md)."),
     ("sandbox_overhead", "Sandbox start-up overhead",
      "`python bench/sandbox_overhead.py --repeats 30` (see docs/sandbox.md)."),
     ("nll_bench", "`mrt nll` and `mrt score` against a raw batched forward pass",

@@ -418,6 +418,49 @@ def test_select_matches_reference_or_refuses(c, method, layout, k, alpha, eps, k
         assert as_polars(got[1])["__row"].to_list() == as_polars(again)["__row"].to_list()
 
 
+def view_types(df: pl.DataFrame, reverse: bool) -> pa.Table:
+    """``df`` as Arrow with view types (what ``to_arrow(compat_level=newest)`` makes: strings as
+    string_view), its variable lists as list views, their values stored in reverse row order
+    when ``reverse``."""
+    t = df.to_arrow(compat_level=pl.CompatLevel.newest())
+    for i, f in enumerate(t.schema):
+        if not (pa.types.is_list(f.type) or pa.types.is_large_list(f.type)):
+            continue
+        arr = t.column(i).combine_chunks()
+        offs = np.asarray(arr.offsets)
+        sizes = np.diff(offs)
+        values, starts = arr.values, offs[:-1]
+        if reverse and len(arr):
+            values = pa.concat_arrays([arr.values.slice(int(offs[j]), int(sizes[j])) for j in reversed(range(len(arr)))])
+            starts = (np.cumsum(sizes[::-1]) - sizes[::-1])[::-1]
+        large = pa.types.is_large_list(f.type)
+        cls, it = (pa.LargeListViewArray, pa.int64()) if large else (pa.ListViewArray, pa.int32())
+        view = cls.from_arrays(pa.array(starts, it), pa.array(sizes, it), values,
+                               mask=arr.is_null() if arr.null_count else None)
+        t = t.set_column(i, f.name, view)
+    return t
+
+
+@FUZZ
+@given(c=candidate_tables(), method=st.sampled_from(["random", "top", "grades", "stratified"]), k=st.integers(1, 4),
+       reverse=st.booleans(), seed=st.integers(0, 2**32))
+def test_arrow_view_tables_give_what_their_plain_tables_give(c, method, k, reverse, seed):
+    """A table of Arrow view types (string_view, list_view, large_list_view) selects, and
+    advises, as the same table of plain types: the same rows, or the same one line."""
+    df = build(c, "polars").with_columns(tags=pl.col("prompt_id").cast(pl.String).str.split("1"))
+    plain, views = df.to_arrow(), view_types(df, reverse)
+    assert any("view" in str(f.type) for f in views.schema)
+    for call in (lambda t: select(t, k, method, seed=seed), lambda t: variance_budget(t, loss="reward")):
+        want, got = outcome(lambda: call(plain)), outcome(lambda: call(views))
+        assert got[0] == want[0], (want, got)
+        if want[0] == "input_error":
+            assert str(got[1]) == str(want[1])
+        elif isinstance(want[1], pa.Table):
+            assert pl.from_arrow(got[1]).equals(pl.from_arrow(want[1]), null_equal=True)
+        else:
+            assert repr(got[1]) == repr(want[1])
+
+
 @settings(max_examples=max(40, EXAMPLES // 2), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     k=st.sampled_from([0, -1, 1.5, True, "2", None, np.int64(2), 2**64, 2**70]),

@@ -12,6 +12,7 @@ disk writes parts byte-identical to an uninterrupted run's.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -84,6 +85,8 @@ def snapshot(root: Path) -> dict[str, str]:
                 out[rel] = "-> " + os.readlink(p)
             elif p.is_dir():
                 out[rel] = "dir"
+            elif not p.is_file():  # a FIFO: never opened
+                out[rel] = "special"
             else:
                 out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
@@ -344,6 +347,153 @@ def test_hive_keys_are_read_as_columns_or_refused(tmp_path_factory, case, method
                        for folder, df in files], how="vertical_relaxed")
     want = reference(whole, k, method).with_columns(pl.col(key).cast(pl.String))
     assert_same_rows(kept(out).with_columns(pl.col(key).cast(pl.String)), want, ordered=False)
+
+
+# --------------------------------------------------------------------------- inputs at the edges
+
+EDGE_KINDS = ("mixed_ids", "hive_odd", "views", "bom", "special", "corrupt_page")
+#: folder values: leading zeros, '=' inside, empty, percent-encoded, Hive's null, spaces, signs
+ODD_VALUES = ("007", "010", "a=b", "", "x%2Fy", "__HIVE_DEFAULT_PARTITION__", "v 1", "-0", "1e3", "=")
+
+
+def _view_table(df: pl.DataFrame) -> "pa.Table":
+    """``df`` as Arrow with view types: strings as string_view, embeddings as large_list_view."""
+    import pyarrow as pa
+
+    t = df.to_arrow(compat_level=pl.CompatLevel.newest())
+    emb = t.column("embedding").combine_chunks()
+    offs = np.asarray(emb.offsets)
+    view = pa.LargeListViewArray.from_arrays(pa.array(offs[:-1], pa.int64()), pa.array(np.diff(offs), pa.int64()),
+                                             emb.values)
+    return t.set_column(t.schema.get_field_index("embedding"), "embedding", view)
+
+
+@st.composite
+def edge_inputs(draw):
+    """Files at one edge of what inputs may be. Returns (kind, write(root) -> None,
+    whole frame expected (or None), needles of the one line expected (or None))."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from urllib.parse import unquote
+
+    kind = draw(st.sampled_from(EDGE_KINDS))
+    n = draw(st.integers(1, 3))
+    frames = [pools(draw(st.integers(1, 4)), draw(st.integers(0, 10**6)), first=10 * i) for i in range(n)]
+    whole = pl.concat(frames, how="vertical_relaxed")
+
+    if kind == "mixed_ids":  # integer ids beside fractional ones, in two shards or in one JSON file
+        big = draw(st.booleans())
+        within = draw(st.booleans())
+        sfx = ".jsonl" if within else draw(st.sampled_from([".parquet", ".jsonl"]))
+        base = 2**60 if big else 0
+        ints = frames[0].with_columns(pl.col("prompt_id") + base)
+        floats = pools(2, draw(st.integers(0, 99)), first=500).with_columns(pl.col("prompt_id") + 0.5)
+        first_big = ints["prompt_id"][0]
+        lines = ints.write_ndjson().splitlines() + floats.write_ndjson().splitlines()
+        order = draw(st.permutations(range(len(lines))))
+
+        def write_mixed(root: Path) -> None:
+            if within:
+                (root / "in").mkdir(parents=True)
+                (root / "in" / "f0.jsonl").write_text("\n".join(lines[i] for i in order) + "\n")
+            else:
+                write(ints, root / "in" / f"f0{sfx}")
+                write(floats, root / "in" / f"f1{sfx}")
+
+        if big:
+            return kind, write_mixed, None, ["f0" + sfx, str(first_big) if not within else "2^53"]
+        mixed = pl.concat([ints.with_columns(pl.col("prompt_id").cast(pl.Float64)), floats], how="vertical_relaxed")
+        return kind, write_mixed, mixed, None
+
+    if kind == "hive_odd":
+        sfx = draw(st.sampled_from([".parquet", ".jsonl"]))
+        values = draw(st.lists(st.sampled_from(ODD_VALUES), min_size=n, max_size=n, unique=True))
+
+        def write_hive(root: Path) -> None:
+            for i, (v, df) in enumerate(zip(values, frames)):
+                write(df, root / "in" / f"split={v}" / f"f{i}{sfx}")
+
+        decoded = [None if v == "__HIVE_DEFAULT_PARTITION__" else unquote(v) for v in values]
+        whole = pl.concat([df.with_columns(split=pl.lit(v, pl.String)) for v, df in zip(decoded, frames)])
+        return kind, write_hive, whole, None
+
+    if kind == "views":
+        def write_views(root: Path) -> None:
+            (root / "in").mkdir(parents=True)
+            for i, df in enumerate(frames):
+                pq.write_table(_view_table(df), root / "in" / f"f{i}.parquet")
+
+        return kind, write_views, whole, None
+
+    if kind == "bom":
+        boms = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+        array = draw(st.booleans())
+
+        def write_bom(root: Path) -> None:
+            (root / "in").mkdir(parents=True)
+            for i, (df, bom) in enumerate(zip(frames, boms)):
+                text = json.dumps(df.to_dicts()) if array else df.write_ndjson()
+                name = f"f{i}.json" if array else f"f{i}.jsonl"
+                (root / "in" / name).write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+
+        return kind, write_bom, whole, None
+
+    if kind == "special":
+        sfx = draw(st.sampled_from([".parquet", ".jsonl"]))
+
+        def write_special(root: Path) -> None:
+            for i, df in enumerate(frames):
+                write(df, root / "in" / f"f{i}{sfx}")
+            os.mkfifo(root / "in" / f"pipe{sfx}")
+
+        return kind, write_special, None, [f"pipe{sfx}", "FIFO"]
+
+    bad = draw(st.integers(0, n - 1))
+    at = draw(st.integers(1, 8))
+
+    def write_corrupt(root: Path) -> None:  # pyarrow with page checksums, one byte of a page flipped
+        (root / "in").mkdir(parents=True)
+        for i, df in enumerate(frames):
+            p = root / "in" / f"f{i}.parquet"
+            pq.write_table(df.to_arrow(), p, write_page_checksum=True, compression="none", use_dictionary=False)
+            if i == bad:
+                data = bytearray(p.read_bytes())
+                cc = pq.ParquetFile(p).metadata.row_group(0).column(1)  # reward: no two bytes of a page equal 0
+                end = cc.data_page_offset + cc.total_compressed_size
+                data[end - at] ^= 0xFF
+                p.write_bytes(bytes(data))
+
+    return kind, write_corrupt, None, [f"f{bad}.parquet", "checksum"]
+
+
+@cases(40)
+@given(case=edge_inputs(), method=st.sampled_from(["top", "random", "grades"]), k=st.integers(1, 3),
+       n_parts=st.integers(1, 2), cli=VIA_CLI)
+def test_inputs_at_the_edges_give_the_in_memory_rows_or_one_line(tmp_path_factory, case, method, k, n_parts, cli):
+    """Mixed integer/float ids (across shards, inside one JSON file, beyond 2^53 or not), odd hive
+    values, Arrow view types, byte order marks, a FIFO among the shards, a damaged page."""
+    kind, write_files, whole, needles = case
+    tmp = tmp_path_factory.mktemp("edge")
+    write_files(tmp)
+    before = snapshot(tmp / "in")
+    out = tmp / "o"
+    got = run_case(tmp / "in", out, k, method, cli, **({} if cli else {"parts": n_parts}))
+    note(f"{kind} -> {got}")
+    assert snapshot(tmp / "in") == before
+    if whole is None:
+        assert got[0] == "input_error", f"{kind} was read"
+        assert all(s in one_line(got[1]) for s in needles), (needles, got[1])
+        assert not out.exists()
+        return
+    assert got[0] == "ok", got[1]
+    if kind == "mixed_ids":  # ids are floats here: compared as floats
+        floats = {"prompt_id": pl.Float64, "reward": pl.Float64, "embedding": pl.List(pl.Float64)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = mrt_fast.select(whole.cast(floats), k, method)
+        assert_same_rows(pl.read_parquet(out).cast(floats), want.cast(floats), ordered=False)
+        return
+    assert_same_rows(kept(out), reference(whole, k, method), ordered=False)
 
 
 # --------------------------------------------------------------------------- a job stopped after any part

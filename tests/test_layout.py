@@ -21,6 +21,7 @@ LAYERS = {
     "variance": 4,
     "datasets": 5,
     "embeddings": 6, "sandbox": 6,
+    "answers": 6.5,  # answer keys and checkers: runs programs in the sandbox, stages on the job
     "llm": 7, "simulate": 7,
     "cli": 8,
 }

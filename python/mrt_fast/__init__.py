@@ -5,7 +5,8 @@ How many responses per prompt to keep (`variance_budget`), which ones
 
 The areas are subpackages: :mod:`mrt_fast.selection`, :mod:`mrt_fast.variance`,
 :mod:`mrt_fast.tables`, :mod:`mrt_fast.datasets`, :mod:`mrt_fast.embeddings`,
-:mod:`mrt_fast.llm`, :mod:`mrt_fast.sandbox`, :mod:`mrt_fast.simulate`; the
+:mod:`mrt_fast.llm`, :mod:`mrt_fast.sandbox`, :mod:`mrt_fast.simulate`,
+:mod:`mrt_fast.answers` (callable: ``mrt_fast.answers(table, ...)``); the
 names below are their most used entries, each loaded on first use.
 """
 
@@ -42,8 +43,10 @@ _LAZY = {
     "GenerationConfig": "mrt_fast.llm.generate",
     "TrainConfig": "mrt_fast.llm.train",
     "RewardModel": "mrt_fast.llm.reward",
+    "answers_dataset": "mrt_fast.answers.dataset",
 }
-AREAS = ("selection", "variance", "tables", "datasets", "embeddings", "llm", "sandbox", "simulate", "errors")
+AREAS = ("selection", "variance", "tables", "datasets", "embeddings", "llm", "sandbox", "simulate", "errors",
+         "answers")
 
 __all__ = sorted([
     "__version__",

@@ -8,15 +8,15 @@
 * :class:`MissingDependencyError` (an ``ImportError``): an optional extra or
   an outside tool this call needs is not installed. It is not an input error,
   so ``except ValueError`` around bad data never hides a broken install.
-* Warnings: :class:`SmallPoolWarning`.
+* Warnings: :class:`SmallPoolWarning`, :class:`PartialOutputWarning`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EmbeddingModelError", "MissingDependencyError", "MrtInputError", "SandboxUnavailableError",
-           "SmallPoolWarning"]
+__all__ = ["EmbeddingModelError", "MissingDependencyError", "MrtInputError", "PartialOutputWarning",
+           "SandboxUnavailableError", "SmallPoolWarning"]
 
 
 class MrtInputError(ValueError):
@@ -59,6 +59,10 @@ class SandboxUnavailableError(MissingDependencyError):
 
 class SmallPoolWarning(UserWarning):
     """Some pools had no more than K candidates and were kept whole."""
+
+
+class PartialOutputWarning(UserWarning):
+    """An unfinished ``mrt`` output was read as asked (``allow_partial``): only its finished parts."""
 
 
 class EmbeddingModelError(MrtInputError):

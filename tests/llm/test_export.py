@@ -180,33 +180,35 @@ PREF = pl.DataFrame({"prompt_id": [2, 2, 2, 2, 1, 1, 3, 4, 4, 4, 4],
 
 
 def test_dpo_pairs_best_with_worst_by_the_documented_rule(tmp_path):
-    res = export(PREF, tmp_path / "dpo.jsonl", "dpo")
+    res = export(PREF, tmp_path / "dpo.jsonl", "dpo", pairs="best-worst", conversational=False)
     rows = [json.loads(x) for x in (tmp_path / "dpo.jsonl").read_text().splitlines()]
     # pool 2: b (0.9) with c (0.1); a and d tie at 0.5 (no gap): no second pair. pool 1: equal rewards;
     # pool 3: one response. pool 4: h (4) with i (1), then j (3) with k (2)
     assert [(r["prompt_id"], r["chosen"], r["rejected"]) for r in rows] == [(2, "b", "c"), (4, "h", "i"), (4, "j", "k")]
     assert res["margin"].to_list() == pytest.approx([0.8, 3.0, 1.0])
     assert all(r["prompt"] == f"p{r['prompt_id']}" for r in rows)
-    strict = export(PREF, tmp_path / "s.jsonl", "dpo", min_margin=1.5)
+    strict = export(PREF, tmp_path / "s.jsonl", "dpo", pairs="best-worst", conversational=False, min_margin=1.5)
     assert strict.select("chosen", "rejected").rows() == [("h", "i")]
-    one = export(PREF, tmp_path / "o.jsonl", "dpo", max_pairs=1)
+    one = export(PREF, tmp_path / "o.jsonl", "dpo", pairs="best-worst", conversational=False, max_pairs=1)
     assert one.select("chosen", "rejected").rows() == [("b", "c"), ("h", "i")]
 
 
 def test_dpo_pairs_do_not_depend_on_row_order_beyond_ties(tmp_path):
-    a = export(PREF, tmp_path / "a.jsonl", "dpo").sort("prompt_id", "chosen")
-    b = export(PREF.reverse(), tmp_path / "b.jsonl", "dpo").sort("prompt_id", "chosen")
-    assert a.equals(b)
+    for rule in ("best-worst", "sweet-spot"):
+        a = export(PREF, tmp_path / "a.jsonl", "dpo", pairs=rule, conversational=False).sort("prompt_id", "chosen")
+        b = export(PREF.reverse(), tmp_path / "b.jsonl", "dpo", pairs=rule, conversational=False)
+        assert a.equals(b.sort("prompt_id", "chosen"))
 
 
 def test_kto_labels_by_the_pools_mean_and_refusals(tmp_path):
-    res = export(PREF, tmp_path / "k.jsonl", "kto", conversational=True)
-    assert res.filter(pl.col("prompt_id") == 4)["label"].to_list() == [True, False, True, False]
+    res = export(PREF, tmp_path / "k.jsonl", "kto", conversational=True, kto_label="pool-mean")
+    # pool 4 (mean 2.5) best first: h (4), j (3), k (2), i (1)
+    assert res.filter(pl.col("prompt_id") == 4)["label"].to_list() == [True, True, False, False]
     assert res.filter(pl.col("prompt_id") == 1).height == 0  # all at the mean: neither
     assert res["completion"][0][0]["role"] == "assistant"
     with pytest.raises(MrtInputError, match="no 'reward' column"):
         export(PREF.drop("reward"), tmp_path / "x.jsonl", "dpo")
-    with pytest.raises(MrtInputError, match="no dpo row"):
+    with pytest.raises(MrtInputError, match="no dpo row could be built: .*all rewards equal"):
         export(PREF.filter(pl.col("prompt_id") == 1), tmp_path / "x.jsonl", "dpo")
     with pytest.raises(MrtInputError, match="min_margin"):
         export(PREF, tmp_path / "x.jsonl", "dpo", min_margin=-1)
@@ -219,10 +221,11 @@ def test_dpo_file_trains_with_trls_dpo_trainer_offline(tmp_path):
     from mrt_fast.llm.testing import save_tiny_models
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    export(PREF, tmp_path / "dpo.jsonl", "dpo")
-    ds = datasets.load_dataset("json", data_files=str(tmp_path / "dpo.jsonl"), split="train")
     models = save_tiny_models(tmp_path / "m")
     tok = AutoTokenizer.from_pretrained(models["lm"])
+    export(PREF, tmp_path / "dpo.jsonl", "dpo", pairs="best-worst", tokenizer=tok)  # no chat template: strings
+    ds = datasets.load_dataset("json", data_files=str(tmp_path / "dpo.jsonl"), split="train")
+    assert isinstance(ds[0]["prompt"], str)
     model = AutoModelForCausalLM.from_pretrained(models["lm"])
     args = trl.DPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=2,
                          report_to=[], use_cpu=True, logging_steps=1, save_strategy="no")
@@ -234,7 +237,7 @@ def test_dpo_file_trains_with_trls_dpo_trainer_offline(tmp_path):
 def test_cli_exports_dpo_pairs_with_margin_and_cap(tmp_path):
     PREF.write_parquet(tmp_path / "kept.parquet")
     r = CliRunner().invoke(app, ["export", str(tmp_path / "kept.parquet"), str(tmp_path / "p.jsonl"), "--format", "dpo",
-                                 "--min-margin", "0.5", "--max-pairs", "1"])
+                                 "--pairs", "best-worst", "--plain", "--min-margin", "0.5", "--max-pairs", "1"])
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert [(x["chosen"], x["rejected"]) for x in rows] == [("b", "c"), ("h", "i")]

@@ -42,7 +42,16 @@ def _files(out):
     return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in sorted(out.rglob("*")) if p.is_file()}
 
 
-def test_a_changed_selection_setting_is_refused_then_redone_for_its_cells_only(tiny_paths, tmp_path, trained):
+def _kept(out, cell):
+    from mrt_fast.llm.cells import kept_key
+
+    return kept_key(pl.read_parquet(out / "select" / f"{cell}.parquet"))
+
+
+def test_a_changed_selection_setting_is_refused_then_redone_for_its_cells_only(tiny_paths, tmp_path, trained,
+                                                                                capsys):
+    """A selection made again trains its cell again only when it keeps other rows: the trained cell
+    is keyed by the content of its kept rows and the training settings."""
     from mrt_fast.llm.pipeline import run
 
     cfg = _cfg(tmp_path, tiny_paths)
@@ -63,15 +72,30 @@ def test_a_changed_selection_setting_is_refused_then_redone_for_its_cells_only(t
     assert "\n" not in msg and str(out) in msg and "select/grades_k1" in msg and "alpha 0.75 -> 0.25" in msg
     assert "random_k1" not in msg and "--redo-changed" in msg
     assert _files(out) == before and trained == []  # nothing written, nothing trained
+    # narrowing the grid is no change: grades_k1 lies outside it, kept as it is and not reported
+    narrow = {**cfg, "select": {**cfg["select"], "methods": ["random"]}}
+    res = run(narrow, progress=True)
+    assert trained == [] and res["method"].to_list() == ["random"] and _files(out) == {
+        **before, **{k: v for k, v in _files(out).items() if k.startswith(("results", ".mrt", "config"))}}
+    assert "1 cell outside the grid kept, not reported" in capsys.readouterr().err
+    kept = _kept(out, "grades_k1")
     run(cfg, progress=False, redo_changed=True)
-    assert trained == ["grades_k1"]  # random does not read alpha: its cell is reused
+    assert _kept(out, "grades_k1") == kept  # alpha 0.25 keeps the same row of each pool here ...
+    assert trained == []  # ... so its trained model and its metrics are reused; random does not read alpha
     after = _files(out)
+    assert after["select/grades_k1.parquet"] != before["select/grades_k1.parquet"]  # selected again
     for f in ("runs/random_k1/adapter/adapter_config.json", "runs/random_k1/metrics.json",
+              "runs/grades_k1/adapter/adapter_config.json", "runs/grades_k1/metrics.json",
               "select/random_k1.parquet", "candidates.parquet", "scored.parquet"):
         assert after[f] == before[f]
-    assert after["runs/grades_k1/metrics.json"] != before["runs/grades_k1/metrics.json"]
     rec = json.loads((out / ".mrt" / "stages.json").read_text())["stages"]
     assert rec["select/grades_k1"]["settings"]["alpha"] == 0.25 and "alpha" not in rec["select/random_k1"]["settings"]
+    # a selection that keeps other rows trains its cell again
+    kept = _kept(out, "random_k1")
+    cfg["select"]["seed"] = 3
+    run(cfg, progress=False, redo_changed=True)
+    assert _kept(out, "random_k1") != kept and trained == ["random_k1"]
+    assert _files(out)["runs/random_k1/metrics.json"] != after["runs/random_k1/metrics.json"]
 
 
 def test_a_changed_train_setting_redoes_every_trained_cell_and_adding_a_k_runs_only_it(tiny_paths, tmp_path,
@@ -87,14 +111,14 @@ def test_a_changed_train_setting_redoes_every_trained_cell_and_adding_a_k_runs_o
     assert trained == ["random_k2"] and res["cell"].to_list() == ["reused", "new"]
     before = _files(out)
     cfg["train"]["max_steps"] = 2
-    with pytest.raises(MrtInputError, match=r"train/random_k1 \(train .*max_steps.* 1.* -> .*2"):
+    with pytest.raises(MrtInputError, match=r"train/random_k1 \(train\.max_steps 1 -> 2\)"):
         run(cfg, progress=False)
-    cfg["select"]["ks"] = [2]  # random_k1 is outside the grid now: it is redone-away, not left as comparable
+    cfg["select"]["ks"] = [2]  # random_k1 is outside the grid now: left as it is, not redone, not reported
     trained.clear()
     res = run(cfg, progress=False, redo_changed=True)
-    assert trained == ["random_k2"] and res["cell"].to_list() == ["new"]
-    assert not (out / "runs" / "random_k1").exists()
+    assert trained == ["random_k2"] and res["cell"].to_list() == ["new"] and res["K"].to_list() == [2]
     after = _files(out)
+    assert all(after[f] == before[f] for f in before if f.startswith(("runs/random_k1/", "select/random_k1")))
     for f in ("candidates.parquet", "embedded.parquet", "scored.parquet", "select/random_k2.parquet"):
         assert after[f] == before[f]
 
@@ -113,6 +137,23 @@ def test_an_out_dir_without_records_is_refused_then_redone(tiny_paths, tmp_path,
     trained.clear()
     run(cfg, progress=False, redo_changed=True)
     assert trained == ["random_k1"] and (out / ".mrt" / "stages.json").exists()
+
+
+def test_a_selection_lost_before_it_was_made_again_is_made_again_and_its_model_reused(tiny_paths, tmp_path,
+                                                                                        trained):
+    """--redo-changed deletes a changed selection first; stopped right then, the next run selects
+    again and keeps the trained cell when the rows are the same."""
+    from mrt_fast.llm.pipeline import run
+
+    cfg = _cfg(tmp_path, tiny_paths, methods=("random",))
+    run(cfg, progress=False)
+    out = tmp_path / "out"
+    before = _files(out)
+    (out / "select" / "random_k1.parquet").unlink()
+    trained.clear()
+    res = run(cfg, progress=False)
+    assert trained == [] and res["cell"].to_list() == ["reused"]
+    assert _files(out)["runs/random_k1/metrics.json"] == before["runs/random_k1/metrics.json"]
 
 
 def test_a_changed_data_file_is_refused_and_names_the_stage(tiny_paths, tmp_path):
@@ -136,7 +177,7 @@ def test_another_model_saved_at_the_same_path_is_a_change(tmp_path):
     run(cfg, progress=False)
     run(cfg, progress=False)  # the same files: everything reused, nothing refused
     save_tiny_models(tmp_path / "models", seed=1)  # other weights under the same path
-    with pytest.raises(MrtInputError, match=r"generate \(model "):
+    with pytest.raises(MrtInputError, match=r"generate \(model: its files changed\)"):
         run(cfg, progress=False)
 
 
@@ -155,14 +196,15 @@ def test_the_cli_refuses_in_one_line_with_exit_2_and_redoes_with_redo_changed(ti
     err = r.stderr.strip()
     assert r.exit_code == 2 and len(err.splitlines()) == 1 and "kernel 'clip' -> 'shift'" in err, err
     assert "Traceback" not in r.output and trained == []
+    kept = _kept(tmp_path / "out", "grades_k1")
     r = CliRunner().invoke(app, ["run", str(tmp_path / "c.yaml"), "--set", "select.kernel=shift", "--redo-changed"])
     assert r.exit_code == 0, r.output
-    assert trained == ["grades_k1"]
+    assert trained == ([] if _kept(tmp_path / "out", "grades_k1") == kept else ["grades_k1"])
 
 
 def test_identical_cells_are_reused_on_a_rerun_and_follow_their_twin(tiny_paths, tmp_path, trained):
     """K = the pool size: grades evaluates random's model; a rerun reuses both, and a change of random's
-    selection redoes the cell that shares its model too."""
+    selection that keeps the same rows (every row, at K = the pool size) trains nothing again."""
     from mrt_fast.llm.pipeline import run
 
     cfg = _cfg(tmp_path, tiny_paths, ks=(3,))
@@ -176,7 +218,40 @@ def test_identical_cells_are_reused_on_a_rerun_and_follow_their_twin(tiny_paths,
     cfg["select"]["seed"] = 5  # read by random only
     with pytest.raises(MrtInputError, match=r"select/random_k3 \(seed 0 -> 5\)"):
         run(cfg, progress=False)
-    run(cfg, progress=False, redo_changed=True)
+    res = run(cfg, progress=False, redo_changed=True)
     after = _files(out)
-    assert trained == ["random_k3"] and after["select/grades_k3.parquet"] == before["select/grades_k3.parquet"]
-    assert after["runs/grades_k3/metrics.json"] != before["runs/grades_k3/metrics.json"]
+    assert trained == [] and after["select/grades_k3.parquet"] == before["select/grades_k3.parquet"]
+    assert after["select/random_k3.parquet"] != before["select/random_k3.parquet"]
+    for f in ("runs/random_k3/metrics.json", "runs/random_k3/adapter/adapter_config.json", "runs/grades_k3/metrics.json"):
+        assert after[f] == before[f]
+    assert res["same_as"].to_list() == [None, "random_k3"]
+
+
+HOOK = "def reward(rows):\n    return [{scale} * len(r) for r in rows['response'].to_list()]\n"
+
+
+def test_a_reward_hook_is_recorded_by_its_code(tiny_paths, tmp_path, monkeypatch):
+    """The hook's file and source are its record: an edit is a change; a hook whose code cannot be
+    read (made by exec) has no fingerprint, and what was made with it is never reused."""
+    from mrt_fast.llm.pipeline import run
+
+    (tmp_path / "myhook.py").write_text(HOOK.format(scale=1.0))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = _cfg(tmp_path, tiny_paths, methods=("top",))
+    cfg.pop("reward_model")
+    cfg["reward_fn"] = "myhook:reward"
+    stages = ("generate", "embed", "score", "select")
+    run(cfg, progress=False, stages=stages)
+    run(cfg, progress=False, stages=stages)  # the same code: reused
+    (tmp_path / "myhook.py").write_text(HOOK.format(scale=-1.0))
+    with pytest.raises(MrtInputError, match=r"score \(reward_fn 'myhook:reward': its code changed\)") as e:
+        run(cfg, progress=False, stages=stages)
+    assert "\n" not in str(e.value)
+    ns: dict = {}
+    exec(HOOK.format(scale=1.0), ns)  # noqa: S102 - a hook with neither a file nor a source
+    run(cfg, reward_fn=ns["reward"], progress=False, stages=stages, redo_changed=True)
+    with pytest.raises(MrtInputError, match=r"score \(reward_fn .* has no fingerprint of its code .*--redo-changed"):
+        run(cfg, reward_fn=ns["reward"], progress=False, stages=stages)
+    scored = _files(tmp_path / "out")["scored.parquet"]
+    run(cfg, reward_fn=ns["reward"], progress=False, stages=stages, redo_changed=True)
+    assert _files(tmp_path / "out")["scored.parquet"] != scored  # made again, not reused

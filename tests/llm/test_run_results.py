@@ -1,4 +1,5 @@
-"""mrt run's results: cells of earlier runs kept and marked, identical cells trained once and
+"""mrt run's results: the cells of its grid (those of earlier runs outside it kept on disk, not
+reported), identical cells trained once and
 flagged, intervals over the evaluation prompts in the table and the plot."""
 
 from __future__ import annotations
@@ -62,17 +63,20 @@ def test_the_key_of_kept_rows_ignores_order_but_not_content_or_weight():
     assert kept_key(kept) != kept_key(kept.head(2))
 
 
-def test_results_accumulate_across_runs_and_mark_reused_cells(tiny_paths, tmp_path):
+def test_results_hold_the_grid_and_mark_reused_cells(tiny_paths, tmp_path):
     from mrt_fast.llm.pipeline import run
 
     first = run(_cfg(tmp_path, tiny_paths, ["random"], [1]), progress=False)
     assert first.select("method", "K", "cell").rows() == [("base", 0, "new"), ("random", 1, "new")]
     second = run(_cfg(tmp_path, tiny_paths, ["random"], [2]), progress=False)
-    assert second.select("method", "K", "cell").rows() == [("base", 0, "reused"), ("random", 1, "earlier"),
-                                                           ("random", 2, "new")]
-    assert second.filter(pl.col("K") == 1)["ref_loss"].item() == first.filter(pl.col("K") == 1)["ref_loss"].item()
+    assert second.select("method", "K", "cell").rows() == [("base", 0, "reused"), ("random", 2, "new")]
+    assert (tmp_path / "out" / "runs" / "random_k1" / "metrics.json").exists()  # kept on disk
     on_disk = pl.read_csv(tmp_path / "out" / "results.csv")
     assert on_disk.select("method", "K", "cell").rows() == second.select("method", "K", "cell").rows()
+    third = run(_cfg(tmp_path, tiny_paths, ["random"], [1, 2]), progress=False)  # back in the grid: reused
+    assert third.select("method", "K", "cell").rows() == [("base", 0, "reused"), ("random", 1, "reused"),
+                                                          ("random", 2, "reused")]
+    assert third.filter(pl.col("K") == 1)["ref_loss"].item() == first.filter(pl.col("K") == 1)["ref_loss"].item()
 
 
 def test_the_results_plot_draws_intervals_and_identical_cells(tmp_path, monkeypatch):
@@ -100,6 +104,30 @@ def test_the_results_plot_draws_intervals_and_identical_cells(tmp_path, monkeypa
     assert not np.allclose(xs[0], xs[1])  # methods side by side: equal values stay visible
     assert any(t.get_text() == "= random_k4" for t in ax.texts)
     assert any(abs(p.get_height() - 2 * 1.96 * 0.1) < 1e-9 for p in ax.patches if hasattr(p, "get_height"))
+
+
+def test_the_results_plot_labels_k_plainly_and_names_the_number_of_eval_prompts(tmp_path, monkeypatch):
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from mrt_fast.llm.pipeline import plot_results
+
+    res = pl.DataFrame({"method": ["base", "random", "random", "random"], "K": [0, 1, 2, 8],
+                        "ref_loss": [2.0, 1.8, 1.7, 1.6], "ref_loss_se": [0.1, 0.05, 0.04, 0.04]})
+    figs = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **kw: figs.append(self))
+    plot_results(res, tmp_path / "r.png", n_prompts=37)
+    fig = figs[0]
+    fig.canvas.draw()
+    assert "37 evaluation prompts" in fig._suptitle.get_text()
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text() and lo <= t.get_position()[0] <= hi]
+    assert {"1", "2", "8"} <= set(labels) and all(re.fullmatch(r"\d+", t) for t in labels), labels
 
 
 def test_standard_errors_over_prompts_by_hand():

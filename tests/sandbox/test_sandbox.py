@@ -149,6 +149,7 @@ def test_outputs_match_ignores_only_trailing_whitespace(lines, pad, blank):
     ("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass",
      dict(cpu_s=1, timeout_s=20), "cpu_limit"),  # the hard limit's SIGKILL
     ("a = []\nwhile True:\n    a.append(bytearray(10**7))", dict(memory_mb=200), "memory_limit"),
+    ("a = []\nwhile True:\n    a.append(bytes(10**7))", dict(memory_mb=200), "memory_limit"),  # never touched
     ("while True:\n    print('x' * 4096)", dict(output_mb=1), "output_limit"),
     ("import sys\nwhile True:\n    sys.stderr.write('y' * 4096)", dict(output_mb=1), "output_limit"),
 ])
@@ -158,6 +159,21 @@ def test_each_status_label(code, kw, want):
     assert r.isolation == "bwrap" and r.network_namespace
     if want == "output_limit":
         assert len(r.stdout.encode()) + len(r.stderr.encode()) <= 1 << 20
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "none-i-understand"])
+@pytest.mark.parametrize("code, reason", [
+    ("import sys\nsys.exit(86)", "exit 86"),  # the exit code of a refused allocation, by choice
+    ("import os\nos._exit(86)", "exit 86"),
+    ("import sys\nprint('MemoryError', file=sys.stderr)\nraise MemoryError", "exit 86"),  # holding nothing
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)", "signal SIGXCPU"),  # no CPU time used
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "signal SIGKILL"),
+])
+def test_limits_are_labelled_only_from_the_sandboxs_own_evidence(code, reason, isolation):
+    if isolation == "bwrap" and WHY is not None:
+        pytest.skip(f"bubblewrap cannot isolate programs here: {WHY}")
+    r = run(code, cpu_s=5, memory_mb=200, isolation=isolation)
+    assert (r.status, r.reason) == ("error", reason), (r.status, r.returncode, r.stderr[-300:])
 
 
 @needs_bwrap
@@ -288,15 +304,15 @@ def test_loopback_tcp_and_udp_are_unreachable():
                 fd = libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0)
                 rc = libc.connect(fd, ctypes.c_char_p(addr), len(addr))
                 print("ctypes connect", fd, rc, ctypes.get_errno())
-                s = socket.socket()
-                s.settimeout(2)
-                try:
+                try:  # refused by the seccomp filter; were it not, nothing is there to reach
+                    s = socket.socket()
+                    s.settimeout(2)
                     s.connect(("127.0.0.1", {port}))
                     print("CONNECTED")
                 except OSError as e:
                     print("connect failed", e)
-                u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 try:
+                    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                     u.sendto(b"hello", ("127.0.0.1", {uport}))
                 except OSError as e:
                     print("sendto failed", e)
@@ -329,8 +345,8 @@ def test_unix_sockets_of_the_host_are_unreachable(tmp_path):
         r = run(f"""
             import socket
             for addr in ({path!r}, {abstract!r}):
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                     s.connect(addr)
                     print("CONNECTED", repr(addr))
                 except OSError as e:
@@ -475,6 +491,9 @@ def test_kernel_surface_is_filtered():
         call("ptrace", 16, 1, 0, 0)                   # PTRACE_ATTACH to init
         call("syscall", 250, 0, 0, 0)                 # keyctl
         call("syscall", 425, 8, 0)                    # io_uring_setup
+        call("socket", 1, 1, 0)                       # AF_UNIX, SOCK_STREAM
+        call("socket", 2, 2, 0)                       # AF_INET, SOCK_DGRAM
+        call("socketpair", 1, 1, 0, (ctypes.c_int * 2)())
         t = threading.Thread(target=print, args=("thread ok",))
         t.start(); t.join()
         print("subprocess", subprocess.run(["true"]).returncode)
@@ -482,7 +501,7 @@ def test_kernel_surface_is_filtered():
     assert r.status == "passed", r.stderr[-300:]
     for name in ("unshare", "syscall", "ptrace"):
         assert f"{name} ok" not in r.stdout, r.stdout
-    assert r.stdout.count("refused") == 5 and "thread ok" in r.stdout and "subprocess 0" in r.stdout
+    assert r.stdout.count("refused") == 8 and "thread ok" in r.stdout and "subprocess 0" in r.stdout
 
 
 @needs_bwrap
@@ -645,6 +664,43 @@ def test_memory_mb_bounds_each_kind_of_memory(path, memory_mode):
     assert held <= MEMORY_MB, f"{path}: the program held {held} MB under memory_mb={MEMORY_MB}"
     if memory_mode == "cgroup" and r.memory_peak_bytes is not None:
         assert 0 < r.memory_peak_bytes <= MEMORY_MB << 20
+
+
+# kernel memory that neither RLIMIT_AS nor a memory cgroup counts: data queued in AF_UNIX socket
+# buffers (each socket's send buffer raised to the most the host allows); it reports what the kernel
+# accepted, so "held" is memory the program made the host hold
+SOCKET_BUFFERS = """
+import socket
+held = 0
+print("start", flush=True)
+chunk = b"\\3" * (1 << 16)
+socks = []
+try:
+    while held < 2 * LIMIT << 20 and len(socks) < 200:
+        pair = socket.socketpair()
+        socks += pair
+        for s in pair:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 20)
+            s.setblocking(False)
+            try:
+                while held < 2 * LIMIT << 20:
+                    held += s.send(chunk)
+            except BlockingIOError:
+                pass
+        print("held", held >> 20, flush=True)
+except OSError as e:
+    print("stopped", e, flush=True)
+"""
+
+
+@needs_bwrap
+def test_socket_buffers_cannot_hold_memory_beyond_the_limit(memory_mode):
+    r = run(SOCKET_BUFFERS.replace("LIMIT", str(MEMORY_MB)), memory_mb=MEMORY_MB, timeout_s=30)
+    assert r.memory_bound == memory_mode
+    assert r.stdout.startswith("start"), (r.status, r.stderr[-300:])
+    held = most_held_mb(r.stdout)
+    assert held <= MEMORY_MB, f"the program held {held} MB in socket buffers under memory_mb={MEMORY_MB}"
+    assert "stopped" in r.stdout, r.stdout[-300:]
 
 
 @needs_bwrap

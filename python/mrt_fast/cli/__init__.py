@@ -9,6 +9,8 @@ from mrt_fast.cli import embed  # noqa: F401
 from mrt_fast.cli import select  # noqa: F401
 from mrt_fast.cli import variance  # noqa: F401
 from mrt_fast.cli import llm  # noqa: F401
+from mrt_fast.cli import plan  # noqa: F401
+from mrt_fast.cli import answers  # noqa: F401
 from mrt_fast.cli import simulate  # noqa: F401
 from mrt_fast.cli.common import app
 

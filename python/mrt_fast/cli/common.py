@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from mrt_fast._util.messages import rich_console
 from mrt_fast.errors import MissingDependencyError
 
 app = typer.Typer(
@@ -17,20 +17,48 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console()
+console = rich_console()
+#: --allow-partial, on every command that reads a dataset
+ALLOW_PARTIAL = typer.Option(False, "--allow-partial", help="Read an unfinished mrt output (its job stopped "
+                             "before the end): only its finished parts, with a warning giving their count and "
+                             "rows. Without it such an input is refused.")
+
+
+@app.callback()
+def _before_every_command() -> None:
+    from mrt_fast.cli.quiet import quiet_libraries
+
+    quiet_libraries()
 
 
 @contextlib.contextmanager
-def user_errors():
-    """Bad input ends the command with one line on stderr and exit code 2."""
-    from mrt_fast.errors import MissingDependencyError, MrtInputError
+def user_errors(resumable: bool = False):
+    """Bad input ends the command with one line on stderr and exit code 2; Ctrl-C with one line
+    (saying that a rerun resumes, for a ``resumable`` command) and exit code 130; a partial
+    read's warning is one ``warning:`` line on stderr."""
+    import warnings
+
+    from mrt_fast.errors import MissingDependencyError, MrtInputError, PartialOutputWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PartialOutputWarning):
+            typer.echo(f"warning: {message}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
 
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            yield
     except (MrtInputError, MissingDependencyError, OSError, TypeError) as e:
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted" + ("; rerun the same command to resume" if resumable else ""), err=True)
+        raise typer.Exit(130) from None
 
 
 def warn_notes(notes: list[str]) -> None:
@@ -92,10 +120,11 @@ def kv_options(pairs: list[str] | None) -> dict:
         out[k.strip()] = yaml.safe_load(v)
     return out
 
-def check_input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input", *, dataset: bool = False):
+def check_input_table(path: Path, columns: tuple[str, ...] = (), role: str = "input", *, dataset: bool = False,
+                      allow_partial: bool = False):
     """Check an input table before any work: readable, the columns present, at least one row.
-    ``dataset``: ``path`` may also be a directory (an ``mrt`` output included) or a glob,
-    found as every dataset job finds its input."""
+    ``dataset``: ``path`` may also be a directory (an ``mrt`` output included; an unfinished one
+    only with ``allow_partial``) or a glob, found as every dataset job finds its input."""
     import polars as pl
 
     from mrt_fast.datasets import formats as _formats
@@ -104,7 +133,7 @@ def check_input_table(path: Path, columns: tuple[str, ...] = (), role: str = "in
     if dataset:
         from mrt_fast.datasets.sources import discover
 
-        lf = discover(str(path)).scan()
+        lf = discover(str(path), allow_partial=allow_partial).scan()
     else:
         lf = _formats.scan(path)
     names = lf.collect_schema().names()
@@ -152,14 +181,14 @@ RESPONSE_HELP = ("Response text column (default: response, or responses when the
                  "response column); --response-column is the same option in every command.")
 
 
-def response_column(inp, given: Optional[str], flag: str = "--response-column") -> str:
+def response_column(inp, given: Optional[str], flag: str = "--response-column", allow_partial: bool = False) -> str:
     """The response column of ``inp`` (a file, directory or glob): ``given`` when set (a missing one is
     refused, naming the other usual name when the input has it); else ``response``, or ``responses``
     when only that one is there (said on stderr)."""
     from mrt_fast.datasets.sources import discover
     from mrt_fast.errors import MrtInputError
 
-    names = discover(str(inp)).scan().collect_schema().names()
+    names = discover(str(inp), allow_partial=allow_partial).scan().collect_schema().names()
     if given is not None:
         if given in names:
             return given

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from mrt_fast.cli.common import (
+    ALLOW_PARTIAL,
     app,
     check_engine,
     console,
@@ -47,6 +48,7 @@ def embed_cmd(
                                               "(default: start or join a local one)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="--engine ray: model workers (default: the "
                                           "cluster's CPUs)."),
+    allow_partial: bool = ALLOW_PARTIAL,
     empty_text: str = typer.Option("refuse", "--empty-text", help="What an empty, whitespace-only or null text "
                                    "gets: refuse (stop before the model loads, naming its row and candidate), "
                                    "skip (leave its candidate out, counted) or keep (a null embedding that "
@@ -58,7 +60,7 @@ def embed_cmd(
 
     from mrt_fast.embeddings.dataset import embed_dataset
 
-    with user_errors():
+    with user_errors(resumable=True):
         if chunk_rows < 1:
             raise typer.BadParameter("--chunk-rows must be >= 1")
         if processes < 1:
@@ -66,12 +68,13 @@ def embed_cmd(
         check_engine(engine, ray_address, local_only={"--processes": processes if processes != 1 else None},
                      ray_only={"--workers": workers})
         command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
-        text = response_column(inp, text, "--text")
+        text = response_column(inp, text, "--text", allow_partial)
         rep = embed_dataset(
             inp, out, text=text, column=column, model=model, batch_size=batch_size,
             cache_dir=False if no_cache else cache_dir, device=device, processes=processes,
             overwrite_column=overwrite_column, overwrite=overwrite, rows_per_part=chunk_rows,
             progress=True, command=command, engine=engine, ray_address=ray_address, workers=workers,
+            allow_partial=allow_partial,
             empty_text=empty_text,
         )
     warn_notes(rep.notes)
@@ -132,12 +135,14 @@ def embed_quality_cmd(
     cache_dir: Optional[Path] = typer.Option(None, help="Embedding cache directory (default: $MRT_CACHE_DIR or ~/.cache/mrt_fast)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not read or write the embedding cache."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows and the verdict as JSON here."),
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """What choosing with a fast embedding costs each selector, on a sample of your own pools."""
     import json
 
     from mrt_fast._util.files import write_text
     from mrt_fast.datasets.formats import check_output
+    from mrt_fast.datasets.overlap import check_apart
     from mrt_fast.embeddings.quality import compare_embeddings, summarize
     from mrt_fast.errors import MrtInputError
 
@@ -150,8 +155,10 @@ def embed_quality_cmd(
             raise MrtInputError(f"--tolerance must be in [0, 1), got {tolerance}")
         if json_out is not None:
             check_output(json_out, "--json", table=False)
+        check_apart([("input", inp)], [("--json", json_out)])
         df = compare_embeddings(inp, model, reference, text=text, by=by, reward=reward, ks=ks, pools=pools,
-                                seed=seed, cache_dir=False if no_cache else cache_dir, device=device)
+                                seed=seed, cache_dir=False if no_cache else cache_dir, device=device,
+                                allow_partial=allow_partial)
         rows = df.to_dicts()
         verdict = summarize(rows, tolerance)
     ref_name = reference or "MiniLM"

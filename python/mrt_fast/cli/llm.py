@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from mrt_fast.cli.common import (
+    ALLOW_PARTIAL,
     app,
     check_engine,
     check_input_table,
@@ -36,7 +37,7 @@ MODEL_WORKERS = typer.Option(None, "--workers", help="--engine ray: model worker
 
 
 def check_text_stage(inp, out, texts: tuple, new_column: str, batch_size: int, engine: str,
-                     ray_address, workers) -> None:
+                     ray_address, workers, allow_partial: bool = False) -> None:
     """The checks nll and score make before a model loads: their numbers and engine flags, the
     input's text columns, no column of the name they add, and the output."""
     from mrt_fast.errors import MrtInputError
@@ -46,7 +47,7 @@ def check_text_stage(inp, out, texts: tuple, new_column: str, batch_size: int, e
     check_engine(engine, ray_address, ray_only={"--workers": workers})
     if workers is not None and workers < 1:
         raise MrtInputError(f"--workers must be >= 1, got {workers}")
-    lf = check_input_table(inp, texts, dataset=True)
+    lf = check_input_table(inp, texts, dataset=True, allow_partial=allow_partial)
     if new_column in lf.collect_schema().names():
         raise MrtInputError(f"{str(inp)!r} already has a {new_column!r} column", column=new_column)
     check_text_columns(lf, inp, texts)
@@ -71,17 +72,19 @@ def nll_cmd(
     engine: str = MODEL_ENGINE,
     ray_address: Optional[str] = RAY_ADDRESS,
     workers: Optional[int] = MODEL_WORKERS,
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Add each response's loss l_ij (mean token NLL of response + EOS, prompt masked) under a causal LM.
 
     OUTPUT with a suffix is one file; without, a resumable directory of parts. Either layout."""
     from mrt_fast.errors import MrtInputError
 
-    with user_errors():
+    with user_errors(resumable=True):
         if max_length is not None and max_length < 1:
             raise MrtInputError(f"--max-length must be >= 1, got {max_length}")
-        response = response_column(inp, response, "--response")
-        check_text_stage(inp, out, (prompt, response), loss, batch_size, engine, ray_address, workers)
+        response = response_column(inp, response, "--response", allow_partial)
+        check_text_stage(inp, out, (prompt, response), loss, batch_size, engine, ray_address, workers,
+                         allow_partial)
         if model != "smollm2" and not Path(model).is_dir():
             raise MrtInputError(f"--model {model!r}: not 'smollm2' and not a local model directory")
         with needs("train"):
@@ -100,7 +103,7 @@ def nll_cmd(
             rep = nll_dataset(inp, out, loader=loader, prompt=prompt, response=response, loss=loss,
                               batch_size=batch_size, max_length=max_length, prompt_format=prompt_format, device=dev,
                               rows_per_part=rows_per_part, overwrite=overwrite, progress=True, engine=engine,
-                              ray_address=ray_address, workers=workers)
+                              ray_address=ray_address, workers=workers, allow_partial=allow_partial)
     console.print(f"{rep}; {loss!r} written to {out}")
     warn_notes(rep.notes)
 
@@ -121,7 +124,7 @@ def generate_cmd(
     """Overgenerate N candidate responses per prompt (vLLM on GPU, transformers on CPU); resumable."""
     from mrt_fast._util import files as _files
     from mrt_fast.datasets import formats as _formats
-    with user_errors():
+    with user_errors(resumable=True):
         with needs("train"):
             from mrt_fast.llm.generate import GenerationConfig, generate
 
@@ -131,6 +134,9 @@ def generate_cmd(
             check_input_table(prompts, ("prompt_id", "prompt"), "prompt table")
             _formats.check_output(out)
             parts = out.with_name(out.name + ".parts")
+            from mrt_fast.datasets.overlap import check_apart
+
+            check_apart([("prompt table", prompts)], [("output", out), ("shard folder", parts)])
             fresh = not parts.exists()
             with _files.parents_made(out):  # removed again if the run leaves nothing in them
                 try:
@@ -160,13 +166,15 @@ def score_cmd(
     engine: str = MODEL_ENGINE,
     ray_address: Optional[str] = RAY_ADDRESS,
     workers: Optional[int] = MODEL_WORKERS,
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Score every (prompt, response) with a reward model; either layout, resumable to a directory."""
     from mrt_fast.errors import MrtInputError
 
-    with user_errors():
-        response = response_column(inp, response, "--response")
-        check_text_stage(inp, out, (prompt, response), column, batch_size, engine, ray_address, workers)
+    with user_errors(resumable=True):
+        response = response_column(inp, response, "--response", allow_partial)
+        check_text_stage(inp, out, (prompt, response), column, batch_size, engine, ray_address, workers,
+                         allow_partial)
         with needs("train"):
             from mrt_fast._util.device import resolve_device
             from mrt_fast.llm.dataset_stages import score_dataset
@@ -174,7 +182,7 @@ def score_cmd(
             rep = score_dataset(inp, out, model, prompt=prompt, response=response, column=column,
                                 batch_size=batch_size, device=resolve_device(device), rows_per_part=rows_per_part,
                                 overwrite=overwrite, progress=True, engine=engine, ray_address=ray_address,
-                                workers=workers)
+                                workers=workers, allow_partial=allow_partial)
     console.print(f"{rep}; {column!r} written to {out}")
     warn_notes(rep.notes)
 
@@ -189,13 +197,16 @@ def train_cmd(
 ) -> None:
     """LoRA fine-tuning on the per-prompt-averaged multi-response loss."""
     from mrt_fast._util import files as _files
-    with user_errors():
+    with user_errors(resumable=True):
         with needs("train"):
             from mrt_fast.llm.train import TrainConfig, train
 
             cfg = TrainConfig.from_dict({"max_steps": max_steps, **kv_options(sets)})
             check_input_table(data, ("prompt_id", "prompt", "response"), "training data")
             _files.check_output_dir(out)
+            from mrt_fast.datasets.overlap import check_apart
+
+            check_apart([("training data", data)], [("output directory", out)])
             r = train(str(data), model, out, cfg)
     console.print(f"{r.steps} steps over {r.n_pairs} pairs ({r.n_prompts} prompts, {r.epochs:.2f} epochs); "
                   f"final loss {r.log[-1]['loss']:.4f}; adapter -> {r.adapter_dir}")
@@ -229,6 +240,9 @@ def evaluate_cmd(
                 raise MrtInputError(f"--adapter {str(adapter)!r} is not a directory")
             if out:
                 _formats.check_output(out, "--out", table=False)
+                from mrt_fast.datasets.overlap import check_apart
+
+                check_apart([("evaluation data", data)], [("--out", out)])
             m = evaluate(str(data), model, adapter=adapter, config=cfg,
                          embedder=make_embedder(embedder), reward_model=reward_model)
         if out:
@@ -255,7 +269,7 @@ def run_cmd(
     when they were made with the same settings."""
     from mrt_fast.llm.pipeline import RunConfig, results_markdown, run
 
-    with user_errors():
+    with user_errors(resumable=True):
         overrides = kv_options(sets)
         if out_dir is not None:
             overrides["out_dir"] = str(out_dir)
@@ -263,36 +277,54 @@ def run_cmd(
         if k is not None:
             cfg.select = {**cfg.select, "ks": k}
         res = run(cfg, redo_changed=redo_changed)
-    console.print(results_markdown(res))
-    console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png")
+    console.print(results_markdown(res), markup=False, highlight=False)
+    console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png", markup=False, highlight=False)
 
 
 @app.command("export")
 def export_cmd(
-    kept: Path = typer.Argument(..., metavar="KEPT", help="Kept rows (from mrt select: a file, a dataset directory or a quoted "
-                                "glob): prompt_id, prompt, response[, weight, reward]."),
-    out: Path = typer.Argument(..., metavar="OUTPUT", help="Training file to write (.jsonl; TRL also .parquet)."),
+    kept: str = typer.Argument(..., metavar="KEPT", help="Kept rows (from mrt select: a file, a dataset "
+                               "directory, a quoted glob or s3://): prompt_id, prompt, response[, weight, reward]."),
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Training file to write (.jsonl; TRL also .parquet), a "
+                              "local path."),
     fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight), openrlhf (input/output/reward), "
-                            "dpo (prompt/chosen/rejected pairs from the rewards) or kto (prompt/completion/label)."),
+                            "dpo (prompt/chosen/rejected pairs from the rewards), kto (prompt/completion/label) "
+                            "or listwise (one row a prompt: completions best first, rewards)."),
     conversational: Optional[bool] = typer.Option(
-        None, "--conversational/--plain", help="TRL: user/assistant message lists (TRL applies the chat template) "
-        "or plain prompt/completion strings. Default for trl: the prompt format of mrt train, conversational "
-        "unless --model's tokenizer has no chat template; plain for dpo and kto."),
-    model: Optional[str] = typer.Option(None, "--model", help="trl: the model mrt train would train; only its "
+        None, "--conversational/--plain", help="trl, dpo, kto, listwise: user/assistant message lists (TRL applies "
+        "the chat template) or plain strings. Default: the prompt format of mrt train, conversational unless "
+        "--model's tokenizer has no chat template."),
+    model: Optional[str] = typer.Option(None, "--model", help="The model that will train on the file; only its "
                                         "tokenizer is read, to see whether it has a chat template."),
+    pairs: str = typer.Option("sweet-spot", "--pairs", help="dpo: the pairing rule, sweet-spot (best vs the one "
+                              "nearest mu - 2 sigma), best-worst, margin (DCRM-style, needs --embedding), diverse "
+                              "(DivPO-style, needs --embedding) or all (docs/preference.md)."),
     min_margin: float = typer.Option(0.0, "--min-margin", help="dpo: the least reward gap of a pair."),
-    max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="dpo: at most this many pairs a prompt."),
+    max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="dpo best-worst, all: at most this many pairs "
+                                            "a prompt."),
+    kto_label: str = typer.Option("quantile:0.5", "--kto-label", help="kto: threshold:X, quantile:Q (of all "
+                                  "rewards), column:NAME (a boolean verdict such as correct) or pool-mean."),
+    pool: Optional[str] = typer.Option(None, "--pool", help="The candidate table the kept rows were selected "
+                                       "from: the preference rows take every candidate of the kept prompts."),
+    pairs_from: Optional[str] = typer.Option(None, "--pairs-from", help="dpo, kto, listwise: take the responses "
+                                             "of the kept rows (kept) or every candidate of the kept prompts in "
+                                             "--pool (pool). Default: pool when --pool is given, else kept."),
+    embedding: str = typer.Option("embedding", "--embedding", help="Embedding column (--pairs margin, diverse)."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
     response: Optional[str] = typer.Option(None, "--response", "--response-column", help=RESPONSE_HELP),
-    reward: str = typer.Option("reward", help="Reward column (openrlhf), used when present."),
+    reward: str = typer.Option("reward", help="Reward column (dpo, kto, listwise; openrlhf when present)."),
     engine: str = typer.Option("local", "--engine", help="local only: the weights and pairs of a prompt need "
                                "all its kept rows at once, and the output is one file."),
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
-    """Write kept rows as a TRL (SFT, DPO, KTO) or OpenRLHF training file.
+    """Write kept rows as a TRL (SFT, DPO, KTO), listwise or OpenRLHF training file.
 
-    The TRL SFT file uses mrt train's prompt format by default (see --conversational/--plain)."""
+    The TRL files use mrt train's prompt format by default (see --conversational/--plain); the
+    preference formats report what they left out and why."""
     from mrt_fast.llm.export import export
+    from mrt_fast.llm.labels import parse_label_rule
+    from mrt_fast.llm.pairs import check_pair_options
 
     from mrt_fast.datasets import formats as _formats
     from mrt_fast.errors import MrtInputError
@@ -302,14 +334,36 @@ def export_cmd(
             raise MrtInputError("mrt export runs on the local engine only (--engine ray is refused): the weights "
                                 "and pairs of a prompt need all its kept rows at once, and it writes one file")
         check_engine(engine, None)
-        response = response_column(kept, response, "--response")
-        rows = _formats.decode_embedding_columns(_formats.collect(check_input_table(kept, dataset=True), kept))
+        from mrt_fast.datasets import storage
+        from mrt_fast.datasets.overlap import check_apart
+
+        if storage.is_url(out):
+            raise MrtInputError(f"output {str(out)!r}: mrt export writes a local file (copy it to object storage "
+                                "after)")
+        inputs = [("input", kept)] + ([("--pool", pool)] if pool is not None else [])
+        check_apart(inputs, [("output", out)])
+        check_pair_options(pairs, min_margin, max_pairs)  # before reading a large input
+        parse_label_rule(kto_label)
+        response = response_column(kept, response, "--response", allow_partial)
+        rows = _formats.decode_embedding_columns(_formats.collect(
+            check_input_table(kept, dataset=True, allow_partial=allow_partial), kept))
+        pool_rows = None
+        if pool is not None:
+            pool_rows = _formats.decode_embedding_columns(_formats.collect(
+                check_input_table(pool, dataset=True, allow_partial=allow_partial), pool))
         tok = None
-        if model is not None and conversational is None and fmt == "trl":
+        if model is not None and conversational is None and fmt != "openrlhf":
             with needs("train"):
                 from mrt_fast.llm.models import load_tokenizer
 
                 tok = load_tokenizer(model)
-        res = export(rows, out, fmt, conversational=conversational, tokenizer=tok, by=by, prompt=prompt,
-                     response=response, reward=reward, min_margin=min_margin, max_pairs=max_pairs)
+        from mrt_fast._util.disk_space import reporting_full_disk
+
+        with reporting_full_disk("writing", out):
+            res, rep = export(rows, Path(out), fmt, conversational=conversational, tokenizer=tok, by=by,
+                              prompt=prompt, response=response, reward=reward, min_margin=min_margin,
+                              max_pairs=max_pairs, pairs=pairs, kto_label=kto_label, pool=pool_rows,
+                              pairs_from=pairs_from, embedding=embedding, return_report=True)
     console.print(f"wrote {res.height} {fmt} rows ({', '.join(res.columns)}) to {out}")
+    for line in rep.lines():
+        console.print(f"  {line}")

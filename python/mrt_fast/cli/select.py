@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from mrt_fast.cli.common import (
+    ALLOW_PARTIAL,
     app,
     check_engine,
     console,
@@ -62,6 +63,7 @@ def select_cmd(
     candidate_key: Optional[str] = typer.Option(None, "--candidate-key", help="Column ordering each pool's "
                                                 "candidates (results then independent of row order)."),
     optimizer: str = typer.Option("lazy", help="lazy | naive greedy (same picks)."),
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Keep K responses per prompt of a table or dataset, in bounded memory (resumable to a directory)."""
     import shlex
@@ -70,7 +72,7 @@ def select_cmd(
     from mrt_fast.datasets.local import select_dataset
     from mrt_fast.selection.options import SelectOptions
 
-    with user_errors():
+    with user_errors(resumable=True):
         check_engine(engine, ray_address, {"--memory-limit": memory_limit, "--workers": workers},
                      parts={"--parts": parts, "--chunk-rows": chunk_rows})
         command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
@@ -85,10 +87,12 @@ def select_cmd(
             from mrt_fast.datasets.ray_engine import select_dataset as ray_select_dataset
 
             rep = ray_select_dataset(inp, out, options=opts, parts=parts, rows_per_part=chunk_rows,
-                                     overwrite=overwrite, address=ray_address, command=command, progress=True)
+                                     overwrite=overwrite, address=ray_address, command=command, progress=True,
+                                     allow_partial=allow_partial)
         else:
             rep = select_dataset(inp, out, options=opts, memory_limit=memory_limit, workers=workers, parts=parts,
-                                 rows_per_part=chunk_rows, overwrite=overwrite, progress=True, command=command)
+                                 rows_per_part=chunk_rows, overwrite=overwrite, progress=True, command=command,
+                                 allow_partial=allow_partial)
     warn_notes(rep.notes)
     if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
         rows = "rows" if rep.layout == "flat" else "prompts"

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from mrt_fast.cli.common import (
+    ALLOW_PARTIAL,
     app,
     check_engine,
     console,
@@ -52,6 +53,7 @@ def diagnose_cmd(
                                     "feed it to mrt select --k k after a join."),
     engine: str = typer.Option("local", "--engine", help="local (streamed on this machine) or ray (Ray Data)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join; --engine ray only."),
+    allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
     import json
@@ -72,7 +74,11 @@ def diagnose_cmd(
         if pool_sizes is not None and allocate is None:
             raise MrtInputError("--pool-sizes needs --allocate TOTAL")
         _check_report_outputs(json_out, plot, allocation)
-        sizes = read_pool_sizes(pool_sizes, by) if pool_sizes is not None else None
+        from mrt_fast.datasets.overlap import check_apart
+
+        check_apart([("input", inp), ("--pool-sizes", pool_sizes)],
+                    [("--json", json_out), ("--plot", plot), ("--allocation", allocation)])
+        sizes = read_pool_sizes(pool_sizes, by, allow_partial) if pool_sizes is not None else None
         opts = dict(by=by, loss=loss, tokens=tok_col, cost_prompt=cost_prompt, cost_response=cost_response,
                     budget=budget, k_max=k_max, loss_bound=loss_bound, delta=delta, n_boot=n_boot, seed=seed,
                     bootstrap=bootstrap, interval=interval)
@@ -80,12 +86,12 @@ def diagnose_cmd(
             # per-prompt K names each prompt: the (id, loss) columns are read into memory
             from mrt_fast.datasets.sources import discover
 
-            ds = discover(inp)
+            ds = discover(inp, allow_partial=allow_partial)
             cols = [(by, "prompt id"), (loss, "loss")] + ([(tok_col, "token count")] if tok_col else [])
             ds.check_columns(cols)
             rep = variance_budget(ds.scan().select([c for c, _ in cols]).collect(), **opts)
         else:
-            rep = variance_budget(inp, engine=engine, address=ray_address, **opts)
+            rep = variance_budget(inp, engine=engine, address=ray_address, allow_partial=allow_partial, **opts)
         # every option is checked before any output is written: the allocation too
         al = None
         if allocate is not None:
@@ -100,20 +106,24 @@ def diagnose_cmd(
                                     "prompts outside the pilot)") from None
     console.print(repr(rep), highlight=False)
     print_table(rep.predicted, "predicted variance by K")
+    from mrt_fast._util.disk_space import reporting_full_disk
     from mrt_fast._util.files import write_text
     from mrt_fast.datasets.formats import write_table
 
     with user_errors():
         if json_out is not None:
-            write_text(json_out, json.dumps(rep.to_dict(), indent=2))
+            with reporting_full_disk("writing --json", json_out):
+                write_text(json_out, json.dumps(rep.to_dict(), indent=2))
             console.print(f"wrote {json_out}")
         if plot is not None:
-            rep.plot(plot)
+            with reporting_full_disk("writing --plot", plot):
+                rep.plot(plot)
             console.print(f"wrote {plot}")
         if al is not None:
             console.print(repr(al), highlight=False)
             if allocation is not None:
-                write_table(al.table, allocation)
+                with reporting_full_disk("writing --allocation", allocation):
+                    write_table(al.table, allocation)
                 console.print(f"wrote {allocation}")
 
 
@@ -135,7 +145,7 @@ def print_table(df, title: str) -> None:
     out.print(tab)
 
 
-def read_pool_sizes(path: Path, by: str):
+def read_pool_sizes(path: Path, by: str, allow_partial: bool = False):
     """--pool-sizes: the table of each prompt's pool size (``by`` and ``pool_size`` or ``n``), as
     ``prompt_id``/``pool_size`` for `VarianceReport.allocate`."""
     import polars as pl
@@ -145,7 +155,7 @@ def read_pool_sizes(path: Path, by: str):
     from mrt_fast.errors import MrtInputError
     from mrt_fast.variance.allocate import check_pool_sizes
 
-    lf = check_input_table(path, (by,), "--pool-sizes", dataset=True)
+    lf = check_input_table(path, (by,), "--pool-sizes", dataset=True, allow_partial=allow_partial)
     names = lf.collect_schema().names()
     size = "pool_size" if "pool_size" in names else "n" if "n" in names else None
     if size is None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: a column chunk is read through a 1 MiB buffer, not whole: the memory of a
 #: batch stays a batch, not a row group of every column
-READ_OPTIONS = {"buffer_size": 1 << 20, "pre_buffer": False}
+READ_OPTIONS = {"buffer_size": 1 << 20, "pre_buffer": False, "page_checksum_verification": True}
 
 
 @dataclass
@@ -48,11 +48,15 @@ def arrow_schema(ds: "Dataset") -> pa.Schema | None:
     import polars as pl
     import pyarrow.parquet as pq
 
+    from mrt_fast.tables.arrow_views import has_views
+
     if ds.fmt != "parquet" or ds.hive or not ds.files:
         return None
     try:
         schemas = [pq.read_schema(f).remove_metadata() for f in ds.files]
         first = schemas[0]
+        if has_views(first):  # read by polars, or by pyarrow with the views cast
+            return None
         if any(not s.equals(first) for s in schemas[1:]):
             return None
         # from_batches, not Schema.empty_table, which loads pandas

@@ -35,6 +35,7 @@ def variance_budget(
     address: str | None = None,
     batch_rows: int = 1_000_000,
     tokens: str | None = None,
+    allow_partial: bool = False,
     layout: str = "auto",
     **kwargs: Any,
 ):
@@ -49,7 +50,8 @@ def variance_budget(
     those of :func:`mrt_fast.variance.law.variance_budget` (costs, ``k_grid``,
     ``k_max``, ``budget``, ``n_prompts``, ``delta``, ``loss_bound``,
     ``n_boot``, ``seed``, ``ci_level``, ``bootstrap``, ``interval``). A flag
-    that does not apply to ``data`` is refused in one line."""
+    that does not apply to ``data`` is refused in one line. An unfinished ``mrt`` output as
+    ``data`` is refused unless ``allow_partial`` (its finished parts are read, with a warning)."""
     if engine not in ("local", "ray"):
         raise MrtInputError(f"engine must be 'local' or 'ray', got {engine!r}")
     if address is not None and engine != "ray":
@@ -60,12 +62,14 @@ def variance_budget(
         from mrt_fast.datasets.ray_engine import variance_budget as on_ray
 
         return on_ray(data, by=by, loss=loss, layout=layout, **kwargs)
-    if isinstance(data, (str, os.PathLike)):
+    if isinstance(data, (str, os.PathLike, _sources.Dataset)):
         if engine == "ray":
             from mrt_fast.datasets.ray_engine import _variance_budget_files
 
-            return _variance_budget_files(data, by=by, loss=loss, address=address, layout=layout, **kwargs)
-        return _streamed(data, by=by, loss=loss, batch_rows=batch_rows, tokens=tokens, layout=layout, **kwargs)
+            return _variance_budget_files(data, by=by, loss=loss, address=address, allow_partial=allow_partial,
+                                          layout=layout, **kwargs)
+        return _streamed(data, by=by, loss=loss, batch_rows=batch_rows, tokens=tokens,
+                         allow_partial=allow_partial, layout=layout, **kwargs)
     if engine == "ray":
         raise MrtInputError("engine='ray' applies to a path; pass a ray.data.Dataset to fold a table on Ray")
     from mrt_fast.variance.law import variance_budget as in_memory
@@ -81,6 +85,7 @@ def _streamed(
     loss_bound: float | None = None,
     batch_rows: int = 1_000_000,
     tokens: str | None = None,
+    allow_partial: bool = False,
     layout: str = "auto",
     **kwargs: Any,
 ):
@@ -92,7 +97,7 @@ def _streamed(
     from mrt_fast.tables.layouts import GROUPED, detect
     from mrt_fast.variance.law import VarianceAccumulator, report_from_accumulator
 
-    ds = _sources.discover(source)
+    ds = source if isinstance(source, _sources.Dataset) else _sources.discover(source, allow_partial=allow_partial)
     roles = [(by, "prompt id"), (loss, "loss")] + ([(tokens, "token count")] if tokens is not None else [])
     schema = ds.check_columns(roles)
     grouped = detect(schema, {loss: 0}, layout) == GROUPED

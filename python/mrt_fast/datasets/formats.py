@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 import polars as pl
 from mrt_fast.errors import MrtInputError
+from mrt_fast.datasets.exact_numbers import check_no_int128
+from mrt_fast.datasets.parquet_pages import ROW_GROUP_ROWS, WRITE_OPTIONS, verify_pages
 from mrt_fast.tables.arrays import as_frame
 from mrt_fast._util.messages import one_line
 from mrt_fast._util.files import atomic_path, check_output_dir, new_temp
-from mrt_fast.datasets import hf_disk, json_text
+from mrt_fast.datasets import hf_disk, json_text, parquet_views
 
 
 #: the formats written (and read)
@@ -64,15 +66,46 @@ def scan(path: Path) -> pl.LazyFrame:
         raise MrtInputError(f"input file {str(path)!r} is not readable (permission denied)")
     try:
         if f == "parquet":
-            lf = pl.scan_parquet(path)
+            lf = _scan_parquet(path)
         elif f == "jsonl":
             lf = json_text.scan_json(path)
+            check_no_int128(path, lf.collect_schema(), json_text.scan_json, json_text.row_at)
         else:
             lf = pl.scan_csv(path)
         lf.collect_schema()
+    except MrtInputError:
+        raise
     except Exception as e:  # noqa: BLE001 - polars raises several kinds for a bad file
         raise MrtInputError(f"cannot read {str(path)!r} as {f}: {_read_error(path, f, e)}") from None
     return lf
+
+
+def _scan_parquet(path: Any) -> pl.LazyFrame:
+    """polars' scan of one Parquet file, or pyarrow's where its stored schema holds list views."""
+    parquet_schema(path)
+    if parquet_views.read_by_arrow(path):
+        return parquet_views.scan(path)
+    return pl.scan_parquet(path, hive_partitioning=False)
+
+
+def parquet_schema(f: Any) -> pl.Schema:
+    """One Parquet file's schema as polars reads it (see :mod:`mrt_fast.datasets.parquet_views`;
+    a local file's footer is looked at first, as polars stops the process at what it cannot read)."""
+    try:
+        if isinstance(f, (str, os.PathLike)):
+            verify_pages(f)
+            views = parquet_views.schema(f)
+            return views if views is not None else pl.Schema(pl.read_parquet_schema(f))
+        return pl.scan_parquet(str(f), hive_partitioning=False).collect_schema()  # an object (``s3://``)
+    except MrtInputError:
+        raise
+    except BaseException as e:
+        if not parquet_views.polars_failed(e):
+            raise
+        s = parquet_views.schema(f)
+        if s is None:
+            raise MrtInputError(f"cannot read {str(f)!r} as parquet: {one_line(e)}") from None
+        return s
 
 
 def _scan_save_to_disk(folder: Path) -> pl.LazyFrame:
@@ -160,8 +193,9 @@ class AtomicWriter:
             if self._pq is None:
                 schema = t.schema.with_metadata({**(t.schema.metadata or {}), **self.metadata}) if self.metadata \
                     else t.schema
-                self._pq = pq.ParquetWriter(self.tmp, schema)
-            self._pq.write_table(t.cast(self._pq.schema) if t.schema != self._pq.schema else t)
+                self._pq = pq.ParquetWriter(self.tmp, schema, **WRITE_OPTIONS)
+            self._pq.write_table(t.cast(self._pq.schema) if t.schema != self._pq.schema else t,
+                                 row_group_size=ROW_GROUP_ROWS)
         else:
             if self._fh is None:
                 self._fh = open(self.tmp, "wb")
@@ -242,11 +276,13 @@ def file_schema(f: Path, fmt: str) -> pl.Schema:
         raise MrtInputError(f"input file {str(f)!r} is not readable (permission denied)")
     try:
         if fmt == "parquet":
-            return pl.Schema(pl.read_parquet_schema(f))
+            return parquet_schema(f)
         if fmt == "jsonl":
             if f.stat().st_size == 0:
                 raise MrtInputError(f"input file {str(f)!r} is empty")
-            return json_text.scan_json(f).collect_schema()
+            s = json_text.scan_json(f).collect_schema()
+            check_no_int128(f, s, json_text.scan_json, json_text.row_at)
+            return s
         if fmt == hf_disk.FORMAT:
             return hf_disk.stream_schema(f)
         return pl.scan_csv(f).collect_schema()
@@ -260,11 +296,11 @@ def _object_schema(f: Any, fmt: str) -> pl.Schema:
     """:func:`file_schema` of an object on object storage."""
     try:
         if fmt == "parquet":
-            return pl.scan_parquet(str(f), hive_partitioning=False).collect_schema()
+            return parquet_schema(f)
         if fmt == "jsonl":
             if f.stat().st_size == 0:
                 raise MrtInputError(f"input object {str(f)!r} is empty")
-            return pl.scan_ndjson(str(f), infer_schema_length=None).collect_schema()
+            return json_text.scan_json(f).collect_schema()
         return pl.scan_csv(str(f)).collect_schema()
     except MrtInputError:
         raise
@@ -272,7 +308,15 @@ def _object_schema(f: Any, fmt: str) -> pl.Schema:
         raise MrtInputError(f"cannot read {str(f)!r} as {fmt}: {one_line(e)}") from None
 
 
+def write_parquet(df: pl.DataFrame, where: Any) -> None:
+    """Write ``df`` as Parquet to a path or a binary file object, with page checksums
+    (:mod:`mrt_fast.datasets.parquet_pages`)."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(df.to_arrow(), where, row_group_size=ROW_GROUP_ROWS, **WRITE_OPTIONS)
+
+
 def write_parquet_atomic(df: pl.DataFrame, path: Path) -> None:
     """Write a Parquet file under a temp name beside ``path``, renamed into place when complete."""
     with atomic_path(path, clean=False) as tmp:
-        df.write_parquet(tmp)
+        write_parquet(df, tmp)

@@ -20,6 +20,7 @@ import polars as pl
 import pyarrow as pa
 
 from mrt_fast._util.messages import one_line
+from mrt_fast.datasets.arrow_scan import polars_schema, scan_batches
 from mrt_fast.errors import MrtInputError
 
 __all__ = ["FORMAT", "arrow_files", "is_save_to_disk", "scan_stream", "stream_rows", "stream_schema"]
@@ -71,9 +72,8 @@ def _reader(f: Path) -> pa.ipc.RecordBatchStreamReader:
 
 
 def stream_schema(f: Path) -> pl.Schema:
-    """The polars schema of an Arrow stream file (from its first message)."""
-    schema = _reader(f).schema
-    return pl.Schema(pl.from_arrow(schema.empty_table()).schema)  # type: ignore[union-attr]
+    """The polars schema of an Arrow stream file (from its first message; view types as plain)."""
+    return polars_schema(_reader(f).schema)
 
 
 def stream_rows(f: Path) -> int:
@@ -89,28 +89,9 @@ def stream_rows(f: Path) -> int:
 def scan_stream(f: Path, schema: pl.Schema | None = None) -> pl.LazyFrame:
     """A lazy scan of an Arrow stream file: batches are converted only for the columns asked
     for and only until the rows asked for are read; ``schema`` (wider types) casts them."""
-    from polars.io.plugins import register_io_source
 
-    own = stream_schema(f)
-    want = own if schema is None else schema
-
-    def batches(with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None,
-                batch_size: int | None) -> Iterator[pl.DataFrame]:
-        left = n_rows
+    def batches(columns: list[str] | None) -> Iterator[pa.RecordBatch]:
         for b in _reader(f):
-            if left is not None and left <= 0:
-                return
-            if with_columns is not None:
-                b = b.select(with_columns)
-            df = pl.from_arrow(b, rechunk=False)
-            assert isinstance(df, pl.DataFrame)
-            if schema is not None:
-                df = df.cast({c: t for c, t in want.items() if c in df.columns and own[c] != t})
-            if predicate is not None:
-                df = df.filter(predicate)
-            if left is not None:
-                df = df.head(left)
-                left -= df.height
-            yield df
+            yield b if columns is None else b.select(columns)
 
-    return register_io_source(batches, schema=want)
+    return scan_batches(batches, stream_schema(f), schema)

@@ -710,6 +710,7 @@ def select_dataset(
     overwrite: bool = False,
     progress: Any = False,
     command: str | None = None,
+    allow_partial: bool = False,
     **knobs: Any,
 ) -> BatchReport:
     """Keep K candidates per prompt of a dataset, in bounded memory; resumable.
@@ -734,7 +735,8 @@ def select_dataset(
     limit; ``rows_per_part``: parts of about this many input rows (the two
     mean the same on the Ray engine). ``progress``: the job's display by rows
     (True: a bar on a terminal, plain lines every few seconds otherwise; see
-    :class:`mrt_fast.datasets.progress.JobProgress`).
+    :class:`mrt_fast.datasets.progress.JobProgress`). An unfinished ``mrt`` output as the
+    source is refused unless ``allow_partial`` (its finished parts are read, with a warning).
     """
     t0 = time.perf_counter()
     opts = SelectOptions.of(k, method, options, **knobs)
@@ -744,7 +746,7 @@ def select_dataset(
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
             raise MrtInputError(f"{name} must be an integer >= 1, got {v!r}")
     limit = default_memory_limit() if memory_limit is None else parse_memory(memory_limit)
-    ds = _sources.discover(source)
+    ds = _sources.discover(source, allow_partial=allow_partial)
     first_schema = ds.file_schemas()[0]
     names = list(first_schema.names()) + _sources.hive_columns(ds)
     refuse_missing_embedding(opts, names, ds.source)

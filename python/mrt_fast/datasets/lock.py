@@ -143,6 +143,10 @@ def _output_lock(out: Path, *, directory: bool) -> Iterator[JobLock]:
             if is_no_space(e):
                 raise no_space_error("creating the output directory", out) from None
             raise MrtInputError(f"cannot create the output directory {str(out)!r}: {e.strerror or e}") from None
+        if (out / META_DIR).is_symlink():
+            _remove_if_empty(out, created)
+            raise MrtInputError(f"{str(out / META_DIR)!r} is a symbolic link; an mrt output's metadata folder is "
+                                "its own folder, never followed: remove the link")
         try:
             (out / META_DIR).mkdir(exist_ok=True)
         except OSError as e:

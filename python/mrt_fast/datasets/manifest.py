@@ -291,8 +291,13 @@ def prepare_output(out_dir: Path, parameters: dict[str, Any], fingerprint: str, 
     foreign = [n for n in names if not written_by_a_job(n)]
     ours = [n for n in names if written_by_a_job(n) and not _only_the_lock(out_dir, n)]
     if overwrite:
-        _check_overwrite(out_dir, foreign)
-        _delete_written(out_dir, ours)
+        _check_overwrite(out_dir)
+        m = Manifest.read(out_dir)
+        doomed, in_the_way = what_the_job_wrote(out_dir, m)
+        if in_the_way:
+            raise MrtInputError(f"--overwrite refuses {str(out_dir)!r}: it holds files no mrt job wrote "
+                                f"({_few(in_the_way)}: no manifest there records them); nothing was deleted")
+        _delete_written(out_dir, doomed, m)
         return "new", None
     m = Manifest.read(out_dir)
     if m is None:
@@ -319,15 +324,12 @@ def _few(names: list[str]) -> str:
     return ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def _check_overwrite(out_dir: Path, foreign: list[str]) -> None:
-    """Refuse to overwrite the current directory (or one above it), or a directory with files no job wrote."""
+def _check_overwrite(out_dir: Path) -> None:
+    """Refuse to overwrite the current directory (or one above it)."""
     here, target = Path.cwd().resolve(), out_dir.resolve()
     if target == here or target in here.parents:
         raise MrtInputError(f"--overwrite refuses {str(out_dir)!r}: it is the current directory or holds it; "
                             "nothing was deleted")
-    if foreign:
-        raise MrtInputError(f"--overwrite refuses {str(out_dir)!r}: it holds files no mrt job wrote "
-                            f"({_few(foreign)}); nothing was deleted")
 
 
 def _only_the_lock(out_dir: Path, name: str) -> bool:
@@ -335,29 +337,84 @@ def _only_the_lock(out_dir: Path, name: str) -> bool:
     return name == META_DIR and set(os.listdir(out_dir / name)) <= {LOCK_NAME}
 
 
-def _delete_written(out_dir: Path, names: list[str]) -> None:
-    """Delete what a job wrote in ``out_dir``: the manifest first (a directory
-    left half-deleted is then refused, not taken for a finished job); the
-    metadata folder keeps the lock of the job running."""
-    (out_dir / MANIFEST).unlink(missing_ok=True)
-    (out_dir / OLD_MANIFEST).unlink(missing_ok=True)
-    for n in names:
+#: the files of a spill folder (the local engine's and Ray's, by their path in it) and of the metadata folder
+SPILL_FILE = re.compile(r"^(bucket-\d{5}\.(\d+\.arrow|dropped)|_complete|b\d{5}/o\d{20}\.arrow"
+                        r"|(b\d{5}/)?\.[^/]+\.tmp)$")
+_META_FILE = re.compile(rf"^({re.escape(LOCK_NAME)}|manifest\.parquet|\.(lock|manifest\.parquet)\..+\.tmp)$")
+_PART_FILE = re.compile(r"^part-(\d{5})\.parquet$")
+_TEMP_FILE = re.compile(r"^\.(part-\d{5}\.parquet|_manifest\.json|_mrt\.lock)\..+\.tmp$")
+
+
+def _plain_file(p: Path) -> bool:
+    return p.is_file() and not p.is_symlink()
+
+
+def _spill_entries(d: Path) -> list[str]:
+    """Every file, link and folder name in a spill folder, relative to it (Ray's bucket folders
+    opened, never a link)."""
+    out = []
+    for f in sorted(os.listdir(d)):
+        sub = d / f
+        if re.fullmatch(r"b\d{5}", f) and sub.is_dir() and not sub.is_symlink():
+            out += [f"{f}/{g}" for g in sorted(os.listdir(sub))]
+        else:
+            out.append(f)
+    return out
+
+
+def what_the_job_wrote(out_dir: Path, m: "Manifest | None") -> tuple[list[str], list[str]]:
+    """What overwriting ``out_dir`` deletes, and what is in the way (relative names). Deleted: the
+    parts of the manifest's plan, the manifest, the lock and temporary files of the job, a spill
+    folder holding spill files only, an earlier version's manifest and lock; all plain files or
+    folders, never a symbolic link. Anything else, a link or a folder of those names included,
+    is in the way."""
+    doomed, in_the_way = [], []
+    for n in sorted(os.listdir(out_dir)):
         p = out_dir / n
-        if n == META_DIR and p.is_dir():
-            for f in os.listdir(p):
-                if f != LOCK_NAME:
-                    q = p / f
-                    shutil.rmtree(q) if q.is_dir() and not q.is_symlink() else q.unlink(missing_ok=True)
-        elif p.is_dir() and not p.is_symlink():
+        if n == META_DIR and p.is_dir() and not p.is_symlink():
+            for f in sorted(os.listdir(p)):
+                ok = _META_FILE.match(f) and _plain_file(p / f)
+                (doomed if ok else in_the_way).append(f"{n}/{f}")
+            continue
+        if n == "_spill" and p.is_dir() and not p.is_symlink():
+            bad = [f"{n}/{f}" for f in _spill_entries(p) if not (SPILL_FILE.match(f) and _plain_file(p / f))]
+            in_the_way += bad
+            if not bad:
+                doomed.append(n)
+            continue
+        part = _PART_FILE.match(n)
+        if part is not None:
+            ok = m is not None and (n in m.parts or int(part[1]) < m.n_parts) and _plain_file(p)
+        else:
+            ok = (n in (OLD_MANIFEST, "_mrt.lock") or _TEMP_FILE.match(n) is not None) and _plain_file(p)
+        (doomed if ok else in_the_way).append(n)
+    return doomed, in_the_way
+
+
+def _delete_written(out_dir: Path, names: list[str], m: "Manifest | None") -> None:
+    """Delete ``names`` (what :func:`what_the_job_wrote` found) in ``out_dir``: a finished
+    manifest is first marked unfinished (a directory left half-deleted is then refused by
+    readers, never read short), and deleted last; the lock of the job running is kept."""
+    if m is not None and m.done:
+        m.done, m.finished = False, None
+        m.write(out_dir)
+    last = {MANIFEST, OLD_MANIFEST, f"{META_DIR}/{LOCK_NAME}"}
+    for n in names:
+        if n in last:
+            continue
+        p = out_dir / n
+        if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
             p.unlink(missing_ok=True)
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    (out_dir / OLD_MANIFEST).unlink(missing_ok=True)
 
 
 def discard_unfinished(out_dir: Path) -> None:
-    """Delete what a job wrote in ``out_dir`` when no part was committed (bad
-    input found before any part): the directory is as it was before the job."""
+    """Delete what a job wrote in ``out_dir`` when no part was committed (bad input found
+    before any part): the directory is as it was before the job."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir() or any(out_dir.glob("part-*.parquet")):
         return
-    _delete_written(out_dir, [n for n in os.listdir(out_dir) if written_by_a_job(n)])
+    _delete_written(out_dir, what_the_job_wrote(out_dir, None)[0], None)

@@ -5,8 +5,8 @@ Object storage has no rename, so a part is never written in place: part
 checksum (a retried task writes the same bytes under the same name), and it
 belongs to the output only once the manifest (``.mrt/manifest.parquet``,
 written after it) records it. A part object the manifest does not record,
-left by a killed job, is ignored by readers (:func:`recorded_parts`) and
-deleted when the job is resumed or overwritten. Resume checks each recorded
+left by a killed job, is ignored by readers (:mod:`mrt_fast.datasets.finished`)
+and deleted when the job is resumed or overwritten. Resume checks each recorded
 part's size against the listing (its name holds its checksum); the rest is
 as in a local directory (:mod:`mrt_fast.datasets.manifest`).
 """
@@ -20,11 +20,13 @@ from typing import Any
 import polars as pl
 
 from mrt_fast.datasets import storage
+from mrt_fast.datasets.formats import write_parquet
 from mrt_fast.datasets.lock import META_DIR
-from mrt_fast.datasets.manifest import (EMPTY_PART, MANIFEST, Manifest, bytes_check, part_name, written_by_a_job)
+from mrt_fast.datasets.manifest import (EMPTY_PART, MANIFEST, SPILL_FILE, Manifest, bytes_check, part_name,
+                                        written_by_a_job)
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["PART_OBJECT", "discard_unfinished", "find_part", "prepare_output", "put_part", "recorded_parts"]
+__all__ = ["PART_OBJECT", "discard_unfinished", "find_part", "prepare_output", "put_part"]
 
 #: the name of a part object: its index and its BLAKE2b-128 checksum
 PART_OBJECT = re.compile(r"^part-(\d{5})-([0-9a-f]{32})\.parquet$")
@@ -47,7 +49,7 @@ def put_part(df: pl.DataFrame, url: str, i: int) -> tuple[int, str | None, dict[
     if not df.height:
         return 0, None, dict(EMPTY_PART)
     buf = io.BytesIO()
-    df.write_parquet(buf)
+    write_parquet(df, buf)
     data = buf.getvalue()
     check = bytes_check(data)
     name = f"part-{i:05d}-{check['blake2b']}.parquet"
@@ -69,11 +71,6 @@ def find_part(url: str, i: int, rows: int) -> tuple[str | None, dict[str, Any]]:
     keep = found[-1]
     storage.delete(found[:-1])
     return keep.name, {"bytes": keep.stat().st_size, "blake2b": PART_OBJECT.match(keep.name)[2]}
-
-
-def recorded_parts(url: str, man: Manifest) -> list[storage.ObjectPath]:
-    """The part objects a manifest records (what a reader of the output reads), in part order."""
-    return [storage.ObjectPath(storage.join(url, man.files[n])) for n in sorted(man.files) if man.parts.get(n)]
 
 
 def _verify(man: Manifest, url: str, names: dict[str, storage.ObjectPath]) -> list[str]:
@@ -104,10 +101,17 @@ def prepare_output(url: str, parameters: dict[str, Any], fingerprint: str, *,
     foreign = sorted(n for n in names if not _ours(n))
     ours = [n for n in names if _ours(n) and n != lock]
     if overwrite:
-        if foreign:
+        man = Manifest.read(url)
+        doomed, in_the_way = _what_the_job_wrote(names, man)
+        if in_the_way:
+            more = f" and {len(in_the_way) - 3} more" if len(in_the_way) > 3 else ""
             raise MrtInputError(f"--overwrite refuses {url!r}: it holds objects no mrt job wrote "
-                                f"({', '.join(repr(n) for n in foreign[:3])}); nothing was deleted")
-        _delete(url, ours)
+                                f"({', '.join(repr(n) for n in in_the_way[:3])}{more}: no manifest there records "
+                                "them); nothing was deleted")
+        if man is not None and man.done:  # a prefix left half-deleted is refused by readers, never read short
+            man.done, man.finished = False, None
+            man.write(url)
+        _delete(url, doomed)
         return "new", None
     man = Manifest.read(url)
     if man is None:
@@ -126,11 +130,26 @@ def prepare_output(url: str, parameters: dict[str, Any], fingerprint: str, *,
     return "resume", man
 
 
+def _what_the_job_wrote(names: dict[str, storage.ObjectPath], man: Manifest | None) -> tuple[list[str], list[str]]:
+    """What overwriting an output deletes (the part objects of the manifest's plan, recorded or
+    left by a killed task, and the manifest) and what is in the way (anything else but the lock)."""
+    recorded = set(man.files.values()) if man is not None else set()
+    doomed, in_the_way = [], []
+    for n in sorted(names):
+        if n == f"{META_DIR}/lock":
+            continue
+        m = PART_OBJECT.match(n)
+        spill = n.startswith("_spill/") and SPILL_FILE.match(n[len("_spill/"):]) is not None
+        ok = n == MANIFEST or n in recorded or spill or (man is not None and m is not None and int(m[1]) < man.n_parts)
+        (doomed if ok else in_the_way).append(n)
+    return doomed, in_the_way
+
+
 def _delete(url: str, names: list[str]) -> None:
-    """Delete what a job wrote: the manifest first (a prefix left half-deleted is then
-    refused, not taken for a finished job)."""
-    first = [n for n in names if n == MANIFEST]
-    storage.delete([storage.join(url, n) for n in first + [n for n in names if n != MANIFEST]])
+    """Delete what a job wrote: the manifest last."""
+    storage.delete([storage.join(url, n) for n in names if n != MANIFEST])
+    if MANIFEST in names:
+        storage.delete([storage.join(url, MANIFEST)])
 
 
 def discard_unfinished(url: str) -> None:
@@ -139,4 +158,4 @@ def discard_unfinished(url: str) -> None:
     names = _names(url)
     if any(PART_OBJECT.match(n) for n in names):
         return
-    _delete(url, [n for n in names if _ours(n) and n != f"{META_DIR}/lock"])
+    _delete(url, [n for n in names if n == MANIFEST])

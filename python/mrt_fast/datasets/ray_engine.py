@@ -535,12 +535,13 @@ def read(source: Any, columns: list[str] | None = None):
     # some decimals differently)
     schema = src.scan().collect_schema()
     fmt = src.fmt
+    by_name = {str(f): f for f in src.files}
 
     def read_files(t: pa.Table) -> pa.Table:
         out = []
         for f in t.column("path").to_pylist():
             if fmt == "jsonl":
-                df = json_text.scan_json(Path(f), schema).collect()
+                df = json_text.scan_json(by_name[f], schema).collect()
             elif fmt == hf_disk.FORMAT:
                 df = src.scan_file(Path(f)).collect()
             else:
@@ -905,6 +906,7 @@ def select_dataset(
     max_retries: int = 3,
     shuffle: str = "files",
     progress: Any = False,
+    allow_partial: bool = False,
     **knobs: Any,
 ):
     """`mrt_fast.select_dataset` on Ray: the same input (file, directory, glob),
@@ -925,7 +927,8 @@ def select_dataset(
     ``OUTPUT/_spill``; each bucket task reads its pieces: storage every worker
     sees, as the parts need anyway) or Ray Data's own shuffle (``"sort"``,
     ``"hash"``, ``"v2"``: through the object store, no shared storage).
-    ``progress``: the job's display by input rows, as on the local engine.
+    ``progress``: the job's display by input rows, as on the local engine;
+    ``allow_partial``: read an unfinished ``mrt`` output's finished parts, as on the local engine.
     Returns a `mrt_fast.datasets.local.BatchReport`."""
 
     from mrt_fast.datasets import sources as _sources
@@ -943,7 +946,7 @@ def select_dataset(
     if parts is not None:
         _n_buckets(None, parts)
     fault = os.environ.get(FAULT_ENV) or None
-    src = _sources.discover(source)
+    src = _sources.discover(source, allow_partial=allow_partial)
     names = list(src.file_schemas()[0].names()) + _sources.hive_columns(src)
     schema = src.check_columns(opts.needed(names))
     lay = resolve_layout(opts, schema)
@@ -1144,13 +1147,13 @@ def select_dataset(
 
 
 def _variance_budget_files(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
-                            layout: str = "auto", **options: Any):
+                            allow_partial: bool = False, layout: str = "auto", **options: Any):
     """`mrt_fast.variance_budget` over the files of a source on Ray: each block
     of the two columns folds into an accumulator, the driver merges them
     (either layout: grouped when the loss column holds lists)."""
     from mrt_fast.datasets import sources as _sources
     from mrt_fast.tables.layouts import GROUPED, detect
-    src = _sources.discover(source)
+    src = source if isinstance(source, _sources.Dataset) else _sources.discover(source, allow_partial=allow_partial)
     schema = src.check_columns([(by, "prompt id"), (loss, "loss")])
     lay = detect(schema, {loss: 0}, layout)
     t = schema[loss]
@@ -1170,9 +1173,14 @@ class _RowPartWorker:
     for each part index of a batch, that part's input rows read, mapped and (for a directory) written."""
 
     def __init__(self, source: str, make_stage: Any, per: int, out_dir: str | None):
-        from mrt_fast.datasets.sources import discover
+        import warnings
 
-        self.ds = discover(source)
+        from mrt_fast.datasets.sources import discover
+        from mrt_fast.errors import PartialOutputWarning
+
+        with warnings.catch_warnings():  # the driver refused an unfinished source, or was asked to read it
+            warnings.simplefilter("ignore", PartialOutputWarning)
+            self.ds = discover(source, allow_partial=True)
         self.stage = make_stage()
         self.per, self.out_dir = per, out_dir
         self.__name__ = "row_stage_part"

@@ -10,7 +10,7 @@ refused the same way.
 
 Hive folders (``key=value``) must name the same keys, in the same order, above
 every file, and a key that is also a column of a file must hold nothing but
-the folder's value there.
+the folder's value there. Values are text (:mod:`mrt_fast.datasets.hive`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,17 @@ _PLAIN_NUMBERS = (pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl
                   pl.Float64)
 
 
+#: the folder value Hive and Spark write for a null (pyarrow reads it as null too)
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+def _is_hive(part: str) -> bool:
+    return "=" in part and not part.startswith("=")
+
+
 def hive_keys(rel: Path) -> tuple[str, ...]:
     """The keys of the ``key=value`` folders of a path relative to the dataset's root."""
-    return tuple(p.split("=", 1)[0] for p in rel.parts[:-1] if "=" in p)
+    return tuple(p.split("=", 1)[0] for p in rel.parts[:-1] if _is_hive(p))
 
 
 def common_hive_keys(files: list[Path], root: Path) -> tuple[str, ...]:
@@ -46,12 +54,16 @@ def common_hive_keys(files: list[Path], root: Path) -> tuple[str, ...]:
     return first
 
 
-def hive_values(rel: Path) -> dict[str, str]:
-    """The ``key=value`` folders of a path relative to the dataset's root, values unquoted."""
-    return {k: unquote(v) for k, v in (p.split("=", 1) for p in rel.parts[:-1] if "=" in p)}
+def hive_values(rel: Path) -> dict[str, str | None]:
+    """The ``key=value`` folders of a path relative to the dataset's root: each value the text
+    after the key's ``=`` (``=`` inside it kept), percent-decoded; :data:`HIVE_NULL` is None."""
+    out: dict[str, str | None] = {}
+    for k, v in (p.split("=", 1) for p in rel.parts[:-1] if _is_hive(p)):
+        out[k] = None if v == HIVE_NULL else unquote(v)
+    return out
 
 
-def check_hive_collision(f: Path, fmt: str, schema: pl.Schema, values: dict[str, str]) -> None:
+def check_hive_collision(f: Path, fmt: str, schema: pl.Schema, values: dict[str, str | None]) -> None:
     """Refuse a hive key that is also a column of the file, unless the column
     holds only the folder's value (as polars' partitioned writes leave it):
     otherwise the folder's value would replace the file's."""
@@ -62,8 +74,13 @@ def check_hive_collision(f: Path, fmt: str, schema: pl.Schema, values: dict[str,
                 f"values than the folder's {v!r}; rename the folder key or the column", column=k)
 
 
-def _holds_only(f: Path, fmt: str, column: str, value: str) -> bool:
-    lf = pl.scan_parquet(f, hive_partitioning=False) if fmt == "parquet" else json_text.scan_json(f)
+def _holds_only(f: Path, fmt: str, column: str, value: str | None) -> bool:
+    from mrt_fast.datasets import parquet_views
+
+    if fmt != "parquet":
+        lf = json_text.scan_json(f)
+    else:
+        lf = parquet_views.scan(f) if parquet_views.read_by_arrow(f) else pl.scan_parquet(f, hive_partitioning=False)
     try:
         got = lf.select(pl.col(column).cast(pl.String).unique()).collect()[column].to_list()
     except Exception:  # noqa: BLE001 - a column that has no text form is not the folder's value

@@ -15,7 +15,9 @@ import polars as pl
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast._util.messages import one_line
-from mrt_fast.datasets import hf_disk, json_text, storage
+from mrt_fast.datasets import hf_disk, json_text, parquet_views, storage
+from mrt_fast.datasets.exact_numbers import KEY_ROLES, check_json_keys, check_widening
+from mrt_fast.datasets.finished import finished_parts
 from mrt_fast.datasets.formats import FORMATS, file_schema, fmt_of, table_suffix
 
 
@@ -45,6 +47,7 @@ class Dataset:
         self.root = root  # the directory the files live under (None for one file)
         self._file_schemas: list[pl.Schema] | None = None
         self._files_schema: pl.Schema | None = None
+        self._own: dict[str, bool] | None = None  # per file: whether it is read with wider types
 
     def __repr__(self) -> str:
         return f"Dataset({self.source!r}, {len(self.files)} {self.fmt} file(s){', hive' if self.hive else ''})"
@@ -55,15 +58,16 @@ class Dataset:
         if self.fmt in DATASET_FORMATS:
             schema = self.files_schema()
         try:
-            if self.fmt == "parquet":
+            if self.fmt == "parquet" and not self.hive and not self.by_arrow():
                 cast = {} if self.uniform() else {"schema": schema, "cast_options": _WIDEN}
-                lf = pl.scan_parquet(files, row_index_name=row_index, hive_partitioning=self.hive,
-                                     glob=False, **cast)
-            elif self.fmt == "jsonl" and self.hive:
-                lf = _hive_ndjson(self)
+                lf = pl.scan_parquet(files, row_index_name=row_index, hive_partitioning=False, glob=False, **cast)
+            elif self.hive:
+                from mrt_fast.datasets.hive import scan_hive
+
+                lf = scan_hive(self)
                 if row_index is not None:
                     lf = lf.with_row_index(row_index)
-            elif self.fmt == "jsonl" and not any(json_text.is_json_array(f) for f in self.files):
+            elif self.fmt == "jsonl" and all(json_text.scans_directly(f) for f in self.files):
                 lf = pl.scan_ndjson(files, row_index_name=row_index, schema=schema)
             elif self.fmt in DATASET_FORMATS:
                 lf = pl.concat([self.scan_file(f) for f in self.files], how="vertical")
@@ -76,11 +80,24 @@ class Dataset:
         return lf
 
     def scan_file(self, f: Path) -> pl.LazyFrame:
-        """One file of a JSON text or Arrow-stream dataset, read with the dataset's types (hive
-        columns not included)."""
+        """One file of the dataset, read with the dataset's types (hive columns not included)."""
+        schema = self.files_schema()
         if self.fmt == hf_disk.FORMAT:
-            return hf_disk.scan_stream(f, self.files_schema())
-        return json_text.scan_json(f, self.files_schema())
+            return hf_disk.scan_stream(f, schema)
+        if self.fmt == "parquet":
+            if parquet_views.read_by_arrow(f):
+                return parquet_views.scan(f, schema)
+            if self._own is None:
+                self._own = {str(g): dict(s) != dict(schema) for g, s in zip(self.files, self.file_schemas())}
+            cast = {"schema": schema, "cast_options": _WIDEN} if self._own[str(f)] else {}
+            return pl.scan_parquet(str(f), hive_partitioning=False, glob=False, **cast)
+        return json_text.scan_json(f, schema)
+
+    def by_arrow(self) -> bool:
+        """Whether a Parquet file of the dataset is read by pyarrow (see
+        :mod:`mrt_fast.datasets.parquet_views`)."""
+        self.files_schema()
+        return self.fmt == "parquet" and any(parquet_views.read_by_arrow(f) for f in self.files)
 
     def read(self, contiguous: str | None = None) -> pl.DataFrame:
         """Every row in memory, in dataset order. Parquet files without hive
@@ -101,7 +118,7 @@ class Dataset:
             if df is not None:
                 return df
         n = min(len(self.files), pl.thread_pool_size(), os.cpu_count() or 1)
-        if self.fmt == "parquet" and not self.hive and n > 1 and self.uniform():
+        if self.fmt == "parquet" and not self.hive and n > 1 and self.uniform() and not self.by_arrow():
             from concurrent.futures import ThreadPoolExecutor
 
             files = [str(f) for f in self.files]
@@ -133,6 +150,7 @@ class Dataset:
                         f"column {col!r} ({role}) not found in {str(f)!r}; it has columns {s.names()}", column=col
                     )
         schema = self.files_schema()
+        _check_json_keys(self, [col for col, role in needed if role in KEY_ROLES])
         if self.hive:
             schema = self.scan().collect_schema()
         return schema
@@ -154,7 +172,10 @@ class Dataset:
             if self.hive:
                 for f, s in zip(self.files, self.file_schemas()):
                     check_hive_collision(f, self.fmt, s, hive_values(f.relative_to(self.root)))
-            self._files_schema = unify(list(zip(self.files, self.file_schemas())))
+            schemas = list(zip(self.files, self.file_schemas()))
+            unified = unify(schemas)
+            check_widening(schemas, unified, lambda f: _own_scan(f, self.fmt))
+            self._files_schema = unified
         return self._files_schema
 
     def uniform(self) -> bool:
@@ -214,7 +235,8 @@ class Dataset:
                 if self.fmt == "parquet":
                     import pyarrow.parquet as pq
 
-                    for _ in pq.ParquetFile(storage.open_input(f)).iter_batches(batch_size=65536):
+                    for _ in pq.ParquetFile(storage.open_input(f), page_checksum_verification=True).iter_batches(
+                            batch_size=65536):
                         pass
                 else:
                     self.scan_file(f).collect()
@@ -239,28 +261,40 @@ def hive_columns(ds: Dataset) -> list[str]:
     return list(hive_keys(ds.files[0].relative_to(ds.root)))
 
 
-def _hive_ndjson(ds: Dataset) -> pl.LazyFrame:
-    """JSONL files under ``key=value`` folders, the keys as (text) columns.
-    (polars reads the hive partitions of Parquet itself.)"""
-    from mrt_fast.datasets.schema import hive_values
-
-    schema = ds.files_schema()
-    parts = []
-    for f in ds.files:
-        one = json_text.scan_json(f, schema)
-        vals = hive_values(f.relative_to(ds.root))  # a key the file holds keeps the file's column
-        parts.append(one.with_columns(pl.lit(v).alias(k) for k, v in vals.items() if k not in schema))
-    return pl.concat(parts, how="vertical")
+def _own_scan(f: Path, fmt: str) -> pl.LazyFrame:
+    """One file read with its own types (not the dataset's)."""
+    if fmt == hf_disk.FORMAT:
+        return hf_disk.scan_stream(f)
+    if fmt == "parquet":
+        return parquet_views.scan(f) if parquet_views.read_by_arrow(f) else \
+            pl.scan_parquet(str(f), hive_partitioning=False, glob=False)
+    if isinstance(f, (str, os.PathLike)):
+        return json_text.scan_json(f)
+    return pl.scan_ndjson(str(f), infer_schema_length=None)
 
 
-def discover(source: str | os.PathLike) -> Dataset:
+def _check_json_keys(ds: Dataset, columns: list[str]) -> None:
+    """:func:`mrt_fast.datasets.exact_numbers.check_json_keys` on every JSON text file of ``ds``."""
+    if ds.fmt != "jsonl" or not columns:
+        return
+    for f, s in zip(ds.files, ds.file_schemas()):
+        if isinstance(f, (str, os.PathLike)):
+            check_json_keys(f, s, columns, json_text.scan_json, json_text.row_at)
+        else:
+            check_json_keys(f, s, columns, lambda o, t: pl.scan_ndjson(str(o), schema=t), lambda o, r: f"row {r}")
+
+
+def discover(source: str | os.PathLike, *, allow_partial: bool = False) -> Dataset:
     """The files of an input (a file, a directory, a glob or a ``save_to_disk`` folder); a
-    one-line error if none."""
+    one-line error if none. An unfinished ``mrt`` output is refused unless ``allow_partial``
+    (:mod:`mrt_fast.datasets.finished`)."""
     import glob as _glob
 
     s = str(source)
+    if not s.strip():
+        raise MrtInputError("the input path is empty; name a file, a directory or a glob")
     if storage.is_url(s):
-        return _discover_objects(s)
+        return _discover_objects(s, allow_partial)
     p = Path(s)
     if p.is_file():
         fmt = fmt_of(p, "input")
@@ -271,12 +305,14 @@ def discover(source: str | os.PathLike) -> Dataset:
         found = _without_json_sidecars([f for f in p.rglob("*") if table_suffix(f) in FORMATS
                                         and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts)])
         _refuse_broken_links(found)
+        _refuse_special_files(found)
         files = sorted(f for f in found if f.is_file())
         root = p
         what = f"directory {s!r}"
     elif _is_glob(s):
         found = [Path(f) for f in _glob.glob(s, recursive=True)]
         _refuse_broken_links(found)
+        _refuse_special_files([f for f in found if table_suffix(f) in FORMATS])
         files = sorted(f for f in found if f.is_file())
         fixed = []
         for part in p.parts:
@@ -287,7 +323,9 @@ def discover(source: str | os.PathLike) -> Dataset:
         what = f"glob {s!r}"
     else:
         _refuse_broken_links([p])
+        _refuse_special_files([p])
         raise MrtInputError(f"input {s!r} does not exist")
+    files = finished_parts(s, files, root if p.is_dir() else None, allow_partial=allow_partial)
     if not files:
         raise MrtInputError(f"{what} matches no .parquet/.jsonl file")
     fmts = {fmt_of(f, "input") for f in files}
@@ -323,6 +361,24 @@ def _refuse_broken_links(paths: list[Path]) -> None:
         if f.is_symlink() and not f.exists():
             raise MrtInputError(f"input file {str(f)!r} is a symbolic link to {os.readlink(f)!r}, which does not "
                                 "exist (fetch it, or remove the link)")
+
+
+def _refuse_special_files(paths: list[Path]) -> None:
+    """A FIFO, a device or a socket where a table is expected is refused, naming what it is
+    (never read, never skipped)."""
+    import stat
+
+    kinds = {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a character device",
+             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+    for f in paths:
+        try:
+            mode = f.stat().st_mode
+        except OSError:
+            continue
+        kind = next((k for test, k in kinds.items() if test(mode)), None)
+        if kind is not None:
+            raise MrtInputError(f"input {str(f)!r} is {kind}, not a regular file or a directory; write the table "
+                                "to a file first")
 
 
 def fingerprint(files: list[Path]) -> str:
@@ -378,7 +434,7 @@ def _glob_match(parts: tuple[str, ...], pat: tuple[str, ...]) -> bool:
 # --------------------------------------------------------------------------- object storage
 
 
-def _discover_objects(s: str) -> Dataset:
+def _discover_objects(s: str, allow_partial: bool = False) -> Dataset:
     """:func:`discover` of an ``s3://`` input: one object, a prefix (an ``mrt`` output's
     recorded parts only) or a glob."""
     from mrt_fast.datasets.schema import common_hive_keys
@@ -389,13 +445,17 @@ def _discover_objects(s: str) -> Dataset:
     if _is_glob(s):
         head = "/".join(p for p in s.split("/")[:next(i for i, p in enumerate(s.split("/")) if _is_glob(p))])
         pat = storage.ObjectPath(s).parts
-        found = [f for f in storage.list_files(head) if _glob_match(f.parts, pat)]
+        listed = storage.list_files(head)
+        found = [f for f in listed if _glob_match(f.parts, pat)]
         root, what = storage.ObjectPath(head), f"glob {s!r}"
     else:
         root, what = storage.ObjectPath(s), f"prefix {s!r}"
-        found = _recorded_or_listed(root)
-    files = sorted(f for f in found if f.suffix.lower() in FORMATS
+        found = listed = storage.list_files(root)
+    files = sorted(f for f in found if table_suffix(Path(f.name)) in FORMATS
                    and not any(part.startswith((".", "_")) for part in f.relative_to(root).parts))
+    if not all(_plain_json(f) for f in files):  # .json beside other tables is metadata, as in a local directory
+        files = [f for f in files if not _plain_json(f)]
+    files = finished_parts(s, files, None if _is_glob(s) else root, listed, allow_partial=allow_partial)
     if not files:
         raise MrtInputError(f"{what} matches no .parquet/.jsonl object")
     fmts = {fmt_of(Path(f.name), "input") for f in files}
@@ -407,18 +467,9 @@ def _discover_objects(s: str) -> Dataset:
     return Dataset(s, files, fmt, bool(common_hive_keys(files, root)), root)
 
 
-def _recorded_or_listed(root: storage.ObjectPath) -> list[storage.ObjectPath]:
-    """The objects under a prefix; for an ``mrt`` output (a manifest), only the parts it records."""
-    from mrt_fast.datasets.manifest import Manifest
-    from mrt_fast.datasets.object_output import recorded_parts
-
-    listed = storage.list_files(root)
-    man = Manifest.read(str(root)) if any(f.relative_to(root).as_posix() == ".mrt/manifest.parquet"
-                                          for f in listed) else None
-    if man is None:
-        return listed
-    sizes = {f.url: f for f in listed}
-    return [sizes.get(f.url, f) for f in recorded_parts(str(root), man)]
+def _plain_json(f: storage.ObjectPath) -> bool:
+    sfx = table_suffix(Path(f.name))
+    return sfx.startswith(".json") and not sfx.startswith(".jsonl")
 
 
 def _object_inside_input(out: str, ds: Dataset) -> bool:

@@ -34,7 +34,7 @@ from mrt_fast._util.messages import one_line
 from mrt_fast.errors import MrtInputError
 
 __all__ = ["ObjectPath", "abort_uploads", "delete", "delete_if", "filesystem", "get", "is_url", "join", "list_files",
-           "open_input", "put", "put_if", "read_bytes", "write_bytes"]
+           "open_input", "open_stream", "put", "put_if", "read_bytes", "write_bytes"]
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: the schemes an input or output may have besides a local path
@@ -53,8 +53,16 @@ def is_url(x: Any) -> bool:
         return False
     if m.group(1).lower() not in SCHEMES:
         raise MrtInputError(f"{x!r}: unsupported URL scheme {m.group(1)!r} (use a local path or s3://bucket/key)")
-    if not x[m.end():].split("/", 1)[0]:
+    if m.group(1) != m.group(1).lower():
+        raise MrtInputError(f"{x!r}: write the scheme in lower case ({m.group(1).lower()}://bucket/key)")
+    segments = x[m.end():].rstrip("/").split("/")
+    if not segments[0]:
         raise MrtInputError(f"{x!r} names no bucket (use s3://bucket/key)")
+    odd = next((p for p in segments if p in ("", ".", "..")), None)
+    if odd is not None:
+        said = "an empty segment ('//')" if not odd else f"a {odd!r} segment"
+        raise MrtInputError(f"{x!r}: an object key with {said} names no one object the same way everywhere; "
+                            "write the key without it")
     return True
 
 
@@ -223,6 +231,14 @@ def open_input(f: Any) -> Any:
         raise _failed("read", f, e) from None
 
 
+def open_stream(url: str | ObjectPath) -> Any:
+    """An object opened for reading front to back, decompressed by its suffix (``.gz``, ``.zst``)."""
+    try:
+        return filesystem().open_input_stream(_key(url), compression="detect")
+    except Exception as e:  # noqa: BLE001
+        raise _failed("read", url, e) from None
+
+
 def write_bytes(url: str | ObjectPath, data: bytes) -> None:
     """Write an object whole (it appears complete or not at all)."""
     try:
@@ -244,15 +260,26 @@ def put(local: str | os.PathLike, url: str | ObjectPath) -> None:
 
 
 def delete(urls: list[str] | list[ObjectPath]) -> None:
-    """Delete objects (one already gone is no error)."""
-    fs = filesystem()
+    """Delete objects (one already gone is no error). One request per 1000 keys of a bucket, with
+    boto3: pyarrow's delete would leave an empty "folder" marker object (``key/``) behind each
+    prefix it empties."""
+    by_bucket: dict[str, list[str]] = {}
     for u in urls:
-        try:
-            fs.delete_file(_key(u))
-        except FileNotFoundError:
-            pass
-        except Exception as e:  # noqa: BLE001
-            raise _failed("delete", u, e) from None
+        bucket, key = _bucket_key(str(u))
+        by_bucket.setdefault(bucket, []).append(key)
+    if not by_bucket:
+        return
+    c = _client()
+    for bucket, keys in by_bucket.items():
+        for i in range(0, len(keys), 1000):
+            batch = keys[i:i + 1000]
+            try:
+                r = c.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+            except Exception as e:  # noqa: BLE001
+                raise _failed("delete", f"s3://{bucket}/{batch[0]}", e) from None
+            errs = [e for e in r.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if errs:
+                raise MrtInputError(f"cannot delete 's3://{bucket}/{errs[0].get('Key')}': {errs[0].get('Message')}")
 
 
 # --------------------------------------------------------------------------- conditional writes

@@ -97,6 +97,7 @@ def embed_dataset(
     engine: str = "local",
     ray_address: str | None = None,
     workers: int | None = None,
+    allow_partial: bool = False,
     empty_text: str = "refuse",
     layout: str = "auto",
     by: str = "prompt_id",
@@ -111,6 +112,8 @@ def embed_dataset(
     already_done)`` once the work is known. The other options are those of :func:`mrt_fast.embeddings.embed.embed`.
     ``engine="ray"`` runs the parts on a Ray cluster (``ray_address``; ``workers`` actors, each
     loading the model once), with the same parts, manifest and resume as the local engine.
+    An unfinished ``mrt`` output as ``source`` is refused unless ``allow_partial`` (its finished
+    parts are read, with a warning).
     ``empty_text``: ``"refuse"`` (default), ``"skip"`` or ``"keep"`` (see the module doc and
     :func:`mrt_fast.embeddings.embed.embed`); ``layout``: ``"auto"`` (grouped when the text column
     holds lists), ``"flat"`` or ``"grouped"``.
@@ -128,7 +131,7 @@ def embed_dataset(
     if engine == "ray" and (callback is not None or processes != 1):
         raise MrtInputError("on the Ray engine each worker embeds its own parts: progress callbacks and "
                             "processes apply to the local engine only")
-    ds = _sources.discover(source)
+    ds = _sources.discover(source, allow_partial=allow_partial)
     schema = ds.check_columns([(text, "text to embed")])
     names = list(schema.names())
     if schema[text] not in (pl.String, pl.List(pl.String)):  # one text a row, or one list a prompt (grouped)

@@ -213,30 +213,31 @@ def markdown(rows: Sequence[dict], reference: str = "MiniLM") -> str:
     return head + body
 
 
-def _scan(data: Any) -> tuple[pl.LazyFrame, str]:
+def _scan(data: Any, allow_partial: bool = False) -> tuple[pl.LazyFrame, str]:
     """A lazy frame over a table or a dataset path, and how to name it in errors."""
     if isinstance(data, (str, os.PathLike)):
         from mrt_fast.datasets.sources import discover
 
-        return discover(data).scan(), repr(str(data))
+        return discover(data, allow_partial=allow_partial).scan(), repr(str(data))
     from mrt_fast.datasets.formats import as_polars
 
     return as_polars(data).lazy(), "the table"
 
 
 def sample_pools(data: Any, *, by: str = "prompt_id", pools: int = 200, seed: int = 0,
-                 columns: Sequence[str] = ()) -> pl.DataFrame:
+                 columns: Sequence[str] = (), allow_partial: bool = False) -> pl.DataFrame:
     """Every row of ``pools`` pools of ``data``, chosen by a seeded hash of their ``by`` value.
 
     ``data``: a table (polars, pyarrow, pandas) or a path (file, directory or
     glob, as ``mrt select`` reads). The choice depends only on the prompt ids
     and the seed, not on the order of rows or files; a dataset is scanned, not
     loaded. Rows come back grouped by pool, in their input order, with the
-    columns ``by`` and ``columns``.
+    columns ``by`` and ``columns``. An unfinished ``mrt`` output is refused unless
+    ``allow_partial`` (its finished parts are read, with a warning).
     """
     if not isinstance(pools, int) or isinstance(pools, bool) or pools < 2:
         raise MrtInputError(f"pools must be an integer >= 2 (the bootstrap resamples pools), got {pools!r}")
-    lf, where = _scan(data)
+    lf, where = _scan(data, allow_partial)
     names = lf.collect_schema().names()
     want = [by, *(c for c in columns if c != by)]
     missing = [c for c in want if c not in names]
@@ -273,6 +274,7 @@ def compare_embeddings(
     device: str | None = None,
     progress: bool = True,
     callback: Callable[[int], None] | None = None,
+    allow_partial: bool = False,
 ) -> pl.DataFrame:
     """What selecting with ``model`` instead of ``reference`` costs, on a sample of your own pools.
 
@@ -284,7 +286,8 @@ def compare_embeddings(
     hold; ``model_id`` and ``reference_id`` name the two models.
     ``reference=None`` is the bundled MiniLM. Where ``data`` has no column
     ``reward`` (or ``reward=None``), ``top`` and ``grades`` are left out.
-    :func:`summarize` of ``.to_dicts()`` gives the verdict.
+    :func:`summarize` of ``.to_dicts()`` gives the verdict. ``allow_partial`` as in
+    :func:`sample_pools`.
     """
     from mrt_fast.embeddings.embed import embed_texts
 
@@ -293,9 +296,10 @@ def compare_embeddings(
         raise MrtInputError(f"ks must be integers >= 1, got {ks!r}")
     if model == reference:
         raise MrtInputError(f"model and reference are both {model!r}: nothing to compare")
-    if reward and reward not in _scan(data)[0].collect_schema().names():
+    if reward and reward not in _scan(data, allow_partial)[0].collect_schema().names():
         reward = None
-    df = sample_pools(data, by=by, pools=pools, seed=seed, columns=[text] + ([reward] if reward else []))
+    df = sample_pools(data, by=by, pools=pools, seed=seed, columns=[text] + ([reward] if reward else []),
+                      allow_partial=allow_partial)
     if reward and not df[reward].dtype.is_numeric():
         raise MrtInputError(f"reward column {reward!r} must be numeric, got {df[reward].dtype}")
     if df[text].dtype != pl.String:

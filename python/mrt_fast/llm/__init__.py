@@ -17,6 +17,7 @@ _WHERE = {
     "EvalConfig": "evaluate", "pass_at_k": "evaluate",
     "RunConfig": "pipeline",
     "materialize_gguf": "models",
+    "ExportReport": "preference",
 }
 
 __all__ = sorted(_WHERE)

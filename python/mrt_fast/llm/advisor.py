@@ -105,10 +105,13 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
                           k_max=k_max, n_boot=n_boot, seed=seed)
     rep.plot(out / "variance.png")
     ci = rep.ci
+    # an unidentified ratio (V_x not told from 0) gives no K*: train at the K the interval supports
     advice = {
         "v_x": rep.v_x, "v_y_given_x": rep.v_y_given_x, "ratio": rep.ratio,
+        "identified": rep.identified,
         "k_star": rep.k_star, "k_star_ci": list(ci.get("k_star", (math.nan, math.nan))),
-        "k_best": rep.k_best, "k_best_ci": list(ci.get("k_best", (math.nan, math.nan))),
+        "k_best": rep.k_best if rep.identified else rep.k_at_least,
+        "k_best_ci": list(ci.get("k_best", (math.nan, math.nan))),
         "ci_level": rep.ci_level, "n_prompts": rep.n_prompts, "n_pairs": rep.n_rows,
         **settings, "notes": list(rep.notes),
     }

@@ -66,13 +66,14 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
                    parameters: dict, make_stage: Callable[[], Callable[[pl.DataFrame], pl.DataFrame]],
                    rows_per_part: int = 50_000, overwrite: bool = False, engine: str = "local",
                    ray_address: str | None = None, workers: int | None = None, progress: Any = False,
-                   layout: str = "auto") -> StageReport:
+                   layout: str = "auto", allow_partial: bool = False) -> StageReport:
     """Run a stage that adds ``out_column`` to rows holding text ``columns``: ``make_stage()`` (called
     once per worker, when there is work; picklable for ``engine="ray"``) returns the function of a part.
     ``progress``: the job's display (:class:`mrt_fast.datasets.progress.JobProgress`), by rows
     (prompts in the grouped layout, told from the last of ``columns``, the responses) and, on the
     local engine, by candidates as the model does them: a factory that takes ``tick`` gets the
-    display's :meth:`~mrt_fast.datasets.progress.JobProgress.tick` to call after each batch."""
+    display's :meth:`~mrt_fast.datasets.progress.JobProgress.tick` to call after each batch.
+    ``allow_partial``: read the finished parts of an unfinished ``mrt`` output (refused otherwise)."""
     from mrt_fast.datasets import sources
     from mrt_fast.datasets.job import Job, run_row_parts
     from mrt_fast.tables.layouts import GROUPED, detect
@@ -85,7 +86,7 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
         raise MrtInputError("ray_address and workers apply to engine='ray' only")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise MrtInputError(f"workers must be an integer >= 1, got {workers!r}")
-    ds = sources.discover(source)
+    ds = sources.discover(source, allow_partial=allow_partial)
     schema = ds.check_columns([(c, "text") for c in columns])
     if out_column in schema.names():
         raise MrtInputError(f"{ds.source!r} already has a {out_column!r} column", column=out_column)
@@ -183,11 +184,13 @@ def nll_dataset(source: Any, output: str | os.PathLike, model: Any = None, token
                 loss: str = "loss", by: str = "prompt_id", layout: str = "auto", batch_size: int = 8,
                 max_length: int | None = None, prompt_format: str = "auto", device: str | None = None,
                 rows_per_part: int = 50_000, overwrite: bool = False, progress: Any = False,
-                engine: str = "local", ray_address: str | None = None, workers: int | None = None) -> StageReport:
+                engine: str = "local", ray_address: str | None = None, workers: int | None = None,
+                allow_partial: bool = False) -> StageReport:
     """Every response's loss (:func:`mrt_fast.llm.nll.nll_table`) over a dataset: ``model`` and
     ``tokenizer`` loaded, or ``loader()`` returning them, called only when there is work (once per
     Ray worker with ``engine="ray"``). ``progress``: the job's display (True: a bar on a terminal,
-    plain lines otherwise)."""
+    plain lines otherwise). ``allow_partial``: read the finished parts of an unfinished ``mrt``
+    output (refused otherwise)."""
     kw = dict(prompt=prompt, response=response, out=loss, by=by, layout=layout, batch_size=batch_size,
               max_length=max_length, prompt_format=prompt_format, device=device, progress=False)
     make = NllRows(kw, model=model, tokenizer=tokenizer, loader=loader)
@@ -196,21 +199,24 @@ def nll_dataset(source: Any, output: str | os.PathLike, model: Any = None, token
               "response": response, "loss": loss, "max_length": max_length, "prompt_format": prompt_format}
     return run_text_stage(source, output, name="nll", columns=(prompt, response), out_column=loss,
                           parameters=params, make_stage=make, rows_per_part=rows_per_part, overwrite=overwrite,
-                          engine=engine, ray_address=ray_address, workers=workers, progress=progress, layout=layout)
+                          engine=engine, ray_address=ray_address, workers=workers, progress=progress,
+                          layout=layout, allow_partial=allow_partial)
 
 
 def score_dataset(source: Any, output: str | os.PathLike, model: Any, *, prompt: str = "prompt",
                   response: str = "response", column: str = "reward", by: str = "prompt_id", layout: str = "auto",
                   batch_size: int = 16, device: str = "auto", rows_per_part: int = 50_000,
                   overwrite: bool = False, progress: Any = False, engine: str = "local",
-                  ray_address: str | None = None, workers: int | None = None) -> StageReport:
+                  ray_address: str | None = None, workers: int | None = None,
+                  allow_partial: bool = False) -> StageReport:
     """Every response's reward (:func:`mrt_fast.llm.reward.score`) over a dataset; ``model`` a
     reward model path or a loaded :class:`~mrt_fast.llm.reward.RewardModel` (loaded once per Ray
-    worker with ``engine="ray"``). ``progress`` as in :func:`nll_dataset`."""
+    worker with ``engine="ray"``). ``progress`` and ``allow_partial`` as in :func:`nll_dataset`."""
     make = ScoreRows(model, dict(prompt=prompt, response=response, column=column, by=by, layout=layout,
                                  progress=False), batch_size=batch_size, device=device)
     params = {"model": str(model) if isinstance(model, (str, os.PathLike)) else repr(type(model)),
               "prompt": prompt, "response": response, "column": column}
     return run_text_stage(source, output, name="score", columns=(prompt, response), out_column=column,
                           parameters=params, make_stage=make, rows_per_part=rows_per_part, overwrite=overwrite,
-                          engine=engine, ray_address=ray_address, workers=workers, progress=progress, layout=layout)
+                          engine=engine, ray_address=ray_address, workers=workers, progress=progress,
+                          layout=layout, allow_partial=allow_partial)

@@ -122,10 +122,11 @@ class _TransformersSampler:
         self.tok = load_tokenizer(tokenizer if tokenizer is not None else model)
         self.model = load_causal_lm(model, device=self.device, dtype=cfg.dtype)
 
-    def __call__(self, pid: Any, prompt: str) -> list[dict]:
+    def __call__(self, pid: Any, prompt: str, n: int | None = None) -> list[dict]:
         import torch
 
         cfg, tok = self.cfg, self.tok
+        n = cfg.n if n is None else n
         ids = prompt_ids(tok, prompt, cfg.prompt_format)
         if not ids:
             raise MrtInputError(f"prompt {pid!r} tokenizes to nothing")
@@ -135,8 +136,8 @@ class _TransformersSampler:
         gen = torch.Generator(device="cpu")
         gen.manual_seed(stable_seed(cfg.seed, pid))
         n_done = 0
-        while n_done < cfg.n:
-            m = min(cfg.max_batch, cfg.n - n_done)
+        while n_done < n:
+            m = min(cfg.max_batch, n - n_done)
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
             with torch.no_grad():
                 out = self.model.generate(
@@ -186,15 +187,16 @@ class _VllmSampler:  # pragma: no cover - needs a GPU and vllm
         self.llm = vllm.LLM(model=resolve_model_path(str(model)), seed=cfg.seed, **(cfg.vllm_kwargs or {}))
         self.tok = load_tokenizer(tokenizer) if tokenizer is not None else self.llm.get_tokenizer()
 
-    def batch(self, items: list[tuple[Any, str]]) -> list[dict]:
+    def batch(self, items: list[tuple[Any, str]], ns: list[int] | None = None) -> list[dict]:
         cfg = self.cfg
         texts = [format_prompt(self.tok, p, cfg.prompt_format) for _, p in items]
+        ns = ns or [cfg.n] * len(items)
         params = [
             self.vllm.SamplingParams(
-                n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
+                n=n_i, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
                 seed=stable_seed(cfg.seed, pid) % (2**31), logprobs=0,
             )
-            for pid, _ in items
+            for (pid, _), n_i in zip(items, ns)
         ]
         outs = self.llm.generate(texts, sampling_params=params, use_tqdm=False)
         rows = []
@@ -222,13 +224,16 @@ def generate(
     tokenizer: Any = None,
     prompt_column: str = "prompt",
     id_column: str = "prompt_id",
+    n_column: str = "n",
     progress: bool = True,
     _stop_after_shards: int | None = None,
     **overrides,
 ) -> pl.DataFrame:
     """Sample ``config.n`` responses per prompt and write them to ``out`` (.parquet/.jsonl/.csv).
 
-    ``prompts``: a table (or path) with ``prompt_id`` and ``prompt`` columns.
+    ``prompts``: a table (or path) with ``prompt_id`` and ``prompt`` columns; a ``n_column`` column
+    (``n``, as `mrt plan` writes it), when present, is each prompt's number of responses instead
+    (0: none).
     ``model``: a path, hub id, .gguf file or a loaded causal LM (transformers path only).
     Keyword overrides set fields of ``GenerationConfig`` (``n=8, seed=1, ...``).
     Returns the full candidate table; re-running after an interruption resumes.
@@ -250,6 +255,8 @@ def generate(
         raise MrtInputError(f"prompt ids must be unique; repeated: {df.filter(dup)[id_column].unique().to_list()[:5]}")
     if df[prompt_column].null_count():
         raise MrtInputError(f"column {prompt_column!r} has null prompts")
+    per_n = _per_prompt_n(df, n_column, cfg.n)
+    n_of = dict(zip(df[id_column].to_list(), per_n))
     out = Path(out)
     parts = parts_dir(out)
     parts.mkdir(parents=True, exist_ok=True)
@@ -258,8 +265,9 @@ def generate(
     counts = done.group_by("prompt_id").len() if done.height else None
     complete = set()
     if counts is not None:
-        complete = set(counts.filter(pl.col("len") >= cfg.n)["prompt_id"].to_list())
-    todo = [(pid, p) for pid, p in zip(df[id_column].to_list(), df[prompt_column].to_list()) if pid not in complete]
+        complete = {pid for pid, c in counts.iter_rows() if c >= n_of.get(pid, cfg.n)}
+    todo = [(pid, p) for pid, p in zip(df[id_column].to_list(), df[prompt_column].to_list())
+            if pid not in complete and n_of[pid] > 0]
 
     if todo:
         use_vllm = _vllm_usable(cfg)
@@ -270,11 +278,11 @@ def generate(
         for s in range(0, len(todo), cfg.shard_prompts):
             chunk = todo[s : s + cfg.shard_prompts]
             if use_vllm:
-                rows = sampler.batch(chunk)
+                rows = sampler.batch(chunk, [n_of[pid] for pid, _ in chunk])
             else:
                 rows = []
                 for pid, p in chunk:
-                    rows.extend(sampler(pid, p))
+                    rows.extend(sampler(pid, p, n_of[pid]))
                     bar.update(1)
             shard = pl.DataFrame(rows, schema=SCHEMA)
             write_table(shard, parts / f"shard-{next_shard:06d}.parquet")
@@ -306,6 +314,22 @@ def generate(
 
 
 _SAMPLING_KEYS = ("n", "temperature", "top_p", "max_new_tokens", "seed", "prompt_format")
+
+
+def _per_prompt_n(df: pl.DataFrame, column: str, default: int) -> list[int]:
+    """Each prompt's number of responses: the ``column`` (integers >= 0) when present, else ``default``."""
+    if column not in df.columns:
+        return [default] * df.height
+    s = df[column]
+    if not s.dtype.is_integer():
+        raise MrtInputError(f"column {column!r} (responses per prompt) must hold integers, got {s.dtype}",
+                            column=column)
+    bad = (s.is_null() | (s < 0)).fill_null(True)
+    if bad.any():
+        r = int(bad.arg_true()[0])
+        raise MrtInputError(f"column {column!r} (responses per prompt) is {s[r]!r} at row {r}: an integer >= 0",
+                            column=column, row=r)
+    return s.cast(pl.Int64).to_list()
 
 
 def _check_meta(parts: Path, cfg: GenerationConfig) -> None:

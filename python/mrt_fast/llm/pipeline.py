@@ -32,16 +32,18 @@ import numpy as np
 import polars as pl
 
 from mrt_fast.llm.cells import cell_name, cells_on_disk, kept_key, parse_cell
+from mrt_fast.llm.run_dir import check_out_dir
 from mrt_fast.llm.models import set_threads
 from mrt_fast.llm import stage_records as sr
 from mrt_fast.embeddings.embedders import make_embedder
 from mrt_fast.datasets.formats import read_table, scan, write_table
 from mrt_fast.tables.arrays import require_columns
+from mrt_fast.answers.run_config import answer_columns, check_answers_config
 from mrt_fast.errors import MrtInputError
 
 STAGES = ("generate", "embed", "score", "select", "train", "evaluate")
 _TOP = {"out_dir", "model", "reward_model", "reward_fn", "embedder", "data", "generate", "select", "train",
-        "evaluate", "threads", "baseline", "device"}
+        "evaluate", "threads", "baseline", "device", "answers"}
 #: keys of the `select` section that are not arguments of `mrt_fast.select`
 _SELECT_OWN = {"methods", "ks", "n_modes"}
 
@@ -63,6 +65,7 @@ class RunConfig:
     threads: int | None = None
     baseline: bool = True  # also evaluate the base model (K = 0 row)
     device: str = "auto"
+    answers: dict | None = None  # modes and rewards from the answer itself (mrt_fast.answers.run_config)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, overrides: dict | None = None) -> "RunConfig":
@@ -79,6 +82,9 @@ class RunConfig:
             raw = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise MrtInputError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        except UnicodeDecodeError as e:
+            raise MrtInputError(f"config file {str(path)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") \
+                from None
         if not isinstance(raw, dict):
             raise MrtInputError(f"config file {str(path)!r} must hold a mapping of keys")
         raw = _resolved(raw, path.parent.resolve())
@@ -117,6 +123,7 @@ class RunConfig:
             threads=raw.get("threads"),
             baseline=bool(raw.get("baseline", True)),
             device=raw.get("device", "auto"),
+            answers=check_answers_config(raw.get("answers"), raw.get("reward_model"), raw.get("reward_fn")),
         )
 
 
@@ -178,9 +185,11 @@ def apply_overrides(raw: dict, overrides: dict) -> dict:
 
 def _log(msg: str, progress: bool) -> None:
     if progress:
-        from rich.console import Console
+        from rich.markup import escape
 
-        Console(stderr=True).print(f"[bold cyan]mrt run[/] {msg}")
+        from mrt_fast._util.messages import rich_console
+
+        rich_console(stderr=True).print(f"[bold cyan]mrt run[/] {escape(msg)}")
 
 
 def _parse_ks(value: Any) -> list[int] | str:
@@ -225,8 +234,9 @@ class StagePlan:
     (`mrt_fast.llm.stage_records`), and the check of the outputs already there."""
 
     def __init__(self, cfg: RunConfig, gcfg, tcfg, ecfg, sel_kw: dict, auto: dict | None, embedder_id: str,
-                 hook_id: str | None):
+                 hook_id: dict | None, grid: set[str] | None = None):
         self.cfg, self.tcfg, self.ecfg, self.sel_kw, self.auto = cfg, tcfg, ecfg, sel_kw, auto
+        self.grid = grid  # the cells of this run's grid (None: every cell of its methods, K from the advisor)
         self.embedder_id, self.hook_id = embedder_id, hook_id
         self.model = sr.model_identity(cfg.model)
         self.reward_model = sr.model_identity(cfg.reward_model)
@@ -234,6 +244,7 @@ class StagePlan:
                                    "generate": sr.effective(asdict(gcfg))})
         self.embed = sr.make_record({"embedder": embedder_id}, {"generate": self.gen})
         self.score = sr.make_record({"reward_model": self.reward_model, "reward_fn": hook_id,
+                                     **({"answers": cfg.answers} if cfg.answers is not None else {}),
                                      "train_prompts": sr.data_fingerprint(cfg.train_prompts)}, {"embed": self.embed})
         self.modes = sr.make_record({"n_modes": cfg.select.get("n_modes"), "seed": int(cfg.select.get("seed", 0))},
                                     {"score": self.score})
@@ -267,15 +278,24 @@ class StagePlan:
             params = SelectOptions(k=k, method=canon, **self.sel_kw).parameters()
             up = {"score": self.score, **({"modes": self.modes} if canon == "stratified" else {})}
             return sr.make_record(sr.select_settings(params, canon), up)
-        return sr.make_record({"model": self.model, "train": sr.effective(asdict(self.tcfg)), "kept_key": kept},
-                              {f"select/{name}": self.expected(f"select/{name}")})
+        # a trained cell is keyed by what it trains on (its kept rows' content), not by how they were
+        # selected: a selection made again that keeps the same rows reuses the trained model
+        return sr.make_record({"model": self.model, "train": sr.effective(asdict(self.tcfg)), "kept_key": kept})
 
     def _kept_on_disk(self, name: str) -> str | None:
         f = self.out_dir / "select" / f"{name}.parquet"
         return kept_key(pl.read_parquet(f)) if f.exists() else None
 
+    def in_grid(self, name: str) -> bool:
+        """Whether cell ``name`` belongs to this run's grid (cells outside it are left as they are)."""
+        if self.grid is None:
+            method = parse_cell(name)[0]
+            return self.cfg.baseline if method == "base" else method in self.cfg.select.get("methods", ["random"])
+        return name in self.grid
+
     def present(self) -> dict[str, dict | None]:
-        """The stages with an output in out_dir: key -> what is needed to rebuild its record."""
+        """The stages with an output in out_dir: key -> what is needed to rebuild its record (the
+        cells of this run's grid only)."""
         from mrt_fast.selection.options import METHODS
 
         out = self.out_dir
@@ -294,7 +314,7 @@ class StagePlan:
                  | ({d.name for d in runs.iterdir() if d.is_dir()} if runs.is_dir() else set()))
         for name in sorted(names):
             cell = parse_cell(name)
-            if cell is None or (cell[0] != "base" and cell[0].lower() not in METHODS):
+            if cell is None or (cell[0] != "base" and cell[0].lower() not in METHODS) or not self.in_grid(name):
                 continue
             run_dir = out / "runs" / name
             if (out / "select" / f"{name}.parquet").exists():
@@ -315,6 +335,9 @@ class StagePlan:
         old = old or {}
         changed = {}
         for key, kw in present.items():
+            if key.startswith(("train/", "evaluate/")) and kw.get("kept") is None and key in old \
+                    and not key.endswith("/base"):
+                continue  # its selection is made again first; then the run checks its record against it
             if key.startswith("evaluate/"):
                 kw = {**kw, "same_as": (old.get(key) or {}).get("settings", {}).get("same_as")}
             new = self.expected(key, **kw)
@@ -376,11 +399,15 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     builtin_hook = isinstance(rfn, str) and rfn.startswith("builtin:")
     reward_hook = None if rfn is None or builtin_hook else load_reward_fn(rfn)
     out = Path(cfg.out_dir)
+    check_out_dir(out, sr.RECORDS)
     check_inputs(cfg, stages, generating=not (out / "candidates.parquet").exists())
+    grid = None if auto is not None else \
+        {cell_name(m, k) for m in methods for k in ks} | ({"base"} if cfg.baseline else set())
     plan = StagePlan(cfg, gcfg, tcfg, ecfg, sel_kw, auto, sr.embedder_identity(cfg.embedder, embedder),
-                     sr.hook_identity(rfn))
+                     sr.hook_identity(rfn, reward_hook), grid)
     records = plan.check(out, redo_changed)
     out.mkdir(parents=True, exist_ok=True)
+    records.mark()
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
     from mrt_fast.llm.models import is_gguf, materialize_gguf
 
@@ -439,6 +466,11 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                 rows = rows.join(prompts_tab.select(extra).with_columns(pl.col("prompt_id").cast(df["prompt_id"].dtype)),
                                  on="prompt_id", how="left", maintain_order="left")
             df = df.with_columns(score_with(rows, reward_hook)["reward"])
+        if cfg.answers is not None:  # the answer is the mode, the checker's verdict the reward
+            _log(f"answers: extract {cfg.answers.get('extract', 'last_number')}", progress)
+            df = answer_columns(df, cfg.answers, read_table(cfg.train_prompts) if prompts_tab is None else prompts_tab)
+            if "mode" in df.columns:
+                records.set("modes", plan.expected("modes"))
         write_table(df, scored)
     pool = pl.read_parquet(scored)
     if any(METHODS[m.lower()] == "stratified" for m in methods) and "mode" not in pool.columns:
@@ -464,14 +496,16 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                           prompt_format=tcfg.prompt_format, device=cfg.device, dtype=tcfg.dtype,
                           batch_size=ecfg.batch_size, progress=progress)
         ks = ks_to_train(advice, auto["neighbours"], gcfg.n)
+        ident = "" if advice.get("identified", True) else " (ratio not identified: the K its interval supports)"
         _log(f"diagnose: V_x={advice['v_x']:.4g}, V_y|x={advice['v_y_given_x']:.4g}, K*={advice['k_star']} "
-             f"-> train K in {ks}", progress)
+             f"-> train K in {ks}{ident}", progress)
     # 4-6. select, train, evaluate each cell; cells with the same kept rows train one model
     eval_df = read_table(cfg.eval_data)
     rows = []
     cells = [(None, 0)] if cfg.baseline else []
     cells += [(m, k) for m in methods for k in ks]
     trained_by: dict[str, str] = {}  # kept rows' key -> the first cell of this grid that holds them
+    n_eval: set = set()  # the number of evaluation prompts of each cell's metrics
     for method, k in cells:
         name = cell_name(method, k)
         run_dir = out / "runs" / name
@@ -493,7 +527,13 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                 write_table(kept, sel_f)
             kept = pl.read_parquet(sel_f)
             key = kept_key(kept)
-            records.set(f"train/{name}", plan.expected(f"train/{name}", key))
+            want = plan.expected(f"train/{name}", key)
+            if records.stages.get(f"train/{name}", want) != want:  # selected again, and it keeps other rows
+                stale = [f"train/{name}", f"evaluate/{name}"]
+                sr.remove_outputs(out, stale)
+                records.drop(stale)
+                fresh = True
+            records.set(f"train/{name}", want)
             same_as = trained_by.setdefault(key, name)
             same_as = None if same_as == name else same_as
             adapter = run_dir / "adapter"
@@ -512,11 +552,16 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                 _log(f"train {name}: {tcfg.max_steps} optimizer steps", progress)
                 cols = ["prompt_id", "prompt", "response"] + (["weight"] if "weight" in kept.columns else [])
                 train(kept.select(cols), model, run_dir, tcfg, progress=progress)
+        twin = same_as if adapter is not None and adapter != run_dir / "adapter" else None
+        had = records.stages.get(f"evaluate/{name}")
+        if metrics_f.exists() and had is not None and had != plan.expected(f"evaluate/{name}", key, twin):
+            sr.remove_outputs(out, [f"evaluate/{name}"])  # its model is another one now
+            records.drop([f"evaluate/{name}"])
+            fresh = True
         if not metrics_f.exists():
             if "evaluate" not in stages:
                 continue
             _log(f"evaluate {name}", progress)
-            twin = same_as if adapter is not None and adapter != run_dir / "adapter" else None
             records.set(f"evaluate/{name}", plan.expected(f"evaluate/{name}", key, twin))
             t0 = time.time()
             m = evaluate(eval_df, model, adapter=adapter, config=ecfg, embedder=get_embedder(),
@@ -526,6 +571,7 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
             run_dir.mkdir(parents=True, exist_ok=True)
             metrics_f.write_text(json.dumps(m, indent=2))
         m = json.loads(metrics_f.read_text())
+        n_eval.add(m.get("n_prompts"))
         row = results_row(method or "base", k, m, "new" if fresh and same_as is None else "reused", same_as)
         if advice is not None:
             from mrt_fast.llm.advisor import as_float
@@ -536,17 +582,17 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                         "k_best": int(advice["k_best"])})
         rows.append(row)
     here = {cell_name(m, k) for m, k in cells}
-    for name, m in cells_on_disk(out).items():  # cells of earlier runs still on disk stay in the results
-        if name not in here:
-            method, k = parse_cell(name)
-            rows.append(results_row(method, k, m, "earlier", m.get("same_as")))
+    outside = cells_on_disk(out).keys() - here
+    if outside:
+        _log(f"{len(outside)} cell{'s' * (len(outside) > 1)} outside the grid kept, not reported "
+             f"({', '.join(sorted(outside)[:4])}{' ...' if len(outside) > 4 else ''})", progress)
     rank = {m: i for i, m in enumerate(["base"] + methods)}
     rows.sort(key=lambda r: (rank.get(r["method"], len(rank)), r["method"], r["K"]))
     results = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     if rows:
         write_table(results, out / "results.csv")
         (out / "results.md").write_text(results_markdown(results))
-        plot_results(results, out / "results.png")
+        plot_results(results, out / "results.png", n_prompts=max(n_eval - {None}, default=eval_df.height))
     return results
 
 
@@ -556,8 +602,8 @@ RESULT_METRICS = ("ref_loss", "reward", "coverage", "diversity")
 
 def results_row(method: str, k: int, metrics: dict, cell: str, same_as: str | None) -> dict:
     """One row of results.csv: the cell, its metrics (and their ``_se``), how it was obtained
-    (``cell``: new, reused from disk or from an identical cell, or earlier: a cell of an earlier
-    run outside this grid) and the identical cell it shares its model with (``same_as``)."""
+    (``cell``: new, or reused from disk or from an identical cell) and the identical cell it shares
+    its model with (``same_as``)."""
     row = {"method": method, "K": k, **{key: metrics.get(key) for key in RESULT_METRICS},
            **{key: v for key, v in metrics.items() if key.startswith("pass@") and not key.endswith("_se")}}
     row.update({f"{key}_se": metrics.get(f"{key}_se") for key in list(row)[2:]})
@@ -590,15 +636,17 @@ def results_markdown(results: pl.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_results(results: pl.DataFrame, path: str | os.PathLike) -> None:
-    """Each metric against K, one line per method, with 95% intervals over the evaluation prompts
-    (mean +- 1.96 standard errors; the base model as a dashed line and a band). Methods are drawn
-    side by side around each K so that equal values stay visible; a cell that shares its kept rows
-    (and so its model) with another is drawn hollow and labelled with that cell."""
+def plot_results(results: pl.DataFrame, path: str | os.PathLike, n_prompts: int | None = None) -> None:
+    """Each metric against K (plain integer labels), one line per method, with 95% intervals over
+    the ``n_prompts`` evaluation prompts (mean +- 1.96 standard errors; the base model as a dashed
+    line and a band). Methods are drawn side by side around each K so that equal values stay
+    visible; a cell that shares its kept rows (and so its model) with another is drawn hollow and
+    labelled with that cell."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker as mticker
 
     metrics = [m for m in RESULT_METRICS if m in results.columns and results[m].drop_nulls().len()]
     methods = [m for m in results["method"].unique(maintain_order=True).to_list() if m != "base"]
@@ -634,14 +682,20 @@ def plot_results(results: pl.DataFrame, path: str | os.PathLike) -> None:
             if lo is not None and math.isfinite(lo):
                 ax.axvspan(max(lo, 0.5), hi if math.isfinite(hi) else ax.get_xlim()[1], color="C3", alpha=0.1)
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(mticker.LogLocator(base=2))
+        ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.0f}" if v >= 1 else f"{v:g}"))
+        ax.xaxis.set_minor_formatter(mticker.NullFormatter())
         ax.set_xlabel("K")
         ax.set_title(f"{met} (95% interval over prompts)", fontsize=9)
     axes[0][0].legend(fontsize=8)
+    title = [] if n_prompts is None else [f"{n_prompts} evaluation prompts"]
     if "k_star" in results.columns and results["k_star"][0] is not None:
         r = results.row(0, named=True)
-        fig.suptitle(f"V_x = {r['v_x']:.3g}, V_y|x = {r['v_y_given_x']:.3g}, K* = {r['k_star']:.3g} "
+        title.append(f"V_x = {r['v_x']:.3g}, V_y|x = {r['v_y_given_x']:.3g}, K* = {r['k_star']:.3g} "
                      f"[{r['k_star_lo']:.3g}, {r['k_star_hi']:.3g}], trained K = "
-                     f"{sorted(set(results.filter(pl.col('method') != 'base')['K'].to_list()))}", fontsize=9)
+                     f"{sorted(set(results.filter(pl.col('method') != 'base')['K'].to_list()))}")
+    if title:
+        fig.suptitle("; ".join(title), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

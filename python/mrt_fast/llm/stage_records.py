@@ -35,6 +35,9 @@ HASH_LIMIT = 256 << 20
 OPERATIONAL = {"device", "batch_size", "max_batch", "shard_prompts", "vllm_kwargs", "log_every", "save_steps",
                "save_total_limit", "resume", "report_to", "log_pair_losses", "gradient_checkpointing"}
 
+#: settings that hold the fingerprint of files (`data_fingerprint`, `model_identity`)
+FINGERPRINTED = {"model", "reward_model", "train_prompts", "eval_data", "validation"}
+
 _FACILITY = ("alpha", "eps", "k_max", "kernel", "optimizer")
 _MODES = ("n_modes", "max_mode_cosine")
 #: selection knobs a method does not read (changing them leaves its kept rows as they are)
@@ -70,11 +73,59 @@ def select_settings(parameters: dict, method: str) -> dict:
     return {k: v for k, v in parameters.items() if k not in NOT_READ.get(method, ())}
 
 
-def hook_identity(hook: Any) -> str | None:
-    """A reward hook as a name: the string it was given as, or a callable's qualified name."""
-    if hook is None or isinstance(hook, str):
-        return hook
-    return f"{getattr(hook, '__module__', '?')}:{getattr(hook, '__qualname__', type(hook).__qualname__)}"
+def hook_identity(hook: Any, fn: Any = None) -> dict | None:
+    """A reward hook by its code: its name (the string it was given as, or a callable's qualified
+    name) and `code_fingerprint` of the function it loads to (``fn``; ``hook`` itself when it is a
+    callable). A hook without a fingerprint gets a record of its own each run (``"code": None``,
+    why, and a fresh token), so that nothing made with it is reused."""
+    if hook is None:
+        return None
+    name = hook if isinstance(hook, str) else \
+        f"{getattr(hook, '__module__', '?')}:{getattr(hook, '__qualname__', type(hook).__qualname__)}"
+    fn = hook if fn is None and callable(hook) else fn
+    if isinstance(hook, str) and hook.startswith("builtin:") and fn is None:
+        from mrt_fast.llm.reward import relevance_reward
+
+        fn = relevance_reward
+    code, why = code_fingerprint(fn)
+    if code is None:
+        import secrets
+
+        return {"name": name, "code": None, "why": why, "run": secrets.token_hex(8)}
+    return {"name": name, "code": code}
+
+
+def code_fingerprint(fn: Any) -> tuple[dict | None, str | None]:
+    """The content hash of the file that defines ``fn`` and of its source (`inspect`), either
+    where the other cannot be had; ``(None, why)`` when neither can (a function made by ``exec``
+    or in a C extension, a file since deleted). What the code reads at run time (its globals,
+    closed-over values, other modules, files) is not part of it."""
+    import functools
+    import inspect
+
+    target = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    if target is None:
+        return None, "no function to read"
+    target = inspect.unwrap(target) if inspect.isfunction(target) or inspect.ismethod(target) else target
+    if not (inspect.isfunction(target) or inspect.ismethod(target) or inspect.isclass(target)
+            or inspect.isbuiltin(target)):
+        target = type(target)  # a callable object: its class holds its code
+    out = {}
+    try:
+        f = inspect.getsourcefile(target)
+    except TypeError:
+        f = None
+    if f and os.path.isfile(f):
+        out["file"] = hashlib.blake2b(Path(f).read_bytes(), digest_size=16).hexdigest()
+    try:
+        out["source"] = hashlib.blake2b(inspect.getsource(target).encode(), digest_size=16).hexdigest()
+    except (OSError, TypeError):
+        pass
+    if not out:
+        return None, f"neither the source nor the file of {getattr(target, '__qualname__', target)!r} can be read"
+    return out, None
 
 
 def embedder_identity(spec: str, embedder: Any = None) -> str:
@@ -138,18 +189,58 @@ class Records:
             self.stages[key] = record
             write_text(self.out_dir / RECORDS, json.dumps({"version": 1, "stages": self.stages}, indent=1))
 
+    def mark(self) -> None:
+        """Write the record file if there is none yet: the out_dir is mrt run's from now on."""
+        if not (self.out_dir / RECORDS).exists():
+            write_text(self.out_dir / RECORDS, json.dumps({"version": 1, "stages": self.stages}, indent=1))
+
     def drop(self, keys) -> None:
         for k in keys:
             self.stages.pop(k, None)
         write_text(self.out_dir / RECORDS, json.dumps({"version": 1, "stages": self.stages}, indent=1))
 
 
+def leaves(settings: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted leaf keys (``{"generate": {"n": 4}}`` -> ``{"generate.n": 4}``)."""
+    if not isinstance(settings, dict) or not settings:
+        return {prefix: settings} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in settings.items():
+        out.update(leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _shown(value: Any, width: int = 40) -> str:
+    text = "None" if value is None else repr(value) if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def differences(old: dict | None, new: dict, few: int = 3) -> str:
-    """What changed between two records, in a few words (``alpha 0.75 -> 0.5``)."""
+    """What changed between two records, in a few words: the dotted leaf keys that differ
+    (``select.alpha 0.75 -> 0.5``, ``generate.temperature 1.0 -> 0.5``)."""
     if old is None:
         return "made without a record of its settings"
     o, n = old.get("settings", {}), new["settings"]
-    diff = [f"{k} {o.get(k)!r} -> {n.get(k)!r}" for k in sorted(set(o) | set(n)) if o.get(k) != n.get(k)]
+    hook = n.get("reward_fn")
+    if isinstance(hook, dict) and hook.get("code") is None:
+        return (f"reward_fn {hook.get('name')!r} has no fingerprint of its code ({hook.get('why')}), so what "
+                "was made with it is not reused")
+    diff = []
+    if isinstance(hook, dict) and isinstance(o.get("reward_fn"), dict) and o["reward_fn"] != hook \
+            and o["reward_fn"].get("name") == hook.get("name"):
+        diff.append(f"reward_fn {hook['name']!r}: its code changed")
+        o, n = {k: v for k, v in o.items() if k != "reward_fn"}, {k: v for k, v in n.items() if k != "reward_fn"}
+    lo, ln = leaves(o), leaves(n)
+    changed = [k for k in sorted(set(lo) | set(ln)) if lo.get(k) != ln.get(k)]
+    files = []  # a fingerprint of files (data, a model's files) is named, not spelled out
+    for k in changed:
+        top, _, rest = k.partition(".")
+        if top in FINGERPRINTED and rest and not rest.startswith("spec"):
+            if top not in files:
+                files.append(top)
+                diff.append(f"{top}: its files changed")
+        else:
+            diff.append(f"{k} {_shown(lo.get(k))} -> {_shown(ln.get(k))}")
     up = sorted(k for k in set(old.get("upstream", {})) | set(new["upstream"])
                 if old.get("upstream", {}).get(k) != new["upstream"].get(k))
     diff += [f"its {k} changed" for k in up]

@@ -11,7 +11,9 @@ loads the seccomp filter. Then it forks once. The child becomes the generated pr
 program's own user id (when started as root), sets the resource limits and
 runs ``program.py`` as ``__main__``. The parent (the supervisor) waits for it
 with ``wait4`` and writes one JSON line to the report pipe: exit code or
-signal, and the CPU time of the program and its reaped descendants. The
+signal, the CPU time of the program and its reaped descendants, and, when the
+program stopped itself after a refused allocation, its peak address space (read
+from ``/proc`` while it is stopped; then it is continued and exits). The
 program never holds the report pipe, and the supervisor runs under another
 user id than the program (or, when both share one, is not dumpable), so the
 program cannot write or forge the report; killing the supervisor only loses
@@ -23,8 +25,10 @@ import os
 import resource
 import sys
 
-# exit code of a program whose MemoryError reached the top level (RLIMIT_AS hit)
+# exit code of a program whose MemoryError reached the top level (RLIMIT_AS hit); the program stops
+# itself first (SIGSTOP) so that the supervisor reads its peak address space, the evidence it labels by
 MEMORY_EXIT = 86
+SIGSTOP, SIGCONT = 19, 18
 # exit code when dropping privileges or setting the limits failed (read as ``error``)
 SETUP_EXIT = 85
 
@@ -142,6 +146,26 @@ def _exit_flushed(code: int) -> None:
     os._exit(code)
 
 
+def _memory_exit() -> None:
+    """End after a refused allocation: stop until the supervisor has read the peak, then exit."""
+    try:
+        os.kill(os.getpid(), SIGSTOP)
+    finally:
+        os._exit(MEMORY_EXIT)
+
+
+def _vm_peak_kb(pid: int):
+    """The most address space process ``pid`` has held (VmPeak, kB), or None."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmPeak:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _run_program(cfg: dict) -> None:
     """In the child: become the program. Never returns."""
     try:
@@ -162,7 +186,7 @@ def _run_program(cfg: dict) -> None:
         try:
             os.write(2, b"MemoryError\n")
         finally:
-            os._exit(MEMORY_EXIT)
+            _memory_exit()
     except SystemExit as e:
         code = e.code
         if code is None:
@@ -179,7 +203,7 @@ def _run_program(cfg: dict) -> None:
 
             traceback.print_exc()
         except MemoryError:
-            os._exit(MEMORY_EXIT)
+            _memory_exit()
         finally:
             _exit_flushed(1)
     _exit_flushed(0)
@@ -211,17 +235,25 @@ def main() -> None:
     os.close(0)
     os.close(1)
     os.close(2)
+    vm_peak = None
     while True:
         try:
-            _, status, ru = os.wait4(pid, 0)
-            break
+            _, status, ru = os.wait4(pid, os.WUNTRACED)
         except InterruptedError:
             continue
+        if not os.WIFSTOPPED(status):
+            break
+        vm_peak = _vm_peak_kb(pid)  # the kernel's figure, read while the program is stopped
+        try:
+            os.kill(pid, SIGCONT)
+        except OSError:
+            pass
     report = {
         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         "cpu_s": ru.ru_utime + ru.ru_stime,
         "maxrss_kb": ru.ru_maxrss,
+        "vm_peak_kb": vm_peak,
     }
     os.write(report_fd, (json.dumps(report) + "\n").encode())
     os._exit(0)

@@ -14,22 +14,24 @@ caller may make one, a per-run memory cgroup holds the whole run to
 supervisor reports the exit status and CPU time on a pipe the program never
 holds. A seccomp filter (`mrt_fast.sandbox.seccomp`, compiled by libseccomp where it is
 installed) refuses nested user namespaces, ptrace, keyrings, bpf, io_uring,
-mounts and the like.
+mounts, sockets and the like.
 
 The caller reads stdout and stderr through pipes with a byte cap and a wall
 clock deadline; at the deadline, or when the cap is passed, it kills the pid
 namespace's init, which takes every process of the namespace with it (a
 ``fork`` + ``setsid`` child included), and waits until it is gone.
 
-Status labels (`STATUSES`), decided from how the run ended, never from what it
-printed:
+Status labels (`STATUSES`), decided from how the run ended, a limit only from
+evidence the sandbox owns, never from what the program printed:
 
 * ``timeout``: the wall clock deadline passed (the caller killed it);
 * ``output_limit``: stdout + stderr passed ``output_mb`` (the caller killed it);
-* ``cpu_limit``: killed by ``SIGXCPU``, or by ``SIGKILL`` after using its CPU time;
+* ``cpu_limit``: killed by ``SIGXCPU`` or ``SIGKILL`` after using its CPU time;
 * ``memory_limit``: a ``MemoryError`` (an allocation refused under
-  ``RLIMIT_AS``) reached the top level, or the memory cgroup's OOM killer struck;
-* ``error``: any other non-zero exit or signal, or no report from the supervisor;
+  ``RLIMIT_AS``) reached the top level while the program's peak address space
+  was at least half its ``RLIMIT_AS``, or the memory cgroup's OOM killer struck;
+* ``error``: any other non-zero exit or signal (``sys.exit(86)``, a self-sent
+  ``SIGXCPU``), or no report from the supervisor (`ExecResult.reason`);
 * ``passed`` / ``failed``: exit code 0, and the output matches the expected one
   (``passed``) or not (``failed``); ``passed`` when no expected output is given.
 
@@ -78,6 +80,7 @@ _CODE_IN_SANDBOX = "/.sandbox/program.py"
 _FILTER_IN_SANDBOX = "/.sandbox/filter.bpf"
 _MIN_PROGRAM_MB = 24  # RLIMIT_AS an interpreter needs to start
 _CAP_SETGID, _CAP_SETUID = 6, 7
+_CPU_SLACK_S = 0.05  # rounding of the reported CPU time against RLIMIT_CPU
 _MAX_WAIT_S = 3600.0  # the longest single wait; a longer deadline is waited for in steps
 _MIN_BWRAP = (0, 8, 0)
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -115,6 +118,21 @@ class ExecResult:
     @property
     def network_namespace(self) -> bool:
         return self.isolation == BWRAP
+
+    @property
+    def reason(self) -> str:
+        """The status, or for ``error`` how the program ended: ``exit 86``, ``signal SIGXCPU``
+        (``no report`` when the supervisor wrote none)."""
+        if self.status != "error":
+            return self.status
+        if self.returncode is None:
+            return "no report"
+        if self.returncode >= 0:
+            return f"exit {self.returncode}"
+        try:
+            return f"signal {signal.Signals(-self.returncode).name}"
+        except ValueError:
+            return f"signal {-self.returncode}"
 
 
 # ------------------------------------------------------------------ isolation choice
@@ -418,7 +436,7 @@ def _run_bwrap(exe: str, code: str, stdin: str, *, python: str, timeout_s: float
         r = _supervise(argv, stdin_fd=stdin_fd, pass_fds=(*data_fds, info_w, report_w),
                        close_after_start=(*data_fds, info_w, report_w), report_r=report_r,
                        info_r=info_r, cwd="/", timeout_s=timeout_s, cpu_s=cpu_s, output_bytes=output_bytes,
-                       isolation=BWRAP)
+                       isolation=BWRAP, address_space=config["memory_bytes"])
         if cgroup is not None:
             _label_cgroup_run(r, cgroup)
         return r
@@ -454,7 +472,8 @@ def _run_unisolated(code: str, stdin: str, *, python: str, timeout_s: float, cpu
         argv = [python, "-I", "-B", str(_BOOT), json.dumps(config)]
         return _supervise(argv, stdin_fd=stdin_fd, pass_fds=(report_w,), close_after_start=(report_w,),
                           report_r=report_r, info_r=None, cwd=d, timeout_s=timeout_s, cpu_s=cpu_s,
-                          output_bytes=output_bytes, isolation=UNISOLATED, home=d)
+                          output_bytes=output_bytes, isolation=UNISOLATED, home=d,
+                          address_space=config["memory_bytes"])
     finally:
         _close_all(fds)
         shutil.rmtree(d, ignore_errors=True)
@@ -469,7 +488,7 @@ def _pidfd(pid: int) -> int | None:
 
 def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_start: tuple, report_r: int,
                info_r: int | None, cwd: str, timeout_s: float, cpu_s: int, output_bytes: int, isolation: str,
-               home: str | None = None) -> ExecResult:
+               address_space: int, home: str | None = None) -> ExecResult:
     """Start ``argv``, read its output with a cap and a deadline, kill everything at the end, label the run."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -557,11 +576,21 @@ def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_s
     except (ValueError, KeyError, TypeError):
         return ExecResult("error", None, stdout, stderr, wall, isolation)
     if sig is not None:
-        hard_cpu = sig == signal.SIGKILL and cpu >= cpu_s
-        status = "cpu_limit" if (sig == signal.SIGXCPU or hard_cpu) else "error"
+        # the kernel's RLIMIT_CPU signals come only once the CPU time is used: a SIGXCPU or SIGKILL
+        # before that was sent by the program itself
+        used_cpu = cpu + _CPU_SLACK_S >= cpu_s
+        status = "cpu_limit" if sig in (signal.SIGXCPU, signal.SIGKILL) and used_cpu else "error"
         return ExecResult(status, -sig, stdout, stderr, wall, isolation, cpu)
-    status = "passed" if code == 0 else "memory_limit" if code == MEMORY_EXIT else "error"
+    status = "passed" if code == 0 else "memory_limit" if code == MEMORY_EXIT and _held_memory(
+        rep.get("vm_peak_kb"), address_space) else "error"
     return ExecResult(status, code, stdout, stderr, wall, isolation, cpu)
+
+
+def _held_memory(vm_peak_kb, address_space: int) -> bool:
+    """Whether the program's peak address space, as the kernel counted it, shows that an allocation
+    was refused under ``RLIMIT_AS``: at least half of it (a request that would have doubled what
+    it held); an exit with the memory code and no such peak is the program's own."""
+    return isinstance(vm_peak_kb, int) and vm_peak_kb * 1024 >= address_space // 2
 
 
 def _wait_until(proc: subprocess.Popen, deadline: float) -> bool:

@@ -6,7 +6,11 @@ namespaces (``clone``/``unshare`` with ``CLONE_NEWUSER``; ``clone3`` fails with
 ``ENOSYS`` so that libc falls back to ``clone``), ``ptrace`` and cross-process
 memory access, keyrings, ``bpf``, ``perf_event_open``, ``userfaultfd``,
 ``io_uring``, mounts, module loading, ``kexec``, ``reboot``, ``swapon``,
-``acct``, ``quotactl``, ``syslog`` and ``setns``; and, for a run that has no memory
+``acct``, ``quotactl``, ``syslog`` and ``setns``; sockets of every family
+(``socket``, ``socketpair``: a judged program reads stdin and writes stdout, and
+data queued in socket buffers is kernel memory that ``RLIMIT_AS`` does not count
+and, for ``AF_UNIX``, that a file descriptor sent in flight keeps out of
+``RLIMIT_NOFILE`` too); and, for a run that has no memory
 cgroup, the shared memory that ``RLIMIT_AS`` does not count (``memfd_create``,
 ``memfd_secret``, ``shmget``, ``shmat``, ``shmctl``). System calls of another
 architecture (32-bit entry points) kill the caller (libseccomp's default).
@@ -31,6 +35,9 @@ DENIED = (
     "setns", "acct", "swapon", "swapoff", "reboot", "syslog", "quotactl", "name_to_handle_at",
     "open_by_handle_at", "lookup_dcookie",
 )
+# no judged program needs a socket (the network namespace has nothing to reach), and the data
+# queued in socket buffers is kernel memory that RLIMIT_AS does not count
+SOCKETS = ("socket", "socketpair")
 # memory that RLIMIT_AS does not count: refused where no memory cgroup bounds it
 SHARED_MEMORY = ("memfd_create", "memfd_secret", "shmget", "shmat", "shmctl")
 CLONE_NEWUSER = 0x10000000
@@ -88,7 +95,7 @@ def compile_filter(deny_shared_memory: bool = False) -> bytes | None:
             if rc < 0:
                 raise OSError(-rc, f"seccomp_rule_add({name}): {os.strerror(-rc)}")
 
-        for name in DENIED + (SHARED_MEMORY if deny_shared_memory else ()):
+        for name in DENIED + SOCKETS + (SHARED_MEMORY if deny_shared_memory else ()):
             rule(_act_errno(errno.EPERM), name)
         newuser = _ArgCmp(0, _CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER)
         rule(_act_errno(errno.EPERM), "clone", newuser)

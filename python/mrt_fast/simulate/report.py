@@ -94,7 +94,7 @@ def comparison_rows(res: dict) -> list[dict]:
 
 
 def plot_all(res: dict, out: Path) -> list[Path]:
-    """One small PNG per figure; returns the paths written."""
+    """One small PNG per figure (titled "quick run" for a ``quick`` one); returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,6 +107,9 @@ def plot_all(res: dict, out: Path) -> list[Path]:
         from mrt_fast._util.files import atomic_path
 
         p = out / name
+        if res.get("quick"):  # the small sizes of --quick: say so on the figure itself
+            for ax in fig.axes:
+                ax.set_title(f"{ax.get_title()} (quick run)", fontsize=ax.title.get_fontsize())
         fig.tight_layout()
         with atomic_path(p) as tmp:
             fig.savefig(tmp, dpi=90, format=p.suffix.lstrip(".") or "png")

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.arrow_views import plain_views
 from mrt_fast.tables.hf import hf_to_arrow, is_hf
 from mrt_fast.tables.key_values import canonical, refuse_nan
 
@@ -98,8 +99,10 @@ def _narrow_decimals(t: pa.DataType) -> pa.DataType:
 
 
 def readable_by_polars(table: pa.Table) -> pa.Table:
-    """`table` with its decimal256 columns cast to decimal128 (values kept
-    exactly); a value beyond decimal128 is an `MrtInputError` naming the column."""
+    """`table` with its view columns cast to plain types (`mrt_fast.tables.arrow_views`) and its
+    decimal256 columns to decimal128 (values kept exactly); a value beyond decimal128 is an
+    `MrtInputError` naming the column."""
+    table = plain_views(table)
     for i, f in enumerate(table.schema):
         want = _narrow_decimals(f.type)
         if want == f.type:
@@ -331,7 +334,7 @@ def take(table: Any, kind: str, idx: np.ndarray, extra: dict[str, np.ndarray]) -
         out = table[pl.Series(idx, dtype=pl.UInt64)] if len(idx) else table.clear()
         return out.with_columns([pl.Series(k, v) for k, v in extra.items()])
     if kind == "arrow":
-        out = table.take(pa.array(idx, type=pa.uint64()))
+        out = plain_views(table).take(pa.array(idx, type=pa.uint64()))
         for k, v in extra.items():
             out = out.append_column(k, pa.array(v))
         return out
@@ -358,7 +361,7 @@ def as_frame(table: Any) -> pl.DataFrame:
     if isinstance(table, list):
         return pl.DataFrame(table)
     if type(table).__module__.startswith("pyarrow"):
-        return pl.from_arrow(table)  # type: ignore[return-value]
+        return pl.from_arrow(plain_views(table))  # type: ignore[return-value]
     if type(table).__module__.startswith("pandas"):
         return pl.from_pandas(table)
     raise MrtInputError(f"expected a table (polars, pyarrow, pandas, datasets.Dataset or a list of dicts), got {type(table).__name__}")

@@ -20,6 +20,7 @@ import polars as pl
 import pyarrow as pa
 
 from mrt_fast.errors import MrtInputError
+from mrt_fast.tables.arrow_views import plain_views
 
 FLAT = "flat"
 GROUPED = "grouped"
@@ -44,7 +45,8 @@ def list_depth(dtype: Any) -> int:
         if isinstance(dtype, (pl.List, pl.Array)):
             dtype = dtype.inner
         elif isinstance(dtype, pa.DataType) and (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)
-                                                  or pa.types.is_fixed_size_list(dtype)):
+                                                  or pa.types.is_fixed_size_list(dtype)
+                                                  or pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype)):
             dtype = dtype.value_type
         else:
             return depth
@@ -210,4 +212,4 @@ def grouped_frame(table: Any, kind: str) -> pl.DataFrame:
         table = pa.Table.from_pandas(table, preserve_index=False)
     elif isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
-    return pl.from_arrow(table)
+    return pl.from_arrow(plain_views(table))

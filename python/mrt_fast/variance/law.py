@@ -440,10 +440,32 @@ class VarianceReport:
     seed: int
     bootstrap: str = "none"
     interval: str = "none"
+    pilot_k_max: int | None = None  # the most responses a prompt of the pilot had (K measured, not extrapolated)
     ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     predicted: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)
+    #: False when the pilot cannot bound the ratio V_y|x / V_x (V_x estimated <= 0, or the ratio's
+    #: interval unbounded above): K* is then not a recommendation; `k_at_least` is what the data support
+    identified: bool = True
+    #: why the ratio is not identified and what more data would fix it (None when identified)
+    identification: str | None = None
+    #: the smallest K the pilot's interval supports (the lower end of k_best's interval; k_best without one)
+    k_at_least: int = 1
     _pilot: Any = field(default=None, repr=False, compare=False)  # (prompt ids, losses) for `allocate`
+
+    def _k_axis(self, ax, top: int) -> None:
+        """A log axis of K with plain integer labels, and the K beyond the pilot's shaded: there the
+        law is extrapolated, not measured."""
+        import matplotlib.ticker as mticker
+
+        ax.set_xscale("log", base=2)
+        ax.set_xlim(1, top)
+        ax.xaxis.set_major_locator(mticker.LogLocator(base=2))
+        ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.0f}" if v >= 1 else f"{v:g}"))
+        ax.xaxis.set_minor_formatter(mticker.NullFormatter())
+        if self.pilot_k_max is not None and self.pilot_k_max < top:
+            ax.axvspan(self.pilot_k_max, top, color="0.85", alpha=0.5, zorder=0,
+                       label=f"K > {self.pilot_k_max}: beyond the pilot, extrapolated")
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -480,6 +502,8 @@ class VarianceReport:
             f"  costs C_p, C_r:            {self.cost_prompt:g}, {self.cost_response:g}",
             f"  K* (continuous):           {f(self.k_star)}{ci('k_star')}",
             f"  best integer K:            {self.k_best}{ci('k_best')}",
+            *([] if self.identified else [
+                f"  ratio NOT identified:      K* is no recommendation; the pilot supports K >= {self.k_at_least}"]),
             f"  MRT pays (K* > 1):         {self.mrt_pays}",
             f"  K=2 beats K=1:             {self.k2_beats_k1}",
             f"  bound tightening (K->inf): {f(self.tightening_saturation)}",
@@ -522,17 +546,18 @@ class VarianceReport:
         if path is not None:
             matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
+        import matplotlib.ticker as mticker
 
         top = k_max_plot or int(max(64, min(self.k_max, 4 * (self.k_best or 1))))
         ks = np.arange(1, top + 1, dtype=np.float64)
         n_ref = max(self.n_prompts, 1)
-        fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8), squeeze=False)
+        fig, axes = plt.subplots(1, 2, figsize=(10.4, 4.0), squeeze=False)
         ax = axes[0, 0]
         ax.plot(ks, predicted_variance(self.v_x, self.v_y_given_x, ks, n_ref), label="V_x/Np + V_y|x/(Np K)")
         ax.axhline(self.v_x / n_ref, ls="--", c="gray", label="prompt floor V_x/Np")
-        ax.set_xscale("log", base=2)
         ax.set_xlabel("responses per prompt K")
         ax.set_ylabel(f"variance of empirical loss (Np = {n_ref})")
+        self._k_axis(ax, top)
         ax.legend(fontsize=8)
         ax = axes[0, 1]
         kc = np.linspace(1, top, 400)
@@ -553,10 +578,17 @@ class VarianceReport:
             if lo <= hi:
                 ax.axvspan(lo, hi, color="C3", alpha=0.12,
                            label=f"K* {self.ci_level:.0%} interval [{self.ci['k_star'][0]:.3g}, {self.ci['k_star'][1]:.3g}]")
-        ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(mticker.FuncFormatter(  # plain numbers, 2 and 5 of each decade
+            lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
         ax.set_xlabel("responses per prompt K")
+        self._k_axis(ax, top)
         ax.legend(fontsize=8)
+        budget = "" if self.budget is None else f", budget B = {self.budget:g}"
+        fig.suptitle(f"costs C_p = {self.cost_prompt:g} a prompt, C_r = {self.cost_response:g} a response{budget}; "
+                     f"{self.n_prompts} pilot prompts" + (f" with K <= {self.pilot_k_max}" if self.pilot_k_max else ""),
+                     fontsize=9)
         fig.tight_layout()
         if path is not None:
             from mrt_fast._util.files import atomic_path
@@ -731,6 +763,14 @@ def report_from_accumulator(
                          f"V_y|x > 0: {used} intervals instead")
         if frac0 > 0:
             notes.append(f"V_x was 0 in {frac0:.1%} of bootstrap resamples (K* infinite there)")
+    identified, identification = _identification(s, vx, vy, ci, ci_level)
+    k_at_least = kb
+    if "k_best" in ci and math.isfinite(ci["k_best"][0]):
+        k_at_least = int(min(kb, max(1, math.ceil(ci["k_best"][0]))))
+    elif not identified:
+        k_at_least = 1
+    if not identified:
+        notes.insert(0, identification)
 
     return VarianceReport(
         n_rows=int(s["n_rows"]),
@@ -759,9 +799,39 @@ def report_from_accumulator(
         seed=int(seed),
         bootstrap=method,
         interval=used,
+        pilot_k_max=int(np.max(acc._core.per_prompt()["count"])) if len(acc) else None,
         ci=ci,
         predicted=pl.DataFrame(cols),
         notes=notes,
+        identified=identified,
+        identification=identification,
+        k_at_least=k_at_least,
+    )
+
+
+def _identification(s: dict, vx: float, vy: float, ci: dict, level: float) -> tuple[bool, str | None]:
+    """Whether the pilot bounds the ratio V_y|x / V_x, and if not, why and what more data would fix it."""
+    if vy == 0:
+        return True, None  # no within-prompt spread: K = 1, whatever V_x is
+    raw = float(s["v_x_raw"])
+    if vx <= 0:
+        why = (f"the V_x estimate is {raw:.4g} <= 0 (the spread of the prompt means is within their "
+               "response noise)")
+    elif "ratio" in ci and not math.isfinite(ci["ratio"][1]):
+        why = f"the ratio's {level:.0%} interval is unbounded above (V_x's interval reaches 0)"
+    else:
+        return True, None
+    p = int(s["n_used_prompts"])
+    vm = float(s["var_of_means"])
+    noise = max(vm - raw, 0.0)  # mean s_i^2 / K_i: the response noise in the spread of the means
+    # the spread of P prompt means has a standard error of about vm * sqrt(2 / (P - 1)); a prompt
+    # floor below about twice that cannot be told from 0
+    floor = 2.0 * max(vm, noise) * math.sqrt(2.0 / max(p - 1, 1))
+    return False, (
+        f"ratio not identified: {why}, so K* is not a recommendation. With {p} prompts this pilot cannot "
+        f"tell a prompt floor V_x below about {floor:.3g} from 0; that limit shrinks as 1/sqrt(prompts) "
+        f"(4x the prompts halves it), and more responses per prompt shrink the response noise ({noise:.3g}) "
+        "it must be told apart from"
     )
 
 

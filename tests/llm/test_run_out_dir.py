@@ -1,0 +1,73 @@
+"""mrt run writes only into its own out_dir (``.mrt/stages.json``), an empty one or a new one: a
+folder holding other files, the root folder and the home folder are refused in one line before
+anything is read or written."""
+
+from __future__ import annotations
+
+import pytest
+from mrt_fast import MrtInputError
+
+
+def _cfg(tmp_path, out):
+    for name in ("train.jsonl", "eval.jsonl"):
+        (tmp_path / name).write_text('{"prompt_id": 1, "prompt": "p", "reference": "r"}\n')
+    return {"out_dir": str(out), "model": str(tmp_path / "no-model"), "embedder": "hashing",
+            "data": {"train_prompts": str(tmp_path / "train.jsonl"), "eval": str(tmp_path / "eval.jsonl")},
+            "select": {"methods": ["random"], "ks": [1]}}
+
+
+def _tree(d):
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+
+
+@pytest.mark.parametrize("where", ["root", "home", "cwd", "foreign"])
+def test_an_out_dir_mrt_run_did_not_make_is_refused_before_any_work(tmp_path, monkeypatch, where):
+    from mrt_fast.llm import pipeline
+    from mrt_fast.llm.pipeline import run
+
+    def past_the_check(*a, **kw):  # nothing of the run may happen in such a folder (the root included)
+        raise AssertionError("the run went on past the out_dir check")
+
+    monkeypatch.setattr(pipeline.StagePlan, "check", past_the_check)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my own file")
+    (mine / "config.json").write_text("{}")
+    (mine / "results.csv").write_text("a,b\n")
+    monkeypatch.chdir(mine)
+    out = {"root": "/", "home": str(home), "cwd": ".", "foreign": str(mine)}[where]
+    before = _tree(mine), (mine / "config.json").read_text()
+    with pytest.raises(MrtInputError) as e:
+        run(_cfg(tmp_path, out), progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and "new or empty folder" in msg, msg
+    assert {"root": "root folder", "home": "home folder", "cwd": "'notes.txt'", "foreign": "'notes.txt'"}[where] in msg
+    assert (_tree(mine), (mine / "config.json").read_text()) == before and not (home / ".mrt").exists()
+
+
+def test_only_an_out_dir_of_mrt_run_or_an_empty_one_passes(tmp_path):
+    from mrt_fast.llm import stage_records as sr
+    from mrt_fast.llm.run_dir import check_out_dir
+
+    check_out_dir(tmp_path / "new" / "deeper", sr.RECORDS)
+    (tmp_path / "empty").mkdir()
+    check_out_dir(tmp_path / "empty", sr.RECORDS)
+    ours = tmp_path / "ours"
+    (ours / ".mrt").mkdir(parents=True)
+    (ours / "notes.txt").write_text("added by hand")
+    (ours / sr.RECORDS).write_text('{"version": 1, "stages": {}}')
+    check_out_dir(ours, sr.RECORDS)  # the marker: whatever else it holds is the user's own addition
+    old = tmp_path / "old"
+    (old / "runs").mkdir(parents=True)
+    (old / "candidates.parquet").write_bytes(b"")
+    check_out_dir(old, sr.RECORDS)  # only names mrt run writes: the records check decides
+    (old / "x.txt").write_text("")
+    with pytest.raises(MrtInputError, match="holds 'x.txt'"):
+        check_out_dir(old, sr.RECORDS)
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(MrtInputError, match="is not a folder"):
+        check_out_dir(f, sr.RECORDS)
