@@ -123,6 +123,14 @@ class JobProgress:
         elif self.mode == "bar":
             self._draw()
 
+    def say(self, what: str) -> None:
+        """A step with no count (a model loading): one plain line now, ``mrt nll: loading the model``
+        (lines mode; the bar shows it as its description)."""
+        if self.mode == "lines":
+            print(f"{self.name}: {what}", file=sys.stderr, flush=True)
+        elif self._bar is not None:
+            self._bar.update(self._task, description=f"{self.name}: {what}")
+
     def set_unit(self, unit: str) -> None:
         """What a row is: ``rows``, or ``prompts`` in the grouped layout."""
         self.unit = unit

@@ -118,7 +118,7 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
 
             def stage(df: pl.DataFrame) -> pl.DataFrame:
                 if not fn:
-                    job.progress.phase("loading the model")
+                    job.progress.say("loading the model")
                     fn.append(make_stage(tick=job.progress.tick) if ticks else make_stage())
                     job.progress.phase(f"{name} by part")
                 return fn[0](df)
