@@ -124,7 +124,7 @@ def embed_quality_cmd(
                               "model name or local directory."),
     reference: Optional[str] = typer.Option(None, help="The embedding that chooses and scores as the reference "
                                             "(default: bundled all-MiniLM-L6-v2)."),
-    text: str = typer.Option("response", help="Column holding the text."),
+    text: str = typer.Option("response", "--text", "--response-column", help="Column holding the text."),
     by: str = typer.Option("prompt_id", help="Prompt id column: one pool per value."),
     reward: str = typer.Option("reward", help="Reward column, for top and grades (left out when absent)."),
     k: str = typer.Option("2,4", "--k", help="K values to compare at, comma separated."),
