@@ -213,3 +213,14 @@ def test_grouped_embed_counts_candidates_and_prompts_apart(tmp_path, monkeypatch
     assert got[-1].group(3) == "320" and got[-1].group(6) == "40"
     assert rep.candidates == 320 and rep.texts_done_now == 320 and rep.rows_done_now == 40
     assert rep.texts_per_second == pytest.approx(8 * rep.rows_per_second)
+
+
+def test_the_loading_line_waits_for_the_interval_and_an_early_end_drops_it(monkeypatch, capsys):
+    monkeypatch.setenv(INTERVAL_ENV, "3600")
+    p = JobProgress("lines", name="mrt nll")
+    p.say("loading the model")
+    p.close()  # a model that failed to load at once: its error stays the only line
+    monkeypatch.setenv(INTERVAL_ENV, "0")
+    q = JobProgress("lines", name="mrt nll")
+    q.say("loading the model")
+    assert capsys.readouterr().err == "mrt nll: loading the model\n"

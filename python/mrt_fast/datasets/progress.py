@@ -90,6 +90,7 @@ class JobProgress:
         self._t0 = self._last = time.monotonic()
         self._printed = False
         self._bar = self._task = None
+        self._saying: threading.Timer | None = None  # a line of say() not printed yet
 
     @staticmethod
     def _mode(how: Any) -> str:
@@ -124,12 +125,27 @@ class JobProgress:
             self._draw()
 
     def say(self, what: str) -> None:
-        """A step with no count (a model loading): one plain line now, ``mrt nll: loading the model``
-        (lines mode; the bar shows it as its description)."""
+        """A step with no count (a model loading): ``mrt nll: loading the model`` as a plain line
+        once it has lasted the interval (at once with an interval of 0), unless the work moved or
+        the display closed first (:meth:`quiet`); the bar shows it as its description."""
         if self.mode == "lines":
-            print(f"{self.name}: {what}", file=sys.stderr, flush=True)
+            self.quiet()
+            text = f"{self.name}: {what}"
+            if self.every <= 0:
+                print(text, file=sys.stderr, flush=True)
+                return
+            timer = threading.Timer(self.every, lambda: print(text, file=sys.stderr, flush=True))
+            timer.daemon = True
+            self._saying = timer
+            timer.start()
         elif self._bar is not None:
             self._bar.update(self._task, description=f"{self.name}: {what}")
+
+    def quiet(self) -> None:
+        """Drop the line :meth:`say` has not printed yet."""
+        timer, self._saying = self._saying, None
+        if timer is not None:
+            timer.cancel()
 
     def set_unit(self, unit: str) -> None:
         """What a row is: ``rows``, or ``prompts`` in the grouped layout."""
@@ -138,6 +154,7 @@ class JobProgress:
     def tick(self, n: int) -> None:
         """``n`` more candidates done inside a part (a model batch): the display moves before
         the part is done. Ignored unless the candidates were counted (``items_total``)."""
+        self.quiet()
         with self._lock:
             if self.items_total is None:
                 return
@@ -169,6 +186,7 @@ class JobProgress:
 
     def advance(self, n: int) -> None:
         """``n`` more rows done (a part committed)."""
+        self.quiet()
         with self._lock:
             self.done += int(n)
             due = self._due()
@@ -181,6 +199,7 @@ class JobProgress:
 
     def close(self) -> None:
         """Stop the bar; after plain lines, one last line with the final count."""
+        self.quiet()
         if self._bar is not None:
             self._bar.stop()
             self._bar = None

@@ -149,7 +149,10 @@ def embed_dataset(
     # the texts are checked before the model loads: a bad text is found in seconds, not after loading
     scan = scan_texts(ds, text, grouped, empty_text)
     job_.progress.say("loading the model")
-    model_id = check_model(model, device, cache_dir)  # before any work: fails fast, distils the static tier once
+    try:
+        model_id = check_model(model, device, cache_dir)  # before any work: fails fast, distils the static tier once
+    finally:
+        job_.progress.quiet()
     job_.parameters = {"text": text, "column": column, "model_id": model_id, "rows_per_part": rows_per_part,
                        "overwrite_column": overwrite_column,
                        **({"empty_text": empty_text} if empty_text != "refuse" else {})}
