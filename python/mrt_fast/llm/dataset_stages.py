@@ -113,7 +113,10 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
             import inspect
 
             fn: list = []
-            ticks = "tick" in inspect.signature(make_stage).parameters
+            try:
+                ticks = "tick" in inspect.signature(make_stage).parameters
+            except (TypeError, ValueError):  # a callable without a signature: no ticks
+                ticks = False
             items = count_candidates(ds, columns[-1], grouped, n) if ticks and job.progress.mode != "off" else None
 
             def stage(df: pl.DataFrame) -> pl.DataFrame:
