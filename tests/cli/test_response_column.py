@@ -49,3 +49,11 @@ def test_a_null_response_in_a_list_is_named_before_the_model(tmp_path):
     pl.DataFrame({"prompt_id": [1, 2], "prompt": ["a", "b"], "responses": [["x", "y"], ["z", None]]}).write_parquet(p)
     r = run(["nll", str(p), str(tmp_path / "o.parquet"), "--model", str(tmp_path / "no_model")])
     assert r.exit_code == 2 and "row 1, candidate 1" in r.output, r.output
+
+
+@pytest.mark.parametrize("cmd", ["select", "embed", "nll", "score", "diagnose", "export"])
+def test_help_names_the_arguments_for_people(cmd):
+    r = run([cmd, "--help"])
+    assert r.exit_code == 0
+    assert "inp}" not in r.output and "{out}" not in r.output
+    assert "INPUT" in r.output or "KEPT" in r.output
