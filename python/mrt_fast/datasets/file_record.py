@@ -1,9 +1,9 @@
 """What wrote a file output: the record that gives a file the rerun rule of a directory.
 
 A dataset directory carries its manifest. A Parquet file output carries the
-job's record in its footer's key-value metadata (key :data:`KEY`): the
-command, its parameters and the input's fingerprint; nothing is written
-beside it. A rerun then follows the directory's rule:
+job's record in its footer's key-value metadata (key :data:`KEY`): its
+parameters and the input's fingerprint (not the output's name: the same job
+writes the same bytes wherever its output is); nothing is written beside it. A rerun then follows the directory's rule:
 
 * the same job (same parameters, same input) over a Parquet file it wrote:
   already complete, nothing to do;
@@ -30,12 +30,12 @@ def _canon(parameters: dict) -> str:
     return json.dumps(parameters, sort_keys=True, default=str)
 
 
-def record_metadata(out: Path, command: str, parameters: dict, fingerprint: str) -> dict[str, str] | None:
+def record_metadata(out: Path, parameters: dict, fingerprint: str) -> dict[str, str] | None:
     """The footer metadata recording the job that writes ``out`` (None: its format has no footer)."""
     if Path(out).suffix.lower() != ".parquet":
         return None
-    return {KEY: json.dumps({"command": command, "parameters": json.loads(_canon(parameters)),
-                             "fingerprint": fingerprint})}
+    return {KEY: json.dumps({"parameters": json.loads(_canon(parameters)), "fingerprint": fingerprint},
+                            sort_keys=True)}
 
 
 def read_record(out: Path) -> dict[str, Any] | None:
@@ -56,8 +56,7 @@ def read_record(out: Path) -> dict[str, Any] | None:
         return None
 
 
-def check_file_output(out: Path, parameters: dict, fingerprint: str, *, overwrite: bool,
-                      command: str = "the job") -> tuple[str, int]:
+def check_file_output(out: Path, parameters: dict, fingerprint: str, *, overwrite: bool) -> tuple[str, int]:
     """``("new", 0)`` (no file, or ``overwrite``) or ``("done", rows)`` (the same job wrote it); any other
     existing file is refused in one line."""
     out = Path(out)
@@ -74,8 +73,8 @@ def check_file_output(out: Path, parameters: dict, fingerprint: str, *, overwrit
         why = "and holds no record of an mrt job that wrote it" if out.suffix.lower() == ".parquet" else \
             "and a JSONL/CSV file holds no record of the job that wrote it"
     elif not same_input:
-        why = f"written by {rec.get('command', 'another job')!r} from another input"
+        why = "written by an mrt job from another input"
     else:
-        why = f"written by {rec.get('command', 'another job')!r} with other parameters"
+        why = "written by an mrt job with other parameters"
     raise MrtInputError(f"output {str(out)!r} exists, {why}; give --overwrite (overwrite=True) to replace it, "
                         "or write to another name")

@@ -175,7 +175,7 @@ class Job:
                 from mrt_fast.datasets.file_record import check_file_output
 
                 self.state, self._file_rows = check_file_output(self.out, self.parameters, self.fingerprint,
-                                                                overwrite=self.overwrite, command=self.command)
+                                                                overwrite=self.overwrite)
             if self.remote:
                 self._abort_uploads()
         except BaseException:
@@ -302,7 +302,7 @@ class Job:
                     / storage.ObjectPath(self.out).name
             from mrt_fast.datasets.file_record import record_metadata
 
-            meta = record_metadata(path, self.command, self.parameters, self.fingerprint)
+            meta = record_metadata(path, self.parameters, self.fingerprint)
             with _formats.AtomicWriter(path, metadata=meta) as wr:
                 for f in frames:
                     wr.write(f)
