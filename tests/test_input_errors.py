@@ -215,8 +215,10 @@ def test_select_runs_a_pool_over_the_budget_on_demand_with_the_dense_results(mon
     })
     dense, rep_d = select(df, 8, "grades", return_report=True)
     # pools of more than 100 candidates cross the (lowered) budget
-    monkeypatch.setattr(importlib.import_module("mrt_fast.selection.select"), "DENSE_LIMIT_BYTES", 100 * 100 * 4)
-    lean, rep_l = select(df, 8, "grades", return_report=True)
+    from mrt_fast.selection.facility import dense_limit_within
+
+    with dense_limit_within(100 * 100 * 4):
+        lean, rep_l = select(df, 8, "grades", return_report=True)
     assert lean["embedding"].to_list() == dense["embedding"].to_list()
     np.testing.assert_allclose(lean["gain"].to_numpy(), dense["gain"].to_numpy(), rtol=1e-5)
     np.testing.assert_allclose(rep_l.objective, rep_d.objective, rtol=1e-5)

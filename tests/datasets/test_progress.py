@@ -16,7 +16,8 @@ from mrt_fast.datasets.local import select_dataset
 from mrt_fast.datasets.progress import INTERVAL_ENV, JobProgress
 from mrt_fast.errors import MrtInputError
 
-LINE = re.compile(r"^mrt (\w+)(: [^:]+)?: ([\d,]+)( of ([\d,]+) rows \((\d+)%\)| rows), ([\d,]+) rows/s(, ETA \S+( \S+)?)?$")
+LINE = re.compile(r"^mrt (\w+)(: [^:]+)?: ([\d,]+)( of ([\d,]+) (?:rows|prompts) \((\d+)%\)| rows| prompts), "
+                  r"([\d,.]+) (?:rows|prompts)/s(, ETA \S+( \S+)?)?$")
 
 
 def table(n_pools: int = 12, per: int = 5, seed: int = 0) -> pl.DataFrame:
@@ -135,3 +136,91 @@ class Upper:
 
     def __call__(self):
         return lambda df: df.with_columns(pl.col("response").str.to_uppercase().alias("shout"))
+
+
+# ------------------------------------------------------------- candidates and prompts, ticks inside a part
+
+ITEMS = re.compile(r"^mrt (\w+)(: [^:]+)?: ([\d,]+) of ([\d,]+) candidates \((\d+)%\), ([\d,]+)( of ([\d,]+))? "
+                   r"(rows|prompts), ([\d,.]+) candidates/s(, ETA \S+( \S+)?)?$")
+
+
+def test_a_slow_rate_is_not_rounded_to_zero_and_candidates_lead():
+    from mrt_fast.datasets.progress import rate_text
+
+    assert rate_text(0.14) == "0.14" and rate_text(8512.4) == "8,512" and rate_text(0) == "0"
+    p = JobProgress("lines", name="mrt nll", unit="prompts")
+    p.start(2400, items_total=19200)
+    p.tick(800)
+    m = ITEMS.match(p.line())
+    assert m and m.group(3) == "800" and m.group(4) == "19,200" and m.group(6) == "0" and m.group(9) == "prompts", \
+        p.line()
+
+
+class Ticking:
+    """A stage factory with no model that ticks each candidate, as a model stage does after each batch."""
+
+    def __call__(self, tick=None):
+        def part(df):
+            for n in df["responses"].list.len():
+                tick(int(n))
+            return df.with_columns(pl.col("responses").list.eval(pl.element().str.len_chars()).alias("n"))
+
+        return part
+
+
+def test_a_model_stage_ticks_candidates_inside_a_part(tmp_path, monkeypatch, capsys):
+    from mrt_fast.llm.dataset_stages import run_text_stage
+
+    df = pl.DataFrame({"prompt_id": [1, 2, 3], "prompt": list("abc"),
+                       "responses": [["x", "yy"], ["zzz"], ["a", "b", "c"]]})
+    df.write_parquet(tmp_path / "in.parquet")
+    monkeypatch.setenv(INTERVAL_ENV, "0")
+    run_text_stage(tmp_path / "in.parquet", tmp_path / "out.parquet", name="count", columns=("prompt", "responses"),
+                   out_column="n", parameters={}, make_stage=Ticking(), rows_per_part=10, progress="lines")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "mrt count: loading the model"  # said before the model loads, not after its first part
+    got = [ITEMS.match(x) for x in err[1:]]
+    assert got and all(got)
+    # one part of all 3 prompts: the candidates moved (1, 2, 3 of 6...) before the part was done
+    assert [m.group(3) for m in got][:3] == ["2", "3", "6"] and all(m.group(4) == "6" for m in got)
+    assert {m.group(9) for m in got} == {"prompts"} and got[0].group(6) == "0"
+
+
+def test_grouped_embed_counts_candidates_and_prompts_apart(tmp_path, monkeypatch, capsys):
+    import importlib
+
+    from mrt_fast.embeddings.dataset import embed_dataset
+
+    emb = importlib.import_module("mrt_fast.embeddings.embed")
+
+    def fake_texts(texts, model=None, *, callback=None, stats=None, **kw):
+        for i in range(0, len(texts), 2):
+            callback(min(2, len(texts) - i))
+        return np.ones((len(texts), 3), dtype=np.float32) / np.sqrt(3)
+
+    monkeypatch.setattr(emb, "embed_texts", fake_texts)
+    monkeypatch.setattr(emb, "check_model", lambda *a, **k: "fake")
+    n = 40
+    pl.DataFrame({"prompt_id": np.arange(n), "responses": [[f"t{i}.{j}" for j in range(8)] for i in range(n)]}) \
+        .write_parquet(tmp_path / "in.parquet")
+    monkeypatch.setenv(INTERVAL_ENV, "0")
+    rep = embed_dataset(tmp_path / "in.parquet", tmp_path / "out", text="responses", rows_per_part=15,
+                        progress="lines")
+    got = [ITEMS.match(x) for x in capsys.readouterr().err.splitlines() if "loading the model" not in x]
+    assert got and all(got)
+    for m in got:  # never past 100%, candidates of 320 and prompts of 40
+        assert int(m.group(3).replace(",", "")) <= 320 and int(m.group(5)) <= 100 and m.group(8) == "40"
+    assert got[-1].group(3) == "320" and got[-1].group(6) == "40"
+    assert rep.candidates == 320 and rep.texts_done_now == 320 and rep.rows_done_now == 40
+    assert rep.texts_per_second == pytest.approx(8 * rep.rows_per_second)
+
+
+def test_the_loading_line_waits_for_the_interval_and_an_early_end_drops_it(monkeypatch, capsys):
+    monkeypatch.setenv(INTERVAL_ENV, "3600")
+    p = JobProgress("lines", name="mrt nll")
+    p.say("loading the model")
+    p.close()  # a model that failed to load at once: its error stays the only line
+    monkeypatch.setenv(INTERVAL_ENV, "0")
+    q = JobProgress("lines", name="mrt nll")
+    q.say("loading the model")
+    assert capsys.readouterr().err == "mrt nll: loading the model\n"

@@ -161,7 +161,7 @@ def test_embed_table_api(tmp_path):
     df = pl.DataFrame({"response": ["one", "two"], "x": [1, 2]})
     out = embed(df, cache_dir=tmp_path, progress=False)
     assert out.schema["embedding"] == pl.Array(pl.Float32, 384) and out["x"].to_list() == [1, 2]
-    with pytest.raises(MrtInputError, match="empty at row 1"):
+    with pytest.raises(MrtInputError, match=r"\(empty\) at row 1"):
         embed(pl.DataFrame({"response": ["one", ""]}), cache_dir=False)
     with pytest.raises(MrtInputError, match="not found"):
         embed(df, text="prompt", cache_dir=False)

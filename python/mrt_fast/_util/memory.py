@@ -163,6 +163,8 @@ class Budget:
     def refusal(self, least: int, what: str) -> MrtInputError:
         """The one-line refusal of this limit for ``what``, naming ``least``, the smallest limit that does."""
         least = math.ceil(least / (16 * MiB)) * 16 * MiB
+        if least >= 2**30:  # said in tenths of a GiB: rounded up, never below what is needed
+            least = math.ceil(round(least / (0.1 * 2**30), 6)) * 0.1 * 2**30
         return MrtInputError(
             f"memory limit {size_text(self.limit)} is too small for {what}: this process holds "
             f"{size_text(self.base)} already; use a limit of at least {size_text(least)}")

@@ -164,6 +164,44 @@ def check_text_columns(lf, path: Path, columns: tuple[str, ...]) -> None:
         if nulls[f"__n_{c}"][0]:
             row = int(nulls[c][0])
             raise MrtInputError(f"{str(path)!r}: column {c!r} is null in row {row}", column=c, row=row)
+    for c in columns:  # grouped: a null inside a list, named by its row and its index in the list
+        if isinstance(schema[c], pl.List):
+            inner = pl.col(c).list.eval(pl.element().is_null())
+            got = lf.select(inner.list.any().arg_true().first().alias("row")).collect()["row"][0]
+            if got is not None:
+                cell = lf.slice(int(got), 1).select(c).collect()[c][0]
+                cand = next(i for i, t in enumerate(cell) if t is None)
+                raise MrtInputError(f"{str(path)!r}: column {c!r} is null at row {got}, candidate {cand}",
+                                    column=c, row=int(got))
+
+
+#: the response column's two usual names: one response a row (flat), a list a prompt (grouped, as vLLM's n)
+RESPONSE_NAMES = ("response", "responses")
+RESPONSE_HELP = ("Response text column (default: response, or responses when the input has that column and no "
+                 "response column); --response-column is the same option in every command.")
+
+
+def response_column(inp, given: Optional[str], flag: str = "--response-column", allow_partial: bool = False) -> str:
+    """The response column of ``inp`` (a file, directory or glob): ``given`` when set (a missing one is
+    refused, naming the other usual name when the input has it); else ``response``, or ``responses``
+    when only that one is there (said on stderr)."""
+    from mrt_fast.datasets.sources import discover
+    from mrt_fast.errors import MrtInputError
+
+    names = discover(str(inp), allow_partial=allow_partial).scan().collect_schema().names()
+    if given is not None:
+        if given in names:
+            return given
+        other = next((n for n in RESPONSE_NAMES if n != given and n in names), None) if given in RESPONSE_NAMES \
+            else None
+        hint = f"; did you mean {other!r}? (give {flag} {other})" if other else ""
+        raise MrtInputError(f"column {given!r} ({flag}) not found in {str(inp)!r}; it has columns {names}{hint}",
+                            column=given)
+    if RESPONSE_NAMES[0] not in names and RESPONSE_NAMES[1] in names:
+        typer.echo(f"note: reading the responses from column {RESPONSE_NAMES[1]!r} (there is no "
+                   f"{RESPONSE_NAMES[0]!r} column; {flag} sets it)", err=True)
+        return RESPONSE_NAMES[1]
+    return RESPONSE_NAMES[0]
 
 
 def check_job_output(out: Path | str) -> None:

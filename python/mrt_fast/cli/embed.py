@@ -13,6 +13,8 @@ from mrt_fast.cli.common import (
     app,
     check_engine,
     console,
+    RESPONSE_HELP,
+    response_column,
     user_errors,
     warn_notes,
 )
@@ -20,11 +22,12 @@ from mrt_fast.cli.common import (
 
 @app.command("embed")
 def embed_cmd(
-    inp: str = typer.Argument(..., help="Input: a file (.parquet, .jsonl/.ndjson, .csv), a directory of Parquet/JSONL "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Input: a file (.parquet, .jsonl/.ndjson, .csv), a directory of Parquet/JSONL "
                               "files (hive partitions included) or a quoted glob such as 'data/*.parquet'."),
-    out: str = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
                                "resumable) or a file (.parquet, .jsonl, .csv)."),
-    text: str = typer.Option("response", help="Column holding the text to embed."),
+    text: Optional[str] = typer.Option(None, "--text", "--response-column",
+                                       help="Column holding the text to embed. " + RESPONSE_HELP),
     column: str = typer.Option("embedding", help="Name of the embedding column written."),
     overwrite_column: bool = typer.Option(False, "--overwrite-column",
                                           help="Allow the embedding to replace an existing column of that name."),
@@ -46,6 +49,10 @@ def embed_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", help="--engine ray: model workers (default: the "
                                           "cluster's CPUs)."),
     allow_partial: bool = ALLOW_PARTIAL,
+    empty_text: str = typer.Option("refuse", "--empty-text", help="What an empty, whitespace-only or null text "
+                                   "gets: refuse (stop before the model loads, naming its row and candidate), "
+                                   "skip (leave its candidate out, counted) or keep (a null embedding that "
+                                   "mrt select leaves out, counted)."),
 ) -> None:
     """Add unit-norm sentence embeddings of a text column to a table or dataset (resumable to a directory)."""
     import shlex
@@ -61,12 +68,14 @@ def embed_cmd(
         check_engine(engine, ray_address, local_only={"--processes": processes if processes != 1 else None},
                      ray_only={"--workers": workers})
         command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
+        text = response_column(inp, text, "--text", allow_partial)
         rep = embed_dataset(
             inp, out, text=text, column=column, model=model, batch_size=batch_size,
             cache_dir=False if no_cache else cache_dir, device=device, processes=processes,
             overwrite_column=overwrite_column, overwrite=overwrite, rows_per_part=chunk_rows,
             progress=True, command=command, engine=engine, ray_address=ray_address, workers=workers,
             allow_partial=allow_partial,
+            empty_text=empty_text,
         )
     warn_notes(rep.notes)
     if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
@@ -76,12 +85,27 @@ def embed_cmd(
     tab = Table(title="mrt embed", show_header=False)
     tab.add_column("")
     tab.add_column("", justify="right")
-    for name, v in (("rows", f"{rep.rows:,}"), ("model", str(rep.model_id)), ("computed", f"{rep.computed:,}"),
-                    ("from cache", f"{rep.from_cache:,}"), ("parts", f"{rep.parts} ({rep.parts_done_now} by this run)"),
-                    ("texts/s", f"{rep.texts_per_second:,.0f}"), ("seconds", f"{rep.seconds:.1f}")):
+    unit = "prompts" if rep.layout == "grouped" else "rows"
+    lines = [(unit, f"{rep.rows:,}")]
+    if rep.layout == "grouped":
+        lines.append(("candidates", f"{rep.candidates:,}"))
+    lines += [("model", str(rep.model_id)), ("computed", f"{rep.computed:,}"), ("from cache", f"{rep.from_cache:,}")]
+    if rep.empty_skipped or rep.empty_text == "skip":
+        lines.append(("empty texts skipped", f"{rep.empty_skipped:,}"
+                      + (f" ({rep.prompts_skipped:,} prompts left with none, left out)" if rep.prompts_skipped
+                         else "")))
+    if rep.empty_kept or rep.empty_text == "keep":
+        lines.append(("empty texts kept (null embedding)", f"{rep.empty_kept:,}"))
+    lines += [("parts", f"{rep.parts} ({rep.parts_done_now} by this run)"),
+              ("texts/s", f"{rep.texts_per_second:,.1f}" if rep.texts_per_second < 10 else
+               f"{rep.texts_per_second:,.0f}")]
+    if rep.layout == "grouped":
+        lines.append(("prompts/s", f"{rep.rows_per_second:,.1f}"))
+    lines.append(("seconds", f"{rep.seconds:.1f}"))
+    for name, v in lines:
         tab.add_row(name, v)
     console.print(tab)
-    said = f"wrote {rep.rows_done_now} rows to {out}"
+    said = f"wrote {rep.rows_done_now} {unit} to {out}"
     if rep.resumed:
         from mrt_fast.datasets.job import run_summary
 
@@ -94,13 +118,13 @@ def embed_cmd(
 
 @app.command("embed-quality")
 def embed_quality_cmd(
-    inp: str = typer.Argument(..., help="Your pools: a file (.parquet, .jsonl/.ndjson, .csv), a directory of "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Your pools: a file (.parquet, .jsonl/.ndjson, .csv), a directory of "
                               "Parquet/JSONL files or a quoted glob; scanned, a sample of pools is read."),
     model: str = typer.Option("static", help="The embedding to judge: static, int8, a sentence-transformers "
                               "model name or local directory."),
     reference: Optional[str] = typer.Option(None, help="The embedding that chooses and scores as the reference "
                                             "(default: bundled all-MiniLM-L6-v2)."),
-    text: str = typer.Option("response", help="Column holding the text."),
+    text: str = typer.Option("response", "--text", "--response-column", help="Column holding the text."),
     by: str = typer.Option("prompt_id", help="Prompt id column: one pool per value."),
     reward: str = typer.Option("reward", help="Reward column, for top and grades (left out when absent)."),
     k: str = typer.Option("2,4", "--k", help="K values to compare at, comma separated."),

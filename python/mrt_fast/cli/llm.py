@@ -19,6 +19,8 @@ from mrt_fast.cli.common import (
     console,
     kv_options,
     needs,
+    RESPONSE_HELP,
+    response_column,
     user_errors,
     warn_notes,
 )
@@ -53,12 +55,12 @@ def check_text_stage(inp, out, texts: tuple, new_column: str, batch_size: int, e
 
 @app.command("nll")
 def nll_cmd(
-    inp: str = typer.Argument(..., help="Table with prompt and response text columns: a file, a directory "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Table with prompt and response text columns: a file, a directory "
                                "(an mrt output included) or a quoted glob."),
-    out: str = typer.Argument(..., help="Output table with the loss column added; format from the suffix."),
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Output table with the loss column added; format from the suffix."),
     model: str = typer.Option("smollm2", help="'smollm2' (bundled GGUF) or a local Hugging Face model directory."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
-    response: str = typer.Option("response", help="Response text column."),
+    response: Optional[str] = typer.Option(None, "--response", "--response-column", help=RESPONSE_HELP),
     loss: str = typer.Option("loss", help="Name of the loss column written."),
     batch_size: int = typer.Option(8, help="Pairs per forward pass."),
     max_length: int = typer.Option(None, help="Truncate pairs longer than this many tokens as training does."),
@@ -80,6 +82,7 @@ def nll_cmd(
     with user_errors(resumable=True):
         if max_length is not None and max_length < 1:
             raise MrtInputError(f"--max-length must be >= 1, got {max_length}")
+        response = response_column(inp, response, "--response", allow_partial)
         check_text_stage(inp, out, (prompt, response), loss, batch_size, engine, ray_address, workers,
                          allow_partial)
         if model != "smollm2" and not Path(model).is_dir():
@@ -107,8 +110,8 @@ def nll_cmd(
 
 @app.command("generate")
 def generate_cmd(
-    prompts: Path = typer.Argument(..., help="Prompt table (.parquet/.jsonl/.csv) with prompt_id and prompt."),
-    out: Path = typer.Argument(..., help="Candidate table to write; shards in OUT.parts/ make the run resumable."),
+    prompts: Path = typer.Argument(..., metavar="PROMPTS", help="Prompt table (.parquet/.jsonl/.csv) with prompt_id and prompt."),
+    out: Path = typer.Argument(..., metavar="OUTPUT", help="Candidate table to write; shards in OUT.parts/ make the run resumable."),
     model: str = typer.Option(..., "--model", help="Model path, hub id, .gguf file or pkg://package/file."),
     n: int = typer.Option(64, "--n", help="Candidates per prompt."),
     temperature: float = typer.Option(1.0),
@@ -149,13 +152,13 @@ def generate_cmd(
 
 @app.command("score")
 def score_cmd(
-    inp: str = typer.Argument(..., help="Candidate table with prompt and response columns: a file, a "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Candidate table with prompt and response columns: a file, a "
                                "directory (an mrt output included) or a quoted glob."),
-    out: str = typer.Argument(..., help="Output with a reward column: a file, or a resumable directory."),
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Output with a reward column: a file, or a resumable directory."),
     model: str = typer.Option(..., "--model", help="Sequence-classification reward model (num_labels=1)."),
     batch_size: int = typer.Option(16),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
-    response: str = typer.Option("response", help="Response text column."),
+    response: Optional[str] = typer.Option(None, "--response", "--response-column", help=RESPONSE_HELP),
     column: str = typer.Option("reward", help="Name of the reward column written."),
     device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda[:N] | mps."),
     rows_per_part: int = ROWS_PER_PART,
@@ -169,6 +172,7 @@ def score_cmd(
     from mrt_fast.errors import MrtInputError
 
     with user_errors(resumable=True):
+        response = response_column(inp, response, "--response", allow_partial)
         check_text_stage(inp, out, (prompt, response), column, batch_size, engine, ray_address, workers,
                          allow_partial)
         with needs("train"):
@@ -185,8 +189,8 @@ def score_cmd(
 
 @app.command("train")
 def train_cmd(
-    data: Path = typer.Argument(..., help="Kept rows: prompt_id, prompt, response."),
-    out: Path = typer.Argument(..., help="Output directory (adapter/, train_log.jsonl)."),
+    data: Path = typer.Argument(..., metavar="DATA", help="Kept rows: prompt_id, prompt, response."),
+    out: Path = typer.Argument(..., metavar="OUTPUT", help="Output directory (adapter/, train_log.jsonl)."),
     model: str = typer.Option(..., "--model"),
     max_steps: int = typer.Option(200, help="Optimizer steps (the same for every K)."),
     sets: list[str] = typer.Option(None, "--set", help="Any TrainConfig field, key=value (repeatable)."),
@@ -210,7 +214,7 @@ def train_cmd(
 
 @app.command("evaluate")
 def evaluate_cmd(
-    data: Path = typer.Argument(..., help="Held-out prompts: prompt_id, prompt, reference[, tests]."),
+    data: Path = typer.Argument(..., metavar="DATA", help="Held-out prompts: prompt_id, prompt, reference[, tests]."),
     model: str = typer.Option(..., "--model"),
     adapter: Path = typer.Option(None, help="LoRA adapter directory."),
     reward_model: str = typer.Option(None, help="Reward model for best-of-n reward."),
@@ -248,7 +252,7 @@ def evaluate_cmd(
 
 @app.command("run")
 def run_cmd(
-    config: Path = typer.Argument(..., help="Experiment YAML (see docs/pipeline.md)."),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="Experiment YAML (see docs/pipeline.md)."),
     k: Optional[str] = typer.Option(None, "--k", help="Override select.ks: 'auto' (K from the variance advisor, "
                                     "needs select.cost_prompt and select.cost_response) or a list like '1,2,4'."),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="Override a config value: key=value with a dotted "
@@ -279,9 +283,10 @@ def run_cmd(
 
 @app.command("export")
 def export_cmd(
-    kept: str = typer.Argument(..., help="Kept rows (from mrt select: a file, a dataset directory, a quoted "
-                               "glob or s3://): prompt_id, prompt, response[, weight, reward]."),
-    out: str = typer.Argument(..., help="Training file to write (.jsonl; TRL also .parquet), a local path."),
+    kept: str = typer.Argument(..., metavar="KEPT", help="Kept rows (from mrt select: a file, a dataset "
+                               "directory, a quoted glob or s3://): prompt_id, prompt, response[, weight, reward]."),
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Training file to write (.jsonl; TRL also .parquet), a "
+                              "local path."),
     fmt: str = typer.Option("trl", "--format", help="trl (prompt/completion + weight), openrlhf (input/output/reward), "
                             "dpo (prompt/chosen/rejected pairs from the rewards), kto (prompt/completion/label) "
                             "or listwise (one row a prompt: completions best first, rewards)."),
@@ -307,7 +312,7 @@ def export_cmd(
     embedding: str = typer.Option("embedding", "--embedding", help="Embedding column (--pairs margin, diverse)."),
     by: str = typer.Option("prompt_id", help="Prompt id column."),
     prompt: str = typer.Option("prompt", help="Prompt text column."),
-    response: str = typer.Option("response", help="Response text column."),
+    response: Optional[str] = typer.Option(None, "--response", "--response-column", help=RESPONSE_HELP),
     reward: str = typer.Option("reward", help="Reward column (dpo, kto, listwise; openrlhf when present)."),
     engine: str = typer.Option("local", "--engine", help="local only: the weights and pairs of a prompt need "
                                "all its kept rows at once, and the output is one file."),
@@ -339,6 +344,7 @@ def export_cmd(
         check_apart(inputs, [("output", out)])
         check_pair_options(pairs, min_margin, max_pairs)  # before reading a large input
         parse_label_rule(kto_label)
+        response = response_column(kept, response, "--response", allow_partial)
         rows = _formats.decode_embedding_columns(_formats.collect(
             check_input_table(kept, dataset=True, allow_partial=allow_partial), kept))
         pool_rows = None

@@ -21,9 +21,9 @@ from mrt_fast.selection.options import DEFAULT_KERNEL
 
 @app.command("select")
 def select_cmd(
-    inp: str = typer.Argument(..., help="Input: a file, a directory of Parquet/JSONL files (hive partitions "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Input: a file, a directory of Parquet/JSONL files (hive partitions "
                               "included) or a quoted glob such as 'data/*.parquet'."),
-    out: str = typer.Argument(..., help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Output: a directory (no suffix: part-00000.parquet ... + the .mrt/ manifest, "
                                "resumable) or a file (.parquet, .jsonl, .csv)."),
     k: str = typer.Option(..., "--k", help="Responses kept per prompt, or the name of an integer column holding "
                           "each prompt's K (e.g. from mrt diagnose --allocate)."),
@@ -95,7 +95,8 @@ def select_cmd(
                                  allow_partial=allow_partial)
     warn_notes(rep.notes)
     if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
-        console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} rows); nothing to do",
+        rows = "rows" if rep.layout == "flat" else "prompts"
+        console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} {rows}); nothing to do",
                       soft_wrap=True, highlight=False)
         return
     tab = Table(title=f"mrt select: {rep.method}, K = {k}" + (" (this run)" if rep.resumed else ""), show_header=False)

@@ -19,7 +19,7 @@ from mrt_fast.cli.common import (
 
 @app.command("diagnose")
 def diagnose_cmd(
-    inp: str = typer.Argument(..., help="Per-response losses: a file (.parquet, .jsonl, .csv), a directory of "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Per-response losses: a file (.parquet, .jsonl, .csv), a directory of "
                               "Parquet/JSONL files or a quoted glob; streamed, never read whole."),
     loss: Optional[str] = typer.Option(None, help="Loss column (default: loss; with --loss-from logprob: logprob)."),
     loss_from: str = typer.Option("loss", "--loss-from", help="loss (a per-response loss column, e.g. mrt nll's) "
@@ -92,6 +92,18 @@ def diagnose_cmd(
             rep = variance_budget(ds.scan().select([c for c, _ in cols]).collect(), **opts)
         else:
             rep = variance_budget(inp, engine=engine, address=ray_address, allow_partial=allow_partial, **opts)
+        # every option is checked before any output is written: the allocation too
+        al = None
+        if allocate is not None:
+            try:
+                al = rep.allocate(allocate, k_max=k_max, pool_sizes=sizes)
+            except MrtInputError as e:
+                if sizes is not None or "more than" not in str(e):
+                    raise
+                raise MrtInputError(f"{e} (the allocation covers the {rep.n_prompts:,} prompts of the pilot, each "
+                                    "capped by its number of losses there: give their real pool sizes with "
+                                    "--pool-sizes, or a total for these prompts; see docs/variance.md for the "
+                                    "prompts outside the pilot)") from None
     console.print(repr(rep), highlight=False)
     print_table(rep.predicted, "predicted variance by K")
     from mrt_fast._util.disk_space import reporting_full_disk
@@ -107,8 +119,7 @@ def diagnose_cmd(
             with reporting_full_disk("writing --plot", plot):
                 rep.plot(plot)
             console.print(f"wrote {plot}")
-        if allocate is not None:
-            al = rep.allocate(allocate, k_max=k_max, pool_sizes=sizes)
+        if al is not None:
             console.print(repr(al), highlight=False)
             if allocation is not None:
                 with reporting_full_disk("writing --allocation", allocation):

@@ -36,13 +36,15 @@ def variance_budget(
     batch_rows: int = 1_000_000,
     tokens: str | None = None,
     allow_partial: bool = False,
+    layout: str = "auto",
     **kwargs: Any,
 ):
     """`variance_budget` over ``data``: a table, a path (file, directory, glob;
     streamed) or a ``ray.data.Dataset`` (see the module doc). ``tokens``: a
     column of token counts; ``loss`` is then a sum of token log-probabilities
     (``mrt generate``'s ``logprob``) and the loss diagnosed is ``-loss / tokens``
-    (a table or a path on the local engine). ``engine``
+    (a table or a path on the local engine). ``layout``: ``"auto"`` (grouped
+    when the loss column holds lists), ``"flat"`` or ``"grouped"``. ``engine``
     (``"local"`` or ``"ray"``) and ``address`` (the Ray cluster) apply to a
     path; ``batch_rows`` to a path on the local engine. The other keywords are
     those of :func:`mrt_fast.variance.law.variance_budget` (costs, ``k_grid``,
@@ -59,20 +61,20 @@ def variance_budget(
     if type(data).__module__.startswith("ray.data"):
         from mrt_fast.datasets.ray_engine import variance_budget as on_ray
 
-        return on_ray(data, by=by, loss=loss, **kwargs)
+        return on_ray(data, by=by, loss=loss, layout=layout, **kwargs)
     if isinstance(data, (str, os.PathLike, _sources.Dataset)):
         if engine == "ray":
             from mrt_fast.datasets.ray_engine import _variance_budget_files
 
             return _variance_budget_files(data, by=by, loss=loss, address=address, allow_partial=allow_partial,
-                                          **kwargs)
+                                          layout=layout, **kwargs)
         return _streamed(data, by=by, loss=loss, batch_rows=batch_rows, tokens=tokens,
-                         allow_partial=allow_partial, **kwargs)
+                         allow_partial=allow_partial, layout=layout, **kwargs)
     if engine == "ray":
         raise MrtInputError("engine='ray' applies to a path; pass a ray.data.Dataset to fold a table on Ray")
     from mrt_fast.variance.law import variance_budget as in_memory
 
-    return in_memory(data, by=by, loss=loss, tokens=tokens, **kwargs)
+    return in_memory(data, by=by, loss=loss, tokens=tokens, layout=layout, **kwargs)
 
 
 def _streamed(
@@ -84,20 +86,27 @@ def _streamed(
     batch_rows: int = 1_000_000,
     tokens: str | None = None,
     allow_partial: bool = False,
+    layout: str = "auto",
     **kwargs: Any,
 ):
     """`variance_budget` over a dataset (a file, a directory of Parquet/JSONL
-    files or a glob), streamed through the accumulator. Keywords as
-    `variance_budget`. Null prompt ids or losses, an empty dataset, a corrupt
-    file or a missing column are a one-line `MrtInputError` naming the file."""
+    files or a glob), streamed through the accumulator, in either layout.
+    Keywords as `variance_budget`. Null prompt ids or losses, an empty dataset,
+    a corrupt file or a missing column are a one-line `MrtInputError` naming
+    the file and the row (and, in the grouped layout, the candidate)."""
+    from mrt_fast.tables.layouts import GROUPED, detect
     from mrt_fast.variance.law import VarianceAccumulator, report_from_accumulator
 
     ds = source if isinstance(source, _sources.Dataset) else _sources.discover(source, allow_partial=allow_partial)
     roles = [(by, "prompt id"), (loss, "loss")] + ([(tokens, "token count")] if tokens is not None else [])
     schema = ds.check_columns(roles)
+    grouped = detect(schema, {loss: 0}, layout) == GROUPED
     for col, role in roles[1:]:
-        if not schema[col].is_numeric():
-            raise MrtInputError(f"column {col!r} ({role}) must be numeric, got {schema[col]}", column=col)
+        t = schema[col]
+        inner = t.inner if grouped and isinstance(t, (pl.List, pl.Array)) else t
+        if not inner.is_numeric():
+            want = "a list of numbers (grouped layout)" if grouped else "numeric"
+            raise MrtInputError(f"column {col!r} ({role}) must be {want}, got {t}", column=col)
     acc = VarianceAccumulator()
     lo, hi = np.inf, -np.inf
     seen = 0
@@ -105,21 +114,24 @@ def _streamed(
         for df in ds.scan().select([c for c, _ in roles]).collect_batches(chunk_size=batch_rows):
             if df.height == 0:
                 continue
+            if grouped:
+                df = _exploded(df, by, [c for c, _ in roles[1:]], ds, seen)
             for col, role in roles:
                 n = df[col].null_count()
                 if n:
-                    f, r = ds.locate(seen + int(df[col].is_null().arg_true()[0]))
-                    raise MrtInputError(f"column {col!r} ({role}) has null value(s), the first in {str(f)!r} at row {r}",
-                                        column=col, row=r)
+                    i = int(df[col].is_null().arg_true()[0])
+                    raise _null_at(df, col, role, i, ds, seen)
             x = np.ascontiguousarray(df[loss].cast(pl.Float64).to_numpy())
             if tokens is not None:
-                x = -x / _token_counts(df[tokens], ds, seen)
+                x = -x / _token_counts(df[tokens], ds, seen, df)
             try:
                 acc.update(df[by], x)
             except MrtInputError as e:
+                if grouped:
+                    raise MrtInputError(f"{ds.source!r}: {e}", pool=e.pool, column=e.column) from None
                 raise _in_file(e, ds, loss) from None
             lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
-            seen += df.height
+            seen += int(df[_GROUP_ROW].max()) + 1 if grouped else df.height
     except MrtInputError:
         raise
     except Exception as e:  # noqa: BLE001 - name the file at fault
@@ -136,14 +148,51 @@ def _streamed(
     return rep
 
 
-def _token_counts(n: pl.Series, ds: _sources.Dataset, seen: int) -> np.ndarray:
+#: in a grouped batch exploded to one row per loss: the batch row (prompt) and the candidate index
+_GROUP_ROW, _CANDIDATE = "__group_row", "__candidate"
+
+
+def _exploded(df: pl.DataFrame, by: str, lists: list[str], ds: _sources.Dataset, seen: int) -> pl.DataFrame:
+    """A batch of grouped rows (one prompt each) as one row per loss, each with its batch row and its
+    index in the prompt's list; a refusal of :func:`~mrt_fast.tables.layouts.explode` is said with
+    the file and the row."""
+    from mrt_fast.datasets.row_origin import in_file
+    from mrt_fast.tables.layouts import explode
+
+    try:
+        flat = explode(df, by, lists)
+    except MrtInputError as e:
+        if e.row is None or not 0 <= e.row < df.height:
+            raise
+        raise in_file(e, ds, seen + e.row) from None
+    n = (df[lists[0]].list.len() if isinstance(df.schema[lists[0]], pl.List) else df[lists[0]].arr.len()).to_numpy()
+    starts = np.concatenate([[0], np.cumsum(n)[:-1]])
+    group = np.repeat(np.arange(df.height), n)
+    return flat.with_columns(pl.Series(_GROUP_ROW, group), pl.Series(_CANDIDATE, np.arange(len(group)) - starts[group]))
+
+
+def _where(df: pl.DataFrame, i: int, ds: _sources.Dataset, seen: int) -> tuple[str, int]:
+    """Row ``i`` of a batch, said with its file and row there (and its candidate index in the grouped layout)."""
+    if _GROUP_ROW in df.columns:
+        f, r = ds.locate(seen + int(df[_GROUP_ROW][i]))
+        return f"{str(f)!r} at row {r}, candidate {int(df[_CANDIDATE][i])}", r
+    f, r = ds.locate(seen + i)
+    return f"{str(f)!r} at row {r}", r
+
+
+def _null_at(df: pl.DataFrame, col: str, role: str, i: int, ds: _sources.Dataset, seen: int) -> MrtInputError:
+    where, r = _where(df, i, ds, seen)
+    return MrtInputError(f"column {col!r} ({role}) has null value(s), the first in {where}", column=col, row=r)
+
+
+def _token_counts(n: pl.Series, ds: _sources.Dataset, seen: int, df: pl.DataFrame) -> np.ndarray:
     """A batch's token counts as floats; a count below 1 is refused by its file and row."""
     c = n.cast(pl.Float64).to_numpy()
     bad = ~(c >= 1)
     if bad.any():
         i = int(np.argmax(bad))
-        f, r = ds.locate(seen + i)
-        raise MrtInputError(f"column {n.name!r} (token count) must be >= 1, got {n[i]!r} in {str(f)!r} at row {r}",
+        where, r = _where(df, i, ds, seen)
+        raise MrtInputError(f"column {n.name!r} (token count) must be >= 1, got {n[i]!r} in {where}",
                             column=n.name, row=r)
     return c
 

@@ -172,10 +172,12 @@ def check_output(path: str | os.PathLike, role: str = "output", *, table: bool =
 
 
 class AtomicWriter:
-    """Append polars frames to a temp file; `commit` renames it onto `path`."""
+    """Append polars frames to a temp file; `commit` renames it onto `path`. ``metadata``: key-value
+    pairs stored in a Parquet file's footer (other formats have no place for them)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, metadata: dict[str, str] | None = None):
         self.path = Path(path)
+        self.metadata = metadata
         self.fmt = fmt_of(self.path, "output")
         self.tmp = new_temp(self.path)
         self._pq = None
@@ -189,7 +191,9 @@ class AtomicWriter:
 
             t = df.to_arrow()
             if self._pq is None:
-                self._pq = pq.ParquetWriter(self.tmp, t.schema, **WRITE_OPTIONS)
+                schema = t.schema.with_metadata({**(t.schema.metadata or {}), **self.metadata}) if self.metadata \
+                    else t.schema
+                self._pq = pq.ParquetWriter(self.tmp, schema, **WRITE_OPTIONS)
             self._pq.write_table(t.cast(self._pq.schema) if t.schema != self._pq.schema else t,
                                  row_group_size=ROW_GROUP_ROWS)
         else:

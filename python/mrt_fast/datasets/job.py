@@ -20,6 +20,8 @@ what surrounds it, whatever runs it:
   input fingerprint, each finished part's rows, size and checksum; resume
   (a rerun of the same job does the missing parts only; a finished directory
   is left as it is; another job's directory is refused unless ``overwrite``);
+  a file output follows the same rule through the record in a Parquet file's
+  footer (:mod:`mrt_fast.datasets.file_record`);
 * the progress display (:class:`mrt_fast.datasets.progress.JobProgress`: a bar
   on a terminal, plain periodic lines otherwise), advanced by the executors;
 * committing a part (written atomically, checked, recorded; a full disk is one
@@ -145,6 +147,7 @@ class Job:
         self.fingerprint = self.ds.fingerprint()
         self.state = "new"
         self.man: Manifest | None = None
+        self._file_rows = 0  # rows of a finished file output (state "done")
         self._stack: ExitStack | None = None
         self._lock = threading.Lock()
         self._committed = 0
@@ -168,6 +171,11 @@ class Job:
                 prepare = object_output.prepare_output if self.remote else prepare_output
                 self.state, self.man = prepare(self.out, self.parameters, self.fingerprint,
                                                overwrite=self.overwrite)
+            elif not self.remote:
+                from mrt_fast.datasets.file_record import check_file_output
+
+                self.state, self._file_rows = check_file_output(self.out, self.parameters, self.fingerprint,
+                                                                overwrite=self.overwrite)
             if self.remote:
                 self._abort_uploads()
         except BaseException:
@@ -231,6 +239,11 @@ class Job:
         return self.man.missing_parts(self.out)
 
     @property
+    def rows_written(self) -> int:
+        """Rows a finished output holds (its manifest's, or a file's record's)."""
+        return self.man.rows if self.man is not None else self._file_rows
+
+    @property
     def n_parts(self) -> int | None:
         return None if self.man is None else self.man.n_parts
 
@@ -287,7 +300,10 @@ class Job:
 
                 path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=".mrt-upload-"))) \
                     / storage.ObjectPath(self.out).name
-            with _formats.AtomicWriter(path) as wr:
+            from mrt_fast.datasets.file_record import record_metadata
+
+            meta = record_metadata(path, self.parameters, self.fingerprint)
+            with _formats.AtomicWriter(path, metadata=meta) as wr:
                 for f in frames:
                     wr.write(f)
                 wr.commit()
@@ -366,7 +382,7 @@ def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, ro
                   n_rows: int | None = None, layout: str = "flat", workers: int = 1,
                   on_part: Callable[[int, pl.DataFrame, pl.DataFrame], None] | None = None,
                   on_total: Callable[[int, int], None] | None = None,
-                  advance_by_part: bool = True) -> dict[str, int]:
+                  advance_by_part: bool = True, items_total: int | None = None) -> dict[str, int]:
     """The local executor of a row-wise stage: part ``i`` is input rows
     ``[i r, (i + 1) r)`` (``r = rows_per_part``; a resumed job keeps its
     manifest's), read, mapped by ``stage`` and committed (a directory) or
@@ -374,7 +390,8 @@ def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, ro
     of a part is restated with the input file and row. ``on_part(i, input,
     output)`` after each part; ``on_total(total, done)`` once the work is
     known. ``job.progress`` advances by each part's input rows (``advance_by_part``; else the
-    stage advances it). Returns ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
+    stage advances it); ``items_total``: the candidates of the input, when the stage ticks them
+    (:meth:`~mrt_fast.datasets.progress.JobProgress.tick`). Returns ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
     n = job.count_rows() if n_rows is None else n_rows
     if n == 0:
         raise MrtInputError(f"{job.ds.source!r} has no rows: there is nothing to do")
@@ -382,7 +399,7 @@ def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, ro
     n_parts = job.n_parts or max(1, math.ceil(n / per))
     todo = job.start(n_parts, layout=layout, rows_per_part=per, n_rows=n)
     before = rows_before(n, per, n_parts, todo)
-    job.progress.start(n, before)
+    job.progress.start(n, before, items_total=items_total)
     if on_total is not None:
         on_total(n, before)
     lf = job.ds.scan()

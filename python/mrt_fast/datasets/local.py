@@ -25,6 +25,7 @@ bucket or part in memory -> its kept rows), :func:`write_part` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import math
@@ -133,6 +134,10 @@ def select_frame(df: pl.DataFrame, opts: SelectOptions, *, layout: str = "flat",
         return _select_grouped(df, opts, list_columns or globals()["list_columns"](opts, df.schema))
     if ROW in df.columns and not df[ROW].is_sorted():
         df = df.sort(ROW)
+    df, no_embedding = without_embedding(df, opts.embedding)
+    if df.height == 0:
+        raise MrtInputError(f"every candidate here has a null {opts.embedding!r}: nothing is left to select from",
+                            column=opts.embedding)
     df = _formats.decode_embedding(df, opts.embedding)
     if opts.method == "stratified" and opts.mode not in df.columns:
         from mrt_fast.selection.modes import pool_modes
@@ -142,12 +147,51 @@ def select_frame(df: pl.DataFrame, opts: SelectOptions, *, layout: str = "flat",
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallPoolWarning)
         kept, rep = select(df, options=_flat(opts), return_report=True)
+    rep.n_no_embedding = no_embedding
     if ROW in kept.columns:
         if first:
             f = df.group_by(opts.by).agg(pl.col(ROW).min().alias(FIRST))
             kept = kept.join(f, on=opts.by, how="left", maintain_order="left")
         kept = kept.drop(ROW)
     return kept, rep
+
+
+_FLAT_ROW = "__flat_row"
+
+
+def without_embedding(df: pl.DataFrame, embedding: str, keep_row: bool = False) -> tuple[pl.DataFrame, int]:
+    """``df`` without the candidates whose ``embedding`` is null (``mrt embed --empty-text keep`` gives
+    an empty text one), and how many there were. ``keep_row``: a ``__flat_row`` column keeps each
+    row's index in ``df`` (an error about a row is then said of the row as given)."""
+    if keep_row:
+        df = df.with_row_index(_FLAT_ROW)
+    if embedding not in df.columns or not df[embedding].null_count():
+        return df, 0
+    n = df[embedding].null_count()
+    return df.filter(pl.col(embedding).is_not_null()), n
+
+
+def refuse_missing_embedding(opts: SelectOptions, names: list[str], source: str) -> None:
+    """A method that reads embeddings, on data that has none: one line that says how to add them."""
+    if opts.uses_embedding(names) and opts.embedding not in names:
+        text = next((c for c in ("response", "responses", "text") if c in names), "response")
+        raise MrtInputError(
+            f"{opts.method} selection needs embeddings and {source!r} has no {opts.embedding!r} column (it has "
+            f"{names}): add them with `mrt embed {source} EMBEDDED --text {text}` and select from EMBEDDED, "
+            f"name the column with --embedding, or choose --method random or top", column=opts.embedding)
+
+
+@contextlib.contextmanager
+def layout_hint(opts: SelectOptions, lay: str, schema: pl.Schema):
+    """An error of a job told ``layout="flat"`` (``rows``) on data that looks grouped says so."""
+    try:
+        yield
+    except MrtInputError as e:
+        if lay != "flat" or opts.layout == "auto" or resolve_layout(dataclasses.replace(opts, layout="auto"),
+                                                                    schema) != "grouped":
+            raise
+        raise MrtInputError(f"{e} (the data looks grouped: one row per prompt with list columns; use --layout "
+                            "grouped or auto)", pool=e.pool, column=e.column, row=e.row) from None
 
 
 def _flat(opts: SelectOptions) -> SelectOptions:
@@ -167,6 +211,7 @@ def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
     flat = explode(df, by, lists, hint="name the per-candidate list columns with candidate_columns / "
                    "--candidate-columns")
     read = flat.columns
+    flat, no_embedding = without_embedding(flat, opts.embedding, keep_row=True)
     try:
         flat = _formats.decode_embedding(flat, opts.embedding)
         if opts.method == "stratified" and opts.mode not in flat.columns:
@@ -176,17 +221,19 @@ def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
                               max_mode_cosine=opts.max_mode_cosine, seed=opts.seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SmallPoolWarning)
-            kept, rep = select(flat, options=_flat(opts), return_report=True)
+            kept, rep = select(flat.drop(_FLAT_ROW), options=_flat(opts), return_report=True)
+        rep.n_no_embedding = no_embedding
     except MrtInputError as e:  # a candidate's row -> its prompt's row
         if e.row is None or not 0 <= e.row < flat.height:
             raise
         from mrt_fast.datasets.row_origin import restate_row
 
         c0 = lists[0]
-        i = grouped_row(e.row, df[c0].list.len() if isinstance(df.schema[c0], pl.List) else df[c0].arr.len())
+        i = grouped_row(int(flat[_FLAT_ROW][e.row]),
+                        df[c0].list.len() if isinstance(df.schema[c0], pl.List) else df[c0].arr.len())
         raise restate_row(e, e.row, f"row {i}", i) from None
     # modes computed for the selection are not kept: the part holds what select adds
-    kept = kept.drop([c for c in flat.columns if c not in read])
+    kept = kept.drop([c for c in flat.columns if c not in read and c in kept.columns])
     return regroup(kept, df, by, lists), rep
 
 
@@ -228,6 +275,7 @@ class BatchReport:
     n_duplicates_skipped: int = 0
     n_near_duplicates_removed: int = 0
     n_one_mode_pools: int = 0
+    n_no_embedding: int = 0  # candidates with a null embedding (mrt embed --empty-text keep), left out
 
     @property
     def rows_per_second(self) -> float:
@@ -257,7 +305,8 @@ class BatchReport:
             rows.append(("mean certified ratio", f"{self.mean_ratio:.4f}"))
             rows.append(("zero-gain picks", f"{self.n_zero_gain_picks:,}"))
         rows += pick_lines(self)
-        rows += [("buckets", buckets), ("rows/s", f"{self.rows_per_second:,.0f}"),
+        rows += [("buckets", buckets), ("prompts/s" if self.layout == "grouped" else "rows/s",
+                                        f"{self.rows_per_second:,.0f}"),
                  ("peak memory", memory), ("seconds", f"{self.seconds:.2f}")]
         return rows
 
@@ -543,6 +592,22 @@ def _with_contiguous(t, name: str, schema: pl.Schema | None, buffer: list | None
     return rest.with_columns(s).select(t.column_names)  # type: ignore[union-attr]
 
 
+def core_threads() -> int:
+    """Threads the selection core runs pools on at once (``RAYON_NUM_THREADS``, else the CPUs)."""
+    try:
+        n = int(os.environ.get("RAYON_NUM_THREADS") or 0)
+    except ValueError:
+        n = 0
+    return n if n > 0 else os.cpu_count() or 1
+
+
+def dense_budget(budget: Budget) -> int:
+    """Bytes one pool's n x n similarity block may take within ``budget``: half the job's work
+    shared by the core's threads (each may hold one block at once); a larger pool runs with
+    similarity columns computed on demand (:func:`mrt_fast.selection.facility.dense_limit_within`)."""
+    return max(0, budget.work // 2) // core_threads()
+
+
 def _plan(total_bytes: int, budget: Budget, workers: int | None) -> tuple[int, int]:
     """(n_buckets, workers) for an input of ``total_bytes`` within ``budget``: one
     bucket when the input fits, else buckets small enough for ``workers``
@@ -684,6 +749,7 @@ def select_dataset(
     ds = _sources.discover(source, allow_partial=allow_partial)
     first_schema = ds.file_schemas()[0]
     names = list(first_schema.names()) + _sources.hive_columns(ds)
+    refuse_missing_embedding(opts, names, ds.source)
     schema = ds.check_columns(opts.needed(names))
     lay = resolve_layout(opts, schema)
     lists = list_columns(opts, schema) if lay == "grouped" else None
@@ -698,13 +764,16 @@ def select_dataset(
                           already_done=job.done, memory_limit=limit, peak_rss=0, seconds=0.0,
                           notes=list(job.notes))
         if job.done:
-            assert job.man is not None
-            rep.n_parts = job.man.n_parts
-            rep.n_kept = rep.n_out_rows = job.man.rows
+            rep.n_parts = job.man.n_parts if job.man is not None else 1
+            rep.n_kept = rep.n_out_rows = job.rows_written
             rep.peak_rss = peak_rss()
             rep.seconds = time.perf_counter() - t0
             return rep
-        rep = _execute(job, opts, lay, lists, schema, n_rows, limit, workers, parts, rows_per_part, progress, rep, t0)
+        from mrt_fast.selection.facility import dense_limit_within
+
+        with dense_limit_within(dense_budget(Budget.now(limit))), layout_hint(opts, lay, schema):
+            rep = _execute(job, opts, lay, lists, schema, n_rows, limit, workers, parts, rows_per_part, progress,
+                           rep, t0)
     if rep.peak_rss > limit:
         rep.notes.append(f"peak memory {size_text(rep.peak_rss)} went over the limit of {size_text(limit)}")
     return rep
@@ -940,6 +1009,80 @@ def _refuse_repeated_prompt(ds: _sources.Dataset, lf: pl.LazyFrame, by: str) -> 
                         row=r0)
 
 
+#: a planned part of grouped rows holds at least this many candidates (or the whole input): parts of one
+#: prompt each cost a part file and a manifest entry per prompt
+MIN_PART_CANDIDATES = 4096
+#: grouped rows read to measure the size of a row, grouped and as one row per candidate
+SIZE_SAMPLE_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class GroupedSize:
+    """What a grouped input costs in memory: ``rows`` prompts, ``row_bytes`` a grouped row (Arrow),
+    ``exploded_row_bytes`` the same row as one row per candidate (its other columns repeated), and
+    ``candidates`` per row on average."""
+
+    rows: int
+    row_bytes: float
+    exploded_row_bytes: float
+    candidates: float
+
+    @property
+    def work_row_bytes(self) -> float:
+        """Memory of selecting one grouped row: the row, and a few copies of it exploded."""
+        return self.row_bytes + WORK_FACTOR * self.exploded_row_bytes
+
+    @property
+    def floor_rows(self) -> int:
+        """The fewest rows a planned part holds: :data:`MIN_PART_CANDIDATES` candidates, or every row."""
+        return max(1, min(self.rows, math.ceil(MIN_PART_CANDIDATES / max(1.0, self.candidates))))
+
+
+def grouped_size(ds: _sources.Dataset, lf: pl.LazyFrame, n_rows: int, lists: list[str]) -> GroupedSize:
+    """:class:`GroupedSize` of a grouped input, measured on its first rows (the whole input's
+    estimated size when that is larger)."""
+    sample = lf.head(SIZE_SAMPLE_ROWS).collect()
+    n = max(1, sample.height)
+    scalars = [c for c in sample.columns if c not in lists]
+    list_bytes = sample.select(lists).estimated_size() if lists else 0
+    scalar_bytes = sample.select(scalars).estimated_size() if scalars else 0
+    c0 = lists[0]
+    lens = sample[c0].list.len() if isinstance(sample.schema[c0], pl.List) else sample[c0].arr.len()
+    cands = float(lens.fill_null(0).mean() or 0.0) if sample.height else 0.0
+    row = max((list_bytes + scalar_bytes) / n, ds.memory_bytes() / max(1, n_rows))
+    exploded = row + scalar_bytes / n * max(0.0, cands - 1)
+    return GroupedSize(int(n_rows), row, exploded, cands)
+
+
+def plan_grouped(size: GroupedSize, budget: Budget, workers: int | None, what: str) -> tuple[int, int]:
+    """(parts, workers) for a grouped input within ``budget``: one part when it fits whole, else
+    parts of runs of rows as large as ``workers`` parts at once allow, never fewer rows than
+    :attr:`GroupedSize.floor_rows`. A limit under which a part of that many rows does not fit is
+    refused in one line naming the smallest limit that does (counting the rows exploded to one
+    per candidate)."""
+    per_row = size.work_row_bytes
+    floor = size.floor_rows
+    least = floor * per_row + SELECT_WORKER
+    if least > budget.work:
+        raise budget.refusal(budget.base + HEADROOM + least,
+                             f"{what} ({size_text(size.rows * size.row_bytes)} in memory, "
+                             f"{size_text(size.rows * size.exploded_row_bytes)} as one row per candidate; "
+                             f"parts of at least {floor:,} prompts)")
+    if size.rows * per_row + SELECT_WORKER <= budget.work:
+        return 1, 1
+    cpus = os.cpu_count() or 1
+    w = max(1, min(cpus + (cpus > 1), 4) if workers is None else int(workers))
+    while True:
+        rows = int((budget.work - w * SELECT_WORKER) / (w * per_row * SLACK)) if budget.work > w * SELECT_WORKER \
+            else 0
+        if rows >= floor or w == 1:
+            break
+        w -= 1
+    rows = max(floor, rows)
+    # never more parts than runs of ``floor`` rows: a part of ceil(rows / parts) rows holds at least ``floor``
+    return max(1, min(math.ceil(size.rows / rows), size.rows // floor)), w
+
+
 def _run_grouped(job: Job, opts, lists, limit, workers, rep, t0, n_parts_override):
     """Grouped layout: parts are runs of consecutive prompts (rows), run by the job's
     :func:`~mrt_fast.datasets.job.run_row_parts`; nothing is shuffled."""
@@ -966,8 +1109,8 @@ def _run_grouped(job: Job, opts, lists, limit, workers, rep, t0, n_parts_overrid
     if n_rows == 0:
         raise MrtInputError(f"{ds.source!r} has no rows: there is nothing to select from")
     rep.n_input_rows = n_rows
-    total_bytes = ds.memory_bytes()
-    n_parts, w = _plan(total_bytes, Budget.now(limit), workers)
+    size = grouped_size(ds, lf, n_rows, lists)
+    n_parts, w = plan_grouped(size, Budget.now(limit), workers, f"{ds.source!r}")
     if n_parts_override is not None:
         n_parts, w = int(n_parts_override), max(1, int(workers or 1))
     n_parts = max(1, min(n_parts, n_rows))
@@ -980,6 +1123,7 @@ def _run_grouped(job: Job, opts, lists, limit, workers, rep, t0, n_parts_overrid
         tot.add(r)
         return kept
 
+    job.progress.set_unit("prompts")
     job.progress.phase(f"{opts.method}-{opts.k} by part")
     r = run_row_parts(job, stage, rows_per_part=per, n_rows=n_rows, layout="grouped", workers=w)
     rep.n_parts, rep.parts_done_now = r["parts"], r["parts_done_now"]

@@ -968,8 +968,8 @@ def select_dataset(
                               resumed=state == "resume", already_done=state == "done", memory_limit=0, peak_rss=0,
                               seconds=0.0, engine="ray", notes=list(job.notes))
             if state == "done":
-                rep.n_parts = man.n_parts
-                rep.n_kept = rep.n_out_rows = man.rows
+                rep.n_parts = man.n_parts if man is not None else 1
+                rep.n_kept = rep.n_out_rows = job.rows_written
                 rep.seconds = time.perf_counter() - t0
                 return rep
             init(address)
@@ -1148,16 +1148,22 @@ def select_dataset(
 
 
 def _variance_budget_files(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
-                            allow_partial: bool = False, **options: Any):
+                            allow_partial: bool = False, layout: str = "auto", **options: Any):
     """`mrt_fast.variance_budget` over the files of a source on Ray: each block
-    of the two columns folds into an accumulator, the driver merges them."""
+    of the two columns folds into an accumulator, the driver merges them
+    (either layout: grouped when the loss column holds lists)."""
     from mrt_fast.datasets import sources as _sources
+    from mrt_fast.tables.layouts import GROUPED, detect
     src = source if isinstance(source, _sources.Dataset) else _sources.discover(source, allow_partial=allow_partial)
     schema = src.check_columns([(by, "prompt id"), (loss, "loss")])
-    if not schema[loss].is_numeric():
-        raise MrtInputError(f"column {loss!r} (loss) must be numeric, got {schema[loss]}", column=loss)
+    lay = detect(schema, {loss: 0}, layout)
+    t = schema[loss]
+    inner = t.inner if lay == GROUPED and isinstance(t, (pl.List, pl.Array)) else t
+    if not inner.is_numeric():
+        want = "a list of numbers (grouped layout)" if lay == GROUPED else "numeric"
+        raise MrtInputError(f"column {loss!r} (loss) must be {want}, got {t}", column=loss)
     init(address)
-    return variance_budget(read(src, columns=[by, loss]), by=by, loss=loss, layout="flat", **options)
+    return variance_budget(read(src, columns=[by, loss]), by=by, loss=loss, layout=lay, **options)
 
 
 # --------------------------------------------------------------------------- row stages on Ray

@@ -10,6 +10,13 @@ working on: re-running the same command finishes the missing parts; a
 finished directory is left as it is; another job's directory is refused
 unless ``overwrite``. A file output (``.parquet``/``.jsonl``/``.csv``) is
 written whole or not at all.
+
+The text column is read once before any model loads: a null list of
+responses is refused, and so is an empty (or whitespace, or null) text unless
+``empty_text`` says what it gets (``skip``: the candidate is left out;
+``keep``: a null embedding, which selection leaves out), each refusal naming
+the file, the row and, in the grouped layout, the candidate's index in its
+prompt's list.
 """
 
 from __future__ import annotations
@@ -43,6 +50,13 @@ class EmbedReport:
     model_id: str | None
     seconds: float
     embed_seconds: float = 0.0
+    layout: str = "flat"
+    candidates: int = 0  # texts of the input (rows in the flat layout, list entries in the grouped one)
+    texts_done_now: int = 0  # texts this run embedded or read from the cache
+    empty_text: str = "refuse"
+    empty_skipped: int = 0  # candidates left out by empty_text="skip" (this run)
+    prompts_skipped: int = 0  # grouped rows left with no candidate by empty_text="skip" (this run)
+    empty_kept: int = 0  # candidates given a null embedding by empty_text="keep" (this run)
     resumed: bool = False
     already_done: bool = False
     logs: str | None = None  # Ray's log file, when the job sent Ray's own lines there
@@ -50,11 +64,17 @@ class EmbedReport:
 
     @property
     def texts_per_second(self) -> float:
-        """Texts done by this run per second of reading, embedding and writing (model loading excluded)."""
+        """Texts (candidates) done by this run per second of reading, embedding and writing (model loading
+        excluded); in the grouped layout a row holds many texts."""
+        return self.texts_done_now / self.embed_seconds if self.embed_seconds > 0 else 0.0
+
+    @property
+    def rows_per_second(self) -> float:
+        """Input rows (prompts in the grouped layout) done by this run per second, as :attr:`texts_per_second`."""
         return self.rows_done_now / self.embed_seconds if self.embed_seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "texts_per_second": self.texts_per_second}
+        return {**asdict(self), "texts_per_second": self.texts_per_second, "rows_per_second": self.rows_per_second}
 
 
 def embed_dataset(
@@ -78,6 +98,9 @@ def embed_dataset(
     ray_address: str | None = None,
     workers: int | None = None,
     allow_partial: bool = False,
+    empty_text: str = "refuse",
+    layout: str = "auto",
+    by: str = "prompt_id",
 ) -> EmbedReport:
     """Add an embedding column to every row of a dataset (see the module doc).
 
@@ -91,9 +114,13 @@ def embed_dataset(
     loading the model once), with the same parts, manifest and resume as the local engine.
     An unfinished ``mrt`` output as ``source`` is refused unless ``allow_partial`` (its finished
     parts are read, with a warning).
+    ``empty_text``: ``"refuse"`` (default), ``"skip"`` or ``"keep"`` (see the module doc and
+    :func:`mrt_fast.embeddings.embed.embed`); ``layout``: ``"auto"`` (grouped when the text column
+    holds lists), ``"flat"`` or ``"grouped"``.
     """
     from mrt_fast.datasets.job import Job, run_row_parts
-    from mrt_fast.embeddings.embed import check_model, check_output_column, embed
+    from mrt_fast.embeddings.embed import EMPTY_TEXT, check_model, check_output_column, embed
+    from mrt_fast.tables.layouts import GROUPED, detect
 
     t0 = time.perf_counter()
     if isinstance(rows_per_part, bool) or not isinstance(rows_per_part, int) or rows_per_part < 1:
@@ -111,23 +138,38 @@ def embed_dataset(
         raise MrtInputError(f"column {text!r} (text to embed) must hold strings (or lists of strings, one list a "
                             f"prompt), got {schema[text]}", column=text)
     check_output_column(names, column, text, overwrite_column)
+    if empty_text not in EMPTY_TEXT:
+        raise MrtInputError(f"empty_text must be one of {EMPTY_TEXT}, got {empty_text!r}")
+    grouped = detect(schema, {text: 0}, layout) == GROUPED
     job_ = Job(ds, output, {}, overwrite=overwrite, command=command or "mrt_fast.embed_dataset", what="embed",
                progress=None if callback is not None else progress)
-    model_id = check_model(model, device, cache_dir)  # before any work: fails fast, distils the static tier once
     n = job_.count_rows()
     if n == 0:
         raise MrtInputError(f"{ds.source!r} has no rows: there is no text to embed")
+    # the texts are checked before the model loads: a bad text is found in seconds, not after loading
+    scan = scan_texts(ds, text, grouped, empty_text)
+    job_.progress.say("loading the model")
+    try:
+        model_id = check_model(model, device, cache_dir)  # before any work: fails fast, distils the static tier once
+    finally:
+        job_.progress.quiet()
     job_.parameters = {"text": text, "column": column, "model_id": model_id, "rows_per_part": rows_per_part,
-                       "overwrite_column": overwrite_column}
+                       "overwrite_column": overwrite_column,
+                       **({"empty_text": empty_text} if empty_text != "refuse" else {})}
+    if grouped:
+        job_.progress.set_unit("prompts")
     cache = False if cache_dir is False else cache_dir
     kw = dict(text=text, out=column, model=model, batch_size=batch_size, cache_dir=cache, device=device,
               processes=processes, overwrite=overwrite_column, progress=False,
-              callback=callback if callback is not None else job_.progress.advance)
+              callback=callback if callback is not None else job_.progress.tick, empty_text=empty_text,
+              layout="grouped" if grouped else "flat", by=by)
     with job_ as job:
         n_parts = math.ceil(n / rows_per_part)
         rep = EmbedReport(output=str(job.out), rows=n, parts=n_parts if job.to_dir else 1, parts_done_now=0,
                           rows_done_now=0, computed=0, from_cache=0, model_id=model_id, seconds=0.0,
-                          resumed=job.resumed, already_done=job.done, notes=list(job.notes))
+                          resumed=job.resumed, already_done=job.done, notes=list(job.notes),
+                          layout="grouped" if grouped else "flat", candidates=scan["candidates"],
+                          empty_text=empty_text)
         if job.done:
             rep.seconds = time.perf_counter() - t0
             return rep
@@ -138,7 +180,13 @@ def embed_dataset(
             df = embed(df, stats=st, **kw)
             rep.computed += st.get("computed", 0)
             rep.from_cache += st.get("hits", 0)
+            rep.empty_skipped += st.get("empty_skipped", 0)
+            rep.prompts_skipped += st.get("prompts_skipped", 0)
+            rep.empty_kept += st.get("empty_kept", 0)
             return df
+
+        def counted(i: int, inp: pl.DataFrame, res: pl.DataFrame) -> None:
+            rep.texts_done_now += count_texts(inp, text, grouped)
 
         if engine == "ray":
             from mrt_fast.datasets import ray_engine
@@ -148,13 +196,70 @@ def embed_dataset(
                                          workers=workers, address=ray_address)
         else:
             r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n, on_total=on_total,
-                              advance_by_part=False)
+                              items_total=scan["candidates"], on_part=counted)
         rep.parts_done_now = r["parts_done_now"] if job.to_dir else 1
         rep.rows_done_now = r["rows_done_now"]
+        if engine == "ray":  # the workers' counts stay with them: the input's, in proportion to the rows done
+            share = rep.rows_done_now / n if n else 0.0
+            rep.texts_done_now = round(scan["candidates"] * share)
+            if empty_text == "skip":
+                rep.empty_skipped = round(scan["blank"] * share)
+            elif empty_text == "keep":
+                rep.empty_kept = round(scan["blank"] * share)
         rep.logs = job.logs
         rep.embed_seconds = time.perf_counter() - t_work
         rep.seconds = time.perf_counter() - t0
         return rep
+
+
+def count_texts(df: pl.DataFrame, text: str, grouped: bool) -> int:
+    """The texts (candidates) of a frame: its rows, or the entries of its text lists."""
+    if not grouped:
+        return df.height
+    return int(df.select(pl.col(text).list.len().sum()).item() or 0)
+
+
+def scan_texts(ds: Any, text: str, grouped: bool, empty_text: str = "refuse") -> dict:
+    """One pass over the text column before any model loads: ``{"candidates", "blank"}`` (texts that
+    are empty, whitespace only or null). A null list of responses (grouped) is refused; so is a blank
+    text when ``empty_text`` is ``"refuse"``, naming the file, the row and (grouped) the candidate."""
+    from mrt_fast._util import messages as _messages
+
+    is_blank = lambda e: e.is_null() | (e.str.strip_chars().str.len_chars() == 0)  # noqa: E731
+    lf = ds.scan()
+    try:
+        if grouped:
+            per = pl.col(text).list.eval(is_blank(pl.element()))
+            got = lf.select(pl.col(text).list.len().sum().alias("candidates"), per.list.sum().sum().alias("blank"),
+                            (per.list.sum() > 0).arg_true().first().alias("first"), pl.col(text).null_count().alias("nulls"),
+                            pl.col(text).is_null().arg_true().first().alias("first_null")).collect().row(0, named=True)
+        else:
+            b = is_blank(pl.col(text))
+            got = lf.select(pl.len().alias("candidates"), b.sum().alias("blank"), b.arg_true().first().alias("first"),
+                            pl.lit(0).alias("nulls"), pl.lit(0).alias("first_null")).collect().row(0, named=True)
+    except Exception as e:  # noqa: BLE001
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
+    if got["nulls"]:
+        f, r = ds.locate(int(got["first_null"]))
+        raise MrtInputError(f"column {text!r} is null in {got['nulls']} row(s), the first at row {r} of {str(f)!r}: "
+                            "each prompt needs its list of responses", column=text, row=r)
+    blank = int(got["blank"] or 0)
+    if blank and empty_text == "refuse":
+        row = int(got["first"])
+        f, r = ds.locate(row)
+        cell = lf.slice(row, 1).select(pl.col(text)).collect()[text][0]
+        if grouped:
+            cand = next(i for i, t in enumerate(cell) if t is None or not t.strip())
+            value, where = cell[cand], f"row {r}, candidate {cand} of {str(f)!r}"
+        else:
+            value, where = cell, f"row {r} of {str(f)!r}"
+        what = "null" if value is None else "empty" if value == "" else "whitespace only"
+        raise MrtInputError(
+            f"column {text!r}: {blank:,} text(s) are empty, whitespace or null, the first ({what}) at {where}; "
+            "--empty-text skip leaves such candidates out, keep gives them a null embedding that selection "
+            "leaves out", column=text, row=r)
+    return {"candidates": int(got["candidates"] or 0), "blank": blank}
 
 
 class EmbedRows:

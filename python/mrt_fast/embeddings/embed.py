@@ -45,6 +45,8 @@ from mrt_fast.embeddings.tiers import default_cache_dir, minilm_path
 
 #: the default model's name
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+#: what becomes of an empty (or whitespace, or null) text: refused, its candidate left out, or a null embedding
+EMPTY_TEXT = ("refuse", "skip", "keep")
 _DEFAULT_ALIASES = {DEFAULT_MODEL, "sentence-transformers/all-MiniLM-L6-v2", "minilm", "default"}
 
 
@@ -350,9 +352,18 @@ def embed(
     stats: dict | None = None,
     layout: str = "auto",
     by: str = "prompt_id",
+    empty_text: str = "refuse",
 ) -> pl.DataFrame:
     """The table (as polars) with an ``out`` column of unit-norm embeddings,
     ``Array(Float32, d)``, of the ``text`` column.
+
+    ``empty_text``: what an empty, whitespace-only or null text gets.
+    ``"refuse"`` (default): an `MrtInputError` naming its row (and, grouped,
+    its candidate index in the prompt's list); ``"skip"``: its candidate is
+    left out (a flat row, or the candidate's entry of every per-candidate list
+    of its prompt; a prompt left with none is left out); ``"keep"``: it gets a
+    null embedding, which `mrt select` leaves out of the selection. ``stats``
+    receives ``empty_skipped``, ``empty_kept`` and ``prompts_skipped``.
 
     In the grouped layout (``text`` holds a list of responses per prompt, told
     apart by ``layout="auto"``) ``out`` holds one list of vectors per prompt,
@@ -362,33 +373,106 @@ def embed(
     if is_hf(table):
         res = embed(hf_to_arrow(table), text=text, out=out, model=model, batch_size=batch_size, cache_dir=cache_dir,
                     device=device, processes=processes, overwrite=overwrite, progress=progress, callback=callback,
-                    stats=stats, layout=layout, by=by)
+                    stats=stats, layout=layout, by=by, empty_text=empty_text)
         return arrow_to_hf(res.to_arrow())
+    if empty_text not in EMPTY_TEXT:
+        raise MrtInputError(f"empty_text must be one of {EMPTY_TEXT}, got {empty_text!r}")
     kind = table_kind(table)
     cols = columns_of(table, kind)
     if text not in cols:
         raise MrtInputError(f"column {text!r} (text to embed) not found; the table has columns {cols}", column=text)
     check_output_column(cols, out, text, overwrite)
     df = table if kind == "polars" else to_polars(table, kind, cols)
-    if detect(df.schema, {text: 0}, layout) == GROUPED:
+    grouped = detect(df.schema, {text: 0}, layout) == GROUPED
+    lengths = None
+    if grouped:
         keyed = df.select(by, text) if by in df.columns else df.select(text).with_row_index(by)
         flat = explode(keyed, by, [text])
-        inner = embed(flat, text=text, out=out, model=model, batch_size=batch_size, cache_dir=cache_dir,
-                      device=device, processes=processes, overwrite=True, progress=progress, callback=callback,
-                      stats=stats, layout="flat", by=by)
-        vectors = inner[out]
-        return attach(df.drop(out) if out in df.columns else df, [text], {out: vectors})
-    s = df[text]
+        lengths = df[text].list.len() if isinstance(df.schema[text], pl.List) else df[text].arr.len()
+    else:
+        flat = df
+    s = flat[text]
     if s.dtype not in (pl.Utf8, pl.String):
         raise MrtInputError(f"column {text!r} (text to embed) must hold strings, got {s.dtype}", column=text)
     if df.height == 0:
         raise MrtInputError("the table is empty: there is no text to embed")
+    blank = blank_texts(s)
+    if blank.any():
+        if empty_text == "refuse":
+            raise blank_text_error(s, blank, text, lengths)
+        if stats is not None:
+            stats["empty_skipped" if empty_text == "skip" else "empty_kept"] = int(blank.sum())
+        if empty_text == "skip":
+            if callback is not None:  # done with: they are left out
+                callback(int(blank.sum()))
+            kept = skip_candidates(df, text, blank, lengths, by)
+            if stats is not None:
+                stats["prompts_skipped"] = df.height - kept.height
+            if kept.height == 0:
+                raise MrtInputError(f"every text of column {text!r} in these {df.height} row(s) is empty: "
+                                    "nothing is left to embed", column=text)
+            return embed(kept, text=text, out=out, model=model, batch_size=batch_size, cache_dir=cache_dir,
+                         device=device, processes=processes, overwrite=overwrite, progress=progress,
+                         callback=callback, stats=stats, layout=layout, by=by, empty_text="refuse")
+    texts = s.to_list()
+    if blank.any():  # keep: the others are embedded, these get a null
+        if callback is not None:
+            callback(int(blank.sum()))
+        texts = [t for t, b in zip(texts, blank) if not b]
     x = embed_texts(
-        s.to_list(), model, batch_size=batch_size, cache_dir=cache_dir, device=device, processes=processes,
+        texts, model, batch_size=batch_size, cache_dir=cache_dir, device=device, processes=processes,
         progress=progress, callback=callback, stats=stats,
-    )
+    ) if texts else np.zeros((0, 1), dtype=np.float32)
+    if blank.any():
+        full = np.zeros((len(blank), x.shape[1]), dtype=np.float32)
+        full[~blank] = x
+        vec = pl.DataFrame({out: pl.Series(out, full, dtype=pl.Array(pl.Float32, x.shape[1])), "__blank": blank})
+        vectors = vec.select(pl.when(~pl.col("__blank")).then(pl.col(out)).alias(out))[out]
+    else:
+        vectors = pl.Series(out, x, dtype=pl.Array(pl.Float32, x.shape[1]))
+    if grouped:
+        return attach(df.drop(out) if out in df.columns else df, [text], {out: vectors})
     # an allowed replacement keeps the column's place
-    return df.with_columns(pl.Series(out, x, dtype=pl.Array(pl.Float32, x.shape[1])))
+    return df.with_columns(vectors)
+
+
+def blank_texts(s: pl.Series) -> np.ndarray:
+    """Which texts are empty, whitespace only or null (a boolean array)."""
+    return (s.is_null() | (s.str.strip_chars().str.len_chars() == 0)).fill_null(True).to_numpy()
+
+
+def blank_text_error(s: pl.Series, blank: np.ndarray, text: str, lengths: pl.Series | None) -> MrtInputError:
+    """The refusal of the first blank text of ``s`` (flat rows, or a grouped table exploded with
+    ``lengths`` candidates a row), naming its row and, grouped, its candidate index."""
+    i = int(np.argmax(blank))
+    what = "null" if s[i] is None else "empty" if s[i] == "" else "whitespace only"
+    if lengths is not None:
+        ends = np.cumsum(lengths.fill_null(0).to_numpy())
+        row = int(np.searchsorted(ends, i, side="right"))
+        where = f"row {row}, candidate {i - (int(ends[row - 1]) if row else 0)}"
+    else:
+        row, where = i, f"row {i}"
+    return MrtInputError(
+        f"column {text!r}: {int(blank.sum())} text(s) are empty, whitespace or null, the first ({what}) at {where}; "
+        "--empty-text skip leaves such candidates out, keep gives them a null embedding (empty_text= in the API)",
+        column=text, row=row)
+
+
+def skip_candidates(df: pl.DataFrame, text: str, blank: np.ndarray, lengths: pl.Series | None,
+                    by: str) -> pl.DataFrame:
+    """``df`` without the candidates whose text is blank: flat rows, or (grouped) each such candidate's
+    entry of every list column as long as the text list in each row; a prompt left with none is dropped."""
+    if lengths is None:
+        return df.filter(pl.Series(~blank))
+    n = lengths.fill_null(0).cast(pl.Int64)
+    per = [c for c, t in df.schema.items() if c != by and isinstance(t, (pl.List, pl.Array))
+           and ((df[c].list.len() if isinstance(t, pl.List) else df[c].arr.len()).cast(pl.Int64) == n).all()]
+    keep = pl.Series("__keep", [a.tolist() for a in np.split(~blank, np.cumsum(n.to_numpy())[:-1])] if len(n)
+                     else [], dtype=pl.List(pl.Boolean))
+    out = df.with_columns(keep).with_columns(pl.col(c).arr.to_list() for c in per
+                                             if isinstance(df.schema[c], pl.Array))
+    out = out.with_columns(pl.col(c).list.gather(pl.col("__keep").list.eval(pl.element().arg_true())) for c in per)
+    return out.filter(pl.col("__keep").list.any()).drop("__keep")
 
 
 def check_output_column(columns: Sequence[str], out: str, text: str, overwrite: bool) -> None:

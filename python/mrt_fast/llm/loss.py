@@ -106,6 +106,7 @@ def pair_losses(
     progress: bool = False,
     sort_by_length: bool = True,
     return_counts: bool = False,
+    callback: Any = None,
 ):
     """l_ij of every (prompt, response) pair under ``model`` (eval mode, no gradient); float64.
 
@@ -113,6 +114,7 @@ def pair_losses(
     real tokens' logits independent of the padding) and, with
     ``sort_by_length``, formed in length order; results come back in input
     order. ``return_counts`` also returns each pair's number of scored tokens.
+    ``callback(n)``, if given, is called as each batch of ``n`` pairs is done.
     """
     import torch
     from tqdm.auto import tqdm
@@ -147,6 +149,8 @@ def pair_losses(
                     loss, cnt = sequence_losses(logits, labels.to(logits.device))
                     out[idx] = loss.double().cpu().numpy()
                     counts[idx] = cnt.cpu().numpy()
+                    if callback is not None:
+                        callback(len(idx))
         finally:
             model.train(was_training)
         if not np.isfinite(out).all():

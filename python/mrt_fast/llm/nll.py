@@ -35,6 +35,7 @@ def response_nll(
     device: Any = None,
     progress: bool = True,
     sort_by_length: bool = True,
+    callback: Any = None,
 ) -> np.ndarray:
     """Mean token NLL (nats) of each response (+EOS) given its prompt; float64 array.
 
@@ -42,10 +43,11 @@ def response_nll(
     responses). Batched with right padding and an attention mask; pairs are
     processed in length order to waste little padding (results come back in
     input order). Over-long pairs are truncated as in training (see
-    `mrt_fast.llm.loss.build_example`).
+    `mrt_fast.llm.loss.build_example`). ``callback(n)`` is called as each batch of ``n`` pairs is done.
     """
     return pair_losses(model, tokenizer, prompts, responses, batch_size=batch_size, max_length=max_length,
-                       prompt_format=prompt_format, device=device, progress=progress, sort_by_length=sort_by_length)
+                       prompt_format=prompt_format, device=device, progress=progress, sort_by_length=sort_by_length,
+                       callback=callback)
 
 
 def smollm2_gguf_path() -> tuple[str, str]:

@@ -64,7 +64,9 @@ class RewardModel:
             ids = tok(prompt + response).input_ids
         return list(ids[-self.max_length :])
 
-    def __call__(self, prompts: list[str], responses: list[str], progress: bool = False) -> np.ndarray:
+    def __call__(self, prompts: list[str], responses: list[str], progress: bool = False,
+                 callback: Any = None) -> np.ndarray:
+        """Rewards of the pairs; ``callback(n)``, if given, is called as each batch of ``n`` is done."""
         import torch
         from tqdm.auto import tqdm
 
@@ -85,6 +87,8 @@ class RewardModel:
             with torch.no_grad():
                 logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
             out[idx] = logits[:, 0].float().cpu().numpy()
+            if callback is not None:
+                callback(len(idx))
         if not np.isfinite(out).all():
             raise MrtInputError("the reward model returned NaN/inf rewards")
         return out
@@ -92,8 +96,9 @@ class RewardModel:
 
 def score(table: Any, model: Any, *, tokenizer: Any = None, prompt: str = "prompt", response: str = "response",
           column: str = "reward", batch_size: int = 16, progress: bool = True, by: str = "prompt_id",
-          layout: str = "auto", **kw) -> pl.DataFrame:
-    """Add a ``reward`` column scoring every (prompt, response) row of ``table``.
+          layout: str = "auto", callback: Any = None, **kw) -> pl.DataFrame:
+    """Add a ``reward`` column scoring every (prompt, response) row of ``table``
+    (``callback(n)``, if given, called as each batch of ``n`` pairs is scored).
 
     In the grouped layout (``response`` holds a list of responses per prompt)
     the column holds one list of rewards per prompt, in the order of its responses."""
@@ -104,9 +109,9 @@ def score(table: Any, model: Any, *, tokenizer: Any = None, prompt: str = "promp
         keyed = df.select(by, prompt, response) if by in df.columns else (
             df.select(prompt, response).with_row_index(by))
         flat = explode(keyed, by, [response])
-        r = rm(flat[prompt].to_list(), flat[response].fill_null("").to_list(), progress=progress)
+        r = rm(flat[prompt].to_list(), flat[response].fill_null("").to_list(), progress=progress, callback=callback)
         return attach(df, [response], {column: pl.Series(column, r, dtype=pl.Float64)})
-    r = rm(df[prompt].to_list(), df[response].fill_null("").to_list(), progress=progress)
+    r = rm(df[prompt].to_list(), df[response].fill_null("").to_list(), progress=progress, callback=callback)
     return df.with_columns(pl.Series(column, r))
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +97,30 @@ def _as_f64_1d(x: Any, name: str, n: int) -> np.ndarray:
 #: solved with similarity columns recomputed on demand instead.
 #: a pool's n x n similarity is held while it fits this many bytes (defined once, in the core)
 DENSE_LIMIT_BYTES = core.DENSE_LIMIT_BYTES
+
+_dense_limit = {"bytes": int(DENSE_LIMIT_BYTES)}
+_dense_lock = threading.Lock()
+
+
+def dense_limit_bytes() -> int:
+    """Bytes a pool's n x n similarity block may take in `select` now: ``DENSE_LIMIT_BYTES``,
+    or less inside :func:`dense_limit_within` (a larger pool runs on demand, memory O(n d))."""
+    return _dense_limit["bytes"]
+
+
+@contextlib.contextmanager
+def dense_limit_within(n_bytes: int):
+    """Within the block, every `select` in this process (its threads included) holds a pool's
+    n x n similarity only while it takes at most ``n_bytes`` (never more than ``DENSE_LIMIT_BYTES``);
+    a batch job derives it from its memory limit. Nested blocks keep the smallest."""
+    with _dense_lock:
+        old = _dense_limit["bytes"]
+        _dense_limit["bytes"] = max(0, min(old, int(n_bytes)))
+    try:
+        yield
+    finally:
+        with _dense_lock:
+            _dense_limit["bytes"] = old
 
 
 def facility_location(

@@ -16,6 +16,8 @@ def pick_lines(report: Any) -> list[tuple[str, str]]:
             ("duplicates skipped", f"{report.n_duplicates_skipped:,}")]
     if report.n_near_duplicates_removed:
         rows.append(("near-duplicates removed (dedup)", f"{report.n_near_duplicates_removed:,}"))
+    if getattr(report, "n_no_embedding", 0):
+        rows.append(("candidates without an embedding (left out)", f"{report.n_no_embedding:,}"))
     if report.method == "stratified":
         rows.append(("one-mode pools", f"{report.n_one_mode_pools:,}"))
         rows.append(("modes with no pick", f"{report.modes_missed:,}"))
@@ -59,10 +61,12 @@ class SelectionReport:
     n_duplicates_skipped: int = 0
     n_near_duplicates_removed: int = 0
     n_one_mode_pools: int = 0
+    n_no_embedding: int = 0  # dataset jobs: candidates with a null embedding (an empty text kept), left out
 
     #: the counts that add up over parts of a selection
     COUNTS: ClassVar[tuple[str, ...]] = (
         "n_tie_picks", "n_zero_gain_picks", "n_duplicates_skipped", "n_near_duplicates_removed", "n_one_mode_pools",
+        "n_no_embedding",
     )
 
     @property

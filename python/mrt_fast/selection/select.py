@@ -35,7 +35,7 @@ from mrt_fast.errors import SmallPoolWarning
 from mrt_fast.selection.report import SelectionReport
 from mrt_fast.selection.options import (DEFAULT_KERNEL, FACILITY_METHODS, METHODS, SelectOptions, check_common,
                                        check_k, check_optimizer, check_seed)
-from mrt_fast.selection.facility import DENSE_LIMIT_BYTES
+from mrt_fast.selection.facility import dense_limit_bytes
 from mrt_fast.selection.table_errors import said_of_table as _said_of_table
 from mrt_fast.selection.content import content_keys, duplicate_classes, text_keys
 from mrt_fast.selection.dedup import check_dedup, near_duplicate_mask
@@ -180,8 +180,9 @@ def select(
         Every knob above at once (then give the table only): the object the
         dataset jobs, the Ray engine and ``mrt select`` share.
 
-    A pool whose n x n similarity would exceed ``DENSE_LIMIT_BYTES`` (2 GiB)
-    runs with similarity columns recomputed on demand. Bad input raises
+    A pool whose n x n similarity would exceed ``DENSE_LIMIT_BYTES`` (2 GiB;
+    less inside :func:`~mrt_fast.selection.facility.dense_limit_within`, as
+    batch jobs derive it from their memory limit) runs with similarity columns recomputed on demand. Bad input raises
     :class:`MrtInputError` with ``pool`` (the prompt id), ``column`` and ``row``
     set where known.
 
@@ -337,7 +338,7 @@ def _select(
             rew = numeric(df, reward, "reward") if reward in df.columns else None
             params = core.FlParams(k, alpha=alpha, eps=eps, k_max=k_max, optimizer=optimizer)
             res = core.fl_batch(
-                x, g.offsets, params, rows=rows, rewards=rew, kernel=kernel, dense_limit=DENSE_LIMIT_BYTES,
+                x, g.offsets, params, rows=rows, rewards=rew, kernel=kernel, dense_limit=dense_limit_bytes(),
                 text=text_key, ordered=candidate_key is not None,
             )
             extra["gain"] = res["gains"]
