@@ -51,7 +51,7 @@ from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets import storage
 from mrt_fast.tables.arrays import arrow_of, pool_keys
-from mrt_fast.tables.layouts import candidate_columns, detect, explode, grouped_row, regroup
+from mrt_fast.tables.layouts import candidate_columns, detect
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 from mrt_fast.errors import MrtInputError
 from mrt_fast.selection.options import SelectOptions
@@ -134,11 +134,6 @@ def select_frame(df: pl.DataFrame, opts: SelectOptions, *, layout: str = "flat",
     if ROW in df.columns and not df[ROW].is_sorted():
         df = df.sort(ROW)
     df = _formats.decode_embedding(df, opts.embedding)
-    if opts.method == "stratified" and opts.mode not in df.columns:
-        from mrt_fast.selection.modes import pool_modes
-
-        df = pool_modes(df, by=opts.by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes,
-                        max_mode_cosine=opts.max_mode_cosine, seed=opts.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallPoolWarning)
         kept, rep = select(df, options=_flat(opts), return_report=True)
@@ -151,43 +146,24 @@ def select_frame(df: pl.DataFrame, opts: SelectOptions, *, layout: str = "flat",
 
 
 def _flat(opts: SelectOptions) -> SelectOptions:
-    """The options for the flat rows a bucket or an exploded grouped part holds."""
+    """The options for the flat rows a bucket holds."""
     if opts.layout == "flat" and opts.candidate_columns is None:
         return opts
     return dataclasses.replace(opts, layout="flat", candidate_columns=None)
 
 
 def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
-    """A part of grouped rows: exploded (:func:`mrt_fast.tables.layouts.explode`), selected flat, regrouped in the part's row order (:func:`~mrt_fast.tables.layouts.regroup`)."""
-    from mrt_fast.selection.select import select
+    """A part of grouped rows: selected by :func:`mrt_fast.selection.grouped.select_grouped`."""
+    from mrt_fast.selection.grouped import select_grouped
+    from mrt_fast.selection.select import select_table
     from mrt_fast.errors import SmallPoolWarning
 
-    by = opts.by
-    # every column goes with its candidates, as in the flat table: ties are broken by content
-    flat = explode(df, by, lists, hint="name the per-candidate list columns with candidate_columns / "
-                   "--candidate-columns")
-    read = flat.columns
-    try:
-        flat = _formats.decode_embedding(flat, opts.embedding)
-        if opts.method == "stratified" and opts.mode not in flat.columns:
-            from mrt_fast.selection.modes import pool_modes
-
-            flat = pool_modes(flat, by=by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes,
-                              max_mode_cosine=opts.max_mode_cosine, seed=opts.seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SmallPoolWarning)
-            kept, rep = select(flat, options=_flat(opts), return_report=True)
-    except MrtInputError as e:  # a candidate's row -> its prompt's row
-        if e.row is None or not 0 <= e.row < flat.height:
-            raise
-        from mrt_fast.datasets.row_origin import restate_row
-
-        c0 = lists[0]
-        i = grouped_row(e.row, df[c0].list.len() if isinstance(df.schema[c0], pl.List) else df[c0].arr.len())
-        raise restate_row(e, e.row, f"row {i}", i) from None
-    # modes computed for the selection are not kept: the part holds what select adds
-    kept = kept.drop([c for c in flat.columns if c not in read])
-    return regroup(kept, df, by, lists), rep
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        return select_grouped(select_table, df, "polars", opts, return_report=True, lists=lists,
+                              prepare=lambda flat: _formats.decode_embedding(flat, opts.embedding),
+                              hint="name the per-candidate list columns with candidate_columns / "
+                                   "--candidate-columns")
 
 
 # --------------------------------------------------------------------------- report
