@@ -13,12 +13,14 @@ twice while a distinct candidate is left.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import polars as pl
 
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
-from mrt_fast.tables.arrays import embeddings as _embeddings, pool_keys
+from mrt_fast.tables.arrays import columns_of, embeddings as _embeddings, pool_keys, take, to_polars
 
 
 def text_keys(df: pl.DataFrame, text: str) -> np.ndarray:
@@ -74,3 +76,36 @@ def duplicate_classes(df: pl.DataFrame, embedding: str, text_key: np.ndarray | N
         if d["c"].equals(before):
             break
     return np.ascontiguousarray(d["c"].to_numpy().astype(np.uint64))
+
+
+def table_content_keys(table: Any, kind: str, leave_out: tuple[str, ...], added_columns: tuple[str, ...],
+                       text_key: np.ndarray | None, rows: np.ndarray | None = None) -> np.ndarray:
+    """`content_keys` of the user's table (of its rows `rows`, default all): every column
+    but `leave_out` and the columns the caller added; a column name repeated in the
+    table is not read."""
+    cols = columns_of(table, kind)
+    once = [c for c in cols if cols.count(c) == 1 and c not in added_columns and c not in leave_out]
+    if rows is not None:
+        table = take(table, kind, np.ascontiguousarray(rows, dtype=np.uint64), {})
+    return content_keys(to_polars(table, kind, once), leave_out, text_key)
+
+
+def content_ordered(g, tie_keys: np.ndarray, content_of) -> Any:
+    """`g` with the rows of each pool that share a tie key (`tie_keys`, one per row:
+    the embedding, reward and text that facility location's tie rule reads) put in
+    content order among themselves (`content_of(rows)`: their content keys), so that
+    the rule's last resort, the lower position, follows the content and not the row
+    order; the other rows keep their positions. `g` itself when no two rows share a key."""
+    at_rows = g.rows.astype(np.int64)
+    pool_of = np.repeat(np.arange(g.n_pools), g.sizes())
+    tied = pl.DataFrame({"p": pool_of, "e": tie_keys[at_rows]}).is_duplicated().to_numpy()
+    if not tied.any():
+        return g
+    pos = np.flatnonzero(tied)
+    t = pl.DataFrame({"pos": pos, "p": pool_of[pos], "e": tie_keys[at_rows[pos]],
+                      "c": content_of(at_rows[pos]), "r": at_rows[pos]})
+    slots = t.sort(["p", "e", "pos"])["pos"].to_numpy()
+    rows = g.rows.copy()
+    rows[slots] = t.sort(["p", "e", "c", "pos"])["r"].to_numpy().astype(rows.dtype)
+    return type(g)(keys=g.keys, offsets=g.offsets, rows=rows,
+                   identity=bool(np.array_equal(rows, np.arange(len(rows), dtype=rows.dtype))))

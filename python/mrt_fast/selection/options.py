@@ -188,11 +188,6 @@ class SelectOptions:
     def replace(self, **changes: Any) -> "SelectOptions":
         return dataclasses.replace(self, **changes)
 
-    def select_kwargs(self) -> dict[str, Any]:
-        """The keywords of :func:`mrt_fast.select` (after ``k`` and ``method``)."""
-        return {n: getattr(self, n) for n in ("by", "embedding", "reward", "mode", "alpha", "eps", "k_max", "kernel",
-                                              "seed", "candidate_key", "optimizer", "text", "dedup")}
-
     def parameters(self) -> dict[str, Any]:
         """Everything a result depends on, as plain values (a job's manifest records them)."""
         d = dataclasses.asdict(self)

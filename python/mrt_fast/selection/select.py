@@ -38,7 +38,8 @@ from mrt_fast.selection.options import DEFAULT_KERNEL, FACILITY_METHODS, SelectO
 from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE
 from mrt_fast.selection.facility import DENSE_LIMIT_BYTES
 from mrt_fast.selection.table_errors import said_of_table as _said_of_table
-from mrt_fast.selection.content import content_keys, duplicate_classes, text_keys
+from mrt_fast.selection.content import (content_keys, content_ordered, duplicate_classes, table_content_keys,
+                                       text_keys)
 from mrt_fast.selection.dedup import near_duplicate_mask
 
 
@@ -68,7 +69,7 @@ def one_mode_pools(modes: np.ndarray, g) -> int:
     return int((d["m"] == 1).sum())
 
 
-def _dedup(table, kind, df, g, by, embedding, reward, candidate_key, threshold):
+def _dedup(table, kind, df, g, by, embedding, reward, mode, candidate_key, threshold, added_columns):
     """Remove near-duplicates inside each pool (see `dedup`): the table,
     its frame and groups without them, and how many were removed."""
     x = _embeddings(df, embedding)
@@ -83,7 +84,10 @@ def _dedup(table, kind, df, g, by, embedding, reward, candidate_key, threshold):
         if not norms_ok:
             return table, df, g, 0  # selection names the bad embedding
         order = core.content_keys(x, rewards=rew)
-    keep = near_duplicate_mask(x, g.offsets, g.rows, order, rew, threshold)
+    # candidates equal in embedding and reward: their content (every column) orders them
+    content = None if candidate_key is not None else table_content_keys(table, kind, (embedding, mode),
+                                                                           added_columns, None)
+    keep = near_duplicate_mask(x, g.offsets, g.rows, order, rew, threshold, content)
     n_removed = int((~keep).sum())
     if not n_removed:
         return table, df, g, 0
@@ -308,7 +312,8 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
     g = group(df, by, candidate_key)
     n_removed = 0
     if dedup is not None:
-        table, df, g, n_removed = _dedup(table, kind, df, g, by, embedding, reward, candidate_key, dedup)
+        table, df, g, n_removed = _dedup(table, kind, df, g, by, embedding, reward, mode, candidate_key, dedup,
+                                             added_columns)
     text_key = text_keys(df, text) if text is not None else None
     rows = None if g.identity else g.rows
     sizes = g.sizes()
@@ -346,6 +351,12 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
         if m in FACILITY_METHODS:
             x = _embeddings(df, embedding)
             rew = numeric(df, reward, "reward") if reward in df.columns else None
+            if candidate_key is None and np.all(np.isfinite(x)) and (rew is None or np.all(np.isfinite(rew))):
+                # candidates equal in embedding, reward and text: their content (every column) orders them
+                tie = core.content_keys(x, rewards=None if rew is None else rew + 0.0, text=text_key)
+                g = content_ordered(g, tie, lambda r: table_content_keys(table, kind, (embedding, mode),
+                                                                        added_columns, None, r))
+                rows = None if g.identity else g.rows
             params = core.FlParams(k, alpha=alpha, eps=eps, k_max=k_max, optimizer=optimizer)
             res = core.fl_batch(
                 x, g.offsets, params, rows=rows, rewards=rew, kernel=kernel, dense_limit=DENSE_LIMIT_BYTES,
