@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -198,7 +198,7 @@ RAY_CASES = [
 
 @pytest.mark.ray
 @pytest.mark.parametrize("case", range(len(RAY_CASES)))
-@settings(max_examples=1, **SETTINGS)
+@settings(max_examples=1, phases=[Phase.explicit, Phase.generate], **SETTINGS)  # a Ray job per example
 @given(sizes=st.lists(st.integers(1, 7), min_size=2, max_size=5), seed=st.integers(0, 10_000))
 def test_the_ray_engine_keeps_the_rows_of_select(tmp_path_factory, local_ray, case, sizes, seed):
     from mrt_fast.datasets import ray_engine as D
@@ -217,3 +217,16 @@ def test_the_ray_engine_keeps_the_rows_of_select(tmp_path_factory, local_ray, ca
     same_rows(pl.read_parquet(tmp / "ray.parquet"), ref, opts.by, "Ray select_dataset")
     got = D.collect(D.select(local_ray.data.from_arrow(table.to_arrow(), override_num_blocks=2), options=opts))
     same_rows(got, ref, opts.by, "Ray Dataset select")
+
+
+def test_the_keywords_of_select_are_the_options_with_their_defaults():
+    import inspect
+
+    from mrt_fast import MrtInputError
+
+    params = inspect.signature(mrt_fast.select).parameters
+    assert set(params) - {"table", "return_report", "options"} == set(DEFAULTS)
+    assert {n: params[n].default for n in DEFAULTS if n != "k"} == {n: d for n, d in DEFAULTS.items() if n != "k"}
+    flat = flat_table([3, 4], 0)
+    with pytest.raises(MrtInputError, match="not both.*n_modes"):
+        mrt_fast.select(flat, options=SelectOptions(k=2, method="stratified"), n_modes=3)

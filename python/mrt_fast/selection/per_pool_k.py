@@ -85,7 +85,7 @@ def select_k_column(select: Callable, table: Any, opts: Any, *, return_report: b
             parts.append(got)
             reports.append((int(k), rep))
     if not parts:
-        raise MrtInputError("the table has no rows: there is nothing to select from")
+        raise MrtInputError("the table is empty: there is nothing to select from")
     allk = pl.concat(parts, how="diagonal")
     allk = allk.join(rows.select(_ROW, "__rank"), on=_ROW, how="left").sort("__rank", "pick_rank")
     extra = {c: allk[c].to_numpy() for c in allk.columns if c not in (_ROW, "__rank")}
