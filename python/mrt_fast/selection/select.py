@@ -353,9 +353,8 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
             rew = numeric(df, reward, "reward") if reward in df.columns else None
             if candidate_key is None and np.all(np.isfinite(x)) and (rew is None or np.all(np.isfinite(rew))):
                 # candidates equal in embedding, reward and text: their content (every column) orders them
-                tie = core.content_keys(x, rewards=None if rew is None else rew + 0.0, text=text_key)
-                g = content_ordered(g, tie, lambda r: table_content_keys(table, kind, (embedding, mode),
-                                                                        added_columns, None, r))
+                g = content_ordered(g, x, rew, text_key, lambda r: table_content_keys(
+                    table, kind, (embedding, mode), added_columns, None, r))
                 rows = None if g.identity else g.rows
             params = core.FlParams(k, alpha=alpha, eps=eps, k_max=k_max, optimizer=optimizer)
             res = core.fl_batch(
