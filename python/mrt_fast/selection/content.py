@@ -96,33 +96,33 @@ def content_ordered(g, x: np.ndarray, rewards: np.ndarray | None, text_key: np.n
     (`content_of(rows)`: their content keys), so that the rule's last resort, the
     lower position, follows the content and not the row order; the other rows keep
     their positions. `g` itself when no two rows of a pool are equal so."""
-    at_rows = g.rows.astype(np.int64)
-    pool_of = np.empty(len(at_rows), dtype=np.uint64)
-    pool_of[at_rows] = np.repeat(np.arange(g.n_pools, dtype=np.uint64), g.sizes())
+    at = g.rows.astype(np.int64)
+    pool = np.repeat(np.arange(g.n_pools, dtype=np.uint64), g.sizes())
     # a quick superset of the rows in question: equal in pool, reward, text and first coordinate
     x = x.reshape(len(x), -1)
-    quick = pool_of * np.uint64(0x9E3779B97F4A7C15)
-    quick ^= (x[:, 0] + np.float32(0.0)).view(np.uint32).astype(np.uint64)
+    quick = pool * np.uint64(0x9E3779B97F4A7C15)
+    quick ^= (x[at, 0] + np.float32(0.0)).view(np.uint32).astype(np.uint64)
     if rewards is not None:
-        quick ^= (rewards + 0.0).view(np.uint64) * np.uint64(0x94D049BB133111EB)
+        quick ^= (rewards[at] + 0.0).view(np.uint64) * np.uint64(0x94D049BB133111EB)
     if text_key is not None:
-        quick ^= text_key * np.uint64(0xD6E8FEB86659FD93)
+        quick ^= text_key[at] * np.uint64(0xD6E8FEB86659FD93)
     s = np.sort(quick)
     repeated = s[1:][s[1:] == s[:-1]]
     if not len(repeated):
         return g
     cand = np.flatnonzero(np.isin(quick, repeated))
-    exact = core.content_keys(np.ascontiguousarray(x[cand]), rewards=None if rewards is None else rewards[cand] + 0.0,
-                              text=None if text_key is None else np.ascontiguousarray(text_key[cand]))
-    position = np.empty(len(at_rows), dtype=np.int64)
-    position[at_rows] = np.arange(len(at_rows))
-    t = pl.DataFrame({"pos": position[cand], "p": pool_of[cand], "e": exact, "r": cand})
+    rows = at[cand]
+    if not np.all(np.isfinite(x[rows])):
+        return g  # the core names the bad row
+    exact = core.content_keys(np.ascontiguousarray(x[rows]), rewards=None if rewards is None else rewards[rows] + 0.0,
+                              text=None if text_key is None else np.ascontiguousarray(text_key[rows]))
+    t = pl.DataFrame({"pos": cand, "p": pool[cand], "e": exact, "r": rows})
     t = t.filter(pl.struct("p", "e").is_duplicated())
     if t.height == 0:
         return g
     t = t.with_columns(pl.Series("c", content_of(t["r"].to_numpy())))
     slots = t.sort(["p", "e", "pos"])["pos"].to_numpy()
-    rows = g.rows.copy()
-    rows[slots] = t.sort(["p", "e", "c", "pos"])["r"].to_numpy().astype(rows.dtype)
-    return type(g)(keys=g.keys, offsets=g.offsets, rows=rows,
-                   identity=bool(np.array_equal(rows, np.arange(len(rows), dtype=rows.dtype))))
+    out = g.rows.copy()
+    out[slots] = t.sort(["p", "e", "c", "pos"])["r"].to_numpy().astype(out.dtype)
+    return type(g)(keys=g.keys, offsets=g.offsets, rows=out,
+                   identity=bool(np.array_equal(out, np.arange(len(out), dtype=out.dtype))))

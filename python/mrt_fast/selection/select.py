@@ -259,6 +259,56 @@ def select_table(table: Any, opts: SelectOptions, *, return_report: bool = False
     return select_one_k(table, opts, return_report=return_report, added_columns=added_columns)
 
 
+def _by_content(res: dict, g, x, rew, text_key, params, kernel, content_of):
+    """Facility location's picks `res` over the pools of `g`, with the pools where
+    the row order could have decided a pick selected again with their rows equal in
+    embedding, reward and text put in content order (`content_of`); the groups and
+    the picks. Only a pool that set a repeat aside or made a pick of gain 0 can
+    hold such rows among its picks (a repeat of a kept row covers nothing new)."""
+    suspect = np.flatnonzero((res["dup_skipped"] > 0) | (res["zero_gain"] > 0))
+    if not len(suspect) or (rew is not None and not np.all(np.isfinite(rew))):
+        return g, res
+    off = g.offsets.astype(np.int64)
+    sizes = np.diff(off)[suspect]
+    pos = np.repeat(off[suspect], sizes) + (np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes))
+    sub_off = np.zeros(len(suspect) + 1, dtype=np.uint64)
+    np.cumsum(sizes, out=sub_off[1:])
+    sub = type(g)(keys=g.keys.gather(suspect), offsets=sub_off, rows=g.rows[pos], identity=False)
+    ordered = content_ordered(sub, x, rew, text_key, content_of)
+    if ordered is sub:
+        return g, res
+    again = core.fl_batch(x, ordered.offsets, params, rows=ordered.rows, rewards=rew, kernel=kernel,
+                          dense_limit=DENSE_LIMIT_BYTES, text=text_key)
+    rows = g.rows.copy()
+    rows[pos] = ordered.rows
+    g = type(g)(keys=g.keys, offsets=g.offsets, rows=rows, identity=False)
+    # the picks of the suspect pools replaced by those made again
+    old_off, new_sub = res["offsets"].astype(np.int64), again["offsets"].astype(np.int64)
+    counts = np.diff(old_off)
+    counts[suspect] = np.diff(new_sub)
+    out_off = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out_off[1:])
+    keep_pool = np.ones(len(counts), dtype=bool)
+    keep_pool[suspect] = False
+    pool_old = np.repeat(np.arange(len(counts)), np.diff(old_off))
+    kept = keep_pool[pool_old]
+    at_old = out_off[pool_old[kept]] + (np.flatnonzero(kept) - old_off[pool_old[kept]])
+    pool_new = np.repeat(np.arange(len(suspect)), np.diff(new_sub))
+    at_new = out_off[suspect[pool_new]] + (np.arange(len(pool_new)) - new_sub[pool_new])
+    out = dict(res)
+    for name in ("indices", "gains"):
+        a = np.empty(int(out_off[-1]), dtype=res[name].dtype)
+        a[at_old] = res[name][kept]
+        a[at_new] = again[name]
+        out[name] = a
+    out["offsets"] = out_off.astype(res["offsets"].dtype)
+    for name in ("objective", "upper_bound", "ties", "zero_gain", "dup_skipped"):
+        a = np.array(res[name], copy=True)
+        a[suspect] = again[name]
+        out[name] = a
+    return g, out
+
+
 def select_one_k(table: Any, opts: SelectOptions, *, return_report: bool, added_columns: tuple[str, ...] = ()):
     """`select` of a flat table with one integer K (``opts.k``)."""
     t0 = time.perf_counter()
@@ -351,16 +401,15 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
         if m in FACILITY_METHODS:
             x = _embeddings(df, embedding)
             rew = numeric(df, reward, "reward") if reward in df.columns else None
-            if candidate_key is None and np.all(np.isfinite(x)) and (rew is None or np.all(np.isfinite(rew))):
-                # candidates equal in embedding, reward and text: their content (every column) orders them
-                g = content_ordered(g, x, rew, text_key, lambda r: table_content_keys(
-                    table, kind, (embedding, mode), added_columns, None, r))
-                rows = None if g.identity else g.rows
             params = core.FlParams(k, alpha=alpha, eps=eps, k_max=k_max, optimizer=optimizer)
             res = core.fl_batch(
                 x, g.offsets, params, rows=rows, rewards=rew, kernel=kernel, dense_limit=DENSE_LIMIT_BYTES,
                 text=text_key, ordered=candidate_key is not None,
             )
+            if candidate_key is None:
+                # candidates equal in embedding, reward and text: their content (every column) orders them
+                g, res = _by_content(res, g, x, rew, text_key, params, kernel, lambda r: table_content_keys(
+                    table, kind, (embedding, mode), added_columns, None, r))
             extra["gain"] = res["gains"]
             report.objective = res["objective"]
             report.upper_bound = res["upper_bound"]
