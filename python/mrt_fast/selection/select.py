@@ -263,12 +263,30 @@ def _by_content(res: dict, g, x, rew, text_key, params, kernel, content_of):
     """Facility location's picks `res` over the pools of `g`, with the pools where
     the row order could have decided a pick selected again with their rows equal in
     embedding, reward and text put in content order (`content_of`); the groups and
-    the picks. Only a pool that set a repeat aside or made a pick of gain 0 can
-    hold such rows among its picks (a repeat of a kept row covers nothing new)."""
-    suspect = np.flatnonzero((res["dup_skipped"] > 0) | (res["zero_gain"] > 0))
-    if not len(suspect) or (rew is not None and not np.all(np.isfinite(rew))):
+    the picks. Only a pool that set such a row aside as a repeat of a kept one, or
+    kept two of them, can have had a pick decided by the row order."""
+    if rew is not None and not np.all(np.isfinite(rew)):
         return g, res
     off = g.offsets.astype(np.int64)
+    # a pool that set a repeat aside, or kept two candidates that may be equal
+    # (in pool, reward, text and first coordinate): the row order may have decided there
+    res_off = res["offsets"].astype(np.int64)
+    pool_of_pick = np.repeat(np.arange(g.n_pools), np.diff(res_off))
+    picked = g.rows[off[pool_of_pick] + res["indices"].astype(np.int64)].astype(np.int64)
+    quick = pool_of_pick.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    quick ^= (x.reshape(len(x), -1)[picked, 0] + np.float32(0.0)).view(np.uint32).astype(np.uint64)
+    if rew is not None:
+        quick ^= (rew[picked] + 0.0).view(np.uint64) * np.uint64(0x94D049BB133111EB)
+    if text_key is not None:
+        quick ^= text_key[picked] * np.uint64(0xD6E8FEB86659FD93)
+    sq = np.sort(quick)
+    repeated = sq[1:][sq[1:] == sq[:-1]]
+    flagged = res["dup_skipped"] > 0
+    if len(repeated):
+        flagged[pool_of_pick[np.isin(quick, repeated)]] = True
+    suspect = np.flatnonzero(flagged)
+    if not len(suspect):
+        return g, res
     sizes = np.diff(off)[suspect]
     pos = np.repeat(off[suspect], sizes) + (np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes))
     sub_off = np.zeros(len(suspect) + 1, dtype=np.uint64)
