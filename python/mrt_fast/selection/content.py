@@ -1,7 +1,9 @@
 """Content keys: what ties and random draws are decided by instead of row positions.
 
 Facility location breaks ties by the core's xxh3 of a candidate's embedding
-and text key, computed in the core for tied candidates only. Random, top and
+and text key, computed in the core for tied candidates only; candidates equal
+in embedding, reward and text are put in the order of their content (every
+column) where that can decide a pick (`content_ordered`). Random, top and
 stratified draws take a key for every row from every column but the
 embedding (polars' row hash of the values, stable for one polars version), so
 a pool's kept rows do not depend on the order of its rows or how they are
