@@ -46,7 +46,7 @@ setup: $(VENV_DEP)
 demo: setup
 	$(PY) -m mrt_fast.cli demo
 
-test: setup test-rust test-py
+test: setup lint test-rust test-py
 
 test-rust:
 	cargo test --workspace --release
@@ -61,5 +61,6 @@ bench-rust:
 	cargo bench -p grades_core
 
 lint:
+	$(PY) -m ruff check python tests bench tools
 	cargo fmt --check
 	cargo clippy --workspace --all-targets --all-features -- -D warnings

@@ -69,13 +69,14 @@ def test_a_row_is_the_table_row_when_pools_are_not_contiguous():
 
 def test_the_core_raises_the_package_class_with_attributes():
     with pytest.raises(MrtInputError) as info:
-        core.fl_batch(np.zeros((3, 2), np.float32), np.array([0, 1, 3], np.uint64), core.FlParams(1))
+        core.fl_batch(np.zeros((3, 2), np.float32), np.array([0, 1, 3], np.uint64),
+                      core.FlParams(1, alpha=0.0, eps=1e-6), kernel="clip")
     assert (info.value.pool, info.value.column, info.value.row) == (0, "embeddings", 0)
     err = raises("pool 0: embedding of candidate 1", mrt_fast.facility_location,
                  np.array([[1, 0], [np.nan, 1]], np.float32), 1)
     assert (err.pool, err.column, err.row) == (0, "embeddings", 1)
     with pytest.raises(MrtInputError, match="k must be >= 1"):
-        core.FlParams(0)
+        core.FlParams(0, alpha=0.0, eps=1e-6)
 
 
 # ---------------------------------------------------------- arguments (item 5)

@@ -4,6 +4,8 @@ Every function validates its arrays, releases the GIL for the work, raises
 mrt_fast.errors.MrtInputError (with .pool, .column, .row where known) on bad
 input and RuntimeError (never a panic) on an internal error.
 Arrays must be C-contiguous with the dtypes shown (the Python layer converts).
+The defaults of selection (kernel, alpha, eps) live in Python
+(mrt_fast.selection.options): the core has none and takes them from every caller.
 """
 
 from typing import Any, Optional, TypedDict
@@ -53,7 +55,7 @@ class FlParams:
     (MrtInputError on k < 1, alpha < 0, eps <= 0, k_max < k, an unknown optimizer)."""
 
     def __init__(
-        self, k: int, *, alpha: float = 0.0, eps: float = 1e-6, k_max: Optional[int] = None, optimizer: str = "lazy"
+        self, k: int, *, alpha: float, eps: float, k_max: Optional[int] = None, optimizer: str = "lazy"
     ) -> None: ...
 
 def fl_batch(
@@ -63,7 +65,7 @@ def fl_batch(
     *,
     rows: Optional[npt.NDArray[np.uint64]] = None,
     rewards: Optional[npt.NDArray[np.float64]] = None,
-    kernel: str = "shift",
+    kernel: str,
     dense_limit: Optional[int] = None,
     text: Optional[npt.NDArray[np.uint64]] = None,
     ordered: bool = False,
@@ -92,9 +94,9 @@ def fl_on_demand(
     params: FlParams,
     *,
     rewards: Optional[npt.NDArray[np.float64]] = None,
-    kernel: str = "shift",
+    kernel: str,
 ) -> FlSingle: ...
-def similarity(x: npt.NDArray[np.float32], kernel: str = "shift") -> npt.NDArray[np.float32]:
+def similarity(x: npt.NDArray[np.float32], kernel: str) -> npt.NDArray[np.float32]:
     """Flattened (n*n) cosine similarity of the rows of x mapped into [0, 1]."""
 def random_k(
     offsets: npt.NDArray[np.uint64],

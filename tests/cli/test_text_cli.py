@@ -67,10 +67,7 @@ def test_select_round_trip(tmp_path, suffix, method):
     assert set(got["prompt_id"]) == set(df["prompt_id"])
     assert "pick_rank" in got.columns
     # the same rows the library keeps
-    lib = df
-    if method == "stratified":
-        lib = pool_modes(df, n_modes=3)
-    want = select(lib, 3, method)
+    want = select(df, 3, method, n_modes=3)
     assert got["cand"].to_list() == want["cand"].to_list()
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 

@@ -268,7 +268,7 @@ def test_a_bucket_task_restores_dataset_order_whatever_order_its_rows_arrive_in(
     t = t.append_column(D._ORDER, pa.array(np.arange(t.num_rows, dtype=np.int64)))
     t = t.append_column(D._BUCKET, pa.array(np.zeros(t.num_rows, dtype=np.int32)))
     perm = np.random.default_rng(0).permutation(t.num_rows)
-    out = D._SelectBucket(3, "random", {"seed": 5}, None)(t.take(pa.array(perm)))
+    out = D._SelectBucket(mrt_fast.SelectOptions(k=3, method="random", seed=5), None)(t.take(pa.array(perm)))
     assert_same_per_pool(pl.from_arrow(out), ref)
 
 

@@ -85,7 +85,7 @@ def test_select_on_grouped_equals_flat_regrouped(tmp_path_factory, sizes, seed, 
     if out == "out":  # the parts of a directory hold the pools bucket by bucket: the file order is the input's
         flat_out = flat_out.sort("prompt_id", "pick_rank", maintain_order=True)
     grouped_out = read_out(tmp / f"g-{out}")
-    new = [c for c in ("pick_rank", "gain", "weight") if c in flat_out.columns]
+    new = [c for c in ("mode", "pick_rank", "gain", "weight") if c in flat_out.columns]  # mode: modes found
     got = grouped_out.sort("prompt_id") if out == "out" else grouped_out
     same_as_regrouped(got, flat_out, new, lists)
 

@@ -164,3 +164,35 @@ def test_modes_of_sparse_embeddings_do_not_follow_the_rows():
     want = by_content(select(df, 4, "stratified", seed=1))
     for s in range(5):
         assert by_content(select(df.sample(fraction=1.0, shuffle=True, seed=s), 4, "stratified", seed=1)) == want
+
+
+@st.composite
+def equal_embedding_pools(draw):
+    """Pools where several candidates share an embedding and a reward but differ in
+    another column (different long texts that one embedding model truncates alike)."""
+    n_pools = draw(st.integers(1, 3))
+    rows = []
+    for p in range(n_pools):
+        for j in range(draw(st.integers(2, 10))):
+            e = draw(st.sampled_from(range(3)))
+            rows.append((p, BASIS[e], draw(st.sampled_from([0.0, 1.0])), f"answer {p}.{j}"))
+    return pl.DataFrame({"prompt_id": [r[0] for r in rows], "embedding": [r[1] for r in rows],
+                         "reward": [r[2] for r in rows], "response": [r[3] for r in rows]},
+                        schema_overrides={"embedding": pl.List(pl.Float32)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(df=equal_embedding_pools(), k=st.integers(1, 5), seed=st.integers(0, 2**32 - 1),
+       method=st.sampled_from(["grades", "diverse"]), dedup=st.sampled_from([None, 0.99]))
+def test_candidates_equal_in_embedding_and_reward_are_decided_by_their_content(df, k, seed, method, dedup):
+    import warnings
+
+    def kept(t):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = select(t, k, method, dedup=dedup).sort("prompt_id", "pick_rank")
+        return list(zip(out["prompt_id"], out["response"]))
+
+    want = kept(df)
+    assert kept(df.sample(fraction=1.0, shuffle=True, seed=seed)) == want
+    assert kept(df.reverse()) == want

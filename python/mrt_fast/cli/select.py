@@ -63,6 +63,10 @@ def select_cmd(
     candidate_key: Optional[str] = typer.Option(None, "--candidate-key", help="Column ordering each pool's "
                                                 "candidates (results then independent of row order)."),
     optimizer: str = typer.Option("lazy", help="lazy | naive greedy (same picks)."),
+    text: Optional[str] = typer.Option(None, "--text", help="Text column: rows with the same text are duplicates; "
+                                       "the text joins the content key."),
+    dedup: Optional[float] = typer.Option(None, "--dedup", help="Remove near-duplicates (cosine >= DEDUP with a "
+                                          "better candidate) inside each pool before selection."),
     allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Keep K responses per prompt of a table or dataset, in bounded memory (resumable to a directory)."""
@@ -81,7 +85,7 @@ def select_cmd(
         opts = SelectOptions(k=k_or_column(k), method=method, by=by, embedding=embedding, reward=reward, mode=mode,
                              alpha=alpha, eps=eps, k_max=k_max, kernel=kernel, seed=seed,
                              candidate_key=candidate_key, optimizer=optimizer, n_modes=n_modes, layout=layout,
-                             candidate_columns=cand_cols,
+                             candidate_columns=cand_cols, text=text, dedup=dedup,
                              **({} if max_mode_cosine is None else {"max_mode_cosine": max_mode_cosine}))
         if engine == "ray":
             from mrt_fast.datasets.ray_engine import select_dataset as ray_select_dataset

@@ -52,7 +52,7 @@ from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets import storage
 from mrt_fast.tables.arrays import arrow_of, pool_keys
-from mrt_fast.tables.layouts import candidate_columns, detect, explode, grouped_row, regroup
+from mrt_fast.tables.layouts import candidate_columns, detect
 from mrt_fast._util.disk_space import is_no_space, no_space_error
 from mrt_fast.errors import MrtInputError
 from mrt_fast.selection.options import SelectOptions
@@ -139,11 +139,6 @@ def select_frame(df: pl.DataFrame, opts: SelectOptions, *, layout: str = "flat",
         raise MrtInputError(f"every candidate here has a null {opts.embedding!r}: nothing is left to select from",
                             column=opts.embedding)
     df = _formats.decode_embedding(df, opts.embedding)
-    if opts.method == "stratified" and opts.mode not in df.columns:
-        from mrt_fast.selection.modes import pool_modes
-
-        df = pool_modes(df, by=opts.by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes,
-                        max_mode_cosine=opts.max_mode_cosine, seed=opts.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallPoolWarning)
         kept, rep = select(df, options=_flat(opts), return_report=True)
@@ -195,46 +190,31 @@ def layout_hint(opts: SelectOptions, lay: str, schema: pl.Schema):
 
 
 def _flat(opts: SelectOptions) -> SelectOptions:
-    """The options for the flat rows a bucket or an exploded grouped part holds."""
+    """The options for the flat rows a bucket holds."""
     if opts.layout == "flat" and opts.candidate_columns is None:
         return opts
     return dataclasses.replace(opts, layout="flat", candidate_columns=None)
 
 
 def _select_grouped(df: pl.DataFrame, opts: SelectOptions, lists: list[str]):
-    """A part of grouped rows: exploded (:func:`mrt_fast.tables.layouts.explode`), selected flat, regrouped in the part's row order (:func:`~mrt_fast.tables.layouts.regroup`)."""
-    from mrt_fast.selection.select import select
+    """A part of grouped rows: selected by :func:`mrt_fast.selection.grouped.select_grouped`."""
+    from mrt_fast.selection.grouped import select_grouped
+    from mrt_fast.selection.select import select_table
     from mrt_fast.errors import SmallPoolWarning
 
-    by = opts.by
-    # every column goes with its candidates, as in the flat table: ties are broken by content
-    flat = explode(df, by, lists, hint="name the per-candidate list columns with candidate_columns / "
-                   "--candidate-columns")
-    read = flat.columns
-    flat, no_embedding = without_embedding(flat, opts.embedding, keep_row=True)
-    try:
-        flat = _formats.decode_embedding(flat, opts.embedding)
-        if opts.method == "stratified" and opts.mode not in flat.columns:
-            from mrt_fast.selection.modes import pool_modes
+    no_embedding = [0]
 
-            flat = pool_modes(flat, by=by, embedding=opts.embedding, out=opts.mode, n_modes=opts.n_modes,
-                              max_mode_cosine=opts.max_mode_cosine, seed=opts.seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SmallPoolWarning)
-            kept, rep = select(flat.drop(_FLAT_ROW), options=_flat(opts), return_report=True)
-        rep.n_no_embedding = no_embedding
-    except MrtInputError as e:  # a candidate's row -> its prompt's row
-        if e.row is None or not 0 <= e.row < flat.height:
-            raise
-        from mrt_fast.datasets.row_origin import restate_row
+    def prepare(flat: pl.DataFrame) -> pl.DataFrame:
+        flat, no_embedding[0] = without_embedding(flat, opts.embedding)
+        return _formats.decode_embedding(flat, opts.embedding)
 
-        c0 = lists[0]
-        i = grouped_row(int(flat[_FLAT_ROW][e.row]),
-                        df[c0].list.len() if isinstance(df.schema[c0], pl.List) else df[c0].arr.len())
-        raise restate_row(e, e.row, f"row {i}", i) from None
-    # modes computed for the selection are not kept: the part holds what select adds
-    kept = kept.drop([c for c in flat.columns if c not in read and c in kept.columns])
-    return regroup(kept, df, by, lists), rep
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SmallPoolWarning)
+        kept, rep = select_grouped(select_table, df, "polars", opts, return_report=True, lists=lists,
+                                   prepare=prepare, hint="name the per-candidate list columns with "
+                                   "candidate_columns / --candidate-columns")
+    rep.n_no_embedding = no_embedding[0]
+    return kept, rep
 
 
 # --------------------------------------------------------------------------- report

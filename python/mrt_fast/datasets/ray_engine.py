@@ -47,7 +47,7 @@ import pyarrow as pa
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast.datasets import storage
-from mrt_fast.tables.layouts import candidate_columns, check_layout, detect, explode, list_depth, regroup
+from mrt_fast.tables.layouts import check_layout, detect, explode, list_depth
 from mrt_fast.selection.report import SelectionReport
 
 __all__ = [
@@ -261,20 +261,20 @@ def _maybe_fail(marker: str | None) -> None:
     raise InjectedFault(f"injected fault (first attempt; marker {marker})")
 
 
-def _select_frame(df: pl.DataFrame, k: int, method: str, opts: dict) -> pl.DataFrame:
+def _select_frame(df: pl.DataFrame, opts: Any) -> pl.DataFrame:
     from mrt_fast.selection.select import select as local_select
     from mrt_fast.errors import SmallPoolWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SmallPoolWarning)
-        return local_select(df, k, method, **opts)
+        return local_select(df, options=opts)
 
 
 class _SelectBucket:
     """One bucket (many whole pools): dataset order back, one batch selection."""
 
-    def __init__(self, k: int, method: str, opts: dict, fault: str | None):
-        self.k, self.method, self.opts, self.fault = k, method, opts, fault
+    def __init__(self, opts: Any, fault: str | None):
+        self.opts, self.fault = opts, fault
         self.__name__ = "select_bucket"
 
     def __call__(self, t: pa.Table) -> pa.Table:
@@ -283,23 +283,19 @@ class _SelectBucket:
         if df.height == 0:
             return t.drop_columns([_BUCKET, _ORDER]).slice(0, 0)
         df = df.sort(_ORDER).drop(_BUCKET, _ORDER)
-        return _select_frame(df, self.k, self.method, self.opts).to_arrow()
+        return _select_frame(df, self.opts).to_arrow()
 
 
 class _SelectGrouped:
-    """A block of grouped rows (whole pools): exploded, selected, regrouped (:mod:`mrt_fast.tables.layouts`)."""
+    """A block of grouped rows (whole pools): exploded, selected, regrouped (:mod:`mrt_fast.selection.grouped`)."""
 
-    def __init__(self, k: int, method: str, opts: dict, fault: str | None):
-        self.k, self.method, self.opts, self.fault = k, method, opts, fault
+    def __init__(self, opts: Any, fault: str | None):
+        self.opts, self.fault = opts, fault
         self.__name__ = "select_grouped"
 
     def __call__(self, t: pa.Table) -> pa.Table:
         _maybe_fail(self.fault)
-        by = self.opts.get("by", "prompt_id")
-        df = _to_polars(t)
-        cand = candidate_columns(df, by)
-        kept = _select_frame(explode(df, by, cand), self.k, self.method, self.opts)
-        return regroup(kept, df, by, cand).to_arrow()
+        return _select_frame(_to_polars(t), self.opts).to_arrow()
 
 
 # --------------------------------------------------------------------------- checks
@@ -309,14 +305,14 @@ def _empty_like(schema: pa.Schema) -> pl.DataFrame:
     return _to_polars(schema.empty_table())
 
 
-def _check_select_args(schema: pa.Schema, layout: str, k: int, method: str, opts: dict) -> None:
+def _check_select_args(schema: pa.Schema, layout: str, opts: Any) -> None:
     """Run `mrt_fast.select`'s own checks on an empty table of this schema, so
     bad arguments and missing columns fail here with the local message."""
     from mrt_fast.selection.select import select as local_select
 
     df = _empty_like(schema)
     if layout == "grouped":
-        by = opts.get("by", "prompt_id")
+        by = opts.by
         if by not in df.columns:
             from mrt_fast.tables.arrays import require
 
@@ -324,7 +320,7 @@ def _check_select_args(schema: pa.Schema, layout: str, k: int, method: str, opts
         cand = [f.name for f in schema if f.name != by and list_depth(f.type)]
         df = df.explode(cand) if cand else df
     try:
-        local_select(df, k, method, **opts)
+        local_select(df, options=opts.replace(layout="flat", candidate_columns=None))
     except MrtInputError as e:
         if not str(e).startswith("the table is empty"):
             raise MrtInputError(str(e), pool=e.pool, column=e.column, row=e.row) from None
@@ -385,17 +381,17 @@ def select(
     if "return_report" in knobs:
         raise MrtInputError("return_report is not available on a Dataset: the report is per bucket")
     opts = SelectOptions.of(k, method, options, **knobs)
-    k, method, options = opts.k, opts.method, opts.select_kwargs()
     fault = os.environ.get(FAULT_ENV) or None
     schema = _schema(ds)
     by = opts.by
-    lay = _layout(schema, opts.layout, options)
-    _check_select_args(schema, lay, k, method, options)
+    lay = _layout(schema, opts.layout, {"by": by, "embedding": opts.embedding, "reward": opts.reward,
+                                        "mode": opts.mode})
+    _check_select_args(schema, lay, opts)
     ds = _own_context(ds)
     with _quiet_remote_args():
         if lay == "grouped":
             return ds.map_batches(
-                _SelectGrouped(k, method, dict(options), fault), batch_size=None, batch_format="pyarrow",
+                _SelectGrouped(opts.replace(layout="grouped"), fault), batch_size=None, batch_format="pyarrow",
                 zero_copy_batch=True, compute=ray.data.TaskPoolStrategy(), **_retry_args(max_retries),
             )
         nb = _n_buckets(ds, n_buckets)
@@ -404,7 +400,7 @@ def select(
         )
         tagged.context.shuffle_strategy = _shuffle_strategy(shuffle)
         return tagged.groupby(_BUCKET, num_partitions=nb).map_groups(
-            _SelectBucket(k, method, dict(options), fault), batch_format="pyarrow",
+            _SelectBucket(opts.replace(layout="flat", candidate_columns=None), fault), batch_format="pyarrow",
             compute=ray.data.TaskPoolStrategy(), **_retry_args(max_retries),
         )
 

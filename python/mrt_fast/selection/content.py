@@ -1,7 +1,9 @@
 """Content keys: what ties and random draws are decided by instead of row positions.
 
 Facility location breaks ties by the core's xxh3 of a candidate's embedding
-and text key, computed in the core for tied candidates only. Random, top and
+and text key, computed in the core for tied candidates only; candidates equal
+in embedding, reward and text are put in the order of their content (every
+column) where that can decide a pick (`content_ordered`). Random, top and
 stratified draws take a key for every row from every column but the
 embedding (polars' row hash of the values, stable for one polars version), so
 a pool's kept rows do not depend on the order of its rows or how they are
@@ -13,12 +15,14 @@ twice while a distinct candidate is left.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import polars as pl
 
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
-from mrt_fast.tables.arrays import embeddings as _embeddings, pool_keys
+from mrt_fast.tables.arrays import columns_of, embeddings as _embeddings, pool_keys, take, to_polars
 
 
 def text_keys(df: pl.DataFrame, text: str) -> np.ndarray:
@@ -74,3 +78,53 @@ def duplicate_classes(df: pl.DataFrame, embedding: str, text_key: np.ndarray | N
         if d["c"].equals(before):
             break
     return np.ascontiguousarray(d["c"].to_numpy().astype(np.uint64))
+
+
+def table_content_keys(table: Any, kind: str, leave_out: tuple[str, ...], added_columns: tuple[str, ...],
+                       text_key: np.ndarray | None, rows: np.ndarray | None = None) -> np.ndarray:
+    """`content_keys` of the user's table (of its rows `rows`, default all): every column
+    but `leave_out` and the columns the caller added; a column name repeated in the
+    table is not read."""
+    cols = columns_of(table, kind)
+    once = [c for c in cols if cols.count(c) == 1 and c not in added_columns and c not in leave_out]
+    if rows is not None:
+        table = take(table, kind, np.ascontiguousarray(rows, dtype=np.uint64), {})
+    return content_keys(to_polars(table, kind, once), leave_out, text_key)
+
+
+def content_ordered(g, x: np.ndarray, rewards: np.ndarray | None, text_key: np.ndarray | None, content_of) -> Any:
+    """`g` with the rows of each pool that are equal in embedding, reward and text
+    (what facility location's tie rule reads) put in content order among themselves
+    (`content_of(rows)`: their content keys), so that the rule's last resort, the
+    lower position, follows the content and not the row order; the other rows keep
+    their positions. `g` itself when no two rows of a pool are equal so."""
+    at = g.rows.astype(np.int64)
+    pool = np.repeat(np.arange(g.n_pools, dtype=np.uint64), g.sizes())
+    # a quick superset of the rows in question: equal in pool, reward, text and first coordinate
+    x = x.reshape(len(x), -1)
+    quick = pool * np.uint64(0x9E3779B97F4A7C15)
+    quick ^= (x[at, 0] + np.float32(0.0)).view(np.uint32).astype(np.uint64)
+    if rewards is not None:
+        quick ^= (rewards[at] + 0.0).view(np.uint64) * np.uint64(0x94D049BB133111EB)
+    if text_key is not None:
+        quick ^= text_key[at] * np.uint64(0xD6E8FEB86659FD93)
+    s = np.sort(quick)
+    repeated = s[1:][s[1:] == s[:-1]]
+    if not len(repeated):
+        return g
+    cand = np.flatnonzero(np.isin(quick, repeated))
+    rows = at[cand]
+    if not np.all(np.isfinite(x[rows])):
+        return g  # the core names the bad row
+    exact = core.content_keys(np.ascontiguousarray(x[rows]), rewards=None if rewards is None else rewards[rows] + 0.0,
+                              text=None if text_key is None else np.ascontiguousarray(text_key[rows]))
+    t = pl.DataFrame({"pos": cand, "p": pool[cand], "e": exact, "r": rows})
+    t = t.filter(pl.struct("p", "e").is_duplicated())
+    if t.height == 0:
+        return g
+    t = t.with_columns(pl.Series("c", content_of(t["r"].to_numpy())))
+    slots = t.sort(["p", "e", "pos"])["pos"].to_numpy()
+    out = g.rows.copy()
+    out[slots] = t.sort(["p", "e", "c", "pos"])["r"].to_numpy().astype(out.dtype)
+    return type(g)(keys=g.keys, offsets=g.offsets, rows=out,
+                   identity=bool(np.array_equal(out, np.arange(len(out), dtype=out.dtype))))

@@ -26,11 +26,13 @@ def check_dedup(dedup: Any) -> float | None:
 
 
 def near_duplicate_mask(x: np.ndarray, offsets: np.ndarray, rows: np.ndarray, order_key: np.ndarray,
-                        reward: np.ndarray | None, threshold: float) -> np.ndarray:
+                        reward: np.ndarray | None, threshold: float, content: np.ndarray | None = None) -> np.ndarray:
     """A keep-mask over the rows of `x`: False for rows within `threshold`
     (cosine) of a row kept before them in their pool. Pool p holds rows
-    ``rows[offsets[p]:offsets[p+1]]``. Rows that are not finite or have zero
-    norm are kept (selection refuses them by name)."""
+    ``rows[offsets[p]:offsets[p+1]]``, visited by reward (highest first), then
+    `order_key`, then `content` (a key of every column, for rows equal in the
+    first two). Rows that are not finite or have zero norm are kept (selection
+    refuses them by name)."""
     keep = np.ones(len(x), dtype=bool)
     norms = np.linalg.norm(x.astype(np.float64), axis=1)
     ok = np.isfinite(norms) & (norms > 0)
@@ -42,7 +44,8 @@ def near_duplicate_mask(x: np.ndarray, offsets: np.ndarray, rows: np.ndarray, or
         if len(r) < 2:
             continue
         rew = -reward[r] if reward is not None else np.zeros(len(r))
-        r = r[np.lexsort((order_key[r], rew))]
+        tie = content[r] if content is not None else np.zeros(len(r), dtype=np.uint64)
+        r = r[np.lexsort((tie, order_key[r], rew))]
         s = unit[r] @ unit[r].T
         kept: list[int] = []
         for i in range(len(r)):

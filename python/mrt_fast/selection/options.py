@@ -10,6 +10,7 @@ import numpy as np
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE, check_max_mode_cosine
+from mrt_fast.tables.layouts import check_layout
 
 
 #: method name -> canonical name (the paper's aliases included)
@@ -150,9 +151,7 @@ class SelectOptions:
                                          or self.n_modes < 1):
             raise MrtInputError(f"n_modes must be None or an integer >= 1, got {self.n_modes!r}")
         object.__setattr__(self, "max_mode_cosine", check_max_mode_cosine(self.max_mode_cosine))
-        layout = "flat" if self.layout == "rows" else self.layout
-        if layout not in LAYOUTS:
-            raise MrtInputError(f"layout must be 'auto', 'flat' or 'grouped', got {self.layout!r}")
+        layout = check_layout(self.layout)
         cc = self.candidate_columns
         if cc is not None:
             if isinstance(cc, str) or not all(isinstance(c, str) and c for c in cc):
@@ -188,11 +187,6 @@ class SelectOptions:
 
     def replace(self, **changes: Any) -> "SelectOptions":
         return dataclasses.replace(self, **changes)
-
-    def select_kwargs(self) -> dict[str, Any]:
-        """The keywords of :func:`mrt_fast.select` (after ``k`` and ``method``)."""
-        return {n: getattr(self, n) for n in ("by", "embedding", "reward", "mode", "alpha", "eps", "k_max", "kernel",
-                                              "seed", "candidate_key", "optimizer", "text", "dedup")}
 
     def parameters(self) -> dict[str, Any]:
         """Everything a result depends on, as plain values (a job's manifest records them)."""

@@ -47,14 +47,15 @@ def pool_k(df: pl.DataFrame, by: str, k_col: str) -> pl.DataFrame:
     return g.select(by, "k")
 
 
-def select_k_column(select: Callable, table: Any, k_col: str, method: str, *, by: str,
-                    return_report: bool, **kw) -> Any:
-    """`select(table, K, method, ...)` with each pool's K from column `k_col`;
+def select_k_column(select: Callable, table: Any, opts: Any, *, return_report: bool,
+                    added_columns: tuple[str, ...] = ()) -> Any:
+    """`select(table, opts)` with each pool's K from the column ``opts.k``;
     `select` is the one-K selection (it takes ``added_columns``)."""
     from mrt_fast.selection.candidate_keys import checked_key
     from mrt_fast.selection.report import SelectionReport
     from mrt_fast.errors import SmallPoolWarning
 
+    k_col, by, key = opts.k, opts.by, opts.candidate_key
     kind = table_kind(table)
     cols = columns_of(table, kind)
     require(cols, by, "prompt id")
@@ -65,10 +66,9 @@ def select_k_column(select: Callable, table: Any, k_col: str, method: str, *, by
     if _ROW in cols:
         raise MrtInputError(f"the table has a column named {_ROW!r}, which select uses internally")
     df = to_polars(table, kind, [by, k_col])
-    key = kw.get("candidate_key")
     if key is not None:  # checked on the whole table, so rows are named as the caller counts them
         require(cols, key, "candidate key")
-        checked_key(table, kind, to_polars(table, kind, list(dict.fromkeys([by, key]))), by, key)
+        checked_key(table, kind, to_polars(table, kind, list(dict.fromkeys([by, key]))), by, key, added_columns)
     pools = pool_k(df, by, k_col).with_row_index("__rank")
     rows = df.select(by).with_row_index(_ROW).join(pools, on=by, how="left", maintain_order="left")
     parts, reports = [], []
@@ -77,14 +77,15 @@ def select_k_column(select: Callable, table: Any, k_col: str, method: str, *, by
         for k in sorted(pools["k"].unique().to_list()):
             idx = rows.filter(pl.col("k") == k)[_ROW].to_numpy()
             sub = take(table, kind, idx, {_ROW: idx})
-            kept, rep = select(sub, int(k), method, by=by, return_report=True, added_columns=(_ROW,), **kw)
+            kept, rep = select(sub, opts.replace(k=int(k)), return_report=True, added_columns=(*added_columns, _ROW))
             kc = columns_of(kept, kind)
-            extra = [c for c in ("pick_rank", "gain", "weight") if c in kc]
+            found = [opts.mode] if opts.mode in kc and opts.mode not in cols else []  # modes select found
+            extra = found + [c for c in ("pick_rank", "gain", "weight") if c in kc]
             got = to_polars(kept, kind, [_ROW, *extra])
             parts.append(got)
             reports.append((int(k), rep))
     if not parts:
-        raise MrtInputError("the table has no rows: there is nothing to select from")
+        raise MrtInputError("the table is empty: there is nothing to select from")
     allk = pl.concat(parts, how="diagonal")
     allk = allk.join(rows.select(_ROW, "__rank"), on=_ROW, how="left").sort("__rank", "pick_rank")
     extra = {c: allk[c].to_numpy() for c in allk.columns if c not in (_ROW, "__rank")}

@@ -7,6 +7,7 @@ All per-pool work runs in the Rust core, in parallel over pools, without the GIL
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from typing import Any
@@ -33,20 +34,23 @@ from mrt_fast.tables.arrays import (
 )
 from mrt_fast.errors import SmallPoolWarning
 from mrt_fast.selection.report import SelectionReport
-from mrt_fast.selection.options import (DEFAULT_KERNEL, FACILITY_METHODS, METHODS, SelectOptions, check_common,
-                                       check_k, check_optimizer, check_seed)
+from mrt_fast.selection.options import DEFAULT_KERNEL, FACILITY_METHODS, SelectOptions
+from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE
 from mrt_fast.selection.facility import dense_limit_bytes
 from mrt_fast.selection.table_errors import said_of_table as _said_of_table
-from mrt_fast.selection.content import content_keys, duplicate_classes, text_keys
-from mrt_fast.selection.dedup import check_dedup, near_duplicate_mask
+from mrt_fast.selection.content import (content_keys, content_ordered, duplicate_classes, table_content_keys,
+                                       text_keys)
+from mrt_fast.selection.dedup import near_duplicate_mask
 
 
-def found_modes(df: pl.DataFrame, by: str, embedding: str, seed: int) -> np.ndarray:
+def found_modes(df: pl.DataFrame, by: str, embedding: str, seed: int, n_modes: int | None = None,
+                max_mode_cosine: float = DEFAULT_MAX_MODE_COSINE) -> np.ndarray:
     """Mode labels of every row of `df` by the k-means policy of `modes`
-    (stratified with no mode column, as `mrt select` does)."""
+    (stratified with no mode column)."""
     from mrt_fast.selection.modes import _order_keys, pool_modes, renumber
 
-    labelled = pool_modes(df.select([by, embedding]), by=by, embedding=embedding, out="__mrt_mode", seed=seed)
+    labelled = pool_modes(df.select([by, embedding]), by=by, embedding=embedding, out="__mrt_mode", seed=seed,
+                          n_modes=n_modes, max_mode_cosine=max_mode_cosine)
     labels = labelled["__mrt_mode"].to_numpy().astype(np.int64)
     # strata numbered in content order, not row order: the allocation's ties then follow the data
     x = _embeddings(df, embedding)
@@ -65,7 +69,7 @@ def one_mode_pools(modes: np.ndarray, g) -> int:
     return int((d["m"] == 1).sum())
 
 
-def _dedup(table, kind, df, g, by, embedding, reward, candidate_key, threshold):
+def _dedup(table, kind, df, g, by, embedding, reward, mode, candidate_key, threshold, added_columns):
     """Remove near-duplicates inside each pool (see `dedup`): the table,
     its frame and groups without them, and how many were removed."""
     x = _embeddings(df, embedding)
@@ -80,7 +84,10 @@ def _dedup(table, kind, df, g, by, embedding, reward, candidate_key, threshold):
         if not norms_ok:
             return table, df, g, 0  # selection names the bad embedding
         order = core.content_keys(x, rewards=rew)
-    keep = near_duplicate_mask(x, g.offsets, g.rows, order, rew, threshold)
+    # candidates equal in embedding and reward: their content (every column) orders them
+    content = None if candidate_key is not None else table_content_keys(table, kind, (embedding, mode),
+                                                                           added_columns, None)
+    keep = near_duplicate_mask(x, g.offsets, g.rows, order, rew, threshold, content)
     n_removed = int((~keep).sum())
     if not n_removed:
         return table, df, g, 0
@@ -112,6 +119,8 @@ def select(
     options: SelectOptions | None = None,
     text: str | None = None,
     dedup: float | None = None,
+    n_modes: int | None = None,
+    max_mode_cosine: float = DEFAULT_MAX_MODE_COSINE,
 ):
     """Keep K candidates per prompt.
 
@@ -167,6 +176,11 @@ def select(
         counts them. Needs the embedding column.
     optimizer : "lazy" | "naive"
         Greedy variant for facility location; both return the same picks.
+    n_modes, max_mode_cosine :
+        Stratified without a ``mode`` column finds each pool's modes
+        (:func:`mrt_fast.selection.modes.pool_modes`): ``n_modes`` per pool
+        (default: the silhouette rule), modes whose directions are at a cosine
+        above ``max_mode_cosine`` merged.
     return_report : bool
         Also return a :class:`SelectionReport`.
     layout : "auto" | "flat" | "grouped"
@@ -178,7 +192,9 @@ def select(
         list of vectors or the reward or mode column holds lists.
     options : SelectOptions, optional
         Every knob above at once (then give the table only): the object the
-        dataset jobs, the Ray engine and ``mrt select`` share.
+        dataset jobs, the Ray engine and ``mrt select`` share. The keywords
+        build one; either way the options are checked once and every path
+        (in memory, dataset jobs, Ray, ``mrt select``) reads the same object.
 
     A pool whose n x n similarity would exceed ``DENSE_LIMIT_BYTES`` (2 GiB;
     less inside :func:`~mrt_fast.selection.facility.dense_limit_within`, as
@@ -192,78 +208,144 @@ def select(
     first appearance, then by pick order), every input column intact, plus
     ``pick_rank`` (0-based order of selection within its pool), ``gain`` (the
     marginal gain, facility-location methods) and ``weight`` (stratified: the
-    per-row weight that keeps the weighted estimate unbiased).
+    per-row weight that keeps the weighted estimate unbiased). Stratified
+    selection that found the modes itself also adds them as the ``mode``
+    column (before ``pick_rank``).
     """
-    if options is not None:
-        if not isinstance(options, SelectOptions):
-            raise MrtInputError(f"options must be a SelectOptions, got {type(options).__name__}")
-        if k is not None:
-            raise MrtInputError("give either options=SelectOptions(...) or k and the keywords, not both")
-        k, method = options.k, options.method
-        layout, candidate_columns = options.layout, options.candidate_columns
-        opts = {**options.select_kwargs(), "return_report": return_report}
-    else:
+    knobs = dict(by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps, k_max=k_max,
+                 kernel=kernel, seed=seed, candidate_key=candidate_key, optimizer=optimizer, layout=layout,
+                 candidate_columns=candidate_columns, text=text, dedup=dedup, n_modes=n_modes,
+                 max_mode_cosine=max_mode_cosine)
+    if options is None:
         if k is None:
             raise MrtInputError("k is required: an integer >= 1 or the name of a column holding each pool's K")
-        opts = dict(
-            by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps, k_max=k_max, kernel=kernel,
-            seed=seed, candidate_key=candidate_key, optimizer=optimizer, return_report=return_report, text=text,
-            dedup=dedup,
-        )
+        options = SelectOptions(k=k, method=method, **knobs)
+    else:
+        if not isinstance(options, SelectOptions):
+            raise MrtInputError(f"options must be a SelectOptions, got {type(options).__name__}")
+        given = [n for n, v in {"k": k, "method": method, **knobs}.items() if not _is_default(n, v)]
+        if given:
+            raise MrtInputError(f"give either options=SelectOptions(...) or k, method and the keywords, not both "
+                                f"(also given: {', '.join(given)})")
+    return select_table(table, options, return_report=return_report)
+
+
+#: the keyword defaults of `select`: those of `SelectOptions` (k: none)
+_DEFAULTS = {"k": None, **{f.name: f.default for f in dataclasses.fields(SelectOptions) if f.name != "k"}}
+
+
+def _is_default(name: str, value: Any) -> bool:
+    d = _DEFAULTS[name]
+    return value is d or (type(value) is type(d) and value == d)
+
+
+def select_table(table: Any, opts: SelectOptions, *, return_report: bool = False,
+                 added_columns: tuple[str, ...] = ()):
+    """:func:`select` with its options made: the one path of every entry point.
+    `added_columns`: columns the caller added to the user's table, left out when
+    rows are compared (see `candidate_keys`)."""
     if is_hf(table):  # a datasets.Dataset: selected as its Arrow table, handed back as a Dataset
-        res = select(hf_to_arrow(table), k, method, layout=layout, candidate_columns=candidate_columns, **opts)
+        res = select_table(hf_to_arrow(table), opts, return_report=return_report, added_columns=added_columns)
         return (arrow_to_hf(res[0]), res[1]) if return_report else arrow_to_hf(res)
     kind = table_kind(table)
-    probes = {opts["embedding"]: 1, opts["reward"]: 0, opts["mode"]: 0}
-    if table_layout(table, kind, probes, layout) == GROUPED:
+    probes = {opts.embedding: 1, opts.reward: 0, opts.mode: 0}
+    if table_layout(table, kind, probes, opts.layout) == GROUPED:
         from mrt_fast.selection.grouped import select_grouped
 
-        by_ = opts.pop("by")
-        opts.pop("return_report")
-        return select_grouped(select, table, kind, k, method, by=by_, candidate_columns_=candidate_columns,
-                              return_report=return_report, **opts)
-    if isinstance(k, str):  # a per-pool K column
+        return select_grouped(select_table, table, kind, opts, return_report=return_report)
+    if isinstance(opts.k, str):  # a per-pool K column
         from mrt_fast.selection.per_pool_k import select_k_column
 
-        return select_k_column(select_one_k, table, k, method, **opts)
-    return select_one_k(table, k, method, **opts)
+        return select_k_column(select_one_k, table, opts, return_report=return_report, added_columns=added_columns)
+    return select_one_k(table, opts, return_report=return_report, added_columns=added_columns)
 
 
-def select_one_k(
-    table: Any, k: int, method: str, *, by: str, embedding: str, reward: str, mode: str, alpha: float, eps: float,
-    k_max: int | None, kernel: str, seed: int, candidate_key: str | None, optimizer: str, return_report: bool,
-    added_columns: tuple[str, ...] = (), text: str | None = None, dedup: float | None = None,
-):
-    """`select` with one integer K. `added_columns`: columns the caller added
-    to the user's table, left out when rows are compared (see `candidate_keys`)."""
+def _by_content(res: dict, g, x, rew, text_key, params, kernel, content_of):
+    """Facility location's picks `res` over the pools of `g`, with the pools where
+    the row order could have decided a pick selected again with their rows equal in
+    embedding, reward and text put in content order (`content_of`); the groups and
+    the picks. Only a pool that set such a row aside as a repeat of a kept one, or
+    kept two of them, can have had a pick decided by the row order."""
+    if rew is not None and not np.all(np.isfinite(rew)):
+        return g, res
+    off = g.offsets.astype(np.int64)
+    # a pool that set a repeat aside, or kept two candidates that may be equal
+    # (in pool, reward, text and first coordinate): the row order may have decided there
+    res_off = res["offsets"].astype(np.int64)
+    pool_of_pick = np.repeat(np.arange(g.n_pools), np.diff(res_off))
+    picked = g.rows[off[pool_of_pick] + res["indices"].astype(np.int64)].astype(np.int64)
+    quick = pool_of_pick.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    quick ^= (x.reshape(len(x), -1)[picked, 0] + np.float32(0.0)).view(np.uint32).astype(np.uint64)
+    if rew is not None:
+        quick ^= (rew[picked] + 0.0).view(np.uint64) * np.uint64(0x94D049BB133111EB)
+    if text_key is not None:
+        quick ^= text_key[picked] * np.uint64(0xD6E8FEB86659FD93)
+    sq = np.sort(quick)
+    repeated = sq[1:][sq[1:] == sq[:-1]]
+    flagged = res["dup_skipped"] > 0
+    if len(repeated):
+        flagged[pool_of_pick[np.isin(quick, repeated)]] = True
+    suspect = np.flatnonzero(flagged)
+    if not len(suspect):
+        return g, res
+    sizes = np.diff(off)[suspect]
+    pos = np.repeat(off[suspect], sizes) + (np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes))
+    sub_off = np.zeros(len(suspect) + 1, dtype=np.uint64)
+    np.cumsum(sizes, out=sub_off[1:])
+    sub = type(g)(keys=g.keys.gather(suspect), offsets=sub_off, rows=g.rows[pos], identity=False)
+    ordered = content_ordered(sub, x, rew, text_key, content_of)
+    if ordered is sub:
+        return g, res
+    again = core.fl_batch(x, ordered.offsets, params, rows=ordered.rows, rewards=rew, kernel=kernel,
+                          dense_limit=dense_limit_bytes(), text=text_key)
+    rows = g.rows.copy()
+    rows[pos] = ordered.rows
+    g = type(g)(keys=g.keys, offsets=g.offsets, rows=rows, identity=False)
+    # the picks of the suspect pools replaced by those made again
+    old_off, new_sub = res["offsets"].astype(np.int64), again["offsets"].astype(np.int64)
+    counts = np.diff(old_off)
+    counts[suspect] = np.diff(new_sub)
+    out_off = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out_off[1:])
+    keep_pool = np.ones(len(counts), dtype=bool)
+    keep_pool[suspect] = False
+    pool_old = np.repeat(np.arange(len(counts)), np.diff(old_off))
+    kept = keep_pool[pool_old]
+    at_old = out_off[pool_old[kept]] + (np.flatnonzero(kept) - old_off[pool_old[kept]])
+    pool_new = np.repeat(np.arange(len(suspect)), np.diff(new_sub))
+    at_new = out_off[suspect[pool_new]] + (np.arange(len(pool_new)) - new_sub[pool_new])
+    out = dict(res)
+    for name in ("indices", "gains"):
+        a = np.empty(int(out_off[-1]), dtype=res[name].dtype)
+        a[at_old] = res[name][kept]
+        a[at_new] = again[name]
+        out[name] = a
+    out["offsets"] = out_off.astype(res["offsets"].dtype)
+    for name in ("objective", "upper_bound", "ties", "zero_gain", "dup_skipped"):
+        a = np.array(res[name], copy=True)
+        a[suspect] = again[name]
+        out[name] = a
+    return g, out
+
+
+def select_one_k(table: Any, opts: SelectOptions, *, return_report: bool, added_columns: tuple[str, ...] = ()):
+    """`select` of a flat table with one integer K (``opts.k``)."""
     t0 = time.perf_counter()
-    k = check_k(k)
-    if not isinstance(method, str) or method.lower() not in METHODS:
-        raise MrtInputError(f"method must be one of {sorted(METHODS)}, got {method!r}")
-    m = METHODS[method.lower()]
-    if m == "diverse":
-        alpha = 0.0
-    alpha, eps = check_common(alpha, eps, k, k_max, kernel)
-    seed = check_seed(seed)
-    optimizer = check_optimizer(optimizer)
-    dedup = check_dedup(dedup)
     try:
-        return _select(
-            table, k, m, t0, by=by, embedding=embedding, reward=reward, mode=mode, alpha=alpha, eps=eps,
-            k_max=k_max, kernel=kernel, seed=seed, candidate_key=candidate_key, optimizer=optimizer,
-            return_report=return_report, added_columns=added_columns, text=text, dedup=dedup,
-        )
+        return _select(table, opts, t0, return_report=return_report, added_columns=added_columns)
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as e:
         # a column polars cannot group, cast or key (an id or label of an unusable type)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise MrtInputError(f"the table cannot be used for selection: {type(e).__name__}: {msg}") from None
 
 
-def _select(
-    table: Any, k: int, m: str, t0: float, *, by: str, embedding: str, reward: str, mode: str, alpha: float,
-    eps: float, k_max: int | None, kernel: str, seed: int, candidate_key: str | None, optimizer: str,
-    return_report: bool, added_columns: tuple[str, ...], text: str | None, dedup: float | None,
-):
+def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, added_columns: tuple[str, ...]):
+    k, m = opts.k, opts.method
+    assert isinstance(k, int)
+    by, embedding, reward, mode, text = opts.by, opts.embedding, opts.reward, opts.mode, opts.text
+    alpha = 0.0 if m == "diverse" else opts.alpha
+    eps, k_max, kernel, seed, optimizer = opts.eps, opts.k_max, opts.kernel, opts.seed, opts.optimizer
+    candidate_key, dedup = opts.candidate_key, opts.dedup
     kind = table_kind(table)
     cols = columns_of(table, kind)
     require(cols, by, "prompt id")
@@ -299,13 +381,15 @@ def _select(
     g = group(df, by, candidate_key)
     n_removed = 0
     if dedup is not None:
-        table, df, g, n_removed = _dedup(table, kind, df, g, by, embedding, reward, candidate_key, dedup)
+        table, df, g, n_removed = _dedup(table, kind, df, g, by, embedding, reward, mode, candidate_key, dedup,
+                                             added_columns)
     text_key = text_keys(df, text) if text is not None else None
     rows = None if g.identity else g.rows
     sizes = g.sizes()
     small = sizes <= k
 
     extra: dict[str, np.ndarray] = {}
+    found = None
     report = SelectionReport(
         method=m,
         k=k,
@@ -341,6 +425,10 @@ def _select(
                 x, g.offsets, params, rows=rows, rewards=rew, kernel=kernel, dense_limit=dense_limit_bytes(),
                 text=text_key, ordered=candidate_key is not None,
             )
+            if candidate_key is None:
+                # candidates equal in embedding, reward and text: their content (every column) orders them
+                g, res = _by_content(res, g, x, rew, text_key, params, kernel, lambda r: table_content_keys(
+                    table, kind, (embedding, mode), added_columns, None, r))
             extra["gain"] = res["gains"]
             report.objective = res["objective"]
             report.upper_bound = res["upper_bound"]
@@ -355,7 +443,7 @@ def _select(
             res = core.top_k(g.offsets, rew, k, rows=rows, content=content, dups=dups)
         else:
             if find_modes:
-                modes = found_modes(df, by, embedding, seed)
+                modes = found = found_modes(df, by, embedding, seed, opts.n_modes, opts.max_mode_cosine)
             else:
                 modes = mode_labels(df, mode)
             res = core.stratified_k(g.offsets, modes, pool_keys(g.keys), k, seed, rows=rows, content=content,
@@ -376,6 +464,8 @@ def _select(
     idx = g.rows[pos]
     rank = np.arange(len(idx), dtype=np.int64) - out_off[pool_of]
     extra = {"pick_rank": rank.astype(np.int32), **extra}
+    if found is not None:  # the modes found, before what select adds (the strata of `weight`)
+        extra = {mode: found[idx], **extra}
     out = take(table, kind, idx, extra)
     report.n_kept = int(len(idx))
     report.seconds = time.perf_counter() - t0

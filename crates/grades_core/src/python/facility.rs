@@ -21,7 +21,7 @@ struct PyFlParams {
 #[pymethods]
 impl PyFlParams {
     #[new]
-    #[pyo3(signature = (k, *, alpha=0.0, eps=1e-6, k_max=None, optimizer="lazy"))]
+    #[pyo3(signature = (k, *, alpha, eps, k_max=None, optimizer="lazy"))]
     fn new(k: usize, alpha: f64, eps: f64, k_max: Option<usize>, optimizer: &str) -> PyResult<Self> {
         let inner = Params { k, alpha, eps, k_max, optimizer: Optimizer::parse(optimizer).map_err(to_py)? };
         inner.validate().map_err(to_py)?;
@@ -52,7 +52,7 @@ fn opt1<'a, T: numpy::Element>(a: &'a Option<PyReadonlyArray1<'_, T>>, name: &st
 /// Returns dict(indices, offsets, gains, objective, upper_bound): pool p's picks
 /// are indices[offsets[p]:offsets[p+1]] (positions within the pool).
 #[pyfunction]
-#[pyo3(signature = (data, offsets, params, *, rows=None, rewards=None, kernel="shift", dense_limit=None, text=None, ordered=false))]
+#[pyo3(signature = (data, offsets, params, *, rows=None, rewards=None, kernel, dense_limit=None, text=None, ordered=false))]
 #[allow(clippy::too_many_arguments)]
 fn fl_batch<'py>(
     py: Python<'py>,
@@ -196,7 +196,7 @@ fn fl_sparse<'py>(
 /// Facility location on one large pool; similarity columns recomputed on
 /// demand, memory O(n d).
 #[pyfunction]
-#[pyo3(signature = (x, params, *, rewards=None, kernel="shift"))]
+#[pyo3(signature = (x, params, *, rewards=None, kernel))]
 fn fl_on_demand<'py>(
     py: Python<'py>,
     x: PyReadonlyArray2<'py, f32>,

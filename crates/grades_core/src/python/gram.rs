@@ -9,7 +9,7 @@ use crate::kernel::{self, Kernel};
 /// Cosine similarity of the rows of `x`, mapped into [0, 1] by `kernel`: the
 /// same Gram path (`cosine_gram`) that selection runs on each pool.
 #[pyfunction]
-#[pyo3(signature = (x, kernel="shift"))]
+#[pyo3(signature = (x, kernel))]
 fn similarity<'py>(
     py: Python<'py>,
     x: PyReadonlyArray2<'py, f32>,
