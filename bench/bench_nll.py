@@ -35,7 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 HERE = Path(__file__).resolve().parent

@@ -491,7 +491,7 @@ def mode_lines(m: dict) -> list[str]:
     out = ["", f"Mode rule (silhouette >= 0.25, modes at cosine > 0.8 merged): adjusted Rand index {f(m['ari_multi_mode_pools'])} on "
                f"{m['multi_mode_pools']} multi-mode pools; {m['one_mode_false_negatives']} of them called one mode; "
                f"{m['one_mode_false_positives']} of {m['one_mode_pools']} one-mode pools split.",
-           "", f"Separation of the planted modes (their mean silhouette), quartiles: "
+           "", "Separation of the planted modes (their mean silhouette), quartiles: "
                + ("n/a" if q is None else " / ".join(f"{v:.3f}" for v in q))
                + f". Separated (>= {SEPARATED}): {m['separated_pools']} pools, adjusted Rand index "
                f"{f(m['ari_separated'])}, {m['separated_called_one_mode']} called one mode; not separated: "

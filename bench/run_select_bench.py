@@ -440,7 +440,7 @@ def run_w1(cfg: dict, args, rates: dict) -> dict:
                     "s": med["apricot_nocompile/diverse"], "speedup": med["apricot_nocompile/diverse"] / tm,
                     "extrapolated_from_pools": int(len(apr_sample))}
         rows.append(row)
-    del x
+    x = None  # the pool data is freed (the runners above read it)
     return {"config": cfg, "raw_times": times, "raw_cpu": cpu, "medians": med, "cpu_medians": med_cpu, "rows": rows,
             "floor": {"bytes": bytes_, "flops": flops, "bytes_s": bytes_ / rates["bandwidth_Bps"],
                       "flops_s": flops / rates["gemm_flops"]},

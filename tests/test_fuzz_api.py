@@ -311,7 +311,6 @@ def as_polars(out):
 
 def check_select(c, out, method, k, alpha, kernel, pools, eps=1e-6):
     df = as_polars(out)
-    ids = c["ids"]
     # rows are identified by the reward/embedding they carry: map kept rows back by a row number
     kept_rows = df["__row"].to_list()
     assert len(kept_rows) == len(set(kept_rows))

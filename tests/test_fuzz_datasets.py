@@ -356,7 +356,7 @@ EDGE_KINDS = ("mixed_ids", "hive_odd", "views", "bom", "special", "corrupt_page"
 ODD_VALUES = ("007", "010", "a=b", "", "x%2Fy", "__HIVE_DEFAULT_PARTITION__", "v 1", "-0", "1e3", "=")
 
 
-def _view_table(df: pl.DataFrame) -> "pa.Table":
+def _view_table(df: pl.DataFrame):
     """``df`` as Arrow with view types: strings as string_view, embeddings as large_list_view."""
     import pyarrow as pa
 
@@ -372,7 +372,6 @@ def _view_table(df: pl.DataFrame) -> "pa.Table":
 def edge_inputs(draw):
     """Files at one edge of what inputs may be. Returns (kind, write(root) -> None,
     whole frame expected (or None), needles of the one line expected (or None))."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
     from urllib.parse import unquote
 

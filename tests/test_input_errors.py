@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import mrt_fast
-import importlib
 from mrt_fast import MrtInputError, select
 from mrt_fast import _grades_core as core
 from mrt_fast.tables.arrays import pool_keys

@@ -329,7 +329,8 @@ def test_resume_after_a_kill_gives_byte_identical_parts(tmp_path):
     m = Manifest.read(tmp_path / "part")
     assert not m.done and len(m.parts) == 2
     # a half-written temp file is never read and is cleaned
-    import subprocess, sys
+    import subprocess
+    import sys
 
     from mrt_fast._util.files import temp_name
 

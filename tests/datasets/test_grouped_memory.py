@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from mrt_fast._util.memory import HEADROOM, SELECT_WORKER, Budget
+from mrt_fast._util.memory import SELECT_WORKER, Budget
 from mrt_fast.cli import app
 from mrt_fast.datasets.local import GroupedSize, plan_grouped
 from mrt_fast.errors import MrtInputError

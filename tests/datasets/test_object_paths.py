@@ -4,10 +4,8 @@ no folder marker object left behind (against the moto server of test_object_stor
 
 from __future__ import annotations
 
-import io
 import json
 
-import numpy as np
 import polars as pl
 import pytest
 from typer.testing import CliRunner

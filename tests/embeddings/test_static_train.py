@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.embed  # torch comes with the embed extra
 
 from mrt_fast.embeddings.static_corpus import corpus_texts, docstring_paragraphs  # noqa: E402
-from mrt_fast.embeddings.static_train import cosine_loss, fit_token_vectors, target_basis  # noqa: E402
+from mrt_fast.embeddings.static_train import fit_token_vectors, target_basis  # noqa: E402
 
 
 def _bag_problem(seed: int, n_texts: int = 1500, vocab: int = 120, dim: int = 16, out: int = 24):

@@ -455,7 +455,8 @@ def test_dataset_embed_resumes_to_the_in_memory_result(tiny_source, static_cache
         with stopping_after(fail_after), pytest.raises(StoppedForTest):
             embed_dataset(tmp / "in", out, model=name, cache_dir=cache, rows_per_part=per_part)
         assert len(list(out.glob("part-*.parquet"))) == fail_after
-        import subprocess, sys
+        import subprocess
+        import sys
 
         from mrt_fast._util.files import temp_name
 

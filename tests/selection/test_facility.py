@@ -53,7 +53,6 @@ def test_objective_is_monotone_and_submodular(p, kernel, alpha, data):
 @given(pool(), st.integers(1, 6), kernels, alphas)
 def test_greedy_matches_reference_and_bounds(p, k, kernel, alpha):
     x, r = p
-    n = len(x)
     S = cosine_sim(x, kernel)
     w = quality(r) ** alpha
     lazy = mrt_fast.facility_location(x, k, rewards=r, alpha=alpha, kernel=kernel, optimizer="lazy")

@@ -7,7 +7,6 @@ import polars as pl
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import mrt_fast
 from mrt_fast import MrtInputError, select
 from mrt_fast import _grades_core as core
 

@@ -7,9 +7,7 @@ import warnings
 from fractions import Fraction
 
 import numpy as np
-import pandas as pd
 import polars as pl
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 

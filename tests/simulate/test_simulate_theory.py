@@ -1,7 +1,6 @@
 """The selection theorems the simulations rest on, checked exactly and by simulation."""
 
 import itertools
-import warnings
 
 import numpy as np
 import polars as pl

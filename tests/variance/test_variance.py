@@ -81,7 +81,7 @@ def test_estimator_unbiased_and_naive_is_not():
 def test_unequal_k_unbiased():
     """With K_i varying across prompts the per-prompt leak correction stays unbiased."""
     rng = np.random.default_rng(7)
-    v_x, v_y, p, reps = 1.0, 9.0, 40, 1500
+    v_x, _v_y, p, reps = 1.0, 9.0, 40, 1500
     ks = rng.integers(2, 9, size=p)
     keys = np.repeat(np.arange(p), ks)
     raws = np.empty(reps)

@@ -129,7 +129,7 @@ def _said(e: Exception) -> str:
 
 def check_columns(schema: pl.Schema, opts: AnswerOptions) -> str:
     """The layout of a table for ``opts``; missing or clashing columns are one line."""
-    from mrt_fast.tables.layouts import GROUPED, detect
+    from mrt_fast.tables.layouts import detect
 
     names = list(schema.names())
     for col, role in ((opts.response, "response"), (opts.reference, "reference"), (opts.tests, "tests")):

@@ -169,7 +169,6 @@ def score_cmd(
     allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Score every (prompt, response) with a reward model; either layout, resumable to a directory."""
-    from mrt_fast.errors import MrtInputError
 
     with user_errors(resumable=True):
         response = response_column(inp, response, "--response", allow_partial)

@@ -249,7 +249,7 @@ def differences(old: dict | None, new: dict, few: int = 3) -> str:
 
 def refusal(out_dir: Path, changed: dict[str, str], legacy: bool, few: int = 3) -> MrtInputError:
     """The one-line error of an out_dir whose outputs were made with other settings."""
-    how = (f"write to a new out_dir, or rerun with --redo-changed (Python: run(..., redo_changed=True)) to redo "
+    how = ("write to a new out_dir, or rerun with --redo-changed (Python: run(..., redo_changed=True)) to redo "
            "these stages and those that depend on them")
     more = f" and {len(changed) - few} more" if len(changed) > few else ""
     if legacy:

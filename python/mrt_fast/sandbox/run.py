@@ -660,7 +660,8 @@ def passes_tests(code: str, tests: list, **limits) -> bool:
         try:
             inp, exp = (t["input"], t["output"]) if isinstance(t, dict) else t
         except (KeyError, TypeError, ValueError):
-            raise MrtInputError(f"a test must be {{'input': str, 'output': str}} or (input, output), got {t!r:.200}")
+            raise MrtInputError(f"a test must be {{'input': str, 'output': str}} or (input, output), got {t!r:.200}") \
+                from None
         if not run_program(code, str(inp), expected_output=str(exp), **limits).ok:
             return False
     return True
