@@ -97,3 +97,38 @@ def test_lora_warm_pilot_lowers_the_task_loss_and_trains_only_on_warm_prompts(ch
     assert meta["n_pairs"] == warm.height and meta["n_prompts"] == 8
     assert warmed["loss"].mean() < base["loss"].mean() - 0.2
     assert warmed.drop("loss").equals(scored) and base.drop("loss").equals(scored)
+
+
+def test_mrt_nll_warm_pilot(chat_lm, tmp_path):
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+
+    scored, warm = _task(3), _task(4, offset=10)
+    scored.write_parquet(tmp_path / "in.parquet")
+    warm.write_parquet(tmp_path / "warm.parquet")
+    base = ["nll", str(tmp_path / "in.parquet"), None, "--model", str(chat_lm), "--device", "cpu",
+            "--prompt-format", "plain"]
+
+    def run(out, *extra):
+        return CliRunner().invoke(app, [*base[:2], str(tmp_path / out), *base[3:], *extra])
+
+    outs = {}
+    for mode, extra in {"none": [], "chat": ["--warm-pilot", "chat"],
+                        "lora": ["--warm-pilot", "lora", "--warm-data", str(tmp_path / "warm.parquet"),
+                                 "--warm-steps", "2"]}.items():
+        r = run(f"{mode}.parquet", *extra)
+        assert r.exit_code == 0, r.output
+        outs[mode] = pl.read_parquet(tmp_path / f"{mode}.parquet")
+        assert outs[mode].drop("loss").equals(scored)
+    assert not np.allclose(outs["none"]["loss"], outs["chat"]["loss"])  # the chat template changes the scores
+    assert not np.allclose(outs["chat"]["loss"], outs["lora"]["loss"])  # and so does the warm-up
+    # a warm-up on scored prompts, or without data, is refused with one line
+    pl.concat([warm, scored.head(1)]).write_parquet(tmp_path / "bad.parquet")
+    r = run("bad_out.parquet", "--warm-pilot", "lora", "--warm-data", str(tmp_path / "bad.parquet"))
+    assert r.exit_code != 0 and "shares 1 prompt" in r.output and "Traceback" not in r.output
+    r = run("bad_out.parquet", "--warm-pilot", "lora")
+    assert r.exit_code != 0 and "needs --warm-data" in r.output
+    r = run("bad_out.parquet", "--warm-pilot", "warm")
+    assert r.exit_code != 0 and "--warm-pilot must be one of" in r.output
+    assert not (tmp_path / "bad_out.parquet").exists()

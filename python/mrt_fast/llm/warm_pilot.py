@@ -20,18 +20,20 @@ loss over prompts and responses it has not trained on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import polars as pl
 
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["WARM_PILOTS", "WarmPilot", "warm_config", "check_disjoint", "warm_up", "warm_pilot_table"]
+__all__ = ["WARM_PILOTS", "WarmPilot", "warm_config", "check_disjoint", "warm_up", "warm_up_for_dataset",
+           "warm_pilot_table"]
 
 WARM_PILOTS = ("none", "chat", "lora")
 
@@ -93,6 +95,9 @@ def warm_up(model: Any, mode: str, *, scored_prompts: Iterable[str], warm_data: 
         raise MrtInputError(f"warm pilot must be one of {WARM_PILOTS}, got {mode!r}")
     if mode == "none":
         return WarmPilot("none", prompt_format, None, "none")
+    if mode == "lora" and not isinstance(model, (str, os.PathLike)):
+        raise MrtInputError("warm pilot 'lora' needs the model as a path or hub id (the warm-up trains an adapter "
+                            "for it), not a loaded model")
     tok = load_tokenizer(tokenizer if tokenizer is not None else model)
     if mode == "chat":
         if not getattr(tok, "chat_template", None):
@@ -122,6 +127,33 @@ def warm_up(model: Any, mode: str, *, scored_prompts: Iterable[str], warm_data: 
                 response=response, progress=progress)
     tag = f"lora:{steps}:{_data_tag(df, prompt, response)}"
     return WarmPilot("lora", fmt, Path(res.adapter_dir), tag, int(df[by].n_unique()))
+
+
+@contextlib.contextmanager
+def warm_up_for_dataset(model: str, mode: str, source: Any, *, warm_data: Any = None, steps: int = 16,
+                        prompt: str = "prompt", response: str = "response", prompt_format: str = "auto",
+                        device: str = "cpu", engine: str = "local") -> Iterator[WarmPilot]:
+    """`warm_up` for a dataset job (``mrt nll --warm-pilot``): the scored prompts are the distinct prompts of
+    ``source`` (a file, directory or glob); a ``lora`` adapter lives in a temporary directory for the job's
+    duration, so it runs with the local engine."""
+    if mode not in WARM_PILOTS:
+        raise MrtInputError(f"--warm-pilot must be one of {'|'.join(WARM_PILOTS)}, got {mode!r}")
+    if mode != "lora" and warm_data is not None:
+        raise MrtInputError("--warm-data is for --warm-pilot lora")
+    if mode == "lora" and engine != "local":
+        raise MrtInputError("--warm-pilot lora runs with --engine local (its adapter is a local directory)")
+    scored: list[str] = []
+    if mode == "lora":
+        from mrt_fast.datasets.sources import discover
+
+        if warm_data is None:
+            raise MrtInputError("--warm-pilot lora needs --warm-data: prompts and responses of the task that the "
+                                "pilot does not score")
+        scored = discover(str(source)).scan().select(pl.col(prompt).unique()).collect()[prompt].to_list()
+    with tempfile.TemporaryDirectory(prefix="mrt_warm_") as tmp:
+        yield warm_up(model, mode, scored_prompts=[p for p in scored if p is not None], warm_data=warm_data,
+                      steps=steps, prompt_format=prompt_format, work_dir=tmp, prompt=prompt, response=response,
+                      device=device)
 
 
 def warm_pilot_table(table: Any, model: Any, mode: str, *, tokenizer: Any = None, warm_data: Any = None,
