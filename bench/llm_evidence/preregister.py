@@ -77,6 +77,7 @@ def write_atomic(path: Path, obj: dict) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=1)
+    os.chmod(tmp, 0o644)  # mkstemp makes the file private; results are plain readable files
     os.replace(tmp, path)
 
 
