@@ -434,6 +434,10 @@ and does K* predict the best K at a fixed budget? Everything runs on the
 product's own stages: `nll_table` → `variance_budget` (predict), `select` →
 `train` → held-out reference loss and `evaluate` (measure).
 
+Its follow-up, a pre-registered test on twelve task families with warm
+pilots (the pilot scored in the training format), is
+[llm_evidence_v2.md](llm_evidence_v2.md).
+
 Regenerate (resumable: each cell is written to
 `bench/results/llm_evidence/<cell>.json`, and a rerun skips finished cells):
 

@@ -67,6 +67,11 @@ def nll_cmd(
     prompt_format: str = typer.Option("auto", help="auto (chat template when the tokenizer has one) | chat | plain; "
                                       "use the setting training will use."),
     device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda[:N] | mps."),
+    warm_pilot: str = typer.Option("none", "--warm-pilot", help="none | chat (score in the chat template) | lora "
+                                   "(score after a short LoRA warm-up on --warm-data)."),
+    warm_steps: int = typer.Option(16, "--warm-steps", help="--warm-pilot lora: optimizer steps of the warm-up."),
+    warm_data: Optional[str] = typer.Option(None, "--warm-data", help="--warm-pilot lora: a prompt/response table "
+                                            "of the task, none of whose prompts is scored."),
     rows_per_part: int = ROWS_PER_PART,
     overwrite: bool = OVERWRITE,
     engine: str = MODEL_ENGINE,
@@ -93,17 +98,24 @@ def nll_cmd(
             from mrt_fast.llm.models import load_causal_lm, load_tokenizer
             from mrt_fast.llm.nll import smollm2_gguf_path
 
+            from mrt_fast.llm.warm_pilot import warm_up_for_dataset
+
             dev = resolve_device(device)
             spec = os.path.join(*smollm2_gguf_path()) if model == "smollm2" else model
+            with warm_up_for_dataset(spec, warm_pilot, inp, warm_data=warm_data, steps=warm_steps, prompt=prompt,
+                                     response=response, prompt_format=prompt_format, device=dev,
+                                     engine=engine) as warm:
 
-            def loader():  # float32 on every device: the losses feed the variance law
-                return load_causal_lm(spec, device=dev, dtype="float32"), load_tokenizer(spec)
+                def loader():  # float32 on every device: the losses feed the variance law
+                    return (load_causal_lm(spec, device=dev, dtype="float32", adapter=warm.adapter),
+                            load_tokenizer(spec))
 
-            loader.model_id = model
-            rep = nll_dataset(inp, out, loader=loader, prompt=prompt, response=response, loss=loss,
-                              batch_size=batch_size, max_length=max_length, prompt_format=prompt_format, device=dev,
-                              rows_per_part=rows_per_part, overwrite=overwrite, progress=True, engine=engine,
-                              ray_address=ray_address, workers=workers, allow_partial=allow_partial)
+                loader.model_id = model if warm.mode == "none" else f"{model} (warm pilot {warm.tag})"
+                rep = nll_dataset(inp, out, loader=loader, prompt=prompt, response=response, loss=loss,
+                                  batch_size=batch_size, max_length=max_length, prompt_format=warm.prompt_format,
+                                  device=dev, rows_per_part=rows_per_part, overwrite=overwrite, progress=True,
+                                  engine=engine, ray_address=ray_address, workers=workers,
+                                  allow_partial=allow_partial)
     console.print(f"{rep}; {loss!r} written to {out}")
     warn_notes(rep.notes)
 
