@@ -244,7 +244,9 @@ def test_the_cli_says_in_one_line_that_it_aborted_unfinished_uploads(bucket, com
     r = subprocess.run([sys.executable, "-m", "mrt_fast.cli", command[0], f"{bucket}/in.parquet", f"{bucket}/out",
                         *command[1:]], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert r.stderr.splitlines() == ["warning: aborted 1 unfinished upload left by a killed run (5 MiB)"]
+    # besides the job's progress lines (a slow model load says so), one warning line
+    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("mrt embed: loading the model")]
+    assert lines == ["warning: aborted 1 unfinished upload left by a killed run (5 MiB)"]
     assert unfinished(bucket) == {f"out2/part-00000-{'0' * 32}.parquet"}
 
 

@@ -47,13 +47,16 @@ def test_auto_k_every_selector_builtin_reward(tiny_paths, tmp_path):
 
     losses = pl.read_parquet(out / "diagnose" / "losses.parquet")
     assert losses.height == 4 * 6
-    rep = variance_budget(losses, cost_prompt=4.0, cost_response=1.0, k_max=6, n_boot=0)
-    assert advice["v_x"] == pytest.approx(rep.v_x) and advice["k_best"] == rep.k_best
-    k = min(rep.k_best, 6)
+    rep = variance_budget(losses, cost_prompt=4.0, cost_response=1.0, k_max=6, n_boot=200, seed=0)
+    # a ratio the pilot cannot bound gives no K*: the advice is the K its interval supports
+    want_k = rep.k_best if rep.identified else rep.k_at_least
+    assert advice["identified"] == rep.identified
+    assert advice["v_x"] == pytest.approx(rep.v_x) and advice["k_best"] == want_k
+    k = min(want_k, 6)
     assert res["method"].to_list() == ["random", "top", "diverse", "grades", "stratified"]
     assert res["K"].to_list() == [k] * 5
     assert {"v_x", "v_y_given_x", "k_star", "k_star_lo", "k_star_hi", "k_best"} <= set(res.columns)
-    assert res["k_best"].to_list() == [rep.k_best] * 5 and res["ref_loss"].is_finite().all()
+    assert res["k_best"].to_list() == [want_k] * 5 and res["ref_loss"].is_finite().all()
     assert res["reward"].is_finite().all()  # evaluation scored with the same hook
     assert (out / "diagnose" / "variance.png").exists() and (out / "results.png").exists()
     scored = pl.read_parquet(out / "scored.parquet")
@@ -68,7 +71,8 @@ def test_auto_k_every_selector_builtin_reward(tiny_paths, tmp_path):
     again = diagnose(None, "no model needed", out / "diagnose", cost_prompt=100.0, cost_response=1.0, k_max=6,
                      n_boot=0, progress=False)
     want = variance_budget(losses, cost_prompt=100.0, cost_response=1.0, k_max=6, n_boot=0)
-    assert again["k_best"] == want.k_best and again["cost_prompt"] == 100.0
+    assert again["k_best"] == (want.k_best if want.identified else want.k_at_least)
+    assert again["cost_prompt"] == 100.0
     assert (out / "diagnose" / "losses.parquet").stat().st_mtime_ns == stamp
 
 
