@@ -119,10 +119,7 @@ def pair_losses(
     import torch
     from tqdm.auto import tqdm
 
-    if len(prompts) != len(responses):
-        raise MrtInputError(f"prompts and responses differ in length: {len(prompts)} vs {len(responses)}")
-    if batch_size < 1:
-        raise MrtInputError(f"batch_size must be >= 1, got {batch_size}")
+    check_pairs(prompts, responses, batch_size)
     n = len(prompts)
     out = np.empty(n, dtype=np.float64)
     counts = np.empty(n, dtype=np.int64)
@@ -157,3 +154,11 @@ def pair_losses(
             bad = int(np.nonzero(~np.isfinite(out))[0][0])
             raise MrtInputError(f"the model gave a non-finite loss for pair {bad}", row=bad)
     return (out, counts) if return_counts else out
+
+
+def check_pairs(prompts, responses, batch_size: int) -> None:
+    """The arguments every per-pair loss takes: as many responses as prompts, a batch of at least one."""
+    if len(prompts) != len(responses):
+        raise MrtInputError(f"prompts and responses differ in length: {len(prompts)} vs {len(responses)}")
+    if batch_size < 1:
+        raise MrtInputError(f"batch_size must be >= 1, got {batch_size}")

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from mrt_fast.errors import MrtInputError
-from mrt_fast.llm.loss import IGNORE, build_example
+from mrt_fast.llm.loss import IGNORE, build_example, check_pairs
 
 __all__ = ["prefix_pair_losses"]
 
@@ -29,10 +29,7 @@ def prefix_pair_losses(model: Any, tokenizer: Any, prompts: Sequence[str], respo
     as one batch continuing from the prompts' key-value cache."""
     import torch
 
-    if len(prompts) != len(responses):
-        raise MrtInputError(f"prompts and responses differ in length: {len(prompts)} vs {len(responses)}")
-    if batch_size < 1:
-        raise MrtInputError(f"batch_size must be >= 1, got {batch_size}")
+    check_pairs(prompts, responses, batch_size)
     n = len(prompts)
     out = np.empty(n, dtype=np.float64)
     counts = np.empty(n, dtype=np.int64)
