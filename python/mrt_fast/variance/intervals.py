@@ -166,9 +166,11 @@ class _Scales:
                 np.log(np.maximum(vm - leak + self.leak0, self.leak_floor)))
 
     def back(self, t_vy, t_phi, t_vx):
-        """V_y|x, phi and V_x (clipped at 0) from the three scales."""
+        """V_y|x (clipped at the floor `of` clips it to, so the bound stays above 0 where a huge t
+        quantile would underflow exp), phi and V_x (clipped at 0) from the three scales."""
         with np.errstate(over="ignore"):
-            return np.exp(t_vy), np.expm1(t_phi) / self.c, np.maximum(np.exp(t_vx) - self.leak0, 0.0)
+            return (np.maximum(np.exp(t_vy), self.floor), np.expm1(t_phi) / self.c,
+                    np.maximum(np.exp(t_vx) - self.leak0, 0.0))
 
 
 # --------------------------------------------------------------------------- resampling
