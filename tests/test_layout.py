@@ -34,17 +34,15 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path) -> list[tuple[str, list[str], int]]:
-    """Every import of a module (top level and inside functions): (module, names, line)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+def _imports(path: Path, text: str | None = None) -> list[tuple[str, list[str], int]]:
+    """Every import of a module (top level, inside functions and under ``if TYPE_CHECKING``:
+    a type named in an annotation is a dependency too): (module, names, line). ``text``
+    stands for the file's contents when given."""
+    tree = ast.parse(path.read_text() if text is None else text, filename=str(path))
     me = _module_name(path)
     pkg = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
     out = []
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                   for n in ast.walk(node)}
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             out += [(a.name, [], node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -56,13 +54,17 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
     return out
 
 
-def _graph():
-    """Module -> the mrt_fast modules it imports (a `from pkg import mod` counts as mod)."""
-    mods = {_module_name(p): p for p in PKG.rglob("*.py")}
-    mods["mrt_fast._grades_core"] = PKG / "_grades_core.pyi"  # the compiled core: imports nothing
+def _graph(texts: dict[str, str] | None = None):
+    """Module -> the mrt_fast modules it imports (a `from pkg import mod` counts as mod).
+    ``texts`` (module -> source) replaces the package's files when given."""
+    if texts is None:
+        mods = {_module_name(p): p for p in PKG.rglob("*.py")}
+        mods["mrt_fast._grades_core"] = PKG / "_grades_core.pyi"  # the compiled core: imports nothing
+    else:
+        mods = {m: PKG.parent.joinpath(*m.split(".")).with_suffix(".py") for m in texts}
     edges = defaultdict(set)
     for name, path in mods.items():
-        for target, names, line in _imports(path):
+        for target, names, line in _imports(path, None if texts is None else texts[name]):
             if not target.startswith("mrt_fast"):
                 continue
             for n in names or [""]:
@@ -123,6 +125,22 @@ def test_cycle_finder_sees_a_cycle():
     mods = {"mrt_fast.a.x": Path("x.py"), "mrt_fast.a.y": Path("y.py")}
     edges = {"mrt_fast.a.x": {("mrt_fast.a.y", "", 1)}, "mrt_fast.a.y": {("mrt_fast.a.x", "", 1)}}
     assert _cycles(mods, edges) == [["mrt_fast.a.x", "mrt_fast.a.y"]]
+
+
+def test_cycle_finder_sees_a_cycle_within_a_subpackage_through_type_only_imports():
+    """Three modules of one area, one of them naming the first only in an annotation."""
+    texts = {
+        "mrt_fast.datasets.sources": "def read():\n    from mrt_fast.datasets.contiguous import read_contiguous\n",
+        "mrt_fast.datasets.contiguous": "def read_contiguous():\n    from mrt_fast.datasets.arrow_runs import plan_runs\n",
+        "mrt_fast.datasets.arrow_runs": ("from typing import TYPE_CHECKING\n"
+                                         "if TYPE_CHECKING:\n    from mrt_fast.datasets.sources import Dataset\n"),
+    }
+    mods, edges = _graph(texts)
+    assert _cycles(mods, edges) == [sorted(texts)]
+    texts["mrt_fast.datasets.arrow_runs"] = texts["mrt_fast.datasets.arrow_runs"].replace("sources import Dataset",
+                                                                                          "file_set import FileSet")
+    mods, edges = _graph(texts)
+    assert _cycles(mods, edges) == []
 
 
 def test_layers_run_one_way():

@@ -22,7 +22,7 @@ import pyarrow as pa
 from mrt_fast.datasets import storage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mrt_fast.datasets.sources import Dataset
+    from mrt_fast.datasets.file_set import FileSet
 
 
 #: a column chunk is read through a 1 MiB buffer, not whole: the memory of a
@@ -40,7 +40,7 @@ class Piece:
     rows: int
 
 
-def arrow_schema(ds: "Dataset") -> pa.Schema | None:
+def arrow_schema(ds: "FileSet") -> pa.Schema | None:
     """The Arrow schema every file of a Parquet dataset shares, when polars
     reads it to the same column names and types as ``pl.from_arrow`` makes of
     Arrow's batches; None otherwise (text formats, hive partitions, files
@@ -68,7 +68,7 @@ def arrow_schema(ds: "Dataset") -> pa.Schema | None:
     return first
 
 
-def plan_runs(ds: "Dataset", n_runs: int) -> list[list[Piece]]:
+def plan_runs(ds: "FileSet", n_runs: int) -> list[list[Piece]]:
     """The dataset's row groups cut into at most ``n_runs`` runs of consecutive
     row groups with about as many rows each (empty runs left out)."""
     import pyarrow.parquet as pq

@@ -28,7 +28,7 @@ from mrt_fast.datasets import storage
 from mrt_fast.tables.arrays import arrow_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mrt_fast.datasets.sources import Dataset
+    from mrt_fast.datasets.file_set import FileSet
 
 #: rows decoded at a time per file (a few MB of vectors: reused memory, not fresh)
 BATCH_ROWS = 65_536
@@ -126,7 +126,7 @@ def from_chunks(chunks: Iterable[pa.Array], n: int, d: int, name: str, dtype: pl
     return as_column(buf, name, dtype)
 
 
-def read_contiguous(ds: "Dataset", name: str) -> pl.DataFrame | None:
+def read_contiguous(ds: "FileSet", name: str) -> pl.DataFrame | None:
     """A Parquet dataset read whole with its ``name`` column as one contiguous
     chunk; None where that does not apply (see :func:`mrt_fast.datasets.arrow_runs.arrow_schema`;
     a column that is not float32 vectors of one length without nulls; a file

@@ -23,7 +23,7 @@ import polars as pl
 from mrt_fast.datasets.schema import hive_keys, hive_values
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mrt_fast.datasets.sources import Dataset
+    from mrt_fast.datasets.file_set import FileSet
 
 __all__ = ["PATH_COLUMN", "from_paths", "scan_hive"]
 
@@ -31,13 +31,13 @@ __all__ = ["PATH_COLUMN", "from_paths", "scan_hive"]
 PATH_COLUMN = "__mrt_hive_file"
 
 
-def _keys(ds: "Dataset") -> list[str]:
+def _keys(ds: "FileSet") -> list[str]:
     assert ds.root is not None
     schema = ds.files_schema()
     return [k for k in hive_keys(ds.files[0].relative_to(ds.root)) if k not in schema]
 
 
-def from_paths(ds: "Dataset", lf: pl.LazyFrame) -> pl.LazyFrame:
+def from_paths(ds: "FileSet", lf: pl.LazyFrame) -> pl.LazyFrame:
     """A multi-file scan of ``ds`` that named each row's file in :data:`PATH_COLUMN`, with that
     column replaced by the file's hive values (one scan: fast for many files)."""
     assert ds.root is not None
@@ -49,7 +49,7 @@ def from_paths(ds: "Dataset", lf: pl.LazyFrame) -> pl.LazyFrame:
     ).drop(PATH_COLUMN)
 
 
-def scan_hive(ds: "Dataset") -> pl.LazyFrame:
+def scan_hive(ds: "FileSet") -> pl.LazyFrame:
     """Every file of ``ds`` (in order) read on its own, with its hive values as text columns
     (for files a multi-file scan does not read: objects, JSON arrays, view types)."""
     assert ds.root is not None
