@@ -1,7 +1,61 @@
 //! The symmetric Gram product `out = X X^T` of a pool's rows: a hand-vectorised
 //! kernel for small blocks (AVX2 + FMA on x86-64, chosen at run time, with a
-//! portable fallback) and a blocked parallel one for large blocks. The
-//! similarity kernel ([`crate::kernel`]) maps the products into [0, 1].
+//! portable fallback) and a blocked parallel one for large blocks; and the
+//! general product `C = A B^T` ([`gemm_abt`]) they and the on-demand
+//! similarity blocks use. The similarity kernel ([`crate::kernel`]) maps the
+//! products into [0, 1].
+
+/// `c (m x n) = a (m x d) * b (n x d)^T`, all row-major, single-threaded GEMM.
+#[inline]
+pub fn gemm_abt(a: &[f32], m: usize, b: &[f32], n: usize, d: usize, c: &mut [f32]) {
+    assert!(a.len() >= m * d && b.len() >= n * d && c.len() >= m * n, "gemm_abt: buffers too small");
+    // SAFETY: sizes asserted just above; row stride n for c.
+    unsafe { gemm_abt_raw(a, m, b, n, d, c.as_mut_ptr(), n) }
+}
+
+/// `c = a b^T` into `m x n` at `c` with row stride `ldc`, single-threaded
+/// (the `gemm` crate: packed, cache-blocked, runtime SIMD dispatch).
+///
+/// # Safety
+/// `a` holds `m x d` and `b` holds `n x d` row-major floats; `c` is valid for
+/// writes of rows `0..m`, columns `0..n` at row stride `ldc`, and no other
+/// thread touches that region during the call.
+pub unsafe fn gemm_abt_raw(a: &[f32], m: usize, b: &[f32], n: usize, d: usize, c: *mut f32, ldc: usize) {
+    debug_assert!(a.len() >= m * d && b.len() >= n * d);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if d == 0 {
+        for i in 0..m {
+            std::ptr::write_bytes(c.add(i * ldc), 0, n);
+        }
+        return;
+    }
+    // dst (m x n): col stride 1, row stride ldc; lhs = a (m x d): col stride
+    // 1, row stride d; rhs = b^T (d x n): col stride d, row stride 1.
+    // dst = 1 * (a b^T), not read first.
+    gemm::gemm(
+        m,
+        n,
+        d,
+        c,
+        1,
+        ldc as isize,
+        false,
+        a.as_ptr(),
+        1,
+        d as isize,
+        b.as_ptr(),
+        d as isize,
+        1,
+        0.0f32,
+        1.0f32,
+        false,
+        false,
+        false,
+        gemm::Parallelism::None,
+    );
+}
 
 /// `out (n x n, row-major) = x x^T` for row-major `x (n x d)`; symmetric to
 /// the bit.
@@ -20,7 +74,7 @@ pub fn syrk(x: &[f32], n: usize, d: usize, out: &mut [f32], next: &[f32]) {
         }
     }
     let _ = next;
-    crate::kernel::gemm_abt(x, n, x, n, d, out);
+    gemm_abt(x, n, x, n, d, out);
     mirror_upper(out, n);
 }
 
@@ -161,7 +215,7 @@ pub fn syrk_large<F: Fn(f32) -> f32 + Sync>(x: &[f32], n: usize, d: usize, out: 
             // d), c = rows[.., c0..c0 + nc] at row stride n: in bounds, and
             // `rows` belongs to this task alone.
             unsafe {
-                crate::kernel::gemm_abt_raw(&x[r0 * d..], m, &x[c0 * d..], nc, d, rows.as_mut_ptr().add(c0), n);
+                gemm_abt_raw(&x[r0 * d..], m, &x[c0 * d..], nc, d, rows.as_mut_ptr().add(c0), n);
             }
             for row in rows.chunks_exact_mut(n) {
                 for v in &mut row[c0..c0 + nc] {

@@ -104,58 +104,6 @@ pub fn normalize_rows(x: &mut [f32], n: usize, d: usize, name: &RowName<'_>) -> 
     Ok(())
 }
 
-/// `c (m x n) = a (m x d) * b (n x d)^T`, all row-major, single-threaded GEMM.
-#[inline]
-pub fn gemm_abt(a: &[f32], m: usize, b: &[f32], n: usize, d: usize, c: &mut [f32]) {
-    assert!(a.len() >= m * d && b.len() >= n * d && c.len() >= m * n, "gemm_abt: buffers too small");
-    // SAFETY: sizes asserted just above; row stride n for c.
-    unsafe { gemm_abt_raw(a, m, b, n, d, c.as_mut_ptr(), n) }
-}
-
-/// `c = a b^T` into `m x n` at `c` with row stride `ldc`, single-threaded
-/// (the `gemm` crate: packed, cache-blocked, runtime SIMD dispatch).
-///
-/// # Safety
-/// `a` holds `m x d` and `b` holds `n x d` row-major floats; `c` is valid for
-/// writes of rows `0..m`, columns `0..n` at row stride `ldc`, and no other
-/// thread touches that region during the call.
-pub unsafe fn gemm_abt_raw(a: &[f32], m: usize, b: &[f32], n: usize, d: usize, c: *mut f32, ldc: usize) {
-    debug_assert!(a.len() >= m * d && b.len() >= n * d);
-    if m == 0 || n == 0 {
-        return;
-    }
-    if d == 0 {
-        for i in 0..m {
-            std::ptr::write_bytes(c.add(i * ldc), 0, n);
-        }
-        return;
-    }
-    // dst (m x n): col stride 1, row stride ldc; lhs = a (m x d): col stride
-    // 1, row stride d; rhs = b^T (d x n): col stride d, row stride 1.
-    // dst = 1 * (a b^T), not read first.
-    gemm::gemm(
-        m,
-        n,
-        d,
-        c,
-        1,
-        ldc as isize,
-        false,
-        a.as_ptr(),
-        1,
-        d as isize,
-        b.as_ptr(),
-        d as isize,
-        1,
-        0.0f32,
-        1.0f32,
-        false,
-        false,
-        false,
-        gemm::Parallelism::None,
-    );
-}
-
 /// Gather the raw rows of the candidates `which` of pool `p` into `out`
 /// (row-major), without normalising.
 pub fn gather_rows(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f32>) {

@@ -5,7 +5,8 @@
 //!
 //! * [`error`]: the one error type, carrying pool / argument / row where known.
 //! * [`pools`]: a ragged batch of pools (offsets into one contiguous f32 matrix).
-//! * [`gram`]: the symmetric Gram product `X X^T` (AVX2/FMA with a portable path).
+//! * [`gram`]: the symmetric Gram product `X X^T` (AVX2/FMA with a portable path)
+//!   and the general product `A B^T`.
 //! * [`kernel`]: cosine similarity mapped into [0, 1]; dense Gram blocks and CSR graphs.
 //! * [`facility`]: the (quality-weighted) facility-location objective, naive and
 //!   lazy greedy, and a certified upper bound on the optimum.

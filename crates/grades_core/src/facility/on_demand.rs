@@ -5,7 +5,8 @@ use rayon::prelude::*;
 
 use super::column::{column_cover, column_gain_fast};
 use super::source::Source;
-use crate::kernel::{gemm_abt, Kernel};
+use crate::gram::gemm_abt;
+use crate::kernel::Kernel;
 
 /// Rows per chunk when a column block is computed in parallel.
 const CHUNK: usize = 512;
