@@ -73,3 +73,46 @@ def tiny_source(tmp_path_factory):
     BertModel(cfg).save_pretrained(d)
     shutil.copy(minilm_path() / "tokenizer.json", d / "tokenizer.json")
     return d
+
+
+#: the environment variables an S3 client reads its endpoint and credentials from
+S3_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """A moto S3 server on 127.0.0.1 for one test module, and the environment pointed at it
+    (restored afterwards). Skips where moto or boto3 is missing."""
+    import logging
+
+    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("boto3")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    old = {k: os.environ.get(k) for k in S3_ENV}
+    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="testing",
+                      AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1")
+    try:
+        yield os.environ["AWS_ENDPOINT_URL"]
+    finally:
+        srv.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_s3_buckets = iter(range(10**6))
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint):
+    """A new, empty bucket on the module's moto server: ``s3://NAME``."""
+    import boto3
+
+    name = f"mrt-test-{next(_s3_buckets)}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return f"s3://{name}"

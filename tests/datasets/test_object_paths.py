@@ -18,7 +18,7 @@ from mrt_fast.datasets import Manifest, discover, select_dataset  # noqa: E402
 from mrt_fast.datasets import storage  # noqa: E402
 from mrt_fast.datasets.job import StoppedForTest, stopping_after  # noqa: E402
 from mrt_fast.errors import MrtInputError, PartialOutputWarning  # noqa: E402
-from test_object_storage import bucket, endpoint, keys, put_table, rows  # noqa: E402,F401 - the moto server
+from test_object_storage import put_table, rows  # noqa: E402
 
 pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::mrt_fast.errors.SmallPoolWarning")]
 runner = CliRunner()
@@ -31,15 +31,15 @@ def raw_keys(url: str) -> list[str]:
 
 
 @pytest.mark.parametrize("odd", ["{b}/x/../out", "{b}/./out", "{b}/x//out", "S3://{n}/out", "s3://{n}/.."])
-def test_odd_object_paths_are_refused_before_any_lock(bucket, tmp_path, odd):
+def test_odd_object_paths_are_refused_before_any_lock(s3_bucket, tmp_path, odd):
     rows(10, 0).write_parquet(tmp_path / "in.parquet")
-    url = odd.format(b=bucket, n=bucket.split("://")[1])
+    url = odd.format(b=s3_bucket, n=s3_bucket.split("://")[1])
     for call in (lambda: select_dataset(tmp_path / "in.parquet", url, 2, "grades", parts=2),
                  lambda: discover(url + "/in.parquet")):
         with pytest.raises(MrtInputError, match="segment|lower case") as e:
             call()
         assert "\n" not in str(e.value)
-    assert raw_keys(bucket) == []  # no lock, no part, no manifest anywhere
+    assert raw_keys(s3_bucket) == []  # no lock, no part, no manifest anywhere
     r = runner.invoke(app, ["select", str(tmp_path / "in.parquet"), url, "--k", "2"])
     assert r.exit_code == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.output
 
@@ -59,59 +59,59 @@ def json_objects(df: pl.DataFrame, url: str, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["jsonl.gz", "jsonl.zst", "json"])
-def test_json_text_objects_are_read_as_local_files_are(bucket, tmp_path, kind):
+def test_json_text_objects_are_read_as_local_files_are(s3_bucket, tmp_path, kind):
     df = rows(12, 1).drop("embedding")
-    json_objects(df, f"{bucket}/in", kind)
-    for src in (f"{bucket}/in", f"{bucket}/in/*.{kind}"):
+    json_objects(df, f"{s3_bucket}/in", kind)
+    for src in (f"{s3_bucket}/in", f"{s3_bucket}/in/*.{kind}"):
         got = discover(src).read()
         assert got.equals(df.with_columns(pl.col("prompt_id").cast(got["prompt_id"].dtype)))
 
 
-def test_a_lone_json_array_object_is_read(bucket):
+def test_a_lone_json_array_object_is_read(s3_bucket):
     df = rows(5, 2).drop("embedding")
-    storage.write_bytes(f"{bucket}/a.json", json.dumps(df.to_dicts()).encode())
-    assert discover(f"{bucket}/a.json").read().equals(df)
+    storage.write_bytes(f"{s3_bucket}/a.json", json.dumps(df.to_dicts()).encode())
+    assert discover(f"{s3_bucket}/a.json").read().equals(df)
 
 
-def test_export_reads_s3_and_refuses_an_unfinished_output_there(bucket, tmp_path):
+def test_export_reads_s3_and_refuses_an_unfinished_output_there(s3_bucket, tmp_path):
     df = rows(40, 3).drop("embedding").with_columns(prompt=pl.format("p{}", "prompt_id"))
-    put_table(df, f"{bucket}/in.parquet")
+    put_table(df, f"{s3_bucket}/in.parquet")
     with stopping_after(2), pytest.raises(StoppedForTest):
-        select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "top", parts=5)
-    rows_done = Manifest.read(f"{bucket}/out").rows
-    r = runner.invoke(app, ["export", f"{bucket}/out", str(tmp_path / "x.jsonl"), "--plain"])
+        select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 2, "top", parts=5)
+    rows_done = Manifest.read(f"{s3_bucket}/out").rows
+    r = runner.invoke(app, ["export", f"{s3_bucket}/out", str(tmp_path / "x.jsonl"), "--plain"])
     assert r.exit_code == 2 and "unfinished mrt output (2 of 5 parts done)" in r.stderr, r.output
     assert not (tmp_path / "x.jsonl").exists()
-    r = runner.invoke(app, ["export", f"{bucket}/out", str(tmp_path / "x.jsonl"), "--plain", "--allow-partial"])
+    r = runner.invoke(app, ["export", f"{s3_bucket}/out", str(tmp_path / "x.jsonl"), "--plain", "--allow-partial"])
     assert r.exit_code == 0, r.output
     assert pl.read_ndjson(tmp_path / "x.jsonl").height == rows_done and "2 of 5 parts done" in r.stderr
     with pytest.warns(PartialOutputWarning):
-        assert discover(f"{bucket}/out", allow_partial=True).read().height == rows_done
-    r = runner.invoke(app, ["export", f"{bucket}/in.parquet", str(tmp_path / "all.jsonl"), "--plain"])
+        assert discover(f"{s3_bucket}/out", allow_partial=True).read().height == rows_done
+    r = runner.invoke(app, ["export", f"{s3_bucket}/in.parquet", str(tmp_path / "all.jsonl"), "--plain"])
     assert r.exit_code == 0, r.output
     assert pl.read_ndjson(tmp_path / "all.jsonl").height == df.height
 
 
 @pytest.mark.parametrize("foreign", ["_spill/data.txt", "part-00000.parquet/data.txt", ".mrt/notes.txt",
                                      "part-00001.parquet"])
-def test_overwrite_on_s3_refuses_what_no_manifest_records(bucket, foreign):
+def test_overwrite_on_s3_refuses_what_no_manifest_records(s3_bucket, foreign):
     df = rows(20, 4)
-    put_table(df, f"{bucket}/in.parquet")
-    select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "grades", parts=3)
-    storage.write_bytes(f"{bucket}/out/{foreign}", b"mine")
-    before = raw_keys(bucket)
+    put_table(df, f"{s3_bucket}/in.parquet")
+    select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 2, "grades", parts=3)
+    storage.write_bytes(f"{s3_bucket}/out/{foreign}", b"mine")
+    before = raw_keys(s3_bucket)
     with pytest.raises(MrtInputError, match=rf"no mrt job wrote \('{foreign}'.*nothing was deleted"):
-        select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 3, "grades", parts=2, overwrite=True)
-    assert raw_keys(bucket) == before and Manifest.read(f"{bucket}/out").done
+        select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 3, "grades", parts=2, overwrite=True)
+    assert raw_keys(s3_bucket) == before and Manifest.read(f"{s3_bucket}/out").done
 
 
-def test_no_folder_marker_is_left_behind(bucket, tmp_path):
+def test_no_folder_marker_is_left_behind(s3_bucket, tmp_path):
     df = rows(20, 5)
-    put_table(df, f"{bucket}/in.parquet")
-    select_dataset(f"{bucket}/in.parquet", f"{bucket}/kk", 2, "grades", parts=3)
-    select_dataset(f"{bucket}/in.parquet", f"{bucket}/kk", 3, "grades", parts=2, overwrite=True)
+    put_table(df, f"{s3_bucket}/in.parquet")
+    select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/kk", 2, "grades", parts=3)
+    select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/kk", 3, "grades", parts=2, overwrite=True)
     with pytest.raises(MrtInputError):  # bad input found before any part: the prefix is as it was
-        select_dataset(f"{bucket}/in.parquet", f"{bucket}/jj", 2, "grades", parts=2, by="response",
+        select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/jj", 2, "grades", parts=2, by="response",
                        candidate_key="nope")
-    assert not [k for k in raw_keys(bucket) if k.endswith("/")], raw_keys(bucket)
-    assert not [k for k in raw_keys(bucket) if k.startswith("jj")]
+    assert not [k for k in raw_keys(s3_bucket) if k.endswith("/")], raw_keys(s3_bucket)
+    assert not [k for k in raw_keys(s3_bucket) if k.startswith("jj")]

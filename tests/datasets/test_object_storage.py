@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
 
 import mrt_fast  # noqa: E402
@@ -26,41 +26,7 @@ from mrt_fast.datasets.object_lock import object_lock  # noqa: E402
 
 pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::mrt_fast.errors.SmallPoolWarning")]
 
-ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
-
-
-@pytest.fixture(scope="module")
-def endpoint():
-    """A moto S3 server on 127.0.0.1 and the environment that points at it."""
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    old = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="testing",
-                      AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1")
-    try:
-        yield os.environ["AWS_ENDPOINT_URL"]
-    finally:
-        srv.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-_n = iter(range(10**6))
-
-
-@pytest.fixture
-def bucket(endpoint):
-    """A new, empty bucket: ``s3://NAME``."""
-    name = f"mrt-test-{next(_n)}"
-    boto3.client("s3").create_bucket(Bucket=name)
-    return f"s3://{name}"
+_n = iter(range(10**6))  # bucket names of the property test
 
 
 def rows(n_pools: int, seed: int, d: int = 4) -> pl.DataFrame:
@@ -97,54 +63,54 @@ def expected(df: pl.DataFrame, k: int = 2) -> pl.DataFrame:
     return mrt_fast.select(df, k, "grades").sort(["prompt_id", "pick_rank"])
 
 
-def test_select_from_and_to_s3_equals_the_in_memory_result(bucket):
+def test_select_from_and_to_s3_equals_the_in_memory_result(s3_bucket):
     df = rows(40, 1)
-    put_files(df, f"{bucket}/in", 3)
-    rep = select_dataset(f"{bucket}/in", f"{bucket}/out", 2, "grades", parts=4)
+    put_files(df, f"{s3_bucket}/in", 3)
+    rep = select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=4)
     assert rep.n_parts == 4 and not rep.resumed
-    assert read_output(f"{bucket}/out").equals(expected(df))
-    m = Manifest.read(f"{bucket}/out")
+    assert read_output(f"{s3_bucket}/out").equals(expected(df))
+    m = Manifest.read(f"{s3_bucket}/out")
     assert m.done and set(m.files) == {n for n, r in m.parts.items() if r}
     # nothing but the recorded parts and the manifest: no lock, no spill, no temporary object left
-    assert sorted(keys(f"{bucket}/out")) == sorted([*m.files.values(), ".mrt/manifest.parquet"])
+    assert sorted(keys(f"{s3_bucket}/out")) == sorted([*m.files.values(), ".mrt/manifest.parquet"])
     # a rerun of the finished job does nothing
-    assert select_dataset(f"{bucket}/in", f"{bucket}/out", 2, "grades", parts=4).already_done
+    assert select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=4).already_done
 
 
-def test_a_file_output_on_s3_is_written_whole(bucket, tmp_path):
+def test_a_file_output_on_s3_is_written_whole(s3_bucket, tmp_path):
     df = rows(20, 2)
     df.write_parquet(tmp_path / "in.parquet")
-    select_dataset(tmp_path / "in.parquet", f"{bucket}/kept.parquet", 2, "grades")
-    got = pl.read_parquet(io.BytesIO(storage.read_bytes(f"{bucket}/kept.parquet")))
+    select_dataset(tmp_path / "in.parquet", f"{s3_bucket}/kept.parquet", 2, "grades")
+    got = pl.read_parquet(io.BytesIO(storage.read_bytes(f"{s3_bucket}/kept.parquet")))
     assert got.sort(["prompt_id", "pick_rank"]).equals(expected(df))
-    assert keys(bucket) == ["kept.parquet"]
+    assert keys(s3_bucket) == ["kept.parquet"]
 
 
-def test_resume_on_s3_after_a_stop_loses_and_duplicates_no_row(bucket):
+def test_resume_on_s3_after_a_stop_loses_and_duplicates_no_row(s3_bucket):
     df = rows(60, 3)
-    put_files(df, f"{bucket}/in", 2)
+    put_files(df, f"{s3_bucket}/in", 2)
     with stopping_after(2), pytest.raises(StoppedForTest):
-        select_dataset(f"{bucket}/in", f"{bucket}/out", 2, "grades", parts=5)
-    m = Manifest.read(f"{bucket}/out")
+        select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=5)
+    m = Manifest.read(f"{s3_bucket}/out")
     assert not m.done and len(m.parts) == 2
     # what a kill between a part's upload and the manifest leaves: an object no manifest records
     stray = "part-00004-" + "0" * 32 + ".parquet"
-    storage.write_bytes(f"{bucket}/out/{stray}", b"not a part")
+    storage.write_bytes(f"{s3_bucket}/out/{stray}", b"not a part")
     with pytest.raises(MrtInputError, match=r"unfinished mrt output \(2 of 5 parts done\)"):
-        read_output(f"{bucket}/out")
+        read_output(f"{s3_bucket}/out")
     with pytest.warns(mrt_fast.errors.PartialOutputWarning, match="2 of 5 parts done"):
-        assert read_output(f"{bucket}/out", allow_partial=True).height == sum(m.parts.values())  # stray ignored
-    rep = select_dataset(f"{bucket}/in", f"{bucket}/out", 2, "grades", parts=5)
+        assert read_output(f"{s3_bucket}/out", allow_partial=True).height == sum(m.parts.values())  # stray ignored
+    rep = select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=5)
     assert rep.resumed and rep.parts_done_now == 3
-    got = read_output(f"{bucket}/out")
+    got = read_output(f"{s3_bucket}/out")
     assert got.equals(expected(df))
     assert got.select("prompt_id", "response").is_duplicated().sum() == 0
-    assert stray not in keys(f"{bucket}/out")
+    assert stray not in keys(f"{s3_bucket}/out")
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=st.integers(2, 5), stop=st.integers(1, 4), seed=st.integers(0, 1000), n_files=st.integers(1, 3))
-def test_stopped_after_any_part_a_rerun_on_s3_gives_the_in_memory_result(endpoint, parts, stop, seed, n_files):
+def test_stopped_after_any_part_a_rerun_on_s3_gives_the_in_memory_result(s3_endpoint, parts, stop, seed, n_files):
     stop = min(stop, parts - 1)
     name = f"mrt-prop-{next(_n)}"
     boto3.client("s3").create_bucket(Bucket=name)
@@ -160,79 +126,79 @@ def test_stopped_after_any_part_a_rerun_on_s3_gives_the_in_memory_result(endpoin
     assert got.select("prompt_id", "response").is_duplicated().sum() == 0
 
 
-def test_a_part_lost_from_s3_is_redone(bucket):
+def test_a_part_lost_from_s3_is_redone(s3_bucket):
     df = rows(30, 4)
-    put_table(df, f"{bucket}/in.parquet")
-    select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "grades", parts=3)
-    m = Manifest.read(f"{bucket}/out")
+    put_table(df, f"{s3_bucket}/in.parquet")
+    select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 2, "grades", parts=3)
+    m = Manifest.read(f"{s3_bucket}/out")
     lost = sorted(m.files.values())[0]
-    storage.delete([f"{bucket}/out/{lost}"])
-    rep = select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "grades", parts=3)
+    storage.delete([f"{s3_bucket}/out/{lost}"])
+    rep = select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 2, "grades", parts=3)
     assert rep.resumed and rep.parts_done_now == 1
-    assert read_output(f"{bucket}/out").equals(expected(df))
+    assert read_output(f"{s3_bucket}/out").equals(expected(df))
 
 
-def test_a_second_job_on_the_same_s3_output_is_refused_in_one_line(bucket):
+def test_a_second_job_on_the_same_s3_output_is_refused_in_one_line(s3_bucket):
     df = rows(10, 5)
-    put_table(df, f"{bucket}/in.parquet")
-    lock = f"{bucket}/out/.mrt/lock"
+    put_table(df, f"{s3_bucket}/in.parquet")
+    lock = f"{s3_bucket}/out/.mrt/lock"
     with object_lock(lock, "output"):
         with pytest.raises(MrtInputError) as e:
-            select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "grades")
+            select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 2, "grades")
         assert "in use by another job" in str(e.value) and str(os.getpid()) in str(e.value)
         assert "\n" not in str(e.value)
         with pytest.raises(MrtInputError):  # the conditional write: only one taker ever wins
             with object_lock(lock, "output"):
                 pass
-    assert ".mrt/lock" not in keys(f"{bucket}/out")  # released
-    select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "grades")
+    assert ".mrt/lock" not in keys(f"{s3_bucket}/out")  # released
+    select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 2, "grades")
 
 
-def test_a_dead_holders_lock_on_s3_is_taken_over(bucket):
+def test_a_dead_holders_lock_on_s3_is_taken_over(s3_bucket):
     df = rows(10, 6)
-    put_table(df, f"{bucket}/in.parquet")
+    put_table(df, f"{s3_bucket}/in.parquet")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     import json
     import socket
 
-    storage.write_bytes(f"{bucket}/out/.mrt/lock", json.dumps({"pid": dead.pid, "host": socket.gethostname(),
+    storage.write_bytes(f"{s3_bucket}/out/.mrt/lock", json.dumps({"pid": dead.pid, "host": socket.gethostname(),
                                                                 "started": 0}).encode())
-    select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "grades")
-    assert read_output(f"{bucket}/out").equals(expected(df))
+    select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 2, "grades")
+    assert read_output(f"{s3_bucket}/out").equals(expected(df))
     # a lock of another host is never taken over (its holder cannot be probed from here)
-    storage.write_bytes(f"{bucket}/o2/.mrt/lock", json.dumps({"pid": 1, "host": "elsewhere"}).encode())
+    storage.write_bytes(f"{s3_bucket}/o2/.mrt/lock", json.dumps({"pid": 1, "host": "elsewhere"}).encode())
     with pytest.raises(MrtInputError, match="delete the lock"):
-        select_dataset(f"{bucket}/in.parquet", f"{bucket}/o2", 2, "grades")
+        select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/o2", 2, "grades")
 
 
-def test_overwrite_on_s3_deletes_only_what_a_job_wrote(bucket):
+def test_overwrite_on_s3_deletes_only_what_a_job_wrote(s3_bucket):
     df = rows(20, 7)
-    put_table(df, f"{bucket}/in.parquet")
-    select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "grades", parts=3)
+    put_table(df, f"{s3_bucket}/in.parquet")
+    select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 2, "grades", parts=3)
     with pytest.raises(MrtInputError, match="another job"):
-        select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 3, "grades", parts=3)
-    select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 3, "grades", parts=2, overwrite=True)
-    assert read_output(f"{bucket}/out").equals(expected(df, 3))
-    assert len(Manifest.read(f"{bucket}/out").files) == len([k for k in keys(f"{bucket}/out") if k.startswith("part-")])
-    storage.write_bytes(f"{bucket}/out/notes.txt", b"mine")
+        select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 3, "grades", parts=3)
+    select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 3, "grades", parts=2, overwrite=True)
+    assert read_output(f"{s3_bucket}/out").equals(expected(df, 3))
+    assert len(Manifest.read(f"{s3_bucket}/out").files) == len([k for k in keys(f"{s3_bucket}/out") if k.startswith("part-")])
+    storage.write_bytes(f"{s3_bucket}/out/notes.txt", b"mine")
     with pytest.raises(MrtInputError, match="no mrt job wrote"):
-        select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "grades", overwrite=True)
-    assert "notes.txt" in keys(f"{bucket}/out") and Manifest.read(f"{bucket}/out").done  # nothing deleted
+        select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 2, "grades", overwrite=True)
+    assert "notes.txt" in keys(f"{s3_bucket}/out") and Manifest.read(f"{s3_bucket}/out").done  # nothing deleted
 
 
-def test_bad_s3_urls_are_one_line_errors(bucket):
+def test_bad_s3_urls_are_one_line_errors(s3_bucket):
     with pytest.raises(MrtInputError, match="matches no"):
-        discover(f"{bucket}/nothing")
+        discover(f"{s3_bucket}/nothing")
     with pytest.raises(MrtInputError, match="unsupported URL scheme"):
         discover("gs://b/x.parquet")
-    put_table(rows(5, 8), f"{bucket}/in.parquet")
+    put_table(rows(5, 8), f"{s3_bucket}/in.parquet")
     with pytest.raises(MrtInputError, match="inside it"):
-        select_dataset(f"{bucket}", f"{bucket}/out", 2, "grades")
+        select_dataset(f"{s3_bucket}", f"{s3_bucket}/out", 2, "grades")
 
 
 @pytest.fixture
-def local_ray(endpoint):
+def local_ray(s3_endpoint):
     """A local 2-CPU Ray instance started after the endpoint is set (its workers inherit it)."""
     import logging
 
@@ -250,70 +216,70 @@ def local_ray(endpoint):
 
 
 @pytest.mark.ray
-def test_ray_engine_on_s3_resumes_and_equals_the_local_engine(bucket, local_ray):
+def test_ray_engine_on_s3_resumes_and_equals_the_local_engine(s3_bucket, local_ray):
     """Ray reads the input from s3, exchanges the rows through pieces under the output's prefix
     and writes the parts there: stopped after a part and rerun, the output is the in-memory result."""
     from mrt_fast.datasets import ray_engine
 
     df = rows(50, 9)
-    put_files(df, f"{bucket}/in", 3)
+    put_files(df, f"{s3_bucket}/in", 3)
     with stopping_after(1), pytest.raises(StoppedForTest):
-        ray_engine.select_dataset(f"{bucket}/in", f"{bucket}/out", 2, "grades", parts=4)
-    assert not any(k.startswith("_spill/") for k in keys(f"{bucket}/out"))  # the exchange is cleaned up
-    rep = ray_engine.select_dataset(f"{bucket}/in", f"{bucket}/out", 2, "grades", parts=4)
+        ray_engine.select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=4)
+    assert not any(k.startswith("_spill/") for k in keys(f"{s3_bucket}/out"))  # the exchange is cleaned up
+    rep = ray_engine.select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=4)
     assert rep.resumed and 0 < rep.parts_done_now < 4
-    got = read_output(f"{bucket}/out")
+    got = read_output(f"{s3_bucket}/out")
     assert got.equals(expected(df)) and got.select("prompt_id", "response").is_duplicated().sum() == 0
-    m = Manifest.read(f"{bucket}/out")
-    assert sorted(keys(f"{bucket}/out")) == sorted([*m.files.values(), ".mrt/manifest.parquet"])
-    ray_engine.select_dataset(f"{bucket}/in", f"{bucket}/kept.parquet", 2, "grades", parts=3)
-    got = pl.read_parquet(io.BytesIO(storage.read_bytes(f"{bucket}/kept.parquet")))
+    m = Manifest.read(f"{s3_bucket}/out")
+    assert sorted(keys(f"{s3_bucket}/out")) == sorted([*m.files.values(), ".mrt/manifest.parquet"])
+    ray_engine.select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/kept.parquet", 2, "grades", parts=3)
+    got = pl.read_parquet(io.BytesIO(storage.read_bytes(f"{s3_bucket}/kept.parquet")))
     assert got.sort(["prompt_id", "pick_rank"]).equals(expected(df))
-    assert not [k for k in keys(bucket) if ".spill-" in k]
+    assert not [k for k in keys(s3_bucket) if ".spill-" in k]
 
 
-def test_the_cli_refuses_a_second_job_on_an_s3_output_in_one_line_and_takes_over_after_a_kill(bucket):
+def test_the_cli_refuses_a_second_job_on_an_s3_output_in_one_line_and_takes_over_after_a_kill(s3_bucket):
     """`mrt select IN OUT` with s3:// URLs: a live job's lock is a one-line refusal (exit 2); once
     that job is killed with -9 (its lock left behind) the next run takes the lock over and finishes."""
     df = rows(15, 10)
-    put_table(df, f"{bucket}/in.parquet")
+    put_table(df, f"{s3_bucket}/in.parquet")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom mrt_fast.datasets.object_lock import take\n"
-         f"take({bucket + '/out/.mrt/lock'!r}, 'output'); print('held', flush=True); time.sleep(120)"],
+         f"take({s3_bucket + '/out/.mrt/lock'!r}, 'output'); print('held', flush=True); time.sleep(120)"],
         env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        cmd = [sys.executable, "-m", "mrt_fast.cli", "select", f"{bucket}/in.parquet", f"{bucket}/out", "--k", "2"]
+        cmd = [sys.executable, "-m", "mrt_fast.cli", "select", f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", "--k", "2"]
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         assert r.returncode == 2, r.stderr
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
         assert f"pid {holder.pid}" in r.stderr and "in use by another job" in r.stderr
-        assert keys(f"{bucket}/out") == [".mrt/lock"]  # the refused job wrote nothing
+        assert keys(f"{s3_bucket}/out") == [".mrt/lock"]  # the refused job wrote nothing
     finally:
         holder.kill()
         holder.wait()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert read_output(f"{bucket}/out").equals(expected(df))
-    assert ".mrt/lock" not in keys(f"{bucket}/out")
+    assert read_output(f"{s3_bucket}/out").equals(expected(df))
+    assert ".mrt/lock" not in keys(f"{s3_bucket}/out")
 
 
 @pytest.mark.embed
-def test_embed_on_s3_writes_the_rows_of_a_local_run_and_resumes(bucket, tmp_path):
+def test_embed_on_s3_writes_the_rows_of_a_local_run_and_resumes(s3_bucket, tmp_path):
     from mrt_fast.embeddings.dataset import embed_dataset
 
     df = pl.DataFrame({"prompt_id": np.repeat(np.arange(4), 3),
                        "response": [f"answer number {i} about topic {i % 4}" for i in range(12)]})
-    put_files(df, f"{bucket}/in", 2)
+    put_files(df, f"{s3_bucket}/in", 2)
     df.write_parquet(tmp_path / "in.parquet")
     local = embed_dataset(tmp_path / "in.parquet", tmp_path / "local.parquet", cache_dir=False, rows_per_part=4)
     with stopping_after(1), pytest.raises(StoppedForTest):
-        embed_dataset(f"{bucket}/in", f"{bucket}/emb", cache_dir=False, rows_per_part=4)
-    rep = embed_dataset(f"{bucket}/in", f"{bucket}/emb", cache_dir=False, rows_per_part=4)
+        embed_dataset(f"{s3_bucket}/in", f"{s3_bucket}/emb", cache_dir=False, rows_per_part=4)
+    rep = embed_dataset(f"{s3_bucket}/in", f"{s3_bucket}/emb", cache_dir=False, rows_per_part=4)
     assert rep.resumed and rep.parts_done_now == 2 and local.rows == 12
     want = pl.read_parquet(tmp_path / "local.parquet")
-    got = discover(f"{bucket}/emb").read()
+    got = discover(f"{s3_bucket}/emb").read()
     assert got.select("prompt_id", "response").equals(want.select("prompt_id", "response"))
     np.testing.assert_allclose(np.array(got["embedding"].to_list()), np.array(want["embedding"].to_list()),
                                rtol=1e-5, atol=1e-6)

@@ -29,7 +29,7 @@ from mrt_fast.datasets import Manifest, discover, select_dataset  # noqa: E402
 from mrt_fast.datasets import storage  # noqa: E402
 from mrt_fast.datasets.job import StoppedForTest, stopping_after  # noqa: E402
 from mrt_fast.datasets.object_output import PART_OBJECT  # noqa: E402
-from test_object_storage import bucket, endpoint, keys, put_table, rows  # noqa: E402,F401 - the moto server, buckets
+from test_object_storage import keys, put_table, rows  # noqa: E402
 
 pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::mrt_fast.errors.SmallPoolWarning")]
 
@@ -74,7 +74,7 @@ def by_pick(df: pl.DataFrame) -> pl.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def big_object(endpoint):  # noqa: F811
+def big_object(s3_endpoint):
     """A 25 MiB object of random bytes written by :func:`storage.write_bytes` (3 upload parts)."""
     name = "mrt-large-bytes"
     boto3.client("s3").create_bucket(Bucket=name)
@@ -108,7 +108,7 @@ def test_any_range_of_a_multipart_object_reads_its_bytes(big_object, at, n, near
 
 
 @pytest.fixture(scope="module")
-def large_input(endpoint):  # noqa: F811
+def large_input(s3_endpoint):
     """A Parquet input above the threshold (uploaded in parts, read by row groups): (url, rows)."""
     name = "mrt-large-input"
     boto3.client("s3").create_bucket(Bucket=name)
@@ -131,18 +131,18 @@ def test_a_large_input_is_read_in_parts_by_range(large_input):
     assert discover(url).read().equals(df)
 
 
-def test_parts_above_the_threshold_resume_and_are_read_by_another_command(large_input, bucket, tmp_path):  # noqa: F811
+def test_parts_above_the_threshold_resume_and_are_read_by_another_command(large_input, s3_bucket, tmp_path):
     """`select` to parts above the threshold, stopped after one part and resumed: the multipart
     part is kept (its size matches the listing, its name the checksum of its bytes), the output
     equals the in-memory result, and `mrt diagnose` reads it as it reads a local copy."""
     src, df = large_input
-    out = f"{bucket}/out"
+    out = f"{s3_bucket}/out"
     with stopping_after(1), pytest.raises(StoppedForTest):
         select_dataset(src, out, 2, "grades", parts=2)
     first = Manifest.read(out)
     assert not first.done and len(first.files) == 1
     # what a kill during an upload leaves: a multipart upload never completed, which no listing shows
-    b, c = bucket.split("://", 1)[1], boto3.client("s3")
+    b, c = s3_bucket.split("://", 1)[1], boto3.client("s3")
     cut = f"out/part-00001-{'0' * 32}.parquet"
     up = c.create_multipart_upload(Bucket=b, Key=cut)["UploadId"]
     c.upload_part(Bucket=b, Key=cut, UploadId=up, PartNumber=1, Body=b"x" * (5 * MiB))
@@ -176,13 +176,13 @@ def test_parts_above_the_threshold_resume_and_are_read_by_another_command(large_
     assert got["n_rows"] == rep.n_kept and got["n_prompts"] == df["prompt_id"].n_unique()
 
 
-def test_a_file_output_above_the_threshold_is_uploaded_whole(large_input, bucket):  # noqa: F811
+def test_a_file_output_above_the_threshold_is_uploaded_whole(large_input, s3_bucket):
     src, df = large_input
-    select_dataset(src, f"{bucket}/kept.parquet", 2, "grades")
-    assert n_upload_parts(f"{bucket}/kept.parquet") >= 2
-    got = pl.read_parquet(io.BytesIO(storage.read_bytes(f"{bucket}/kept.parquet")))
+    select_dataset(src, f"{s3_bucket}/kept.parquet", 2, "grades")
+    assert n_upload_parts(f"{s3_bucket}/kept.parquet") >= 2
+    got = pl.read_parquet(io.BytesIO(storage.read_bytes(f"{s3_bucket}/kept.parquet")))
     assert by_pick(got).equals(by_pick(mrt_fast.select(df, 2, "grades")))
-    assert keys(bucket) == ["kept.parquet"]  # the lock beside it is released
+    assert keys(s3_bucket) == ["kept.parquet"]  # the lock beside it is released
 
 
 # --------------------------------------------------------------------------- unfinished uploads
@@ -205,28 +205,28 @@ def unfinished(bucket_url: str) -> set[str]:
 
 
 @pytest.mark.parametrize("how", ["new", "resume", "overwrite", "file"])
-def test_a_job_aborts_the_unfinished_uploads_of_its_output_and_no_other(bucket, how):  # noqa: F811
+def test_a_job_aborts_the_unfinished_uploads_of_its_output_and_no_other(s3_bucket, how):
     """Taking the lock of an output (a new job, a resume after a stop, --overwrite; a directory or
     a file output), a job aborts the unfinished uploads under that output, says so in one note,
     and leaves those of sibling names (``out2/``, ``kept.parquet2``) alone."""
     df = rows(30, 4)
-    put_table(df, f"{bucket}/in.parquet")
-    out = f"{bucket}/kept.parquet" if how == "file" else f"{bucket}/out"
-    run = lambda **kw: select_dataset(f"{bucket}/in.parquet", out, 2, "grades", **kw)  # noqa: E731
+    put_table(df, f"{s3_bucket}/in.parquet")
+    out = f"{s3_bucket}/kept.parquet" if how == "file" else f"{s3_bucket}/out"
+    run = lambda **kw: select_dataset(f"{s3_bucket}/in.parquet", out, 2, "grades", **kw)  # noqa: E731
     if how == "resume":
         with stopping_after(1), pytest.raises(StoppedForTest):
             run(parts=3)
     elif how == "overwrite":
         assert run(parts=3).notes == []  # nothing to abort: nothing said
     mine = [out] if how == "file" else [f"{out}/part-00001-{'0' * 32}.parquet", f"{out}/.mrt/manifest.parquet"]
-    siblings = [f"{out}2", f"{bucket}/out2/part-00001-{'0' * 32}.parquet", f"{bucket}/ou"]
+    siblings = [f"{out}2", f"{s3_bucket}/out2/part-00001-{'0' * 32}.parquet", f"{s3_bucket}/ou"]
     for u in mine + siblings:
         start_upload(u)
     rep = run(parts=3, overwrite=how == "overwrite")
     n = len(mine)
     assert rep.notes == [f"aborted {n} unfinished upload{'s' * (n > 1)} left by a killed run ({5 * n} MiB)"]
     assert rep.resumed == (how == "resume")
-    assert unfinished(bucket) == {u.split("/", 3)[3] for u in siblings}
+    assert unfinished(s3_bucket) == {u.split("/", 3)[3] for u in siblings}
     got = discover(out).read() if how != "file" else pl.read_parquet(io.BytesIO(storage.read_bytes(out)))
     assert by_pick(got).equals(by_pick(mrt_fast.select(df, 2, "grades")))
     assert run(parts=3).notes == []  # aborted once: the next run finds none
@@ -235,19 +235,19 @@ def test_a_job_aborts_the_unfinished_uploads_of_its_output_and_no_other(bucket, 
 @pytest.mark.parametrize("command", [["select", "--k", "2"], pytest.param(["embed", "--no-cache", "--column", "e2"],
                                                                            marks=pytest.mark.embed)],
                          ids=["select", "embed"])
-def test_the_cli_says_in_one_line_that_it_aborted_unfinished_uploads(bucket, command):  # noqa: F811
+def test_the_cli_says_in_one_line_that_it_aborted_unfinished_uploads(s3_bucket, command):
     df = rows(20, 5)
-    put_table(df, f"{bucket}/in.parquet")
-    start_upload(f"{bucket}/out/part-00000-{'0' * 32}.parquet")
-    start_upload(f"{bucket}/out2/part-00000-{'0' * 32}.parquet")
+    put_table(df, f"{s3_bucket}/in.parquet")
+    start_upload(f"{s3_bucket}/out/part-00000-{'0' * 32}.parquet")
+    start_upload(f"{s3_bucket}/out2/part-00000-{'0' * 32}.parquet")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    r = subprocess.run([sys.executable, "-m", "mrt_fast.cli", command[0], f"{bucket}/in.parquet", f"{bucket}/out",
+    r = subprocess.run([sys.executable, "-m", "mrt_fast.cli", command[0], f"{s3_bucket}/in.parquet", f"{s3_bucket}/out",
                         *command[1:]], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     # besides the job's progress lines (a slow model load says so), one warning line
     lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("mrt embed: loading the model")]
     assert lines == ["warning: aborted 1 unfinished upload left by a killed run (5 MiB)"]
-    assert unfinished(bucket) == {f"out2/part-00000-{'0' * 32}.parquet"}
+    assert unfinished(s3_bucket) == {f"out2/part-00000-{'0' * 32}.parquet"}
 
 
 class NoUploadListing:
@@ -272,7 +272,7 @@ class NoUploadListing:
 
 
 @pytest.fixture
-def no_upload_listing(endpoint, monkeypatch):  # noqa: F811
+def no_upload_listing(s3_endpoint, monkeypatch):
     """The environment pointed at a real moto server (same buckets) that does not list unfinished uploads."""
     import threading
 
@@ -291,41 +291,41 @@ def no_upload_listing(endpoint, monkeypatch):  # noqa: F811
         t.join()
 
 
-def test_a_store_that_does_not_list_unfinished_uploads_does_not_fail_the_job(bucket, no_upload_listing):  # noqa: F811
+def test_a_store_that_does_not_list_unfinished_uploads_does_not_fail_the_job(s3_bucket, no_upload_listing):
     df = rows(20, 6)
-    put_table(df, f"{bucket}/in.parquet")
+    put_table(df, f"{s3_bucket}/in.parquet")
     with pytest.raises(MrtInputError, match="NotImplemented"):
-        storage.abort_uploads(f"{bucket}/out", directory=True)
-    rep = select_dataset(f"{bucket}/in.parquet", f"{bucket}/out", 2, "grades", parts=2)
+        storage.abort_uploads(f"{s3_bucket}/out", directory=True)
+    rep = select_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/out", 2, "grades", parts=2)
     [note] = rep.notes
-    assert note.startswith(f"cannot list the unfinished uploads under '{bucket}/out/'") and "NotImplemented" in note
+    assert note.startswith(f"cannot list the unfinished uploads under '{s3_bucket}/out/'") and "NotImplemented" in note
     assert "\n" not in note and "not aborted" in note
-    assert by_pick(discover(f"{bucket}/out").read()).equals(by_pick(mrt_fast.select(df, 2, "grades")))
+    assert by_pick(discover(f"{s3_bucket}/out").read()).equals(by_pick(mrt_fast.select(df, 2, "grades")))
 
 
-def test_every_row_stage_reports_the_uploads_it_aborted(bucket):  # noqa: F811
+def test_every_row_stage_reports_the_uploads_it_aborted(s3_bucket):
     """nll and score run as row stages of the same job: their report carries the note too."""
     from mrt_fast.llm.dataset_stages import run_text_stage
 
     df = rows(10, 7)
-    put_table(df, f"{bucket}/in.parquet")
-    start_upload(f"{bucket}/lens/part-00000-{'0' * 32}.parquet")
+    put_table(df, f"{s3_bucket}/in.parquet")
+    start_upload(f"{s3_bucket}/lens/part-00000-{'0' * 32}.parquet")
     length = pl.col("response").str.len_chars().alias("length")
-    rep = run_text_stage(f"{bucket}/in.parquet", f"{bucket}/lens", name="length", columns=("response",),
+    rep = run_text_stage(f"{s3_bucket}/in.parquet", f"{s3_bucket}/lens", name="length", columns=("response",),
                          out_column="length", parameters={}, rows_per_part=20,
                          make_stage=lambda: lambda d: d.with_columns(length))
     assert rep.notes == ["aborted 1 unfinished upload left by a killed run (5 MiB)"]
-    assert discover(f"{bucket}/lens").read()["length"].to_list() == df["response"].str.len_chars().to_list()
-    assert not unfinished(bucket)
+    assert discover(f"{s3_bucket}/lens").read()["length"].to_list() == df["response"].str.len_chars().to_list()
+    assert not unfinished(s3_bucket)
 
 
 @pytest.mark.embed
-def test_embed_reports_the_uploads_it_aborted(bucket):  # noqa: F811
+def test_embed_reports_the_uploads_it_aborted(s3_bucket):
     from mrt_fast.embeddings.dataset import embed_dataset
 
     df = pl.DataFrame({"prompt_id": np.repeat(np.arange(3), 2), "response": [f"answer {i}" for i in range(6)]})
-    put_table(df, f"{bucket}/in.parquet")
-    start_upload(f"{bucket}/emb.parquet")
-    rep = embed_dataset(f"{bucket}/in.parquet", f"{bucket}/emb.parquet", cache_dir=False)
+    put_table(df, f"{s3_bucket}/in.parquet")
+    start_upload(f"{s3_bucket}/emb.parquet")
+    rep = embed_dataset(f"{s3_bucket}/in.parquet", f"{s3_bucket}/emb.parquet", cache_dir=False)
     assert rep.notes == ["aborted 1 unfinished upload left by a killed run (5 MiB)"]
-    assert not unfinished(bucket) and discover(f"{bucket}/emb.parquet").read().height == 6
+    assert not unfinished(s3_bucket) and discover(f"{s3_bucket}/emb.parquet").read().height == 6
