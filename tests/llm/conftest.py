@@ -1,5 +1,6 @@
 """Fixtures the LLM test modules share: one torch thread per test module that asks for the tiny
-models, and the tiny offline models themselves (saved once per module)."""
+models, the tiny offline models themselves (saved once per module), and the tiny LM with a chat
+template."""
 
 import pytest
 
@@ -16,3 +17,21 @@ def tiny_paths(tmp_path_factory, torch_one_thread):
     from mrt_fast.llm.testing import save_tiny_models
 
     return save_tiny_models(tmp_path_factory.mktemp("models"))
+
+
+#: a minimal chat template for the tiny tokenizer
+CHAT = ("{% for m in messages %}<s>user: {{ m['content'] }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<s>assistant: {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_lm(tiny_paths, tmp_path_factory):
+    """The tiny LM saved with a chat template on its tokenizer."""
+    from mrt_fast.llm.models import load_causal_lm, load_tokenizer
+
+    d = tmp_path_factory.mktemp("chat") / "tiny-chat"
+    tok = load_tokenizer(str(tiny_paths["lm"]))
+    tok.chat_template = CHAT
+    load_causal_lm(str(tiny_paths["lm"])).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d

@@ -14,13 +14,6 @@ from mrt_fast.datasets.job import StoppedForTest, stopping_after
 pytestmark = pytest.mark.train
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from mrt_fast.llm.testing import save_tiny_models
-
-    return save_tiny_models(tmp_path_factory.mktemp("models"))
-
-
 def pairs(n_prompts: int = 6) -> pl.DataFrame:
     rng = np.random.default_rng(0)
     ids = np.repeat(np.arange(n_prompts), 3)
@@ -29,13 +22,13 @@ def pairs(n_prompts: int = 6) -> pl.DataFrame:
                          "response": [" ".join(rng.choice(words, 1 + j % 3)) for j in range(len(ids))]})
 
 
-def test_nll_to_a_directory_resumes_and_equals_one_file(tmp_path, tiny):
+def test_nll_to_a_directory_resumes_and_equals_one_file(tmp_path, tiny_paths):
     df = pairs()
     (tmp_path / "in").mkdir()
     df.head(8).write_parquet(tmp_path / "in" / "a.parquet")
     df.tail(df.height - 8).write_parquet(tmp_path / "in" / "b.parquet")
     glob = str(tmp_path / "in" / "*.parquet")
-    base = ["nll", glob, "--model", str(tiny["lm"]), "--device", "cpu", "--rows-per-part", "5"]
+    base = ["nll", glob, "--model", str(tiny_paths["lm"]), "--device", "cpu", "--rows-per-part", "5"]
     r = CliRunner().invoke(app, [*base[:2], str(tmp_path / "whole.parquet"), *base[2:]])
     assert r.exit_code == 0, r.output
     with stopping_after(2), pytest.raises(StoppedForTest):
@@ -49,7 +42,7 @@ def test_nll_to_a_directory_resumes_and_equals_one_file(tmp_path, tiny):
     assert whole["loss"].is_finite().all() and whole.height == df.height
 
 
-def test_nll_and_score_take_the_grouped_layout(tmp_path, tiny):
+def test_nll_and_score_take_the_grouped_layout(tmp_path, tiny_paths):
     from mrt_fast.llm.dataset_stages import nll_dataset, score_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -57,16 +50,16 @@ def test_nll_and_score_take_the_grouped_layout(tmp_path, tiny):
     grouped = df.group_by("prompt_id", maintain_order=True).agg(pl.col("prompt").first(), pl.col("response"))
     df.write_parquet(tmp_path / "flat.parquet")
     grouped.write_parquet(tmp_path / "grouped.parquet")
-    tok = AutoTokenizer.from_pretrained(tiny["lm"])
-    lm = AutoModelForCausalLM.from_pretrained(tiny["lm"])
+    tok = AutoTokenizer.from_pretrained(tiny_paths["lm"])
+    lm = AutoModelForCausalLM.from_pretrained(tiny_paths["lm"])
     nll_dataset(tmp_path / "flat.parquet", tmp_path / "f.parquet", lm, tok)
     nll_dataset(tmp_path / "grouped.parquet", tmp_path / "g", lm, tok, rows_per_part=2)
     f, g = pl.read_parquet(tmp_path / "f.parquet"), pl.read_parquet(tmp_path / "g")
     assert g["loss"].list.len().to_list() == [3] * 6
     np.testing.assert_allclose(g.explode("response", "loss")["loss"].to_numpy(), f["loss"].to_numpy(), rtol=1e-5)
-    score_dataset(tmp_path / "grouped.parquet", tmp_path / "s.parquet", str(tiny["reward"]), device="cpu")
+    score_dataset(tmp_path / "grouped.parquet", tmp_path / "s.parquet", str(tiny_paths["reward"]), device="cpu")
     s = pl.read_parquet(tmp_path / "s.parquet")
     assert s["reward"].list.len().to_list() == [3] * 6
     r = CliRunner().invoke(app, ["score", str(tmp_path / "s.parquet"), str(tmp_path / "t.parquet"),
-                                 "--model", str(tiny["reward"])])
+                                 "--model", str(tiny_paths["reward"])])
     assert r.exit_code == 2 and "already has a 'reward' column" in r.output

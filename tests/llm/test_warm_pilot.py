@@ -12,22 +12,6 @@ from hypothesis import strategies as st
 
 pytestmark = pytest.mark.train
 
-CHAT = ("{% for m in messages %}<s>user: {{ m['content'] }}</s>{% endfor %}"
-        "{% if add_generation_prompt %}<s>assistant: {% endif %}")
-
-
-@pytest.fixture(scope="module")
-def chat_lm(tiny_paths, tmp_path_factory):
-    """The tiny LM with a chat template on its tokenizer."""
-    from mrt_fast.llm.models import load_causal_lm, load_tokenizer
-
-    d = tmp_path_factory.mktemp("chat") / "tiny-chat"
-    tok = load_tokenizer(str(tiny_paths["lm"]))
-    tok.chat_template = CHAT
-    load_causal_lm(str(tiny_paths["lm"])).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
 
 def _task(n_prompts, offset=0, per=3):
     rows = [(f"p{i}", f"Name a number between {10 * i} and {10 * i + 9}.\n", str(10 * i + 1 + j))
