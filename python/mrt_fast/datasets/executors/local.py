@@ -13,6 +13,9 @@ selected in memory, several at a time where memory allows
 (:mod:`mrt_fast.datasets.executors.local_plan`). A directory output keeps its
 spill when the job fails, so that a rerun picks up where it stopped. Grouped
 layout: parts of consecutive prompts, run as a row stage.
+
+The variance fold over a source: :func:`variance_budget_files`
+(:mod:`mrt_fast.datasets.executors.local_fold`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from mrt_fast._util.disk_space import is_no_space, no_space_error
 from mrt_fast._util.memory import Budget, default_memory_limit, parse_memory, peak_rss, release_unused, size_text
 from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import sources as _sources
+from mrt_fast.datasets.executors.local_fold import variance_budget_files
 from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, grouped_size, plan_grouped,
                                                     plan_memory)
 from mrt_fast.datasets.job import Job, rows_before, run_all
@@ -40,7 +44,7 @@ from mrt_fast.datasets.spill import (ROW, SPILL_DIR, drop_bucket, holds_buckets,
 from mrt_fast.datasets.stage import Counts, as_stage, split_result
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["prepare_select", "run_row_parts", "run_select"]
+__all__ = ["prepare_select", "run_row_parts", "run_select", "variance_budget_files"]
 
 
 # --------------------------------------------------------------------------- row stages

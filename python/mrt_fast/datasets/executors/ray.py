@@ -44,7 +44,7 @@ from mrt_fast.datasets.spill import null_ids_error, spill_area
 from mrt_fast.datasets.stage import Counts, as_stage, split_result
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["last_job_stats", "prepare_select", "run_row_parts", "run_select"]
+__all__ = ["last_job_stats", "prepare_select", "run_row_parts", "run_select", "variance_budget_files"]
 
 _last_stats: str | None = None
 
@@ -327,3 +327,29 @@ class _FlatRun:
             return "\n".join(self.stats)
         except Exception:  # noqa: BLE001 - diagnostics only
             return None
+
+
+# --------------------------------------------------------------------------- the variance fold
+
+
+def variance_budget_files(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
+                          allow_partial: bool = False, layout: str = "auto", batch_rows: int | None = None,
+                          tokens: str | None = None, **options: Any):
+    """`mrt_fast.variance_budget` over the files of a source on Ray: each block
+    of the two columns folds into an accumulator, the driver merges them
+    (either layout: grouped when the loss column holds lists). ``batch_rows`` and ``tokens``
+    are the local executor's (the caller refuses ``tokens`` here)."""
+    from mrt_fast.datasets import sources as _sources
+    from mrt_fast.datasets.executors.ray_fold import variance_budget
+    from mrt_fast.tables.layouts import GROUPED, detect
+
+    src = source if isinstance(source, _sources.Dataset) else _sources.discover(source, allow_partial=allow_partial)
+    schema = src.check_columns([(by, "prompt id"), (loss, "loss")])
+    lay = detect(schema, {loss: 0}, layout)
+    t = schema[loss]
+    inner = t.inner if lay == GROUPED and isinstance(t, (pl.List, pl.Array)) else t
+    if not inner.is_numeric():
+        want = "a list of numbers (grouped layout)" if lay == GROUPED else "numeric"
+        raise MrtInputError(f"column {loss!r} (loss) must be {want}, got {t}", column=loss)
+    init(address)
+    return variance_budget(read(src, columns=[by, loss]), by=by, loss=loss, layout=lay, **options)
