@@ -131,7 +131,8 @@ def run_row_parts(job: Any, stage: Any, *, rows_per_part: int, n_rows: int | Non
     out_dir = str(job.out) if job.to_dir else None
     results: dict[int, pl.DataFrame] = {}
     with Unwrapping(), QuietInputErrors(), quiet_remote_args():
-        items = ray.data.from_items([{"part": i} for i in todo], override_num_blocks=len(todo))
+        # a context of its own: the order kept, and a stage's own exception let through Ray's wrapper
+        items = own_context(ray.data.from_items([{"part": i} for i in todo], override_num_blocks=len(todo)))
         mapped = items.map_batches(_RowPartWorker, batch_size=1, concurrency=n_workers, batch_format="numpy",
                                    fn_constructor_kwargs={"source": job.ds.source, "stage": st,
                                                           "per": per, "out_dir": out_dir})
