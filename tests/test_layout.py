@@ -212,3 +212,49 @@ def test_the_package_imports_no_heavy_stack():
             "print(sorted(heavy & set(sys.modules)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]", r.stdout
+
+
+EXECUTORS = "mrt_fast.datasets.executors"
+
+
+def _executor_of(module: str) -> str | None:
+    """The executor a module of the executors' folder belongs to: its name up to the first ``_``
+    (``local_plan`` is the local executor's, ``ray_tasks`` Ray's); None for modules elsewhere."""
+    if not module.startswith(EXECUTORS + "."):
+        return None
+    return module[len(EXECUTORS) + 1:].split(".")[0].split("_")[0]
+
+
+def _executors_reaching_another(edges) -> list[str]:
+    """Every executor module from which a module of another executor is reached, directly or not."""
+    bad = []
+    for start in sorted({m for m in edges} | {d for ds in edges.values() for d, _, _ in ds}):
+        own = _executor_of(start)
+        if own is None:
+            continue
+        seen, todo = {start}, [start]
+        while todo:
+            for dest, _, _ in edges.get(todo.pop(), ()):
+                if dest in seen:
+                    continue
+                seen.add(dest)
+                other = _executor_of(dest)
+                if other is not None and other != own:
+                    bad.append(f"{start} reaches {dest}")
+                todo.append(dest)
+    return bad
+
+
+def test_no_executor_imports_another():
+    """The local and the Ray executor stand side by side: each imports the job, the stages and the
+    exchange, never (even through another module) the other executor."""
+    _, edges = _graph()
+    assert _executors_reaching_another(edges) == []
+    assert {_executor_of(m) for m in _graph()[0]} >= {"local", "ray"}
+
+
+def test_executor_rule_sees_one_executor_reaching_another():
+    x = EXECUTORS
+    edges = {f"{x}.ray": {("mrt_fast.datasets.stage", "", 1)},
+             "mrt_fast.datasets.stage": {(f"{x}.local_plan", "", 2)}}
+    assert _executors_reaching_another(edges) == [f"{x}.ray reaches {x}.local_plan"]

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 import mrt_fast
 from mrt_fast import MrtInputError
 from mrt_fast.datasets import local as batch
+from mrt_fast.datasets.executors import local_plan
 from mrt_fast.datasets.job import StoppedForTest, stopping_after
 from mrt_fast.datasets.lock import lock_path
 from mrt_fast.datasets.manifest import MANIFEST
@@ -132,12 +133,12 @@ def test_memory_limit_chooses_buckets_and_keeps_the_result(tmp_path, monkeypatch
     cut(df, tmp_path / "in", 3)
     ref = ref_select(df, 3, "grades")
     # a data set "bigger" than the limit: pretend every byte needs 10^5 bytes of work
-    monkeypatch.setattr(batch, "WORK_FACTOR", 1e5)
+    monkeypatch.setattr(local_plan, "WORK_FACTOR", 1e5)
     limit = rss() + 10**9  # on top of what the test process holds already
     rep = select_dataset(tmp_path / "in", tmp_path / "out.parquet", 3, "grades", memory_limit=limit)
     assert rep.spilled and rep.n_parts > 1
     assert pl.read_parquet(tmp_path / "out.parquet").equals(ref)
-    monkeypatch.setattr(batch, "WORK_FACTOR", 1.0)
+    monkeypatch.setattr(local_plan, "WORK_FACTOR", 1.0)
     rep = select_dataset(tmp_path / "in", tmp_path / "out2.parquet", 3, "grades", memory_limit=limit)
     assert not rep.spilled and rep.n_parts == 1
     assert pl.read_parquet(tmp_path / "out2.parquet").equals(ref)

@@ -455,7 +455,7 @@ def test_cli_engine_ray_select_and_diagnose(tmp_path, monkeypatch):
     # bad input: the local one-line error, exit code 2
     r = runner.invoke(app, ["select", str(src), str(tmp_path / "x"), "--k", "2", "--method", "grades",
                             "--embedding", "emb", "--engine", "ray"])
-    assert r.exit_code == 2 and "column 'emb' (embedding) not found" in r.output
+    assert r.exit_code == 2 and "has no 'emb' column" in r.output and "mrt embed" in r.output
     r = runner.invoke(app, ["select", str(src), str(tmp_path / "x"), "--k", "2", "--ray-address", "auto"])
     assert r.exit_code == 2 and "--ray-address needs --engine ray" in r.output
 

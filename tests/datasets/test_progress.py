@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mrt_fast.cli import app
-from mrt_fast.datasets.job import Job, StoppedForTest, run_row_parts, run_summary, stopping_after
+from mrt_fast.datasets.executors import run_row_parts
+from mrt_fast.datasets.job import Job, StoppedForTest, run_summary, stopping_after
 from mrt_fast.datasets.local import select_dataset
 from mrt_fast.datasets.progress import INTERVAL_ENV, JobProgress
 from mrt_fast.errors import MrtInputError

@@ -12,7 +12,7 @@ within that budget:
 * reading an input that fits whole: a few copies of each reading thread's
   batch besides the table (:func:`whole_read_bytes`);
 * selection: each worker holds a few copies of its bucket (``WORK_FACTOR``
-  in :mod:`mrt_fast.datasets.local`) besides a fixed ``SELECT_WORKER``; what the
+  in :mod:`mrt_fast.datasets.executors.local_plan`) besides a fixed ``SELECT_WORKER``; what the
   spill pass leaves resident is measured again before selection starts.
 
 A limit the job cannot be planned in is refused before any work, in one

@@ -24,18 +24,22 @@ import polars as pl
 
 from mrt_fast.answers.report import AnswerReport, fill, pool_stats
 from mrt_fast.answers.table import AnswerOptions, apply, options
+from mrt_fast.datasets.stage import RowStage
 from mrt_fast.errors import MrtInputError
 
 __all__ = ["AnswerRows", "answers_dataset", "dataset_report"]
 
 
-class AnswerRows:
-    """The answers stage as a picklable factory: ``AnswerRows(opts)()`` is the function of a part."""
+class AnswerRows(RowStage):
+    """The answers stage (:mod:`mrt_fast.datasets.stage`), picklable: ``AnswerRows(opts)()`` is the
+    function of a part."""
+
+    name = "answers"
 
     def __init__(self, opts: AnswerOptions):
         self.opts = opts
 
-    def __call__(self) -> Callable[[pl.DataFrame], pl.DataFrame]:
+    def open(self, tick: Callable[[int], None] | None = None) -> Callable[[pl.DataFrame], pl.DataFrame]:
         opts = self.opts
         return lambda df: apply(df, opts)[0]
 
@@ -48,16 +52,15 @@ def answers_dataset(source: Any, output: str | os.PathLike, *, rows_per_part: in
     ``allow_partial``: read the finished parts of an unfinished ``mrt`` output (refused otherwise)."""
     from mrt_fast.answers.table import check_columns
     from mrt_fast.datasets import sources
-    from mrt_fast.datasets.job import Job, run_row_parts
+    from mrt_fast.datasets.executors import executor, only_on, run_row_parts
+    from mrt_fast.datasets.job import Job
     from mrt_fast.tables.layouts import GROUPED
 
     t0 = time.perf_counter()
     if isinstance(rows_per_part, bool) or not isinstance(rows_per_part, int) or rows_per_part < 1:
         raise MrtInputError(f"rows_per_part must be an integer >= 1, got {rows_per_part!r}")
-    if engine not in ("local", "ray"):
-        raise MrtInputError(f"engine must be 'local' or 'ray', got {engine!r}")
-    if engine == "local" and (ray_address is not None or ray_workers is not None):
-        raise MrtInputError("ray_address and ray_workers apply to engine='ray' only")
+    executor(engine)
+    only_on(engine, "ray", {"ray_address": ray_address, "ray_workers": ray_workers})
     kw.pop("return_report", None)
     opts = options(**kw)
     ds = sources.discover(source, allow_partial=allow_partial)
@@ -74,15 +77,8 @@ def answers_dataset(source: Any, output: str | os.PathLike, *, rows_per_part: in
     job_.parameters = {**opts.parameters(), "layout": lay, "rows_per_part": rows_per_part}
     with job_ as job:
         if not job.done:
-            make = AnswerRows(opts)
-            if engine == "ray":
-                from mrt_fast.datasets import ray_engine
-
-                ray_engine.run_row_parts(job, make, rows_per_part=rows_per_part, n_rows=n, workers=ray_workers,
-                                         address=ray_address)
-            else:
-                fn = make()
-                run_row_parts(job, fn, rows_per_part=rows_per_part, n_rows=n)
+            run_row_parts(job, AnswerRows(opts), engine=engine, rows_per_part=rows_per_part, n_rows=n,
+                          workers=ray_workers, address=ray_address)
         out = str(job.out)
         notes = list(job.notes)
     rep = dataset_report(ds, out, opts, lay)

@@ -67,6 +67,29 @@ def warn_notes(notes: list[str]) -> None:
         typer.echo(f"warning: {note}", err=True)
 
 
+def print_report(rep, title: str, wrote: str, lines: list[tuple[str, str]] | None = None) -> None:
+    """A job's report (:class:`~mrt_fast.datasets.report.JobReport`), printed the one way every
+    command prints it: one line when the run found nothing to do; else its table (``lines``, by
+    default the report's) under ``title``, what this run did beside the job's total when it
+    resumed one, Ray's log directory, and ``wrote`` (what is where)."""
+    from rich.table import Table
+
+    if rep.nothing_to_do:
+        console.print(rep.complete_line(), soft_wrap=True, highlight=False)
+        return
+    tab = Table(title=title, show_header=False)
+    tab.add_column("")
+    tab.add_column("", justify="right")
+    for name, v in rep.lines() if lines is None else lines:
+        tab.add_row(name, v)
+    console.print(tab)
+    if rep.resumed:  # the table counts this run's work; the job holds more
+        console.print(rep.run_summary(), soft_wrap=True, highlight=False)
+    if rep.logs:
+        console.print(f"Ray's logs: {rep.logs}", soft_wrap=True, highlight=False)
+    console.print(wrote + (" (resumed)" if rep.resumed else ""), soft_wrap=True, highlight=False)
+
+
 def k_or_column(k: str):
     """--k: an integer, or the name of a column with each pool's K."""
     try:

@@ -13,6 +13,7 @@ from mrt_fast.cli.common import (
     app,
     check_engine,
     console,
+    print_report,
     RESPONSE_HELP,
     response_column,
     user_errors,
@@ -78,42 +79,7 @@ def embed_cmd(
             empty_text=empty_text,
         )
     warn_notes(rep.notes)
-    if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
-        console.print(f"{out} is already complete ({rep.parts} part(s), {rep.rows} rows); nothing to do",
-                      soft_wrap=True, highlight=False)
-        return
-    tab = Table(title="mrt embed", show_header=False)
-    tab.add_column("")
-    tab.add_column("", justify="right")
-    unit = "prompts" if rep.layout == "grouped" else "rows"
-    lines = [(unit, f"{rep.rows:,}")]
-    if rep.layout == "grouped":
-        lines.append(("candidates", f"{rep.candidates:,}"))
-    lines += [("model", str(rep.model_id)), ("computed", f"{rep.computed:,}"), ("from cache", f"{rep.from_cache:,}")]
-    if rep.empty_skipped or rep.empty_text == "skip":
-        lines.append(("empty texts skipped", f"{rep.empty_skipped:,}"
-                      + (f" ({rep.prompts_skipped:,} prompts left with none, left out)" if rep.prompts_skipped
-                         else "")))
-    if rep.empty_kept or rep.empty_text == "keep":
-        lines.append(("empty texts kept (null embedding)", f"{rep.empty_kept:,}"))
-    lines += [("parts", f"{rep.parts} ({rep.parts_done_now} by this run)"),
-              ("texts/s", f"{rep.texts_per_second:,.1f}" if rep.texts_per_second < 10 else
-               f"{rep.texts_per_second:,.0f}")]
-    if rep.layout == "grouped":
-        lines.append(("prompts/s", f"{rep.rows_per_second:,.1f}"))
-    lines.append(("seconds", f"{rep.seconds:.1f}"))
-    for name, v in lines:
-        tab.add_row(name, v)
-    console.print(tab)
-    said = f"wrote {rep.rows_done_now} {unit} to {out}"
-    if rep.resumed:
-        from mrt_fast.datasets.job import run_summary
-
-        said += " (resumed; " + run_summary({"parts": rep.parts_done_now, "rows": rep.rows_done_now},
-                                            {"parts": rep.parts, "rows": rep.rows}) + ")"
-    console.print(said, soft_wrap=True, highlight=False)
-    if rep.logs:
-        console.print(f"Ray's logs: {rep.logs}", soft_wrap=True, highlight=False)
+    print_report(rep, "mrt embed", f"wrote {rep.rows_done_now} {rep.unit} to {out}")
 
 
 @app.command("embed-quality")

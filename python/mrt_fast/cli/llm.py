@@ -19,6 +19,7 @@ from mrt_fast.cli.common import (
     console,
     kv_options,
     needs,
+    print_report,
     RESPONSE_HELP,
     response_column,
     user_errors,
@@ -116,7 +117,7 @@ def nll_cmd(
                                   device=dev, rows_per_part=rows_per_part, overwrite=overwrite, progress=True,
                                   engine=engine, ray_address=ray_address, workers=workers,
                                   allow_partial=allow_partial)
-    console.print(f"{rep}; {loss!r} written to {out}")
+    print_report(rep, "mrt nll", f"{loss!r} written to {out}")
     warn_notes(rep.notes)
 
 
@@ -194,7 +195,7 @@ def score_cmd(
                                 batch_size=batch_size, device=resolve_device(device), rows_per_part=rows_per_part,
                                 overwrite=overwrite, progress=True, engine=engine, ray_address=ray_address,
                                 workers=workers, allow_partial=allow_partial)
-    console.print(f"{rep}; {column!r} written to {out}")
+    print_report(rep, "mrt score", f"{column!r} written to {out}")
     warn_notes(rep.notes)
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from mrt_fast.cli.common import (
     ALLOW_PARTIAL,
     app,
     check_engine,
-    console,
     k_or_column,
+    print_report,
     user_errors,
     warn_notes,
 )
@@ -73,7 +72,7 @@ def select_cmd(
     import shlex
     import sys
 
-    from mrt_fast.datasets.local import select_dataset
+    from mrt_fast.datasets.select_job import select_dataset
     from mrt_fast.selection.options import SelectOptions
 
     with user_errors(resumable=True):
@@ -87,36 +86,9 @@ def select_cmd(
                              candidate_key=candidate_key, optimizer=optimizer, n_modes=n_modes, layout=layout,
                              candidate_columns=cand_cols, text=text, dedup=dedup,
                              **({} if max_mode_cosine is None else {"max_mode_cosine": max_mode_cosine}))
-        if engine == "ray":
-            from mrt_fast.datasets.ray_engine import select_dataset as ray_select_dataset
-
-            rep = ray_select_dataset(inp, out, options=opts, parts=parts, rows_per_part=chunk_rows,
-                                     overwrite=overwrite, address=ray_address, command=command, progress=True,
-                                     allow_partial=allow_partial)
-        else:
-            rep = select_dataset(inp, out, options=opts, memory_limit=memory_limit, workers=workers, parts=parts,
-                                 rows_per_part=chunk_rows, overwrite=overwrite, progress=True, command=command,
-                                 allow_partial=allow_partial)
+        rep = select_dataset(inp, out, options=opts, engine=engine, memory_limit=memory_limit, workers=workers,
+                             parts=parts, rows_per_part=chunk_rows, overwrite=overwrite, ray_address=ray_address,
+                             progress=True, command=command, allow_partial=allow_partial)
     warn_notes(rep.notes)
-    if rep.already_done or (rep.resumed and rep.parts_done_now == 0):
-        rows = "rows" if rep.layout == "flat" else "prompts"
-        console.print(f"{out} is already complete ({rep.n_parts} part(s), {rep.n_out_rows} {rows}); nothing to do",
-                      soft_wrap=True, highlight=False)
-        return
-    tab = Table(title=f"mrt select: {rep.method}, K = {k}" + (" (this run)" if rep.resumed else ""), show_header=False)
-    tab.add_column("")
-    tab.add_column("", justify="right")
-    for name, v in rep.lines()[1:]:  # the title names the method
-        tab.add_row(name, v)
-    console.print(tab)
-    if rep.resumed:  # the table counts this run's work; the job holds more
-        from mrt_fast.datasets.job import run_summary
-
-        console.print(run_summary({"parts": rep.parts_done_now, "pools": rep.n_pools, "candidates": rep.n_candidates},
-                                  {"parts": rep.n_parts, "rows written": rep.n_out_rows}),
-                      soft_wrap=True, highlight=False)
-    if rep.logs:
-        console.print(f"Ray's logs: {rep.logs}", soft_wrap=True, highlight=False)
-    what = "rows" if rep.layout == "flat" else "prompts"
-    console.print(f"wrote {rep.n_out_rows} {what} to {out}" + (" (resumed)" if rep.resumed else ""), soft_wrap=True,
-                  highlight=False)
+    print_report(rep, f"mrt select: {rep.method}, K = {k}" + (" (this run)" if rep.resumed else ""),
+                 f"wrote {rep.rows_out} {rep.unit} to {out}", rep.lines()[1:])  # the title names the method

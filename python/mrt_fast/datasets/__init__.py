@@ -1,11 +1,13 @@
-"""Datasets larger than memory: sources, formats, parts, the manifest, the lock, and the engines.
+"""Datasets larger than memory: sources, formats, parts, the manifest, the lock, stages and executors.
 
 A job (:class:`Job`) reads a file, a directory or a glob of Parquet/JSONL
-files once and writes a file or a resumable directory of parts; a stage runs
-inside it on an executor: the local engine (:func:`select_dataset`) on one
-machine in bounded memory, the Ray engine (:mod:`mrt_fast.datasets.ray_engine`)
-on a cluster, with the same result. :func:`variance_budget` takes a table, a
-path or a Ray Dataset.
+files once and writes a file or a resumable directory of parts; a stage
+(:mod:`mrt_fast.datasets.stage`) runs inside it on an executor
+(:mod:`mrt_fast.datasets.executors`): ``engine="local"`` on one machine in
+bounded memory, ``engine="ray"`` on a Ray cluster, with the same parts
+(:func:`select_dataset`). Every stage's run returns a :class:`JobReport`.
+:func:`variance_budget` takes a table, a path or a Ray Dataset
+(:mod:`mrt_fast.datasets.ray_engine` serves the Ray Dataset functions).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from mrt_fast._util.lazy import lazy_names
 #: never pays for the engines
 _LAZY = {
     "variance_budget": "mrt_fast.datasets.diagnose",
-    "BatchReport": "mrt_fast.datasets.local",
-    "select_dataset": "mrt_fast.datasets.local",
+    "BatchReport": "mrt_fast.datasets.report",
+    "JobReport": "mrt_fast.datasets.report",
+    "select_dataset": "mrt_fast.datasets.select_job",
     "Manifest": "mrt_fast.datasets.manifest",
     "Dataset": "mrt_fast.datasets.sources",
     "discover": "mrt_fast.datasets.sources",

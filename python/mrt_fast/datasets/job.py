@@ -28,10 +28,9 @@ what surrounds it, whatever runs it:
   line naming the part), and leaving nothing behind when bad input is found
   before any part was committed.
 
-**Executors** run a stage's parts inside a job: the local engine
-(:mod:`mrt_fast.datasets.local`: bucketed by prompt, memory-bounded, spilled
-when needed; runs of consecutive rows for row-wise stages,
-:func:`run_row_parts`) and Ray (:mod:`mrt_fast.datasets.ray_engine`).
+**Executors** (:mod:`mrt_fast.datasets.executors`) run a stage's parts
+inside a job: on this machine (``local``) or on a Ray cluster (``ray``); they
+use :func:`rows_before`, :func:`run_all` and :func:`write_part` from here.
 
 Test hook: the environment variable :data:`STOP_AFTER_ENV` (an integer N)
 stops a job with :class:`StoppedForTest` once it has committed N parts, as a
@@ -41,7 +40,6 @@ kill would (read in one place, :func:`stop_after`).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 import time
@@ -65,11 +63,12 @@ from mrt_fast.datasets.object_lock import lock_url, object_lock
 from mrt_fast.datasets.manifest import (EMPTY_PART, Manifest, discard_unfinished, part_check, part_path,
                                         prepare_output)
 from mrt_fast.datasets.progress import JobProgress
+from mrt_fast.datasets.report import run_summary
+from mrt_fast.datasets.stage import RowStage
 from mrt_fast.errors import MrtInputError
 
 __all__ = ["Job", "RowStage", "STOP_AFTER_ENV", "StoppedForTest", "is_directory_output", "rows_before", "run_all",
-           "run_row_parts", "run_summary", "stop_after",
-           "stopping_after", "write_part"]
+           "run_summary", "stop_after", "stopping_after", "write_part"]
 
 #: test hook: stop a job after it has committed this many parts (see the module doc)
 STOP_AFTER_ENV = "MRT_TEST_STOP_AFTER_PARTS"
@@ -353,95 +352,6 @@ def write_part(df: pl.DataFrame, out_dir: Path, i: int) -> int:
     with reporting_full_disk(f"writing part {i} to", Path(out_dir)):
         _formats.write_parquet_atomic(df, p)
     return df.height
-
-
-class RowStage:
-    """A stage that maps runs of consecutive input rows to rows (embed, nll,
-    score, export, grouped select): ``__call__(df) -> df``. ``parameters``
-    are what its result depends on; ``needed`` the (column, role) pairs the
-    input must have; ``check(schema)`` any further check of the input before
-    work; ``setup()`` runs once before the first part (a model loaded)."""
-
-    name = "stage"
-    parameters: dict[str, Any] = {}
-
-    def needed(self) -> list[tuple[str, str]]:
-        return []
-
-    def check(self, schema: pl.Schema) -> None:
-        return None
-
-    def setup(self) -> None:
-        return None
-
-    def __call__(self, df: pl.DataFrame) -> pl.DataFrame:  # pragma: no cover - an interface
-        raise NotImplementedError
-
-
-def run_row_parts(job: Job, stage: Callable[[pl.DataFrame], pl.DataFrame], *, rows_per_part: int,
-                  n_rows: int | None = None, layout: str = "flat", workers: int = 1,
-                  on_part: Callable[[int, pl.DataFrame, pl.DataFrame], None] | None = None,
-                  on_total: Callable[[int, int], None] | None = None,
-                  advance_by_part: bool = True, items_total: int | None = None) -> dict[str, int]:
-    """The local executor of a row-wise stage: part ``i`` is input rows
-    ``[i r, (i + 1) r)`` (``r = rows_per_part``; a resumed job keeps its
-    manifest's), read, mapped by ``stage`` and committed (a directory) or
-    gathered and written whole (a file). An `MrtInputError` about row ``j``
-    of a part is restated with the input file and row. ``on_part(i, input,
-    output)`` after each part; ``on_total(total, done)`` once the work is
-    known. ``job.progress`` advances by each part's input rows (``advance_by_part``; else the
-    stage advances it); ``items_total``: the candidates of the input, when the stage ticks them
-    (:meth:`~mrt_fast.datasets.progress.JobProgress.tick`). Returns ``{"parts", "parts_done_now", "rows_done_now", "rows_out"}``."""
-    n = job.count_rows() if n_rows is None else n_rows
-    if n == 0:
-        raise MrtInputError(f"{job.ds.source!r} has no rows: there is nothing to do")
-    per = int(job.rows_per_part or rows_per_part)
-    n_parts = job.n_parts or max(1, math.ceil(n / per))
-    todo = job.start(n_parts, layout=layout, rows_per_part=per, n_rows=n)
-    before = rows_before(n, per, n_parts, todo)
-    job.progress.start(n, before, items_total=items_total)
-    if on_total is not None:
-        on_total(n, before)
-    lf = job.ds.scan()
-    results: dict[int, pl.DataFrame] = {}
-    done = {"rows_done_now": 0, "rows_out": 0}
-    lock = threading.Lock()
-
-    def one(i: int) -> None:
-        df = job.read_rows(i * per, per, lf)
-        try:
-            res = stage(df)
-        except MrtInputError as e:
-            if e.row is None or not 0 <= e.row < df.height:
-                raise
-            raise job.in_file(e, i * per + e.row) from None
-        if job.to_dir:
-            job.commit(i, res)
-        else:
-            results[i] = res
-        with lock:
-            done["rows_done_now"] += df.height
-            done["rows_out"] += res.height
-        if advance_by_part:
-            job.progress.advance(df.height)
-        if on_part is not None:
-            on_part(i, df, res)
-
-    run_all(one, todo, workers)
-    if job.to_dir:
-        job.finish()
-    else:
-        job.write_file([results[i] for i in sorted(results)])
-    return {"parts": n_parts, "parts_done_now": len(todo), **done}
-
-
-def run_summary(this_run: dict[str, int], total: dict[str, int]) -> str:
-    """What a run did beside what the job holds: ``this run: 2 parts, 10 rows; job total: 4 parts, 18 rows``
-    (each a mapping of what is counted to its count, in order)."""
-    def said(d: dict[str, int]) -> str:
-        return ", ".join(f"{v:,} {k}" for k, v in d.items())
-
-    return f"this run: {said(this_run)}; job total: {said(total)}"
 
 
 def rows_before(n_rows: int, rows_per_part: int, n_parts: int, todo: list[int]) -> int:

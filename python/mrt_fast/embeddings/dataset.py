@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,33 +34,27 @@ import polars as pl
 from mrt_fast.datasets import formats as _formats
 
 from mrt_fast.datasets import sources as _sources
-from mrt_fast.errors import MrtInputError
 from mrt_fast.datasets.manifest import Manifest, part_path
+from mrt_fast.datasets.report import JobReport
+from mrt_fast.datasets.stage import RowStage
+from mrt_fast.errors import MrtInputError
 
 
-@dataclass
-class EmbedReport:
-    output: str
-    rows: int
-    parts: int
-    parts_done_now: int
-    rows_done_now: int
-    computed: int
-    from_cache: int
-    model_id: str | None
-    seconds: float
+@dataclass(repr=False)
+class EmbedReport(JobReport):
+    """What an `embed_dataset` run did: the job's fields (:class:`~mrt_fast.datasets.report.JobReport`)
+    and the texts embedded."""
+
+    model_id: str | None = None
+    computed: int = 0  # texts embedded by this run
+    from_cache: int = 0  # texts this run read from the cache
     embed_seconds: float = 0.0
-    layout: str = "flat"
     candidates: int = 0  # texts of the input (rows in the flat layout, list entries in the grouped one)
     texts_done_now: int = 0  # texts this run embedded or read from the cache
     empty_text: str = "refuse"
     empty_skipped: int = 0  # candidates left out by empty_text="skip" (this run)
     prompts_skipped: int = 0  # grouped rows left with no candidate by empty_text="skip" (this run)
     empty_kept: int = 0  # candidates given a null embedding by empty_text="keep" (this run)
-    resumed: bool = False
-    already_done: bool = False
-    logs: str | None = None  # Ray's log file, when the job sent Ray's own lines there
-    notes: list[str] = field(default_factory=list)  # what the job did beside its work (Job.notes)
 
     @property
     def texts_per_second(self) -> float:
@@ -74,7 +68,23 @@ class EmbedReport:
         return self.rows_done_now / self.embed_seconds if self.embed_seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "texts_per_second": self.texts_per_second, "rows_per_second": self.rows_per_second}
+        return {**super().to_dict(), "texts_per_second": self.texts_per_second}
+
+    def stage_lines(self) -> list[tuple[str, str]]:
+        lines = [("candidates", f"{self.candidates:,}")] if self.layout == "grouped" else []
+        lines += [("model", str(self.model_id)), ("computed", f"{self.computed:,}"),
+                  ("from cache", f"{self.from_cache:,}")]
+        if self.empty_skipped or self.empty_text == "skip":
+            lines.append(("empty texts skipped", f"{self.empty_skipped:,}"
+                          + (f" ({self.prompts_skipped:,} prompts left with none, left out)" if self.prompts_skipped
+                             else "")))
+        if self.empty_kept or self.empty_text == "keep":
+            lines.append(("empty texts kept (null embedding)", f"{self.empty_kept:,}"))
+        tps = self.texts_per_second
+        lines.append(("texts/s", f"{tps:,.1f}" if tps < 10 else f"{tps:,.0f}"))
+        if self.layout == "grouped":
+            lines.append(("prompts/s", f"{self.rows_per_second:,.1f}"))
+        return lines
 
 
 def embed_dataset(
@@ -118,19 +128,20 @@ def embed_dataset(
     :func:`mrt_fast.embeddings.embed.embed`); ``layout``: ``"auto"`` (grouped when the text column
     holds lists), ``"flat"`` or ``"grouped"``.
     """
-    from mrt_fast.datasets.job import Job, run_row_parts
-    from mrt_fast.embeddings.embed import EMPTY_TEXT, check_model, check_output_column, embed
+    from mrt_fast.datasets.executors import executor, only_on, run_row_parts
+    from mrt_fast.datasets.job import Job
+    from mrt_fast.embeddings.embed import EMPTY_TEXT, check_model, check_output_column
     from mrt_fast.tables.layouts import GROUPED, detect
 
     t0 = time.perf_counter()
     if isinstance(rows_per_part, bool) or not isinstance(rows_per_part, int) or rows_per_part < 1:
         raise MrtInputError(f"rows_per_part must be an integer >= 1, got {rows_per_part!r}")
-    if engine not in ("local", "ray"):
-        raise MrtInputError(f"engine must be 'local' or 'ray', got {engine!r}")
+    executor(engine)
     callback = progress if callable(progress) else None
-    if engine == "ray" and (callback is not None or processes != 1):
+    if engine != "local" and (callback is not None or processes != 1):
         raise MrtInputError("on the Ray engine each worker embeds its own parts: progress callbacks and "
                             "processes apply to the local engine only")
+    only_on(engine, "ray", {"ray_address": ray_address, "workers": workers})
     ds = _sources.discover(source, allow_partial=allow_partial)
     schema = ds.check_columns([(text, "text to embed")])
     names = list(schema.names())
@@ -160,52 +171,28 @@ def embed_dataset(
         job_.progress.set_unit("prompts")
     cache = False if cache_dir is False else cache_dir
     kw = dict(text=text, out=column, model=model, batch_size=batch_size, cache_dir=cache, device=device,
-              processes=processes, overwrite=overwrite_column, progress=False,
-              callback=callback if callback is not None else job_.progress.tick, empty_text=empty_text,
+              processes=processes, overwrite=overwrite_column, empty_text=empty_text,
               layout="grouped" if grouped else "flat", by=by)
     with job_ as job:
         n_parts = math.ceil(n / rows_per_part)
-        rep = EmbedReport(output=str(job.out), rows=n, parts=n_parts if job.to_dir else 1, parts_done_now=0,
-                          rows_done_now=0, computed=0, from_cache=0, model_id=model_id, seconds=0.0,
-                          resumed=job.resumed, already_done=job.done, notes=list(job.notes),
-                          layout="grouped" if grouped else "flat", candidates=scan["candidates"],
+        rep = EmbedReport(output=str(job.out), engine=engine, layout="grouped" if grouped else "flat", rows=n,
+                          parts=n_parts if job.to_dir else 1, model_id=model_id, resumed=job.resumed,
+                          already_done=job.done, notes=list(job.notes), candidates=scan["candidates"],
                           empty_text=empty_text)
         if job.done:
+            rep.rows_out = job.rows_written
             rep.seconds = time.perf_counter() - t0
             return rep
         t_work = time.perf_counter()
-
-        def stage(df: pl.DataFrame) -> pl.DataFrame:
-            st: dict = {}
-            df = embed(df, stats=st, **kw)
-            rep.computed += st.get("computed", 0)
-            rep.from_cache += st.get("hits", 0)
-            rep.empty_skipped += st.get("empty_skipped", 0)
-            rep.prompts_skipped += st.get("prompts_skipped", 0)
-            rep.empty_kept += st.get("empty_kept", 0)
-            return df
-
-        def counted(i: int, inp: pl.DataFrame, res: pl.DataFrame) -> None:
-            rep.texts_done_now += count_texts(inp, text, grouped)
-
-        if engine == "ray":
-            from mrt_fast.datasets import ray_engine
-
-            ray_kw = {k: v for k, v in kw.items() if k not in ("callback", "progress")}
-            r = ray_engine.run_row_parts(job, EmbedRows(ray_kw), rows_per_part=rows_per_part, n_rows=n,
-                                         workers=workers, address=ray_address)
-        else:
-            r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n, on_total=on_total,
-                              items_total=scan["candidates"], on_part=counted)
+        r = run_row_parts(job, EmbedRows(kw, callback=callback), engine=engine, rows_per_part=rows_per_part,
+                          n_rows=n, workers=workers, address=ray_address, on_total=on_total,
+                          items_total=scan["candidates"])
+        c = r["counts"]
+        rep.computed, rep.from_cache = c.get("computed", 0), c.get("hits", 0)
+        rep.empty_skipped, rep.prompts_skipped = c.get("empty_skipped", 0), c.get("prompts_skipped", 0)
+        rep.empty_kept, rep.texts_done_now = c.get("empty_kept", 0), c.get("texts", 0)
         rep.parts_done_now = r["parts_done_now"] if job.to_dir else 1
-        rep.rows_done_now = r["rows_done_now"]
-        if engine == "ray":  # the workers' counts stay with them: the input's, in proportion to the rows done
-            share = rep.rows_done_now / n if n else 0.0
-            rep.texts_done_now = round(scan["candidates"] * share)
-            if empty_text == "skip":
-                rep.empty_skipped = round(scan["blank"] * share)
-            elif empty_text == "keep":
-                rep.empty_kept = round(scan["blank"] * share)
+        rep.rows_done_now, rep.rows_out = r["rows_done_now"], r["rows_written"]
         rep.logs = job.logs
         rep.embed_seconds = time.perf_counter() - t_work
         rep.seconds = time.perf_counter() - t0
@@ -262,18 +249,31 @@ def scan_texts(ds: Any, text: str, grouped: bool, empty_text: str = "refuse") ->
     return {"candidates": int(got["candidates"] or 0), "blank": blank}
 
 
-class EmbedRows:
-    """The embed stage as a picklable factory for executors in other processes: ``EmbedRows(kw)()``
-    is the function of a part, :func:`mrt_fast.embeddings.embed.embed` with ``kw``."""
+class EmbedRows(RowStage):
+    """The embed stage (:mod:`mrt_fast.datasets.stage`): the function of a part is
+    :func:`mrt_fast.embeddings.embed.embed` with ``kw``, counting the texts it embedded, read from
+    the cache or left out. ``callback(n)`` (else the executor's ``tick``) as texts are done."""
 
-    def __init__(self, kw: dict):
-        self.kw = kw
+    name = "embed"
 
-    def __call__(self) -> Callable[[pl.DataFrame], pl.DataFrame]:
+    def __init__(self, kw: dict, callback: Callable[[int], None] | None = None):
+        self.kw = {k: v for k, v in kw.items() if k not in ("callback", "progress")}
+        self.callback = callback
+
+    def open(self, tick: Callable[[int], None] | None = None) -> Callable[[pl.DataFrame], Any]:
         from mrt_fast.embeddings.embed import embed
 
-        kw = {**self.kw, "progress": False}
-        return lambda df: embed(df, **kw)
+        cb = self.callback or tick
+        kw = {**self.kw, "progress": False, **({"callback": cb} if cb is not None else {})}
+        text, grouped = kw.get("text", "response"), kw.get("layout") == "grouped"
+
+        def part(df: pl.DataFrame):
+            st: dict = {}
+            out = embed(df, stats=st, **kw)
+            return out, {**{k: st.get(k, 0) for k in ("computed", "hits", "empty_skipped", "prompts_skipped",
+                                                        "empty_kept")}, "texts": count_texts(df, text, grouped)}
+
+        return part
 
 
 def read_dataset(path: str | os.PathLike) -> pl.DataFrame:

@@ -7,53 +7,31 @@ consecutive input rows; a rerun of a killed job does only the missing parts.
 They run on the local engine (the model loaded once, before the first part,
 and only when there is work) or on Ray (``engine="ray"``: a pool of
 ``workers`` actors, each loading the model once, with the same parts,
-manifest and resume). The stages are picklable factories (:class:`NllRows`,
-:class:`ScoreRows`): calling one loads the model and returns the function of
-a part.
+manifest and resume). The stages are picklable row stages
+(:class:`NllRows`, :class:`ScoreRows`; :mod:`mrt_fast.datasets.stage`):
+opening one loads the model and returns the function of a part.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import polars as pl
 
+from mrt_fast.datasets.report import JobReport
+from mrt_fast.datasets.stage import FromFactory, RowStage
 from mrt_fast.errors import MrtInputError
 
 __all__ = ["NllRows", "ScoreRows", "StageReport", "nll_dataset", "run_text_stage", "score_dataset"]
 
-ENGINES = ("local", "ray")
 
-
-@dataclass
-class StageReport:
-    """What a dataset stage run did."""
-
-    output: str
-    rows: int
-    parts: int
-    parts_done_now: int
-    rows_done_now: int
-    resumed: bool
-    already_done: bool
-    seconds: float
-    logs: str | None = None  # Ray's log file, when the job sent Ray's own lines there
-    notes: list[str] = field(default_factory=list)  # what the job did beside its work (Job.notes)
-    unit: str = "rows"  # what a row is: rows, or prompts in the grouped layout
-
-    def __str__(self) -> str:
-        from mrt_fast.datasets.job import run_summary
-
-        u = self.unit
-        if self.already_done or (self.resumed and self.parts_done_now == 0):
-            return f"{self.output}: already complete ({self.rows} {u} in {self.parts} part(s)); nothing to do"
-        how = "resumed" if self.resumed else "done"
-        return (f"{self.output}: {how}; " + run_summary({"parts": self.parts_done_now, u: self.rows_done_now},
-                                                        {"parts": self.parts, u: self.rows})
-                + f", {self.seconds:.1f} s" + (f"; Ray's logs: {self.logs}" if self.logs else ""))
+@dataclass(repr=False)
+class StageReport(JobReport):
+    """What a dataset stage run did (nll, score, or any :func:`run_text_stage`): the job's
+    fields (:class:`~mrt_fast.datasets.report.JobReport`)."""
 
 
 def _check_rows_per_part(rows_per_part: Any) -> int:
@@ -63,29 +41,29 @@ def _check_rows_per_part(rows_per_part: Any) -> int:
 
 
 def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns: tuple[str, ...], out_column: str,
-                   parameters: dict, make_stage: Callable[[], Callable[[pl.DataFrame], pl.DataFrame]],
-                   rows_per_part: int = 50_000, overwrite: bool = False, engine: str = "local",
-                   ray_address: str | None = None, workers: int | None = None, progress: Any = False,
-                   layout: str = "auto", allow_partial: bool = False) -> StageReport:
-    """Run a stage that adds ``out_column`` to rows holding text ``columns``: ``make_stage()`` (called
-    once per worker, when there is work; picklable for ``engine="ray"``) returns the function of a part.
+                   parameters: dict, make_stage: Any, rows_per_part: int = 50_000, overwrite: bool = False,
+                   engine: str = "local", ray_address: str | None = None, workers: int | None = None,
+                   progress: Any = False, layout: str = "auto", allow_partial: bool = False) -> StageReport:
+    """Run a stage that adds ``out_column`` to rows holding text ``columns``: ``make_stage`` is a
+    row stage (:class:`~mrt_fast.datasets.stage.RowStage`) or a factory whose call (once per
+    worker, when there is work; picklable for ``engine="ray"``) returns the function of a part.
     ``progress``: the job's display (:class:`mrt_fast.datasets.progress.JobProgress`), by rows
     (prompts in the grouped layout, told from the last of ``columns``, the responses) and, on the
     local engine, by candidates as the model does them: a factory that takes ``tick`` gets the
     display's :meth:`~mrt_fast.datasets.progress.JobProgress.tick` to call after each batch.
     ``allow_partial``: read the finished parts of an unfinished ``mrt`` output (refused otherwise)."""
     from mrt_fast.datasets import sources
-    from mrt_fast.datasets.job import Job, run_row_parts
+    from mrt_fast.datasets.executors import executor, only_on, run_row_parts
+    from mrt_fast.datasets.job import Job
     from mrt_fast.tables.layouts import GROUPED, detect
 
     t0 = time.perf_counter()
     rows_per_part = _check_rows_per_part(rows_per_part)
-    if engine not in ENGINES:
-        raise MrtInputError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if engine == "local" and (ray_address is not None or workers is not None):
-        raise MrtInputError("ray_address and workers apply to engine='ray' only")
+    executor(engine)
+    only_on(engine, "ray", {"ray_address": ray_address, "workers": workers})
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise MrtInputError(f"workers must be an integer >= 1, got {workers!r}")
+    stage = make_stage if isinstance(make_stage, RowStage) else FromFactory(make_stage, name=name, loads="the model")
     ds = sources.discover(source, allow_partial=allow_partial)
     schema = ds.check_columns([(c, "text") for c in columns])
     if out_column in schema.names():
@@ -98,38 +76,23 @@ def run_text_stage(source: Any, output: str | os.PathLike, *, name: str, columns
     with job_ as job:
         n = job.count_rows()
         parts = max(1, -(-n // rows_per_part))
-        rep = StageReport(output=str(job.out), rows=n, parts=parts if job.to_dir else 1, parts_done_now=0,
-                          rows_done_now=0, resumed=job.resumed, already_done=job.done, seconds=0.0,
-                          notes=list(job.notes), unit="prompts" if grouped else "rows")
+        rep = StageReport(output=str(job.out), engine=engine, layout="grouped" if grouped else "flat", rows=n,
+                          parts=parts if job.to_dir else 1, resumed=job.resumed, already_done=job.done,
+                          notes=list(job.notes))
         if job.done:
+            rep.rows_out = job.rows_written
             rep.seconds = time.perf_counter() - t0
             return rep
-        if engine == "ray":
-            from mrt_fast.datasets import ray_engine
+        ticks = getattr(stage, "takes_tick", False) if job.progress.mode != "off" else False
 
-            r = ray_engine.run_row_parts(job, make_stage, rows_per_part=rows_per_part, n_rows=n, workers=workers,
-                                         address=ray_address)
-        else:
-            import inspect
+        def items() -> int:  # the candidates, for a display ticked by the stage (counted when it is shown)
+            return count_candidates(ds, columns[-1], grouped, n)
 
-            fn: list = []
-            try:
-                ticks = "tick" in inspect.signature(make_stage).parameters
-            except (TypeError, ValueError):  # a callable without a signature: no ticks
-                ticks = False
-            items = count_candidates(ds, columns[-1], grouped, n) if ticks and job.progress.mode != "off" else None
-
-            def stage(df: pl.DataFrame) -> pl.DataFrame:
-                if not fn:
-                    job.progress.say("loading the model")
-                    fn.append(make_stage(tick=job.progress.tick) if ticks else make_stage())
-                    job.progress.phase(f"{name} by part")
-                return fn[0](df)
-
-            r = run_row_parts(job, stage, rows_per_part=rows_per_part, n_rows=n, items_total=items)
+        r = run_row_parts(job, stage, engine=engine, rows_per_part=rows_per_part, n_rows=n, workers=workers,
+                          address=ray_address, items_total=items if ticks else None)
         rep.parts = r["parts"] if job.to_dir else 1
         rep.parts_done_now = r["parts_done_now"] if job.to_dir else 1
-        rep.rows_done_now = r["rows_done_now"]
+        rep.rows_done_now, rep.rows_out = r["rows_done_now"], r["rows_written"]
         rep.logs = job.logs
     rep.seconds = time.perf_counter() - t0
     return rep
@@ -145,9 +108,11 @@ def count_candidates(ds: Any, column: str, grouped: bool, n_rows: int) -> int:
         return n_rows
 
 
-class NllRows:
-    """The nll stage as a picklable factory: ``NllRows(kw, model=, tokenizer=)()`` or with ``loader``
+class NllRows(RowStage):
+    """The nll stage (:mod:`mrt_fast.datasets.stage`), picklable: ``NllRows(kw, model=, tokenizer=)()`` or with ``loader``
     (called in the worker) returns the function of a part, :func:`mrt_fast.llm.nll.nll_table` with ``kw``."""
+
+    name, loads, takes_tick = "nll", "the model", True
 
     def __init__(self, kw: dict, model: Any = None, tokenizer: Any = None,
                  loader: Callable[[], tuple[Any, Any]] | None = None):
@@ -155,7 +120,7 @@ class NllRows:
             raise MrtInputError("give a model (and its tokenizer) or a loader, one of the two")
         self.kw, self.model, self.tokenizer, self.loader = kw, model, tokenizer, loader
 
-    def __call__(self, tick: Callable[[int], None] | None = None) -> Callable[[pl.DataFrame], pl.DataFrame]:
+    def open(self, tick: Callable[[int], None] | None = None) -> Callable[[pl.DataFrame], pl.DataFrame]:
         """The function of a part; ``tick(n)`` (local engine) is called as each batch of ``n`` pairs is done."""
         from mrt_fast.llm.nll import nll_table
 
@@ -164,15 +129,17 @@ class NllRows:
         return lambda df: nll_table(df, m, tok, **kw)
 
 
-class ScoreRows:
-    """The score stage as a picklable factory: ``ScoreRows(model, kw, batch_size, device)()`` loads the
+class ScoreRows(RowStage):
+    """The score stage (:mod:`mrt_fast.datasets.stage`), picklable: ``ScoreRows(model, kw, batch_size, device)()`` loads the
     reward model (a path, or a loaded :class:`~mrt_fast.llm.reward.RewardModel`) and returns the
     function of a part, :func:`mrt_fast.llm.reward.score` with ``kw``."""
+
+    name, loads, takes_tick = "score", "the model", True
 
     def __init__(self, model: Any, kw: dict, batch_size: int = 16, device: str = "auto"):
         self.model, self.kw, self.batch_size, self.device = model, kw, batch_size, device
 
-    def __call__(self, tick: Callable[[int], None] | None = None) -> Callable[[pl.DataFrame], pl.DataFrame]:
+    def open(self, tick: Callable[[int], None] | None = None) -> Callable[[pl.DataFrame], pl.DataFrame]:
         """The function of a part; ``tick(n)`` (local engine) is called as each batch of ``n`` pairs is scored."""
         from mrt_fast.llm.reward import RewardModel, score
 

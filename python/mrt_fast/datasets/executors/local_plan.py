@@ -1,0 +1,203 @@
+"""How the local executor fits a select job in its memory limit.
+
+A flat input that fits is selected as one bucket in memory; one that does not
+is spilled into buckets small enough for the workers that select several at
+once (:func:`plan_memory`, :func:`bucket_workers`). A grouped input is cut
+into parts of consecutive prompts (:func:`plan_grouped`). A limit no plan
+fits is refused in one line naming the smallest limit that does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from mrt_fast._util.memory import (HEADROOM, SELECT_WORKER, Budget, SpillPlan, least_work, plan_spill,
+                                   polars_read_bytes, size_text, whole_read_bytes)
+from mrt_fast.datasets import sources as _sources
+from mrt_fast.datasets import storage
+from mrt_fast.datasets.spill import bucket_files
+
+#: peak memory of selecting a bucket, as a multiple of its in-memory (Arrow) size
+WORK_FACTOR = 3.0
+#: buckets are planned this much smaller than the budget (hash buckets differ in size)
+SLACK = 1.3
+
+
+def core_threads() -> int:
+    """Threads the selection core runs pools on at once (``RAYON_NUM_THREADS``, else the CPUs)."""
+    try:
+        n = int(os.environ.get("RAYON_NUM_THREADS") or 0)
+    except ValueError:
+        n = 0
+    return n if n > 0 else os.cpu_count() or 1
+
+
+def dense_budget(budget: Budget) -> int:
+    """Bytes one pool's n x n similarity block may take within ``budget``: half the job's work
+    shared by the core's threads (each may hold one block at once); a larger pool runs with
+    similarity columns computed on demand (:func:`mrt_fast.selection.facility.dense_limit_within`)."""
+    return max(0, budget.work // 2) // core_threads()
+
+
+def plan_buckets(total_bytes: int, budget: Budget, workers: int | None) -> tuple[int, int]:
+    """(n_buckets, workers) for an input of ``total_bytes`` within ``budget``: one
+    bucket when the input fits, else buckets small enough for ``workers``
+    buckets at once (fewer workers when their fixed costs leave too little)."""
+    work = budget.work
+    need = WORK_FACTOR * total_bytes
+    if need + SELECT_WORKER <= work:
+        return 1, 1
+    cpus = os.cpu_count() or 1
+    # one worker more than the cores (up to 4), as a worker waits on the disk while it reads its bucket
+    w = max(1, min(cpus + (cpus > 1), 4) if workers is None else int(workers))
+    while w > 1 and work - w * SELECT_WORKER < w * SELECT_WORKER:
+        w -= 1
+    n = max(2, math.ceil(need * SLACK * w / max(1, work - w * SELECT_WORKER)))
+    return n, w
+
+
+def plan_memory(ds: _sources.Dataset, total_bytes: int, n_rows: int | None, budget: Budget, workers: int | None,
+                 n_buckets: int | None = None) -> tuple[int, int, SpillPlan | None]:
+    """(n_buckets, workers, how to spill) within the budget (``n_buckets`` given:
+    a resumed job's or the caller's). A limit no plan fits is refused in one
+    line naming the smallest limit that does."""
+    from mrt_fast.datasets.contiguous import BATCH_ROWS
+
+    reading = -1
+    row_bytes = total_bytes / n_rows if n_rows else 1024.0
+    whole = whole_read_bytes(total_bytes, row_bytes, BATCH_ROWS)
+
+    def attempt(b: Budget) -> tuple[int, int, SpillPlan | None] | None:
+        nonlocal reading
+        if WORK_FACTOR * total_bytes + SELECT_WORKER + whole <= b.work and n_buckets in (None, 1):
+            return 1, 1, None
+        # spilling: each phase gets half the work (the spill pass leaves some of its memory resident)
+        half = b.with_work(b.work // 2)
+        n, w = plan_buckets(total_bytes, half, workers)
+        n = max(2, n) if n_buckets is None else n_buckets
+        if WORK_FACTOR * total_bytes / n + SELECT_WORKER > half.work:
+            return None
+        if reading < 0:
+            reading = spill_read_bytes(ds, total_bytes)
+        sp = plan_spill(half, row_bytes, n, w, n_rows) if reading <= half.work else None
+        return None if sp is None else (n, w, sp)
+
+    got = attempt(budget)
+    if got is None:
+        least = least_work(lambda x: attempt(budget.with_work(x)) is not None, int(WORK_FACTOR * total_bytes))
+        raise budget.refusal(budget.base + HEADROOM + least, f"{ds.source!r} ({size_text(total_bytes)} in memory)")
+    return got
+
+
+def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -> int:
+    """How many of the spilled buckets ``todo`` to select at once within ``limit``,
+    counting what the process holds now (the spill pass leaves some of its
+    memory resident): ``workers``, fewer when the largest bucket's work times
+    ``workers`` does not fit; a bucket that alone does not fit (pools are
+    never split) is refused."""
+    budget = Budget.now(limit)
+    sizes = [sum(f.stat().st_size for f in bucket_files(spill_dir, i)) for i in todo]
+    largest = max(sizes, default=0)
+    need = WORK_FACTOR * largest + SELECT_WORKER
+    if need > budget.work:
+        i = todo[sizes.index(largest)]
+        raise budget.refusal(budget.base + HEADROOM + int(need),
+                             f"bucket {i} of the spill ({size_text(largest)} of pools, which are never split)")
+    return max(1, min(workers, int(budget.work // need)))
+
+
+def spill_read_bytes(ds: _sources.Dataset, total_bytes: int) -> int:
+    """Memory of reading a dataset that Arrow cannot read by runs of row groups (polars' streaming engine)."""
+    from mrt_fast.datasets.arrow_runs import arrow_schema
+
+    if arrow_schema(ds) is not None:
+        return 0
+    if ds.fmt != "parquet":
+        return 2 * max((f.stat().st_size for f in ds.files), default=0)
+    import pyarrow.parquet as pq
+
+    largest = 0
+    for f in ds.files:
+        md = pq.ParquetFile(storage.open_input(f)).metadata
+        largest = max([largest, *(md.row_group(g).total_byte_size for g in range(md.num_row_groups))])
+    return min(polars_read_bytes(largest), 2 * total_bytes)
+
+
+#: a planned part of grouped rows holds at least this many candidates (or the whole input): parts of one
+#: prompt each cost a part file and a manifest entry per prompt
+MIN_PART_CANDIDATES = 4096
+#: grouped rows read to measure the size of a row, grouped and as one row per candidate
+SIZE_SAMPLE_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class GroupedSize:
+    """What a grouped input costs in memory: ``rows`` prompts, ``row_bytes`` a grouped row (Arrow),
+    ``exploded_row_bytes`` the same row as one row per candidate (its other columns repeated), and
+    ``candidates`` per row on average."""
+
+    rows: int
+    row_bytes: float
+    exploded_row_bytes: float
+    candidates: float
+
+    @property
+    def work_row_bytes(self) -> float:
+        """Memory of selecting one grouped row: the row, and a few copies of it exploded."""
+        return self.row_bytes + WORK_FACTOR * self.exploded_row_bytes
+
+    @property
+    def floor_rows(self) -> int:
+        """The fewest rows a planned part holds: :data:`MIN_PART_CANDIDATES` candidates, or every row."""
+        return max(1, min(self.rows, math.ceil(MIN_PART_CANDIDATES / max(1.0, self.candidates))))
+
+
+def grouped_size(ds: _sources.Dataset, lf: pl.LazyFrame, n_rows: int, lists: list[str]) -> GroupedSize:
+    """:class:`GroupedSize` of a grouped input, measured on its first rows (the whole input's
+    estimated size when that is larger)."""
+    sample = lf.head(SIZE_SAMPLE_ROWS).collect()
+    n = max(1, sample.height)
+    scalars = [c for c in sample.columns if c not in lists]
+    list_bytes = sample.select(lists).estimated_size() if lists else 0
+    scalar_bytes = sample.select(scalars).estimated_size() if scalars else 0
+    c0 = lists[0]
+    lens = sample[c0].list.len() if isinstance(sample.schema[c0], pl.List) else sample[c0].arr.len()
+    cands = float(lens.fill_null(0).mean() or 0.0) if sample.height else 0.0
+    row = max((list_bytes + scalar_bytes) / n, ds.memory_bytes() / max(1, n_rows))
+    exploded = row + scalar_bytes / n * max(0.0, cands - 1)
+    return GroupedSize(int(n_rows), row, exploded, cands)
+
+
+def plan_grouped(size: GroupedSize, budget: Budget, workers: int | None, what: str) -> tuple[int, int]:
+    """(parts, workers) for a grouped input within ``budget``: one part when it fits whole, else
+    parts of runs of rows as large as ``workers`` parts at once allow, never fewer rows than
+    :attr:`GroupedSize.floor_rows`. A limit under which a part of that many rows does not fit is
+    refused in one line naming the smallest limit that does (counting the rows exploded to one
+    per candidate)."""
+    per_row = size.work_row_bytes
+    floor = size.floor_rows
+    least = floor * per_row + SELECT_WORKER
+    if least > budget.work:
+        raise budget.refusal(budget.base + HEADROOM + least,
+                             f"{what} ({size_text(size.rows * size.row_bytes)} in memory, "
+                             f"{size_text(size.rows * size.exploded_row_bytes)} as one row per candidate; "
+                             f"parts of at least {floor:,} prompts)")
+    if size.rows * per_row + SELECT_WORKER <= budget.work:
+        return 1, 1
+    cpus = os.cpu_count() or 1
+    w = max(1, min(cpus + (cpus > 1), 4) if workers is None else int(workers))
+    while True:
+        rows = int((budget.work - w * SELECT_WORKER) / (w * per_row * SLACK)) if budget.work > w * SELECT_WORKER \
+            else 0
+        if rows >= floor or w == 1:
+            break
+        w -= 1
+    rows = max(floor, rows)
+    # never more parts than runs of ``floor`` rows: a part of ceil(rows / parts) rows holds at least ``floor``
+    return max(1, min(math.ceil(size.rows / rows), size.rows // floor)), w
+

@@ -1,0 +1,238 @@
+"""The Ray tasks of a select job: rows to their bucket, a bucket to its part.
+
+Each task does what the local executor does with the same pieces
+(:mod:`mrt_fast.datasets.spill` and :mod:`mrt_fast.datasets.select_stage`),
+so the parts are the same byte for byte:
+
+* :class:`SpillRuns` cuts a run of Parquet row groups into the bucket files
+  (:func:`mrt_fast.datasets.spill.spill_run`), and :class:`SpilledBucketToPart`
+  reads a bucket back and selects it, as the local executor does;
+* :class:`ReadAndSplit` reads a range of rows with polars and cuts it into
+  pieces (:func:`mrt_fast.datasets.spill.write_pieces`), and
+  :class:`FilesToPart` reads a bucket's pieces and selects it: the exchange for
+  text formats, hive folders and object storage;
+* :class:`BucketToPart` selects a bucket Ray Data's own shuffle brought together
+  (:func:`tag_buckets` gives each row its bucket).
+
+A bucket task writes its part itself (a directory output) and returns one row
+of what it counted (:func:`part_stats`), or returns the kept rows (a file output).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from mrt_fast.datasets.executors.ray_runtime import BUCKET, ORDER, maybe_fail, to_polars
+from mrt_fast.errors import MrtInputError
+
+#: input rows read by one task of the "files" exchange
+ROWS_PER_READ_TASK = 500_000
+#: input rows read by one task of the spilled exchange (tasks: at least one per CPU)
+ROWS_PER_SPILL_TASK = 2_000_000
+
+
+def part_stats(i: int, n: int, rep: Any) -> pa.Table:
+    """One row of what part ``i`` did (``n`` rows written; ``rep`` its selection report), summed by the driver."""
+    from mrt_fast.datasets.select_stage import select_counts
+
+    return pa.table({"part": [i], "rows": [n], **{k: [v] for k, v in select_counts(rep).items()}})
+
+
+class BucketToPart:
+    """One bucket of a job: its rows back in input order, :func:`~mrt_fast.datasets.select_stage.select_frame`
+    (the local executor's own), part ``i`` written atomically; returns one row
+    of counts (or, for a file output, the kept rows with their pool's first row)."""
+
+    def __init__(self, opts: Any, out_dir: str | None, fault: str | None):
+        self.opts, self.out_dir, self.fault = opts, out_dir, fault
+        self.__name__ = "select_bucket_to_part"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        from mrt_fast.datasets.job import write_part
+        from mrt_fast.datasets.select_stage import select_frame
+        from mrt_fast.datasets.spill import ROW
+
+        maybe_fail(self.fault)
+        df = to_polars(t)
+        i = int(df[BUCKET][0])
+        kept, rep = select_frame(df.drop(BUCKET).rename({ORDER: ROW}), self.opts, first=self.out_dir is None)
+        if self.out_dir is None:
+            return kept.to_arrow()
+        return part_stats(i, write_part(kept, self.out_dir, i), rep)
+
+
+def tag_buckets(by: str, n_buckets: int, todo: set[int] | None):
+    """A map adding each row's bucket (:func:`~mrt_fast.datasets.spill.bucket_of`: pool key % n),
+    keeping only the rows of the buckets in ``todo`` (all when None)."""
+
+    def tag(t: pa.Table) -> pa.Table:
+        from mrt_fast.datasets.spill import bucket_of
+
+        ids = pl.from_arrow(t.column(by))
+        if isinstance(ids, pl.DataFrame):
+            ids = ids.to_series()
+        if ids.null_count():
+            raise MrtInputError(f"column {by!r} has {ids.null_count()} null prompt id(s); give every row a prompt id",
+                                column=by)
+        b = bucket_of(ids, n_buckets).astype(np.int32)
+        t = t.append_column(BUCKET, pa.array(b))
+        if todo is not None:
+            t = t.filter(pa.array(np.isin(b, np.fromiter(todo, dtype=np.int32))))
+        return t
+
+    return tag
+
+
+def row_ranges(src: Any, counts: list[int] | None) -> list[dict]:
+    """The read tasks of a job: (file, first row, rows, global row of the first),
+    at most :data:`ROWS_PER_READ_TASK` rows each for Parquet (row counts from the
+    footers); one task per file for text formats."""
+    out = []
+    start = 0
+    for j, f in enumerate(src.files):
+        if counts is None:
+            out.append({"file": j, "offset": 0, "rows": -1, "start": -1})
+            continue
+        n = counts[j]
+        for a in range(0, n, ROWS_PER_READ_TASK):
+            m = min(ROWS_PER_READ_TASK, n - a)
+            out.append({"file": j, "offset": a, "rows": m, "start": start + a})
+        start += n
+    return out
+
+
+class ReadAndSplit:
+    """A read task of the "files" exchange: rows ``[offset, offset + rows)`` of
+    one file, read with polars (as the local executor reads them), their global
+    row index added, cut by bucket into pieces (a retried task rewrites the same pieces)."""
+
+    def __init__(self, src: Any, spill: str, by: str, n_buckets: int, todo: set[int] | None):
+        self.src, self.spill, self.by, self.n, self.todo = src, spill, by, n_buckets, todo
+        self.__name__ = "read_and_split"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        from mrt_fast._util import messages as _messages
+        from mrt_fast.datasets import sources as _sources
+        from mrt_fast.datasets.spill import write_pieces
+
+        d = t.to_pylist()[0]
+        f = self.src.files[d["file"]]
+        one = _sources.Dataset(str(f), [f], self.src.fmt, self.src.hive, self.src.root)
+        try:
+            lf = one.scan()
+            if d["rows"] >= 0:
+                lf = lf.slice(d["offset"], d["rows"])
+            df = lf.collect()
+        except MrtInputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - name the file
+            raise MrtInputError(f"cannot read {str(f)!r}: {_messages.one_line(e)}") from None
+        if d["start"] >= 0:
+            row = np.arange(d["start"], d["start"] + df.height, dtype=np.int64)
+        else:  # text formats: the file index in the high bits keeps the order
+            row = (np.int64(d["file"]) << np.int64(36)) + np.arange(df.height, dtype=np.int64)
+        tb = df.to_arrow().append_column(ORDER, pa.array(row))
+        if tb.num_rows == 0:
+            return pa.table({"rows": pa.array([0], pa.int64())})
+        tb = tag_buckets(self.by, self.n, None)(tb)
+        b = tb.column(BUCKET).to_numpy()
+        tb = tb.drop_columns([BUCKET])
+        write_pieces(tb, b, self.spill, self.n, int(tb.column(ORDER)[0].as_py()), self.todo)
+        return pa.table({"rows": pa.array([tb.num_rows], pa.int64())})
+
+
+class FilesToPart:
+    """Bucket tasks of the "files" exchange: a bucket's pieces read back,
+    selected as :class:`BucketToPart` does and written as its part."""
+
+    def __init__(self, opts: Any, spill: str, out_dir: str | None, fault: str | None):
+        self.opts, self.spill, self.out_dir, self.fault = opts, spill, out_dir, fault
+        self.__name__ = "select_bucket_to_part"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        from mrt_fast.datasets.spill import read_pieces
+
+        maybe_fail(self.fault)
+        outs = []
+        for i in t.column("part").to_pylist():
+            tables = read_pieces(self.spill, i)
+            if not tables:
+                continue
+            tb = pa.concat_tables(tables).append_column(BUCKET, pa.array(np.full(sum(x.num_rows for x in tables),
+                                                                                  i, dtype=np.int32)))
+            outs.append(BucketToPart(self.opts, self.out_dir, None)(tb))
+        if not outs:
+            return pa.table({"part": pa.array([], pa.int64())}) if self.out_dir else pa.table({})
+        return pa.concat_tables(outs, promote_options="default")
+
+
+class SpillRuns:
+    """Read tasks of the "files" exchange over Parquet files that Arrow reads as polars
+    would: task ``j`` cuts run ``j`` of row groups into the local executor's bucket files
+    (:func:`mrt_fast.datasets.spill.spill_run`, files ``bucket-NNNNN.j.arrow``);
+    a retried task rewrites its own files."""
+
+    def __init__(self, runs: list, spill: str, by: str, n_buckets: int):
+        from mrt_fast._util.memory import spill_batch_rows
+        from mrt_fast.datasets.spill import spill_staging
+
+        self.runs, self.spill, self.by, self.n = runs, spill, by, n_buckets
+        self.batch_rows, self.staging = spill_batch_rows(n_buckets), spill_staging(n_buckets, 1)
+        self.__name__ = "read_and_spill"
+
+    def __call__(self, t: pa.Table) -> pa.Table:
+        from mrt_fast.datasets.spill import spill_run
+
+        j = int(t.column("run")[0].as_py())
+        nulls = spill_run(self.runs[j], Path(self.spill), self.n, self.by, j, self.batch_rows, self.staging)
+        return pa.table({"rows": [sum(p.rows for p in self.runs[j])], "nulls": [nulls]})
+
+
+class SpilledBucketToPart:
+    """Bucket tasks over the bucket files: the local executor's own read (rows back in input
+    order, embeddings in one matrix) and selection, part ``i`` written."""
+
+    def __init__(self, src: Any, opts: Any, schema: pl.Schema, spill: str, out_dir: str | None, fault: str | None):
+        self.src, self.opts, self.spill, self.out_dir, self.fault = src, opts, spill, out_dir, fault
+        self.schema = schema
+        self.__name__ = "select_bucket_to_part"
+
+    def __call__(self, t: pa.Table) -> tuple[pa.Table | None, pa.Table | None]:
+        """(the kept rows for a file output, else None; one row of counts per part done, or None)."""
+        from mrt_fast.datasets.job import write_part
+        from mrt_fast.datasets.select_stage import select_rows
+        from mrt_fast.datasets.spill import ROW, read_bucket
+
+        maybe_fail(self.fault)
+        empty = pl.Schema({ROW: pl.get_index_type(), **dict(self.schema)})
+        emb = self.opts.embedding if self.opts.uses_embedding(list(self.schema.names())) else None
+        kept_rows, counts = [], []
+        for i in t.column("part").to_pylist():
+            df = read_bucket(Path(self.spill), i, empty, emb)
+            if df.height == 0:
+                continue
+            kept, rep = select_rows(df, self.opts, self.src, first=self.out_dir is None)
+            if self.out_dir is None:
+                kept_rows.append(kept.to_arrow())
+                counts.append(part_stats(i, kept.height, rep))
+            else:
+                counts.append(part_stats(i, write_part(kept, self.out_dir, i), rep))
+        return (pa.concat_tables(kept_rows, promote_options="default") if kept_rows else None,
+                pa.concat_tables(counts) if counts else None)
+
+
+def spill_runs(src: Any, n_rows: int, cpus: int) -> list | None:
+    """The runs of row groups the read tasks spill, or None when the bucket files
+    cannot be read from the input (text formats, hive folders, files Arrow reads otherwise
+    than polars, more rows than polars' row index holds)."""
+    from mrt_fast.datasets.arrow_runs import arrow_schema, plan_runs
+    from mrt_fast.datasets.spill import pa_index_type
+
+    if arrow_schema(src) is None or (pa_index_type() == np.uint32 and n_rows >= 2**32):
+        return None
+    return plan_runs(src, max(cpus, -(-n_rows // ROWS_PER_SPILL_TASK))) or None
