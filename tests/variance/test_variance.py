@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import mrt_fast
 from mrt_fast import MrtInputError
-from mrt_fast.variance.law import (
+from mrt_fast.variance import (
     VarianceAccumulator,
     bernstein_bound,
     best_integer_k,
@@ -522,7 +522,7 @@ def test_normal_bootstrap_agrees_with_exact_resampling():
     # seeded, and auto picks by the number of draws
     assert variance_budget(df, cost_prompt=4, cost_response=1, n_boot=2000, seed=1, bootstrap="normal").ci == no.ci
     assert variance_budget(df, n_boot=100, seed=1).bootstrap == "exact"  # 3e5 draws
-    big = mrt_fast.variance.law.EXACT_BOOTSTRAP_DRAWS // p + 1
+    big = mrt_fast.variance.EXACT_BOOTSTRAP_DRAWS // p + 1
     assert variance_budget(df, n_boot=big, seed=1).bootstrap == "normal"
     assert variance_budget(df, n_boot=0).bootstrap == "none"
     with pytest.raises(MrtInputError, match="bootstrap must be one of"):

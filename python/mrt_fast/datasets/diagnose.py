@@ -1,20 +1,20 @@
-"""The one `variance_budget`: over a table, a path or a Ray Dataset.
+"""`variance_budget` over a path or a Ray Dataset: the dataset side of the one `variance_budget`.
 
-:func:`variance_budget` dispatches on what it is given: a table (polars,
-Arrow, pandas) goes to :func:`mrt_fast.variance.law.variance_budget`; a path
-(a file, a directory of Parquet/JSONL files, a finished ``mrt`` dataset
-directory, a glob) is a fold stage of the dataset job, streamed: the prompt
-id and loss columns are read batch by batch (polars' streaming engine) into a
-:class:`~mrt_fast.variance.law.VarianceAccumulator`, so memory grows with the
-number of prompts, not of rows (``engine="ray"``: the blocks fold on Ray
-tasks and the accumulators merge exactly); a ``ray.data.Dataset`` folds on
-Ray. The report is the one `variance_budget` gives on the whole table.
+:func:`mrt_fast.variance.variance_budget` reads a table itself and hands a
+path or a ``ray.data.Dataset`` to :func:`budget_of_source` (the root package
+provides it as the hook ``"variance_budget.source"``). A path (a file, a
+directory of Parquet/JSONL files, a finished ``mrt`` dataset directory, a
+glob) is a fold stage of the dataset job, streamed: the prompt id and loss
+columns are read batch by batch (polars' streaming engine) into a
+:class:`~mrt_fast.variance.accumulator.VarianceAccumulator`, so memory grows
+with the number of prompts, not of rows (``engine="ray"``: the blocks fold
+on Ray tasks and the accumulators merge exactly); a ``ray.data.Dataset``
+folds on Ray. The report is the one `variance_budget` gives on the whole table.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import numpy as np
@@ -24,78 +24,43 @@ from mrt_fast._util import messages as _messages
 
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.errors import MrtInputError
+from mrt_fast.variance.budget import variance_budget
+from mrt_fast.variance.options import VarianceOptions
+
+__all__ = ["budget_of_source", "variance_budget"]
 
 
-def variance_budget(
-    data: Any,
-    *,
-    by: str = "prompt_id",
-    loss: str = "loss",
-    engine: str = "local",
-    address: str | None = None,
-    batch_rows: int = 1_000_000,
-    tokens: str | None = None,
-    allow_partial: bool = False,
-    layout: str = "auto",
-    **kwargs: Any,
-):
-    """`variance_budget` over ``data``: a table, a path (file, directory, glob;
-    streamed) or a ``ray.data.Dataset`` (see the module doc). ``tokens``: a
-    column of token counts; ``loss`` is then a sum of token log-probabilities
-    (``mrt generate``'s ``logprob``) and the loss diagnosed is ``-loss / tokens``
-    (a table or a path on the local engine). ``layout``: ``"auto"`` (grouped
-    when the loss column holds lists), ``"flat"`` or ``"grouped"``. ``engine``
-    (``"local"`` or ``"ray"``) and ``address`` (the Ray cluster) apply to a
-    path; ``batch_rows`` to a path on the local engine. The other keywords are
-    those of :func:`mrt_fast.variance.law.variance_budget` (costs, ``k_grid``,
-    ``k_max``, ``budget``, ``n_prompts``, ``delta``, ``loss_bound``,
-    ``n_boot``, ``seed``, ``ci_level``, ``bootstrap``, ``interval``). A flag
-    that does not apply to ``data`` is refused in one line. An unfinished ``mrt`` output as
-    ``data`` is refused unless ``allow_partial`` (its finished parts are read, with a warning)."""
-    if engine not in ("local", "ray"):
-        raise MrtInputError(f"engine must be 'local' or 'ray', got {engine!r}")
-    if address is not None and engine != "ray":
-        raise MrtInputError("address needs engine='ray'")
-    if tokens is not None and (engine == "ray" or type(data).__module__.startswith("ray.data")):
-        raise MrtInputError("tokens= (generation log-probabilities as the loss) runs on the local engine only")
+def budget_of_source(data: Any, *, by: str, loss: str, layout: str, tokens: str | None, engine: str,
+                     address: str | None, batch_rows: int, allow_partial: bool,
+                     options: VarianceOptions):
+    """`variance_budget` over a path (streamed; on Ray with ``engine="ray"``) or a
+    ``ray.data.Dataset``; the arguments are those of `variance_budget`, checked there."""
     if type(data).__module__.startswith("ray.data"):
         from mrt_fast.datasets.ray_engine import variance_budget as on_ray
 
-        return on_ray(data, by=by, loss=loss, layout=layout, **kwargs)
-    if isinstance(data, (str, os.PathLike, _sources.Dataset)):
-        if engine == "ray":
-            from mrt_fast.datasets.ray_engine import _variance_budget_files
-
-            return _variance_budget_files(data, by=by, loss=loss, address=address, allow_partial=allow_partial,
-                                          layout=layout, **kwargs)
-        return _streamed(data, by=by, loss=loss, batch_rows=batch_rows, tokens=tokens,
-                         allow_partial=allow_partial, layout=layout, **kwargs)
+        return on_ray(data, by=by, loss=loss, layout=layout, **options.keywords())
+    if not isinstance(data, (str, os.PathLike, _sources.Dataset)):
+        raise MrtInputError("data must be a table (a polars DataFrame, a pyarrow Table, a pandas DataFrame or a "
+                            f"datasets.Dataset), a path or a ray.data.Dataset, got {type(data).__name__}")
     if engine == "ray":
-        raise MrtInputError("engine='ray' applies to a path; pass a ray.data.Dataset to fold a table on Ray")
-    from mrt_fast.variance.law import variance_budget as in_memory
+        from mrt_fast.datasets.ray_engine import _variance_budget_files
 
-    return in_memory(data, by=by, loss=loss, tokens=tokens, layout=layout, **kwargs)
+        return _variance_budget_files(data, by=by, loss=loss, address=address, allow_partial=allow_partial,
+                                      layout=layout, **options.keywords())
+    return _streamed(data, by=by, loss=loss, batch_rows=batch_rows, tokens=tokens, allow_partial=allow_partial,
+                     layout=layout, options=options)
 
 
-def _streamed(
-    source: str | os.PathLike,
-    *,
-    by: str = "prompt_id",
-    loss: str = "loss",
-    loss_bound: float | None = None,
-    batch_rows: int = 1_000_000,
-    tokens: str | None = None,
-    allow_partial: bool = False,
-    layout: str = "auto",
-    **kwargs: Any,
-):
+def _streamed(source: str | os.PathLike, *, by: str, loss: str, batch_rows: int, tokens: str | None,
+              allow_partial: bool, layout: str, options: VarianceOptions):
     """`variance_budget` over a dataset (a file, a directory of Parquet/JSONL
     files or a glob), streamed through the accumulator, in either layout.
-    Keywords as `variance_budget`. Null prompt ids or losses, an empty dataset,
+    Arguments as `variance_budget`. Null prompt ids or losses, an empty dataset,
     a corrupt file or a missing column are a one-line `MrtInputError` naming
     the file and the row (and, in the grouped layout, the candidate)."""
     from mrt_fast.tables.layouts import GROUPED, detect
-    from mrt_fast.variance.law import VarianceAccumulator, report_from_accumulator
+    from mrt_fast.variance.accumulator import VarianceAccumulator
+    from mrt_fast.variance.diagnosis import diagnose
 
     ds = source if isinstance(source, _sources.Dataset) else _sources.discover(source, allow_partial=allow_partial)
     roles = [(by, "prompt id"), (loss, "loss")] + ([(tokens, "token count")] if tokens is not None else [])
@@ -124,12 +89,13 @@ def _streamed(
             x = np.ascontiguousarray(df[loss].cast(pl.Float64).to_numpy())
             if tokens is not None:
                 x = -x / _token_counts(df[tokens], ds, seen, df)
+            before = acc.n_rows
             try:
                 acc.update(df[by], x)
             except MrtInputError as e:
                 if grouped:
                     raise MrtInputError(f"{ds.source!r}: {e}", pool=e.pool, column=e.column) from None
-                raise _in_file(e, ds, loss) from None
+                raise _in_file(e, ds, loss, before) from None
             lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
             seen += int(df[_GROUP_ROW].max()) + 1 if grouped else df.height
     except MrtInputError:
@@ -140,10 +106,10 @@ def _streamed(
     if seen == 0:
         raise MrtInputError(f"{ds.source!r} has no rows: there are no losses to diagnose")
     notes = []
-    if loss_bound is None:
-        loss_bound = hi - lo
-        notes.append(f"loss_bound not given: using the observed loss range {loss_bound:.4g}")
-    rep = report_from_accumulator(acc, loss_bound=loss_bound, **kwargs)
+    if options.loss_bound is None:
+        options = options.replace(loss_bound=hi - lo)
+        notes.append(f"loss_bound not given: using the observed loss range {hi - lo:.4g}")
+    rep = diagnose(acc, options)
     rep.notes.extend(notes)
     return rep
 
@@ -197,14 +163,14 @@ def _token_counts(n: pl.Series, ds: _sources.Dataset, seen: int, df: pl.DataFram
     return c
 
 
-def _in_file(err: MrtInputError, ds: _sources.Dataset, loss: str) -> MrtInputError:
-    """An accumulator's error about the dataset's row N ("row N (row i of this update)")
-    restated with the file and the row in it; any other with the dataset's name."""
+def _in_file(err: MrtInputError, ds: _sources.Dataset, loss: str, before: int) -> MrtInputError:
+    """An accumulator's error about a loss (its ``row``: the dataset's row, counted from the first
+    row the accumulator saw; ``before``: the rows it had seen before this update) restated with the
+    file and the row in it; any other with the dataset's name."""
     from mrt_fast.datasets.row_origin import in_file
 
-    m = re.search(r"\brow (\d+) \(row \d+ of this update\)", str(err))
-    if m is None:
+    said = None if err.row is None else f"row {err.row} (row {err.row - before} of this update)"
+    if said is None or said not in str(err):
         return MrtInputError(f"{ds.source!r}: {err}", pool=err.pool, column=err.column, row=err.row)
-    row = int(m.group(1))
-    plain = MrtInputError(str(err).replace(m.group(0), f"row {row}"), pool=err.pool, column=loss)
-    return in_file(plain, ds, row, said=row)
+    plain = MrtInputError(str(err).replace(said, f"row {err.row}"), pool=err.pool, column=loss, row=err.row)
+    return in_file(plain, ds, err.row)
