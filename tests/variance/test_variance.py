@@ -350,9 +350,17 @@ def test_a_bad_loss_is_reported_with_its_row_and_nothing_added(data, draw, bad, 
     i = draw.draw(st.integers(0, len(x) - 1))
     x = x.copy()
     x[i] = bad
-    with pytest.raises(MrtInputError, match=rf"row {seen + i} \(row {i} of this update\) is {'NaN' if np.isnan(bad) else ''}"):
+    with pytest.raises(MrtInputError, match=rf"row {seen + i} \(row {i} of this update\) is {'NaN' if np.isnan(bad) else ''}") as e:
         acc.update(keys, x)
+    assert (e.value.row, e.value.pool, e.value.column) == (seen + i, None, None)  # the row as a field, from the core
     assert acc.to_bytes() == before and acc.n_rows == seen
+
+
+def test_an_overflowing_loss_carries_its_row():
+    acc = VarianceAccumulator().update(np.array([1, 1, 2, 2]), np.array([1.0, 2.0, 3.0, 5.0]))
+    with pytest.raises(MrtInputError, match=r"row 7 \(row 3 of this update\).*overflow") as e:
+        acc.update(np.array([7, 2, 9, 9]), np.array([1.0, 4.0, 1e300, -1e300]))
+    assert e.value.row == 7
 
 
 def test_no_prompt_with_two_responses():
