@@ -41,9 +41,9 @@ def test_ctrl_c_ends_with_one_line_and_exit_130(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["run", str(cfg)])
     assert (r.exit_code, r.stderr) == (130, "interrupted; rerun the same command to resume\n"), r.output
     # a command that does not resume says only that it was interrupted
-    import mrt_fast.datasets.diagnose as diag
+    import mrt_fast.variance
 
-    monkeypatch.setattr(diag, "variance_budget", _interrupt)
+    monkeypatch.setattr(mrt_fast.variance, "variance_budget", _interrupt)
     losses = tmp_path / "l.parquet"
     pl.DataFrame({"prompt_id": [1, 1, 2, 2], "loss": [1.0, 2.0, 3.0, 1.0]}).write_parquet(losses)
     r = CliRunner().invoke(app, ["diagnose", str(losses)])
