@@ -47,7 +47,7 @@ def main() -> None:
     from mrt_fast.llm.generate import GenerationConfig, generate
     from mrt_fast.llm.models import load_causal_lm, load_tokenizer
     from mrt_fast.llm.nll import nll_table
-    from mrt_fast.variance.law import json_num
+    from mrt_fast.variance.report import json_num
 
     torch.manual_seed(0)
     examples = pl.read_ndjson(Path(__import__("mrt_fast").__file__).parent / "data" / "mosaic_examples.jsonl")

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 import mrt_fast
 from mrt_fast import MrtInputError, VarianceAccumulator, facility_location, select, variance_budget
+from mrt_fast.errors import MrtResourceError
 
 import _ref as ref
 
@@ -49,12 +50,16 @@ def pending(*families: str) -> bool:
 
 
 def outcome(fn):
-    """("ok", value) or ("input_error", exc); any other exception (BaseException included) fails."""
+    """("ok", value), ("input_error", exc) or ("resource_error", exc) (a machine out of room, e.g. a
+    full disk); any other exception (BaseException included) fails."""
     try:
         return "ok", fn()
     except MrtInputError as e:
         assert str(e).strip() and "\n" not in str(e).strip(), repr(str(e))
         return "input_error", e
+    except MrtResourceError as e:
+        assert str(e).strip() and "\n" not in str(e).strip(), repr(str(e))
+        return "resource_error", e
     except BaseException as e:  # noqa: BLE001 - the point: nothing else may escape
         pytest.fail(f"{type(e).__module__}.{type(e).__name__} instead of MrtInputError: {e}")
 

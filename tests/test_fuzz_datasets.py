@@ -735,7 +735,7 @@ def test_a_full_disk_is_one_line_and_a_rerun_with_room_finishes_as_a_clean_run(s
                                                                                 free, to_file, rows_per_part, method,
                                                                                 cli):
     """A job on a disk with ``free`` bytes left finishes, or stops with one
-    `MrtInputError` line saying the disk is full (the CLI: exit 2, one line); with
+    `MrtResourceError` line saying the disk is full (the CLI: exit 2, one line); with
     room again the same job finishes with a clean run's rows (a directory: its parts,
     byte for byte)."""
     name = "o.parquet" if to_file else "o"
@@ -746,7 +746,7 @@ def test_a_full_disk_is_one_line_and_a_rerun_with_room_finishes_as_a_clean_run(s
     leave_free(small_disk, free)
     got = run_case(spill_input, out, 2, method, cli, rows_per_part=rows_per_part)
     note(f"{free} bytes free: {got}")
-    if got[0] == "input_error":
+    if got[0] == ("input_error" if cli else "resource_error"):  # the CLI says both in one line, exit 2
         msg = one_line(got[1])
         assert "no space left on device while" in msg and "bytes free" in msg and "rerun" in msg, msg
         assert str(spill_input) not in msg, "a full disk blamed on the input"

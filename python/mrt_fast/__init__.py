@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from mrt_fast._grades_core import __version__
 from mrt_fast.errors import MissingDependencyError, MrtInputError, SmallPoolWarning
+from mrt_fast._util.hooks import provide
 from mrt_fast._util.lazy import lazy_names
+
+# `mrt_fast.variance.variance_budget` reads a table itself; a path or a Ray Dataset goes to the
+# datasets area, which the variance area may not import (the areas are layered)
+provide("variance_budget.source", "mrt_fast.datasets.diagnose:budget_of_source")
 
 #: name -> the module that serves it, loaded on first use, so that `import mrt_fast`
 #: (and every `mrt` command, `--help` included) costs only what it uses
@@ -29,9 +34,10 @@ _LAZY = {
     "pool_modes": "mrt_fast.selection.modes",
     "knn_graph": "mrt_fast.selection.knn",
     "facility_location_corpus": "mrt_fast.selection.knn",
-    "variance_budget": "mrt_fast.datasets.diagnose",
-    "VarianceAccumulator": "mrt_fast.variance.law",
-    "VarianceReport": "mrt_fast.variance.law",
+    "variance_budget": "mrt_fast.variance.budget",
+    "VarianceAccumulator": "mrt_fast.variance.accumulator",
+    "VarianceOptions": "mrt_fast.variance.options",
+    "VarianceReport": "mrt_fast.variance.report",
     "select_dataset": "mrt_fast.datasets.select_job",
     "BatchReport": "mrt_fast.datasets.report",
     "JobReport": "mrt_fast.datasets.report",

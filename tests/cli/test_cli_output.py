@@ -21,7 +21,7 @@ def test_piped_output_keeps_paths_and_the_report_whole(tmp_path):
     lines = r.stdout.splitlines()
     assert f"wrote {report}" in lines, lines[-3:]
     assert len(f"wrote {report}") > 80
-    from mrt_fast.datasets.diagnose import variance_budget
+    from mrt_fast import variance_budget
 
     want = repr(variance_budget(deep / "losses.parquet", n_boot=0)).splitlines()
     assert any(len(line) > 80 for line in want)  # else the check below proves nothing
@@ -41,9 +41,9 @@ def test_ctrl_c_ends_with_one_line_and_exit_130(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["run", str(cfg)])
     assert (r.exit_code, r.stderr) == (130, "interrupted; rerun the same command to resume\n"), r.output
     # a command that does not resume says only that it was interrupted
-    import mrt_fast.datasets.diagnose as diag
+    import mrt_fast.variance
 
-    monkeypatch.setattr(diag, "variance_budget", _interrupt)
+    monkeypatch.setattr(mrt_fast.variance, "variance_budget", _interrupt)
     losses = tmp_path / "l.parquet"
     pl.DataFrame({"prompt_id": [1, 1, 2, 2], "loss": [1.0, 2.0, 3.0, 1.0]}).write_parquet(losses)
     r = CliRunner().invoke(app, ["diagnose", str(losses)])

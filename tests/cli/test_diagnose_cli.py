@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from mrt_fast import MrtInputError
 from mrt_fast.cli import app
-from mrt_fast.datasets.diagnose import variance_budget
+from mrt_fast import variance_budget
 
 
 def _losses(n_prompts: int = 40, k: int = 4, seed: int = 0) -> pl.DataFrame:

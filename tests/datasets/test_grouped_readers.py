@@ -30,7 +30,7 @@ def grouped_losses(sizes: list[int], seed: int) -> pl.DataFrame:
 @given(sizes=st.lists(st.integers(2, 6), min_size=3, max_size=12), seed=st.integers(0, 99),
        batch=st.integers(1, 5), n_files=st.integers(1, 3))
 def test_streamed_grouped_equals_table(tmp_path_factory, sizes, seed, batch, n_files):
-    from mrt_fast.datasets.diagnose import variance_budget
+    from mrt_fast import variance_budget
 
     tmp = tmp_path_factory.mktemp("g")
     df = grouped_losses(sizes, seed)
@@ -53,7 +53,7 @@ def test_diagnose_reads_grouped_nll_output(tmp_path):
 
 
 def test_grouped_null_loss_names_row_and_candidate(tmp_path):
-    from mrt_fast.datasets.diagnose import variance_budget
+    from mrt_fast import variance_budget
 
     df = grouped_losses([3, 3, 3], 1).with_columns(
         pl.when(pl.int_range(pl.len()) == 2).then(pl.lit([0.5, None, 1.0], dtype=pl.List(pl.Float64)))
@@ -65,7 +65,7 @@ def test_grouped_null_loss_names_row_and_candidate(tmp_path):
 
 
 def test_grouped_loss_of_text_is_refused(tmp_path):
-    from mrt_fast.datasets.diagnose import variance_budget
+    from mrt_fast import variance_budget
 
     p = tmp_path / "l.parquet"
     pl.DataFrame({"prompt_id": [1, 2], "loss": [["a", "b"], ["c", "d"]]}).write_parquet(p)

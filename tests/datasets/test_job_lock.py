@@ -19,6 +19,7 @@ import pytest
 
 import mrt_fast
 from mrt_fast import MrtInputError
+from mrt_fast.errors import MrtResourceError
 from mrt_fast.datasets.local import select_dataset
 from mrt_fast.datasets.lock import LOCK_NAME, JobLock, lock_path, output_lock
 from mrt_fast.datasets.manifest import Manifest
@@ -254,7 +255,7 @@ def test_a_full_disk_while_taking_the_lock_says_so_in_one_line(tmp_path, monkeyp
     monkeypatch.setattr(job_lock, "_new_lock_file", full)
     make_input(tmp_path / "in", n_pools=10)
     for out in (tmp_path / "out", tmp_path / "out.parquet"):
-        with pytest.raises(MrtInputError, match=r"^no space left on device while taking the lock of '.*out(\.parquet)?' "
+        with pytest.raises(MrtResourceError, match=r"^no space left on device while taking the lock of '.*out(\.parquet)?' "
                                                 r"\([\d,]+ bytes free\); free space and rerun the same command"):
             select_dataset(tmp_path / "in", out, 2, "random")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

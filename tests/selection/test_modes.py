@@ -9,7 +9,7 @@ from _ref import adjusted_rand
 from mrt_fast import MrtInputError
 from mrt_fast.selection.modes import kmeans, pool_modes
 from mrt_fast.tables.arrays import pool_keys
-from mrt_fast.variance.law import implicit_mrt
+from mrt_fast.variance import implicit_mrt
 
 
 def same_partition(a, b) -> bool:

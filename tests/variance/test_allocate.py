@@ -175,7 +175,7 @@ def test_interval_coverage_simulation_runs_and_is_sane():
 @example(0.984375, 3)  # few prompts, high level: a tail far below float64's 1 - Phi resolution
 def test_expanded_percentile_tail(level, p):
     """The expanded interval is wider than the plain percentile one and tends to it as prompts grow."""
-    from mrt_fast.variance.law import expanded_tail
+    from mrt_fast.variance.intervals import expanded_tail
 
     a = expanded_tail(level, p)
     assert 0 < a <= (1 - level) / 2 + 1e-12
@@ -185,7 +185,7 @@ def test_expanded_percentile_tail(level, p):
 
 def test_t_quantile_matches_scipy():
     stats = pytest.importorskip("scipy.stats")
-    from mrt_fast.variance.law import _t_quantile
+    from mrt_fast.variance.intervals import _t_quantile
 
     for df in (1, 2, 3, 4, 5, 19, 29, 30, 99, 999):
         for q in (0.6, 0.75, 0.95, 0.975, 0.995, 0.9995):

@@ -177,7 +177,7 @@ def test_methods_share_the_resamples():
     """Asking for several methods at once gives each the intervals it gives alone (the coverage table's
     comparison is on the same resamples, and its `studentized` rows are what `variance_budget` reports)."""
     df = _data(5, 25, 5)
-    from mrt_fast.variance.law import VarianceAccumulator
+    from mrt_fast.variance import VarianceAccumulator
 
     pp = VarianceAccumulator().update(df["prompt_id"], df["loss"])._core.used_stats()
     kw = dict(n_boot=80, cp=2.0, cr=1.0, k_max=1024, level=0.95)

@@ -10,7 +10,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mrt_fast.variance.law import variance_budget
+from mrt_fast.variance import variance_budget
 
 
 def _pilot(p: int, k: int, v_x: float, v_y: float, seed: int) -> pl.DataFrame:

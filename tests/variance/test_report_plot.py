@@ -22,7 +22,7 @@ def test_the_plot_labels_k_plainly_names_the_costs_and_marks_the_extrapolated_ks
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from mrt_fast.variance.law import variance_budget
+    from mrt_fast.variance import variance_budget
 
     rep = variance_budget(_pilot(8), n_boot=50, cost_prompt=4, cost_response=0.5, budget=budget)
     assert rep.pilot_k_max == 8 and rep.to_dict()["pilot_k_max"] == 8

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import mrt_fast
 from mrt_fast import MrtInputError
-from mrt_fast.variance.law import (
+from mrt_fast.variance import (
     VarianceAccumulator,
     bernstein_bound,
     best_integer_k,
@@ -350,9 +350,17 @@ def test_a_bad_loss_is_reported_with_its_row_and_nothing_added(data, draw, bad, 
     i = draw.draw(st.integers(0, len(x) - 1))
     x = x.copy()
     x[i] = bad
-    with pytest.raises(MrtInputError, match=rf"row {seen + i} \(row {i} of this update\) is {'NaN' if np.isnan(bad) else ''}"):
+    with pytest.raises(MrtInputError, match=rf"row {seen + i} \(row {i} of this update\) is {'NaN' if np.isnan(bad) else ''}") as e:
         acc.update(keys, x)
+    assert (e.value.row, e.value.pool, e.value.column) == (seen + i, None, None)  # the row as a field, from the core
     assert acc.to_bytes() == before and acc.n_rows == seen
+
+
+def test_an_overflowing_loss_carries_its_row():
+    acc = VarianceAccumulator().update(np.array([1, 1, 2, 2]), np.array([1.0, 2.0, 3.0, 5.0]))
+    with pytest.raises(MrtInputError, match=r"row 7 \(row 3 of this update\).*overflow") as e:
+        acc.update(np.array([7, 2, 9, 9]), np.array([1.0, 4.0, 1e300, -1e300]))
+    assert e.value.row == 7
 
 
 def test_no_prompt_with_two_responses():
@@ -522,7 +530,7 @@ def test_normal_bootstrap_agrees_with_exact_resampling():
     # seeded, and auto picks by the number of draws
     assert variance_budget(df, cost_prompt=4, cost_response=1, n_boot=2000, seed=1, bootstrap="normal").ci == no.ci
     assert variance_budget(df, n_boot=100, seed=1).bootstrap == "exact"  # 3e5 draws
-    big = mrt_fast.variance.law.EXACT_BOOTSTRAP_DRAWS // p + 1
+    big = mrt_fast.variance.EXACT_BOOTSTRAP_DRAWS // p + 1
     assert variance_budget(df, n_boot=big, seed=1).bootstrap == "normal"
     assert variance_budget(df, n_boot=0).bootstrap == "none"
     with pytest.raises(MrtInputError, match="bootstrap must be one of"):

@@ -21,6 +21,13 @@ pub enum Error {
         /// Row of that argument (row of the caller's matrix or array).
         row: Option<usize>,
     },
+    /// A value at one row of the caller's rows is unusable (a NaN loss...).
+    #[error("{msg}")]
+    Row {
+        /// The row, counted from the first row the caller's object has seen.
+        row: u64,
+        msg: String,
+    },
     /// A buffer the input needs cannot be allocated.
     #[error("{}cannot allocate {bytes} bytes for {what}", pool.map(|p| format!("pool {p}: ")).unwrap_or_default())]
     Memory { pool: Option<usize>, bytes: usize, what: String },
@@ -43,7 +50,7 @@ impl Error {
     /// The pool the error is about, if any.
     pub fn pool(&self) -> Option<usize> {
         match self {
-            Error::Invalid(_) => None,
+            Error::Invalid(_) | Error::Row { .. } => None,
             Error::Pool { pool, .. } => Some(*pool),
             Error::Memory { pool, .. } => *pool,
         }
@@ -61,6 +68,7 @@ impl Error {
     pub fn row(&self) -> Option<usize> {
         match self {
             Error::Pool { row, .. } => *row,
+            Error::Row { row, .. } => usize::try_from(*row).ok(),
             _ => None,
         }
     }
@@ -70,6 +78,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 pub(crate) fn invalid<T>(msg: impl Into<String>) -> Result<T> {
     Err(Error::Invalid(msg.into()))
+}
+
+pub(crate) fn at_row<T>(row: u64, msg: impl Into<String>) -> Result<T> {
+    Err(Error::Row { row, msg: msg.into() })
 }
 
 /// A zeroed vector of `n` values, allocated fallibly: an allocation failure

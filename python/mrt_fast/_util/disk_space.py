@@ -3,7 +3,7 @@
 Python, polars and Arrow each word a full disk their own way (``OSError``
 28, ``ComputeError: ... No space left on device (os error 28)``, ``Error
 writing bytes to file ... [errno 28]``); :func:`reporting_full_disk` turns
-any of them into one :class:`~mrt_fast.errors.MrtInputError` line, so that a
+any of them into one :class:`~mrt_fast.errors.MrtResourceError` line, so that a
 full disk is never taken for bad input nor shown as a traceback.
 """
 
@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from mrt_fast.errors import MrtInputError
+from mrt_fast.errors import MrtInputError, MrtResourceError
 
 _CODES = {errno.ENOSPC, errno.EDQUOT}
 _WORDS = ("no space left on device", "os error 28", "errno 28", "disk quota exceeded", "os error 122")
@@ -46,12 +46,12 @@ def free_bytes(path: str | os.PathLike) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def no_space_error(action: str, path: str | os.PathLike) -> MrtInputError:
+def no_space_error(action: str, path: str | os.PathLike) -> MrtResourceError:
     """``no space left on device while ACTION 'PATH' (N bytes free); free space and rerun ...``."""
     free = free_bytes(path)
     room = "" if free is None else f" ({free:,} bytes free)"
-    return MrtInputError(f"no space left on device while {action} {str(path)!r}{room}; "
-                         "free space and rerun the same command to resume")
+    return MrtResourceError(f"no space left on device while {action} {str(path)!r}{room}; "
+                            "free space and rerun the same command to resume", path=str(path))
 
 
 @contextlib.contextmanager
@@ -59,7 +59,7 @@ def reporting_full_disk(action: str, path: str | os.PathLike) -> Iterator[None]:
     """Raise :func:`no_space_error` for a full disk met in the block; anything else passes unchanged."""
     try:
         yield
-    except MrtInputError:
+    except (MrtInputError, MrtResourceError):
         raise
     except Exception as e:  # noqa: BLE001 - every library words it its own way
         if is_no_space(e):

@@ -33,12 +33,14 @@ def _before_every_command() -> None:
 
 @contextlib.contextmanager
 def user_errors(resumable: bool = False):
-    """Bad input ends the command with one line on stderr and exit code 2; Ctrl-C with one line
-    (saying that a rerun resumes, for a ``resumable`` command) and exit code 130; a partial
-    read's warning is one ``warning:`` line on stderr."""
+    """A user's error (bad input, a missing install, a full disk: `mrt_fast.errors.USER_ERRORS`,
+    or a file the system refuses, an ``OSError``) ends the command with one line on stderr and
+    exit code 2; Ctrl-C with one line (saying that a rerun resumes, for a ``resumable`` command)
+    and exit code 130; a partial read's warning is one ``warning:`` line on stderr. Any other
+    exception is a bug: it keeps its traceback."""
     import warnings
 
-    from mrt_fast.errors import MissingDependencyError, MrtInputError, PartialOutputWarning
+    from mrt_fast.errors import USER_ERRORS, PartialOutputWarning
 
     shown = warnings.showwarning
 
@@ -52,7 +54,7 @@ def user_errors(resumable: bool = False):
         with warnings.catch_warnings():
             warnings.showwarning = show
             yield
-    except (MrtInputError, MissingDependencyError, OSError, TypeError) as e:
+    except (*USER_ERRORS, OSError) as e:
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         typer.echo(f"error: {msg}", err=True)
         raise typer.Exit(2) from None

@@ -58,7 +58,7 @@ def diagnose_cmd(
     """How many responses per prompt are worth keeping: V_x, V_y|x, K* and the budget law."""
     import json
 
-    from mrt_fast.datasets.diagnose import variance_budget
+    from mrt_fast.variance import variance_budget
     from mrt_fast.errors import MrtInputError
 
     with user_errors():
@@ -173,7 +173,7 @@ def _check_report_outputs(json_out: Optional[Path], plot: Optional[Path], alloca
     if json_out is not None:
         check_output(json_out, "--json", table=False)
     if plot is not None:
-        from mrt_fast.variance.law import PLOT_FORMATS
+        from mrt_fast.variance.report import PLOT_FORMATS
 
         if plot.suffix.lower().lstrip(".") not in PLOT_FORMATS:
             raise MrtInputError(f"--plot {str(plot)!r}: unsupported image format {plot.suffix!r} "

@@ -25,6 +25,7 @@ import polars as pl
 import pyarrow as pa
 from mrt_fast.datasets import storage
 
+from mrt_fast.errors import Irregular
 from mrt_fast.tables.arrays import arrow_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,10 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: rows decoded at a time per file (a few MB of vectors: reused memory, not fresh)
 BATCH_ROWS = 65_536
-
-
-class Irregular(Exception):
-    """A chunk that is not float32 vectors of the expected length without nulls."""
 
 
 def is_float_vectors(t: pa.DataType) -> bool:

@@ -65,17 +65,13 @@ from mrt_fast.datasets.manifest import (EMPTY_PART, Manifest, discard_unfinished
 from mrt_fast.datasets.progress import JobProgress
 from mrt_fast.datasets.report import run_summary
 from mrt_fast.datasets.stage import RowStage
-from mrt_fast.errors import MrtInputError
+from mrt_fast.errors import MrtInputError, MrtResourceError, StoppedForTest
 
 __all__ = ["Job", "RowStage", "STOP_AFTER_ENV", "StoppedForTest", "is_directory_output", "rows_before", "run_all",
            "run_summary", "stop_after", "stopping_after", "write_part"]
 
 #: test hook: stop a job after it has committed this many parts (see the module doc)
 STOP_AFTER_ENV = "MRT_TEST_STOP_AFTER_PARTS"
-
-
-class StoppedForTest(RuntimeError):
-    """A job stopped by the test hook :data:`STOP_AFTER_ENV` (as if killed after N parts)."""
 
 
 def stop_after() -> int | None:
@@ -190,11 +186,12 @@ class Job:
         try:
             try:
                 self._full_disk.__exit__(et, ev, tb)  # a full disk: one line saying where
-            except MrtInputError:
+            except (MrtInputError, MrtResourceError):
                 if self.to_dir and self.state == "new":
-                    self._discard_unfinished()  # bad input before any part: the directory is as it was
+                    self._discard_unfinished()  # bad input or no room before any part: the directory is as it was
                 raise
-            if et is not None and issubclass(et, MrtInputError) and self.to_dir and self.state == "new":
+            if et is not None and issubclass(et, (MrtInputError, MrtResourceError)) and self.to_dir \
+                    and self.state == "new":
                 self._discard_unfinished()
         finally:
             self._stack.close()

@@ -87,7 +87,7 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
     from mrt_fast._util.device import resolve_device
     from mrt_fast.llm.models import load_causal_lm, load_tokenizer
     from mrt_fast.llm.loss import pair_losses
-    from mrt_fast.variance.law import variance_budget
+    from mrt_fast.variance.budget import variance_budget
 
     out.mkdir(parents=True, exist_ok=True)
     losses_f = out / "losses.parquet"
@@ -121,7 +121,7 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
 
 
 def _jsonable(d: dict) -> dict:
-    from mrt_fast.variance.law import json_num
+    from mrt_fast.variance.report import json_num
 
     return {k: ([json_num(x) for x in v] if isinstance(v, list) and k != "notes" else json_num(v))
             for k, v in d.items()}

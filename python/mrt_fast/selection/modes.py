@@ -1,7 +1,7 @@
 """Modes: which candidates of a pool are variations of the same answer.
 
 One k-means policy serves every caller (``select``'s stratified method through
-:func:`pool_modes`, the CLI, the demo and :func:`mrt_fast.variance.law.implicit_mrt`):
+:func:`pool_modes`, the CLI, the demo and :func:`mrt_fast.variance.implicit_mrt`):
 
 * rows are unit-normalised (k-means on the sphere, Euclidean distance);
   exact duplicates (the same embedding) count once: repeats are no evidence

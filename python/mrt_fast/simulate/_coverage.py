@@ -30,7 +30,8 @@ import math
 import numpy as np
 
 from mrt_fast.variance.intervals import bootstrap_intervals
-from mrt_fast.variance.law import VarianceAccumulator, bernstein_bound
+from mrt_fast.variance.accumulator import VarianceAccumulator
+from mrt_fast.variance.law import bernstein_bound
 
 SETTINGS = ("bernoulli", "normal", "student_t", "small_vx", "gamma", "unequal_k")
 _T_DF = 5

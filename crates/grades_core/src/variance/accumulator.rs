@@ -6,7 +6,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use rayon::prelude::*;
 
 use super::stats::{Moments, Partial, Stats, StatsColumns, Summary};
-use crate::error::{invalid, Result};
+use crate::error::{at_row, invalid, Result};
 
 /// The prompts are split over this many hash maps by their key (so that
 /// each map is small enough to stay in cache and the maps can be filled in
@@ -152,20 +152,23 @@ impl Accumulator {
         };
         let (bad, large) = scan_losses(losses);
         if let Some(i) = bad {
-            return invalid(format!(
-                "loss at row {} (row {i} of this update) is {}: losses must be finite",
-                self.rows + i as u64,
-                losses[i]
-            ));
+            let row = self.rows + i as u64;
+            return at_row(
+                row,
+                format!("loss at row {row} (row {i} of this update) is {}: losses must be finite", losses[i]),
+            );
         }
         if large || self.wild {
             if let Err(i) = self.update_checked(ids, &key, losses) {
-                return invalid(format!(
-                    "loss at row {} (row {i} of this update) makes the statistics of prompt key {} overflow f64 \
-                     (losses too large in magnitude): rescale the losses",
-                    self.rows + i as u64,
-                    key(ids[i])
-                ));
+                let row = self.rows + i as u64;
+                return at_row(
+                    row,
+                    format!(
+                        "loss at row {row} (row {i} of this update) makes the statistics of prompt key {} overflow \
+                         f64 (losses too large in magnitude): rescale the losses",
+                        key(ids[i])
+                    ),
+                );
             }
             self.wild = self.shards.par_iter().any(|m| m.values().any(|s| !tame(s)));
         } else if ids.len() < PIECE {

@@ -97,7 +97,9 @@ fn clip_at_zero_and_raw_kept() {
 fn bad_losses_are_named_and_nothing_is_added() {
     let mut acc = Accumulator::new();
     acc.update(&[1, 2], &[0.5, 0.25]).unwrap();
-    let e = acc.update(&[1, 2, 3], &[0.0, f64::NAN, 1.0]).unwrap_err().to_string();
+    let err = acc.update(&[1, 2, 3], &[0.0, f64::NAN, 1.0]).unwrap_err();
+    assert_eq!((err.row(), err.pool(), err.arg()), (Some(3), None, None));
+    let e = err.to_string();
     assert!(e.contains("row 3 (row 1 of this update)") && e.contains("NaN"), "{e}");
     assert_eq!((acc.n_rows(), acc.len(), acc.get(1).unwrap().count), (2, 2, 1));
     assert!(acc.update(&[1], &[f64::INFINITY]).is_err());
@@ -119,7 +121,9 @@ fn overflow_in_an_update_is_refused_and_undone() {
     acc.update(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 5.0]).unwrap();
     let before = bits(&acc);
     // finite losses whose squared deviations overflow f64
-    let e = acc.update(&[7, 2, 9, 9], &[1.0, 4.0, 1e300, -1e300]).unwrap_err().to_string();
+    let err = acc.update(&[7, 2, 9, 9], &[1.0, 4.0, 1e300, -1e300]).unwrap_err();
+    assert_eq!(err.row(), Some(7));
+    let e = err.to_string();
     assert!(e.contains("row 7 (row 3 of this update)") && e.contains("overflow"), "{e}");
     assert_eq!(bits(&acc), before);
     // large losses that do not overflow are folded exactly as Welford folds them
@@ -389,7 +393,9 @@ proptest! {
         let mut x = x;
         let i = at.index(x.len());
         x[i] = bad;
-        let e = acc.update(&keys, &x).unwrap_err().to_string();
+        let err = acc.update(&keys, &x).unwrap_err();
+        prop_assert_eq!(err.row(), Some(seen + i));
+        let e = err.to_string();
         let want = format!("row {} (row {i} of this update)", seen + i);
         prop_assert!(e.contains(&want), "{}", e);
         prop_assert_eq!(bits(&acc), before);

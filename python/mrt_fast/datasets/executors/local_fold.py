@@ -2,7 +2,7 @@
 
 :func:`variance_budget_files` reads the prompt id and loss columns of a
 source batch by batch (polars' streaming engine) into a
-:class:`~mrt_fast.variance.law.VarianceAccumulator`, so memory grows with the
+:class:`~mrt_fast.variance.accumulator.VarianceAccumulator`, so memory grows with the
 number of prompts, not of rows, in either layout; a bad row is named by its
 file and row (and, in the grouped layout, its candidate).
 """
@@ -10,8 +10,6 @@ file and row (and, in the grouped layout, its candidate).
 from __future__ import annotations
 
 import os
-import re
-from typing import Any
 
 import numpy as np
 import polars as pl
@@ -19,6 +17,7 @@ import polars as pl
 from mrt_fast._util import messages as _messages
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.errors import MrtInputError
+from mrt_fast.variance.options import VarianceOptions
 
 __all__ = ["variance_budget_files"]
 
@@ -28,22 +27,23 @@ def variance_budget_files(
     *,
     by: str = "prompt_id",
     loss: str = "loss",
-    loss_bound: float | None = None,
     batch_rows: int = 1_000_000,
     tokens: str | None = None,
     allow_partial: bool = False,
     layout: str = "auto",
     address: str | None = None,
-    **kwargs: Any,
+    options: VarianceOptions | None = None,
 ):
     """`variance_budget` over a dataset (a file, a directory of Parquet/JSONL
     files or a glob), streamed through the accumulator, in either layout.
-    Keywords as `variance_budget` (``address`` is Ray's, None here). Null prompt ids or losses, an empty dataset,
-    a corrupt file or a missing column are a one-line `MrtInputError` naming
-    the file and the row (and, in the grouped layout, the candidate)."""
+    Arguments as `variance_budget` (``address`` is Ray's, None here; ``options`` its report settings).
+    Null prompt ids or losses, an empty dataset, a corrupt file or a missing column are a one-line
+    `MrtInputError` naming the file and the row (and, in the grouped layout, the candidate)."""
     from mrt_fast.tables.layouts import GROUPED, detect
-    from mrt_fast.variance.law import VarianceAccumulator, report_from_accumulator
+    from mrt_fast.variance.accumulator import VarianceAccumulator
+    from mrt_fast.variance.diagnosis import diagnose
 
+    options = VarianceOptions() if options is None else options
     ds = source if isinstance(source, _sources.Dataset) else _sources.discover(source, allow_partial=allow_partial)
     roles = [(by, "prompt id"), (loss, "loss")] + ([(tokens, "token count")] if tokens is not None else [])
     schema = ds.check_columns(roles)
@@ -71,12 +71,13 @@ def variance_budget_files(
             x = np.ascontiguousarray(df[loss].cast(pl.Float64).to_numpy())
             if tokens is not None:
                 x = -x / _token_counts(df[tokens], ds, seen, df)
+            before = acc.n_rows
             try:
                 acc.update(df[by], x)
             except MrtInputError as e:
                 if grouped:
                     raise MrtInputError(f"{ds.source!r}: {e}", pool=e.pool, column=e.column) from None
-                raise _in_file(e, ds, loss) from None
+                raise _in_file(e, ds, loss, before) from None
             lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
             seen += int(df[_GROUP_ROW].max()) + 1 if grouped else df.height
     except MrtInputError:
@@ -87,10 +88,10 @@ def variance_budget_files(
     if seen == 0:
         raise MrtInputError(f"{ds.source!r} has no rows: there are no losses to diagnose")
     notes = []
-    if loss_bound is None:
-        loss_bound = hi - lo
-        notes.append(f"loss_bound not given: using the observed loss range {loss_bound:.4g}")
-    rep = report_from_accumulator(acc, loss_bound=loss_bound, **kwargs)
+    if options.loss_bound is None:
+        options = options.replace(loss_bound=hi - lo)
+        notes.append(f"loss_bound not given: using the observed loss range {hi - lo:.4g}")
+    rep = diagnose(acc, options)
     rep.notes.extend(notes)
     return rep
 
@@ -144,14 +145,14 @@ def _token_counts(n: pl.Series, ds: _sources.Dataset, seen: int, df: pl.DataFram
     return c
 
 
-def _in_file(err: MrtInputError, ds: _sources.Dataset, loss: str) -> MrtInputError:
-    """An accumulator's error about the dataset's row N ("row N (row i of this update)")
-    restated with the file and the row in it; any other with the dataset's name."""
+def _in_file(err: MrtInputError, ds: _sources.Dataset, loss: str, before: int) -> MrtInputError:
+    """An accumulator's error about a loss (its ``row``: the dataset's row, counted from the first
+    row the accumulator saw; ``before``: the rows it had seen before this update) restated with the
+    file and the row in it; any other with the dataset's name."""
     from mrt_fast.datasets.row_origin import in_file
 
-    m = re.search(r"\brow (\d+) \(row \d+ of this update\)", str(err))
-    if m is None:
+    said = None if err.row is None else f"row {err.row} (row {err.row - before} of this update)"
+    if said is None or said not in str(err):
         return MrtInputError(f"{ds.source!r}: {err}", pool=err.pool, column=err.column, row=err.row)
-    row = int(m.group(1))
-    plain = MrtInputError(str(err).replace(m.group(0), f"row {row}"), pool=err.pool, column=loss)
-    return in_file(plain, ds, row, said=row)
+    plain = MrtInputError(str(err).replace(said, f"row {err.row}"), pool=err.pool, column=loss, row=err.row)
+    return in_file(plain, ds, err.row)

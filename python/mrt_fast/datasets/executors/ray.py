@@ -335,7 +335,7 @@ class _FlatRun:
 
 def variance_budget_files(source: Any, *, by: str = "prompt_id", loss: str = "loss", address: str | None = None,
                           allow_partial: bool = False, layout: str = "auto", batch_rows: int | None = None,
-                          tokens: str | None = None, **options: Any):
+                          tokens: str | None = None, options: Any = None):
     """`mrt_fast.variance_budget` over the files of a source on Ray: each block
     of the two columns folds into an accumulator, the driver merges them
     (either layout: grouped when the loss column holds lists). ``batch_rows`` and ``tokens``
@@ -353,4 +353,5 @@ def variance_budget_files(source: Any, *, by: str = "prompt_id", loss: str = "lo
         want = "a list of numbers (grouped layout)" if lay == GROUPED else "numeric"
         raise MrtInputError(f"column {loss!r} (loss) must be {want}, got {t}", column=loss)
     init(address)
-    return variance_budget(read(src, columns=[by, loss]), by=by, loss=loss, layout=lay, **options)
+    kw = {} if options is None else options.keywords()
+    return variance_budget(read(src, columns=[by, loss]), by=by, loss=loss, layout=lay, **kw)

@@ -73,7 +73,8 @@ class _Fold:
         self.__name__ = "fold_variance"
 
     def __call__(self, t: pa.Table) -> pa.Table:
-        from mrt_fast.variance.law import VarianceAccumulator, loss_column
+        from mrt_fast.variance.accumulator import VarianceAccumulator
+        from mrt_fast.variance.inputs import loss_column
 
         df = to_polars(t.select([self.by, self.loss]))
         if self.grouped:
@@ -96,7 +97,8 @@ def variance_budget(ds: Any, *, by: str = "prompt_id", loss: str = "loss", layou
     loss_bound, n_boot, seed, ci_level, bootstrap, interval)."""
     ray_module()
     from mrt_fast.tables.arrays import require
-    from mrt_fast.variance.law import VarianceAccumulator, report_from_accumulator
+    from mrt_fast.variance.accumulator import VarianceAccumulator
+    from mrt_fast.variance.diagnosis import report_from_accumulator
 
     schema = dataset_schema(ds)
     cols = list(schema.names)

@@ -24,7 +24,8 @@ import polars as pl
 import pyarrow as pa
 
 from mrt_fast.datasets import storage
-from mrt_fast.errors import MrtInputError
+from mrt_fast._util.object_store import object_store_error
+from mrt_fast.errors import InjectedFault, MrtInputError, MrtResourceError, TransientTaskError
 
 #: environment variable naming a marker file: the first bucket task that
 #: creates it raises `InjectedFault` (the test hook for retries; see `select`)
@@ -34,14 +35,6 @@ BUCKET = "__mrt_bucket"
 ORDER = "__mrt_order"
 #: rows per bucket aimed at when sizing the bucket count from the data
 ROWS_PER_BUCKET = 1_000_000
-
-
-class TransientTaskError(RuntimeError):
-    """A task failure worth retrying (Ray retries tasks that raise it)."""
-
-
-class InjectedFault(TransientTaskError):
-    """Raised once by the fault-injection hook."""
 
 
 def ray_module():
@@ -106,7 +99,7 @@ def unwrap(e: BaseException) -> BaseException:
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, MrtInputError) and not is_ray_wrapper(cur):
+        if isinstance(cur, (MrtInputError, MrtResourceError)) and not is_ray_wrapper(cur):
             return cur
         nxt = getattr(cur, "cause", None)
         if not isinstance(nxt, BaseException):
@@ -128,12 +121,17 @@ class Unwrapping:
         return self
 
     def __exit__(self, et, ev, tb):
-        if ev is None or (isinstance(ev, MrtInputError) and not is_ray_wrapper(ev)):
+        if ev is None or (isinstance(ev, (MrtInputError, MrtResourceError)) and not is_ray_wrapper(ev)):
             return False
         inner = unwrap(ev)
         if isinstance(inner, MrtInputError):
             first = (str(inner).strip().splitlines() or [""])[0]
             raise MrtInputError(first, pool=inner.pool, column=inner.column, row=inner.row) from None
+        if isinstance(inner, MrtResourceError):  # a full disk in a task
+            raise MrtResourceError((str(inner).strip().splitlines() or [""])[0], path=inner.path) from None
+        lost = object_store_error(ev)  # Ray's object store lost or full
+        if lost is not None:
+            raise lost from None
         return False
 
 
@@ -143,7 +141,7 @@ class QuietInputErrors(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         ev = record.exc_info[1] if record.exc_info else None
-        return not (ev is not None and isinstance(unwrap(ev), MrtInputError))
+        return not (ev is not None and isinstance(unwrap(ev), (MrtInputError, MrtResourceError)))
 
     def __enter__(self):
         self._handlers = [h for name in ("ray.data", "ray") for h in logging.getLogger(name).handlers]
