@@ -51,8 +51,13 @@ test: setup lint test-rust test-py
 test-rust:
 	cargo test --workspace --release
 
+# Two processes: the tests that train or load torch models run apart from the
+# data-path tests, so that neither inherits the other's native threads (a crash
+# in native code then names its half). A fatal signal prints every thread's
+# Python stack on stdout (tests/conftest.py).
 test-py:
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -p no:faulthandler -m "not (train or torch)"
+	$(PY) -m pytest -q -p no:cacheprovider -p no:faulthandler -m "train or torch"
 
 bench: setup
 	$(PY) bench/run_select_bench.py
