@@ -67,7 +67,7 @@ from mrt_fast.datasets.report import run_summary
 from mrt_fast.datasets.stage import RowStage
 from mrt_fast.errors import MrtInputError, MrtResourceError, StoppedForTest
 
-__all__ = ["Job", "RowStage", "STOP_AFTER_ENV", "StoppedForTest", "is_directory_output", "rows_before", "run_all",
+__all__ = ["Job", "RowStage", "STOP_AFTER_ENV", "StoppedForTest", "is_directory_output", "rows_before", "run_all", "start_row_parts",
            "run_summary", "stop_after", "stopping_after", "write_part"]
 
 #: test hook: stop a job after it has committed this many parts (see the module doc)
@@ -349,6 +349,19 @@ def write_part(df: pl.DataFrame, out_dir: Path, i: int) -> int:
     with reporting_full_disk(f"writing part {i} to", Path(out_dir)):
         _formats.write_parquet_atomic(df, p)
     return df.height
+
+
+def start_row_parts(job: "Job", rows_per_part: int, n_rows: int | None, layout: str) -> tuple[int, int, int, list[int], int]:
+    """The start every executor makes of a row stage's job: the input's rows (``n_rows`` when known;
+    none is a one-line error), the rows a part (the job's own when it resumes), the parts, the parts
+    to do and the input rows of those done before: ``(n, per, n_parts, todo, before)``."""
+    n = job.count_rows() if n_rows is None else n_rows
+    if n == 0:
+        raise MrtInputError(f"{job.ds.source!r} has no rows: there is nothing to do")
+    per = int(job.rows_per_part or rows_per_part)
+    n_parts = job.n_parts or max(1, -(-n // per))
+    todo = job.start(n_parts, layout=layout, rows_per_part=per, n_rows=n)
+    return n, per, n_parts, todo, rows_before(n, per, n_parts, todo)
 
 
 def rows_before(n_rows: int, rows_per_part: int, n_parts: int, todo: list[int]) -> int:

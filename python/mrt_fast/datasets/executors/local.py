@@ -36,7 +36,7 @@ from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.executors.local_fold import variance_budget_files
 from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, grouped_size, plan_grouped,
                                                     plan_memory)
-from mrt_fast.datasets.job import Job, rows_before, run_all
+from mrt_fast.datasets.job import Job, run_all, start_row_parts
 from mrt_fast.datasets.select_stage import (SelectRows, counts_into, finish_select, select_counts,
                                             select_rows)
 from mrt_fast.datasets.spill import (ROW, SPILL_DIR, drop_bucket, holds_buckets, null_ids_error, read_bucket, spill,
@@ -65,13 +65,7 @@ def run_row_parts(job: Job, stage: Any, *, rows_per_part: int, n_rows: int | Non
     ``address`` is Ray's and has no meaning here. Returns ``{"parts", "parts_done_now",
     "rows_done_now", "rows_out", "rows_written", "counts"}``."""
     st = as_stage(stage)
-    n = job.count_rows() if n_rows is None else n_rows
-    if n == 0:
-        raise MrtInputError(f"{job.ds.source!r} has no rows: there is nothing to do")
-    per = int(job.rows_per_part or rows_per_part)
-    n_parts = job.n_parts or max(1, math.ceil(n / per))
-    todo = job.start(n_parts, layout=layout, rows_per_part=per, n_rows=n)
-    before = rows_before(n, per, n_parts, todo)
+    n, per, n_parts, todo, before = start_row_parts(job, rows_per_part, n_rows, layout)
     job.progress.start(n, before, items_total=items_total() if callable(items_total) else items_total)
     if on_total is not None:
         on_total(n, before)

@@ -38,7 +38,7 @@ from mrt_fast.datasets.executors.ray_runtime import (BUCKET, FAULT_ENV, ORDER, R
                                                      read, retry_args, run_tasks, shuffle_strategy, to_polars)
 from mrt_fast.datasets.executors.ray_tasks import (BucketToPart, FilesToPart, ReadAndSplit, SpilledBucketToPart,
                                                    SpillRuns, row_ranges, spill_runs, tag_buckets)
-from mrt_fast.datasets.job import rows_before
+from mrt_fast.datasets.job import start_row_parts
 from mrt_fast.datasets.select_stage import SelectRows, counts_into, finish_select
 from mrt_fast.datasets.spill import null_ids_error, spill_area
 from mrt_fast.datasets.stage import Counts, as_stage, split_result
@@ -109,13 +109,7 @@ def run_row_parts(job: Any, stage: Any, *, rows_per_part: int, n_rows: int | Non
     (``items_total`` is the local executor's). Returns ``{"parts", "parts_done_now",
     "rows_done_now", "rows_out", "rows_written", "counts"}``."""
     st = as_stage(stage)
-    n = job.count_rows() if n_rows is None else n_rows
-    if n == 0:
-        raise MrtInputError(f"{job.ds.source!r} has no rows: there is nothing to do")
-    per = int(job.rows_per_part or rows_per_part)
-    n_parts = job.n_parts or max(1, -(-n // per))
-    todo = job.start(n_parts, layout=layout, rows_per_part=per, n_rows=n)
-    before = rows_before(n, per, n_parts, todo)
+    n, per, n_parts, todo, before = start_row_parts(job, rows_per_part, n_rows, layout)
     done: dict[str, Any] = {"parts": n_parts, "parts_done_now": len(todo), "rows_done_now": 0, "rows_out": 0}
     counts = Counts()
     job.progress.start(n, before)
