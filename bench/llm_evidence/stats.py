@@ -135,6 +135,9 @@ class PilotSummary:
         return cls(np.array([v.mean() for v in vals]), np.array([v.var(ddof=1) for v in vals]),
                    np.array([len(v) for v in vals], dtype=np.float64))
 
+    def __len__(self) -> int:
+        return len(self.mean)
+
 
 def pilot_ratio(s: PilotSummary, idx: np.ndarray | None = None) -> float:
     """V_y|x / V_x over the prompts ``idx`` (all by default; repeats allowed): inf when V_x = 0 < V_y|x, 0 when
@@ -191,25 +194,40 @@ def percentile_interval(reps: np.ndarray, level: float = 0.95, point: float | No
     return lo, hi
 
 
-def two_level_bootstrap(pilots: Sequence[PilotSummary], cells: Sequence[GainCells],
+def mean_value(values: np.ndarray, idx: np.ndarray | None = None) -> float:
+    """The mean of per-prompt values over the prompts ``idx`` (all by default): a baseline predictor of
+    `two_level_bootstrap` (e.g. the mean log number of valid answers of a pilot's prompts)."""
+    v = np.asarray(values, dtype=np.float64)
+    return float((v if idx is None else v[idx]).mean())
+
+
+def two_level_bootstrap(pilots: Sequence, cells: Sequence[GainCells],
                         statistic: Callable[[np.ndarray, np.ndarray], float], *, n_boot: int = 2000, seed: int = 0,
-                        level: float = 0.95, transform: Callable[[float], float] = math.log) -> dict:
+                        level: float = 0.95, transform: Callable[[float], float] | None = math.log,
+                        predictor: Callable = pilot_ratio) -> dict:
     """Point estimate, replicates and percentile interval of ``statistic(transform(ratios), gains)`` over
     families (``pilots[f]``, ``cells[f]``). Each replicate resamples, per family, the pilot's prompts
-    (level 1: the ratio) and the held-out prompts and the seeds of the paired cells (level 2: the gain)."""
+    (level 1: the ratio) and the held-out prompts and the seeds of the paired cells (level 2: the gain).
+
+    ``predictor(pilot, idx)`` computes a family's predictor over the pilot prompts ``idx`` (None: all), and
+    ``len(pilot)`` is its number of prompts: the ratio of a `PilotSummary` by default; a baseline passes its
+    own (e.g. `mean_value` of per-prompt values, ``transform=None``: used as they are). A predictor <= 0
+    becomes -inf under ``transform`` (log of a ratio of 0)."""
     if len(pilots) != len(cells):
         raise ValueError(f"{len(pilots)} pilots but {len(cells)} cell pairs")
     rng = np.random.default_rng(seed)
 
     def tr(r):
+        if transform is None:
+            return r
         return transform(r) if r > 0 else -math.inf
 
-    x0 = np.array([tr(pilot_ratio(p)) for p in pilots])
+    x0 = np.array([tr(predictor(p, None)) for p in pilots])
     g0 = np.array([gain(c) for c in cells])
     point = float(statistic(x0, g0))
     reps = np.empty(n_boot)
     for b in range(n_boot):
-        x = np.array([tr(pilot_ratio(p, rng.integers(0, len(p.mean), len(p.mean)))) for p in pilots])
+        x = np.array([tr(predictor(p, rng.integers(0, len(p), len(p)))) for p in pilots])
         g = np.array([gain(c, rng.integers(0, c.lo.shape[0], c.lo.shape[0]),
                            rng.integers(0, c.lo.shape[1], c.lo.shape[1])) for c in cells])
         reps[b] = statistic(x, g)

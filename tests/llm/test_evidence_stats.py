@@ -119,6 +119,24 @@ def test_two_level_bootstrap_varies_both_levels():
     assert np.unique(res["replicates"]).size > 3  # the replicates move: the resampling reaches the statistic
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(3, 6))
+def test_two_level_bootstrap_of_a_baseline_predictor(seed, n_fam):
+    """A baseline (the mean of per-prompt values, used as it is) goes through the same two levels: its point is the
+    statistic of the plain means, and its replicates resample the per-prompt values."""
+    rng = np.random.default_rng(seed)
+    fams = [_family(rng, 8, 1.0) for _ in range(n_fam)]
+    vals = [rng.normal(i, 1.0, 10) for i in range(n_fam)]
+    res = stats.two_level_bootstrap(vals, [f[1] for f in fams], stats.spearman, n_boot=50, seed=seed,
+                                    predictor=stats.mean_value, transform=None)
+    assert res["point"] == pytest.approx(stats.spearman([v.mean() for v in vals], [stats.gain(f[1]) for f in fams]))
+    lo, hi = res["interval"]
+    assert lo <= res["point"] <= hi
+    idx = np.array([0, 0, 3])
+    assert stats.mean_value(vals[0], idx) == pytest.approx(vals[0][idx].mean())
+    assert len(fams[0][0]) == len(fams[0][0].mean) == 8
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=20), st.integers(1, 4))
 def test_paired_difference_of_identical_cells_is_exactly_zero(row, n_seeds):

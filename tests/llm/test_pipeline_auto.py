@@ -201,3 +201,45 @@ def test_mrt_run_set_and_out_dir_are_checked_before_any_model_loads(tmp_path):
     assert r.exit_code == 2 and "unknown config key 'trian'" in r.output
     r = CliRunner().invoke(app, ["run", str(tmp_path / "cfg.yaml"), "--set", "train.max_steps", "--out-dir", "x"])
     assert r.exit_code == 2 and "key=value" in r.output
+
+
+def test_auto_k_from_a_lora_warm_pilot(tiny_paths, tmp_path):
+    """``warm_pilot: lora`` warms up on the pool's prompts the pilot does not score, scores the pilot from that
+    state, names the state in the advice, and a run with another warm-up is refused in the same out_dir."""
+    from mrt_fast.llm.pipeline import run
+
+    sel = dict(methods=["random"], ks="auto", cost_prompt=4.0, cost_response=1.0, n_boot=50, validation_prompts=2,
+               warm_pilot="lora", warm_steps=2)
+    run(_cfg(tmp_path, tiny_paths, **sel), progress=False)
+    d = tmp_path / "out" / "diagnose"
+    warm = json.loads((d / "warm.json").read_text())
+    advice = json.loads((d / "report.json").read_text())["advice"]
+    assert warm["mode"] == "lora" and warm["tag"].startswith("lora:2:") and warm["warm_prompts"] == 2
+    assert advice["warm_pilot"] == warm["tag"]
+    losses = pl.read_parquet(d / "losses.parquet")
+    assert losses["prompt_id"].n_unique() == 2 and losses.height == 2 * 6
+    # the warm-up moved the model: the pilot's losses are not the base model's
+    from mrt_fast.llm.loss import pair_losses
+    from mrt_fast.llm.models import load_causal_lm, load_tokenizer
+
+    cand = pl.read_parquet(tmp_path / "out" / "candidates.parquet")
+    pairs = cand.filter(pl.col("prompt_id").is_in(losses["prompt_id"].unique().implode()))
+    base = pair_losses(load_causal_lm(str(tiny_paths["lm"])), load_tokenizer(str(tiny_paths["lm"])),
+                       pairs["prompt"].to_list(), pairs["response"].fill_null("").to_list(), progress=False)
+    assert not np.allclose(np.sort(base), np.sort(losses["loss"].to_numpy()), rtol=0, atol=1e-6)
+    with pytest.raises(MrtInputError, match="diagnose"):  # another warm-up: the losses on disk are not its own
+        run(_cfg(tmp_path, tiny_paths, **{**sel, "warm_steps": 3}), progress=False)
+
+
+def test_warm_pilot_config_errors(tiny_paths, tmp_path):
+    from mrt_fast.llm.pipeline import run
+
+    base = dict(methods=["random"], ks="auto", cost_prompt=1.0, cost_response=1.0)
+    with pytest.raises(MrtInputError, match="select.warm_pilot must be one of"):
+        run(_cfg(tmp_path, tiny_paths, **base, warm_pilot="hot"), progress=False)
+    with pytest.raises(MrtInputError, match="select.warm_steps"):
+        run(_cfg(tmp_path, tiny_paths, **base, warm_pilot="lora", warm_steps=0), progress=False)
+    with pytest.raises(MrtInputError, match="select.warm_data is the warm-up data"):
+        run(_cfg(tmp_path, tiny_paths, **base, warm_pilot="chat", warm_data="w.jsonl"), progress=False)
+    with pytest.raises(MrtInputError, match="every prompt of the pool is scored"):
+        run(_cfg(tmp_path, tiny_paths, **base, warm_pilot="lora", warm_steps=1), progress=False)

@@ -7,9 +7,15 @@ into V_x, V_y|x and the budget law's K* for the configured costs C_p, C_r, and
 the pipeline trains at the recommended integer K (and, with
 ``neighbours: true``, at K - 1 and K + 1 to show the U).
 
+With ``warm_pilot`` (`mrt_fast.llm.warm_pilot`) the losses are scored from a
+warm state instead of the base model as it is: ``chat`` (the chat template) or
+``lora`` (a short LoRA warm-up on prompts the pilot does not score); the
+advice names the warm state (``warm_pilot``: its tag).
+
 Files under ``out_dir/diagnose/``: ``losses.parquet`` (prompt_id, loss),
-``report.json`` (the full `VarianceReport` plus the advice), ``variance.png``.
-A rerun reuses the losses; changed costs or budget only redo the report.
+``warm.json`` (the warm state the losses were scored in), ``report.json`` (the
+full `VarianceReport` plus the advice), ``variance.png``. A rerun reuses the
+losses; changed costs or budget only redo the report.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from mrt_fast.datasets.formats import read_table, write_table
 from mrt_fast.tables.arrays import require_columns
 
 #: keys of the `select` config section that belong to the advisor
-AUTO_KEYS = ("cost_prompt", "cost_response", "budget", "neighbours", "n_boot", "validation_prompts")
+AUTO_KEYS = ("cost_prompt", "cost_response", "budget", "neighbours", "n_boot", "validation_prompts", "warm_pilot",
+             "warm_steps", "warm_data")
 
 
 def auto_settings(sel: dict) -> dict:
@@ -49,7 +56,31 @@ def auto_settings(sel: dict) -> dict:
     if vp is not None and (isinstance(vp, bool) or not isinstance(vp, int) or vp < 2):
         raise MrtInputError(f"select.validation_prompts must be an integer >= 2, got {vp!r}")
     out["validation_prompts"] = vp
+    from mrt_fast.llm.warm_pilot import WARM_PILOTS
+
+    wp = sel.get("warm_pilot", "none")
+    if wp not in WARM_PILOTS:
+        raise MrtInputError(f"select.warm_pilot must be one of {', '.join(WARM_PILOTS)}, got {wp!r}")
+    ws = sel.get("warm_steps", 16)
+    if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
+        raise MrtInputError(f"select.warm_steps must be an integer >= 1, got {ws!r}")
+    wd = sel.get("warm_data")
+    if wd is not None and wp != "lora":
+        raise MrtInputError("select.warm_data is the warm-up data of select.warm_pilot: lora")
+    out.update(warm_pilot=wp, warm_steps=ws, warm_data=wd)
     return out
+
+
+def warm_up_rows(pool: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
+    """The default warm-up data of ``warm_pilot: lora``: the pool's rows whose prompts the pilot does not score."""
+    scored = pairs["prompt"].unique().implode()
+    rest = pool.select("prompt_id", "prompt", pl.col("response").fill_null("")).filter(
+        ~pl.col("prompt").is_in(scored))
+    if rest.height == 0:
+        raise MrtInputError("select.warm_pilot: lora warms up on prompts the pilot does not score, and every prompt "
+                            "of the pool is scored: set select.warm_data, or select.validation_prompts below the "
+                            "number of prompts")
+    return rest
 
 
 def validation_pairs(table: Any, limit: int | None = None) -> pl.DataFrame:
@@ -74,8 +105,14 @@ def validation_pairs(table: Any, limit: int | None = None) -> pl.DataFrame:
 def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_prompt: float, cost_response: float,
              budget: float | None = None, k_max: int = 1024, n_boot: int = 1000, seed: int = 0,
              max_length: int | None = 1024, prompt_format: str = "auto", device: str = "auto",
-             dtype: str = "float32", batch_size: int = 8, progress: bool = True) -> dict:
-    """Measure the base model's losses on ``pairs`` and return the advice (cached in out_dir/report.json)."""
+             dtype: str = "float32", batch_size: int = 8, progress: bool = True, warm_pilot: str = "none",
+             warm_data: Any = None, warm_steps: int = 16) -> dict:
+    """Measure the model's losses on ``pairs`` and return the advice (cached in out_dir/report.json).
+
+    ``warm_pilot``: ``none`` scores with the base model as it is (`mrt_fast.llm.loss.pair_losses`, truncated
+    to ``max_length``); ``chat`` or ``lora`` score from that warm state
+    (`mrt_fast.llm.warm_pilot.warm_pilot_table`: ``lora`` trains ``warm_steps`` steps on ``warm_data``, whose
+    prompts must not be among the scored ones; each distinct prompt run once, no truncation)."""
     out = Path(out_dir)
     report_f = out / "report.json"
     settings = {"cost_prompt": cost_prompt, "cost_response": cost_response, "budget": budget, "k_max": k_max,
@@ -91,16 +128,30 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
 
     out.mkdir(parents=True, exist_ok=True)
     losses_f = out / "losses.parquet"
+    warm_f = out / "warm.json"
     if losses_f.exists():
         losses = pl.read_parquet(losses_f)
+        warm = json.loads(warm_f.read_text()) if warm_f.exists() else {"mode": "none", "tag": "none"}
     else:
         dev = resolve_device(device)
-        tok = load_tokenizer(model)
-        net = load_causal_lm(model, device=dev, dtype=dtype)
-        x = pair_losses(net, tok, pairs["prompt"].to_list(), pairs["response"].to_list(), batch_size=batch_size,
-                        max_length=max_length, prompt_format=prompt_format, device=dev, progress=progress)
+        if warm_pilot == "none":
+            tok = load_tokenizer(model)
+            net = load_causal_lm(model, device=dev, dtype=dtype)
+            x = pair_losses(net, tok, pairs["prompt"].to_list(), pairs["response"].to_list(), batch_size=batch_size,
+                            max_length=max_length, prompt_format=prompt_format, device=dev, progress=progress)
+            warm = {"mode": "none", "tag": "none", "prompt_format": prompt_format}
+        else:
+            from mrt_fast.llm.warm_pilot import warm_pilot_table
+
+            scored, state = warm_pilot_table(pairs.select("prompt_id", "prompt", "response"), model, warm_pilot,
+                                             warm_data=warm_data, steps=warm_steps, prompt_format=prompt_format,
+                                             device=dev, batch_size=batch_size)
+            x = scored["loss"].to_numpy()
+            warm = {"mode": state.mode, "tag": state.tag, "prompt_format": state.prompt_format,
+                    "warm_prompts": state.warm_prompts}
         losses = pairs.select("prompt_id").with_columns(pl.Series("loss", x))
         write_table(losses, losses_f)
+        warm_f.write_text(json.dumps(warm, indent=2))
     rep = variance_budget(losses, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
                           k_max=k_max, n_boot=n_boot, seed=seed)
     rep.plot(out / "variance.png")
@@ -113,7 +164,7 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
         "k_best": rep.k_best if rep.identified else rep.k_at_least,
         "k_best_ci": list(ci.get("k_best", (math.nan, math.nan))),
         "ci_level": rep.ci_level, "n_prompts": rep.n_prompts, "n_pairs": rep.n_rows,
-        **settings, "notes": list(rep.notes),
+        "warm_pilot": warm["tag"], **settings, "notes": list(rep.notes),
     }
     d = rep.to_dict()
     report_f.write_text(json.dumps({"report": d, "advice": _jsonable(advice)}, indent=2))

@@ -128,7 +128,8 @@ class RunConfig:
 
 
 #: config keys holding paths of files the run reads or writes (resolved against the YAML's folder)
-_PATH_KEYS = (("out_dir",), ("data", "train_prompts"), ("data", "eval"), ("data", "validation"))
+_PATH_KEYS = (("out_dir",), ("data", "train_prompts"), ("data", "eval"), ("data", "validation"),
+              ("select", "warm_data"))
 #: config keys that are a local path or a model id (resolved when the path exists beside the YAML)
 _MODEL_KEYS = (("model",), ("reward_model",))
 
@@ -261,10 +262,16 @@ class StagePlan:
             return getattr(self, {"generate": "gen"}.get(stage, stage))
         if stage == "diagnose":
             val = self.cfg.validation_data
+            auto = self.auto or {}
+            warm = auto.get("warm_pilot", "none")
             return sr.make_record({"model": self.model, "validation": sr.data_fingerprint(val),
-                                   "validation_prompts": (self.auto or {}).get("validation_prompts"),
+                                   "validation_prompts": auto.get("validation_prompts"),
                                    "max_length": self.tcfg.max_length, "prompt_format": self.tcfg.prompt_format,
-                                   "dtype": self.tcfg.dtype}, {} if val else {"score": self.score})
+                                   "dtype": self.tcfg.dtype,
+                                   **({} if warm == "none" else {"warm_pilot": {
+                                       "mode": warm, "steps": auto.get("warm_steps") if warm == "lora" else None,
+                                       "data": sr.data_fingerprint(auto.get("warm_data"))}})},
+                                  {} if val else {"score": self.score})
         method, k = parse_cell(name)
         if stage == "evaluate":
             up = {} if method == "base" else {f"train/{name}": self.expected(f"train/{name}", kept)}
@@ -484,17 +491,22 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     # 3b. diagnose: K from the variance advisor
     advice = None
     if auto is not None:
-        from mrt_fast.llm.advisor import diagnose, ks_to_train, validation_pairs
+        from mrt_fast.llm.advisor import diagnose, ks_to_train, validation_pairs, warm_up_rows
 
         pairs = validation_pairs(cfg.validation_data if cfg.validation_data else pool,
                                  auto["validation_prompts"])
-        _log(f"diagnose: base-model losses of {pairs.height} validation pairs -> K*", progress)
+        warm_data = None
+        if auto["warm_pilot"] == "lora":
+            warm_data = read_table(auto["warm_data"]) if auto["warm_data"] else warm_up_rows(pool, pairs)
+        who = "base-model" if auto["warm_pilot"] == "none" else f"warm pilot ({auto['warm_pilot']})"
+        _log(f"diagnose: {who} losses of {pairs.height} validation pairs -> K*", progress)
         records.set("diagnose", plan.expected("diagnose"))
         advice = diagnose(pairs, model, out / "diagnose", cost_prompt=auto["cost_prompt"],
                           cost_response=auto["cost_response"], budget=auto.get("budget"), k_max=gcfg.n,
                           n_boot=auto["n_boot"], seed=int(cfg.select.get("seed", 0)), max_length=tcfg.max_length,
                           prompt_format=tcfg.prompt_format, device=cfg.device, dtype=tcfg.dtype,
-                          batch_size=ecfg.batch_size, progress=progress)
+                          batch_size=ecfg.batch_size, progress=progress, warm_pilot=auto["warm_pilot"],
+                          warm_data=warm_data, warm_steps=auto["warm_steps"])
         ks = ks_to_train(advice, auto["neighbours"], gcfg.n)
         ident = "" if advice.get("identified", True) else " (ratio not identified: the K its interval supports)"
         _log(f"diagnose: V_x={advice['v_x']:.4g}, V_y|x={advice['v_y_given_x']:.4g}, K*={advice['k_star']} "
