@@ -8,14 +8,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import faulthandler
 import importlib.util
 import sys
+from pathlib import Path
+
+import pytest
 
 # A fatal signal in native code (a segfault in a library's thread) prints every thread's Python
 # stack on stdout, where a CI log that keeps only stdout still shows it (run with -p no:faulthandler,
 # as `make test` does, so that pytest's own handler on stderr does not replace this one).
 faulthandler.enable(file=sys.__stdout__, all_threads=True)
-from pathlib import Path
-
-import pytest
 
 # The folder tests/datasets is on sys.path's tests/ as a namespace package named `datasets`.
 # Where Hugging Face `datasets` is not installed, transformers would find that folder, take it for
