@@ -162,3 +162,21 @@ def test_the_engine_and_rows_per_part_are_checked_before_any_work(tiny_paths, tm
     with pytest.raises(MrtInputError, match="rows_per_part must be an integer >= 1, got 0"):
         run(cfg, progress=False, rows_per_part=0)
     assert not (tmp_path / "out").exists()
+
+
+def test_mrt_run_engine_option_reaches_the_run_and_a_bad_one_is_one_line(tmp_path, monkeypatch):
+    import yaml
+    from typer.testing import CliRunner
+
+    from mrt_fast.cli import app
+    from mrt_fast.llm import pipeline
+
+    seen = {}
+    monkeypatch.setattr(pipeline, "run", lambda cfg, **kw: (seen.update(kw), pl.DataFrame())[1])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"out_dir": "out", "model": "m", "data": {"train_prompts": "t", "eval": "e"}}))
+    assert CliRunner().invoke(app, ["run", str(cfg), "--engine", "ray"]).exit_code == 0
+    assert seen == {"redo_changed": False, "engine": "ray"}
+    monkeypatch.undo()
+    r = CliRunner().invoke(app, ["run", str(cfg), "--engine", "spark"])
+    assert r.exit_code == 2 and "engine must be 'local' or 'ray', got 'spark'" in r.output
