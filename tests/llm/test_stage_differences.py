@@ -39,5 +39,5 @@ def test_the_message_names_each_changed_leaf_once_and_stays_short(base, key, val
         assert msg == ""
         return
     assert len(msg) < 300 and '{"' not in msg  # no section spelled out
-    differ = [k for k in set(leaves(base)) | set(leaves(changed)) if leaves(base).get(k) != leaves(changed).get(k)]
+    differ = sorted(k for k in set(leaves(base)) | set(leaves(changed)) if leaves(base).get(k) != leaves(changed).get(k))
     assert all(k in msg for k in differ[:3])

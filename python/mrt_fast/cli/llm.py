@@ -274,6 +274,9 @@ def run_cmd(
     redo_changed: bool = typer.Option(False, "--redo-changed", help="Outputs in out_dir made with other settings "
                                       "(or without a record of them) are deleted with what was made from them, "
                                       "and made again; without it such an out_dir is refused."),
+    engine: str = typer.Option("local", "--engine", help="Where the embed, score and select stages run: local "
+                               "(this machine) or ray (the current Ray cluster, or a new local instance); the "
+                               "outputs are the same."),
 ) -> None:
     """Generate -> embed -> score -> select -> train -> evaluate over a method x K grid; writes results.
 
@@ -288,7 +291,7 @@ def run_cmd(
         cfg = RunConfig.from_yaml(config, overrides)
         if k is not None:
             cfg.select = {**cfg.select, "ks": k}
-        res = run(cfg, redo_changed=redo_changed)
+        res = run(cfg, redo_changed=redo_changed, engine=engine)
     console.print(results_markdown(res), markup=False, highlight=False)
     console.print(f"results in {cfg.out_dir}/results.csv, results.md, results.png", markup=False, highlight=False)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from mrt_fast.errors import MrtInputError
 
 #: what mrt run writes at the top of its out_dir
-WRITTEN = {"candidates.parquet", "candidates.parquet.parts", "embedded.parquet", "scored.parquet", "diagnose",
+WRITTEN = {"candidates.parquet", "candidates.parquet.parts", "embedded.parquet",
+           "embedded.parquet.parts", "scored.parquet", "scored.parquet.parts", "diagnose",
            "select", "runs", "results.csv", "results.md", "results.png", "config.json", "base_model", ".mrt"}
 #: the temporary file of an atomic write (``.NAME.HOST-PID.RANDOM.tmp``)
 _TEMP = re.compile(r"^\..+\.[A-Za-z0-9_-]+-\d+\.[0-9a-f]{8}\.tmp$")

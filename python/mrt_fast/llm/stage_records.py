@@ -266,9 +266,9 @@ def outputs_of(key: str) -> list[Path]:
     if stage == "generate":
         return [Path("candidates.parquet"), Path("candidates.parquet.parts")]
     if stage == "embed":
-        return [Path("embedded.parquet")]
+        return [Path("embedded.parquet"), Path("embedded.parquet.parts")]
     if stage == "score":
-        return [Path("scored.parquet")]
+        return [Path("scored.parquet"), Path("scored.parquet.parts")]
     if stage == "diagnose":
         return [Path("diagnose") / n for n in ("losses.parquet", "report.json", "variance.png")]
     if stage == "select":
