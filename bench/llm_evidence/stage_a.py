@@ -3,6 +3,8 @@
     python bench/llm_evidence/stage_a.py --threads 2    # the grid (resumable, cell by cell), then the report
     python bench/llm_evidence/stage_a.py --report       # the report from the cells present
     python bench/llm_evidence/stage_a.py --quick        # a miniature (CI)
+    python bench/llm_evidence/stage_a.py --threads 1 --part 0/2 & \
+    python bench/llm_evidence/stage_a.py --threads 1 --part 1/2    # two processes share the grid
 
 The tasks are the ones `predictions.json` chose for Stage A (``choice.stage_a``).
 Cells, one JSON file each in ``RESULTS/`` (written atomically; a rerun skips a
@@ -73,6 +75,23 @@ def cells(cfg: dict, tasks: list[str]) -> list[tuple[str, dict]]:
     return out
 
 
+def part_of(todo: list, i: int, n: int) -> list:
+    """Part ``i`` of ``n`` of the cells (every n-th, from the i-th, so each part keeps the seed-major order): n
+    processes with parts 0..n-1 run every cell once between them."""
+    return todo[i::n]
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> (I, N), 0 <= I < N."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--part takes I/N (e.g. 0/2), got {text!r}") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"--part I/N needs 0 <= I < N, got {text!r}")
+    return i, n
+
+
 def cell_settings(cfg: dict, spec: dict, predictions_sha: str, model: str) -> dict:
     keys = TRAIN_KEYS if spec["kind"] == "train" else EVAL_KEYS
     return {**{k: cfg[k] for k in keys}, "predictions_sha256": predictions_sha, "model": model}
@@ -129,8 +148,8 @@ class Runner:
                 "epochs": res.epochs, "train_seconds": res.seconds, "train_loss": [r["loss"] for r in res.log],
                 "train_prompt_ids": sorted(set(kept["prompt_id"].to_list())), "kept": kept.to_dicts()}
 
-    def run(self, only: str | None = None, limit: int | None = None) -> dict:
-        todo = cells(self.cfg, self.tasks)
+    def run(self, only: str | None = None, limit: int | None = None, part: tuple[int, int] = (0, 1)) -> dict:
+        todo = part_of(cells(self.cfg, self.tasks), *part)
         skipped = ran = 0
         for name, spec in todo:
             if only and only not in name:
@@ -174,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--only", default=None, help="run only the cells whose name contains this")
     ap.add_argument("--limit", type=int, default=None, help="run at most this many cells (then stop)")
+    ap.add_argument("--part", type=parse_part, default=(0, 1), metavar="I/N",
+                    help="run only part I of N of the cells (N processes, parts 0..N-1, share the grid)")
     a = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -188,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="stage_a_") as work:
             runner = Runner(cfg, tasks, results / "stage_a", model, a.model or MODEL, sha256(a.predictions),
                             Path(work), a.device)
-            print(json.dumps(runner.run(a.only, a.limit)), flush=True)
+            print(json.dumps(runner.run(a.only, a.limit, a.part)), flush=True)
     if not a.no_report:
         from llm_evidence.stage_a_report import write_report
 

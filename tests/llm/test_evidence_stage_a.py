@@ -48,6 +48,21 @@ def test_cells_are_seed_major_and_tasks_come_from_the_predictions(stage_a):
     assert set(stage_a.FULL["ks"]) == {1, 4} and len(stage_a.FULL["seeds"]) >= 4
 
 
+def test_parts_share_the_grid_once(stage_a):
+    import argparse
+
+    todo = stage_a.cells(stage_a.FULL, stage_a.stage_a_tasks(stage_a.PREDICTIONS))
+    for n in (1, 2, 3):
+        parts = [stage_a.part_of(todo, i, n) for i in range(n)]
+        assert sorted(c for p in parts for c in p) == sorted(todo)  # every cell in exactly one part
+        for p in parts:
+            assert p == [c for c in todo if c in p]  # each part keeps the run order
+    assert stage_a.parse_part("1/2") == (1, 2)
+    for bad in ("2/2", "x", "1/0", "-1/2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            stage_a.parse_part(bad)
+
+
 def test_training_rows_keep_k_valid_answers_of_the_seeds_own_prompts(stage_a):
     from llm_evidence.families import heldout_prompts, training_prompts
 
