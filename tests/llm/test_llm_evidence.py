@@ -58,7 +58,7 @@ def test_quick_run_writes_every_cell_and_resumes(evidence, tmp_path):
     assert "R1oN → R2oN" in text and "pending" not in text.split("## Pending cells")[1].lower().replace(
         "not yet run", "")
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")}
-    summary = run.Runner(run.QUICK, out, run.HERE.parent / ".llm_model" / "smollm2", tmp_path).run()
+    summary = run.Runner(run.QUICK, out, run.MODEL_DIR, tmp_path).run()
     assert summary["ran"] == 0 and summary["skipped"] == len(names)
     assert before == {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")}
 
