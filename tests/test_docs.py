@@ -53,13 +53,13 @@ def test_link_checker_sees_a_dead_link(tmp_path):
 
 
 def test_benchmark_page_is_generated_from_results():
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "benchmarks_doc.py"), "--check"],
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "perf" / "benchmarks_doc.py"), "--check"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_guarantees_name_existing_tests():
-    text = (ROOT / "docs" / "guarantees.md").read_text()
+    text = (ROOT / "docs" / "reference" / "guarantees.md").read_text()
     refs = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", text)
     assert refs
     missing = []
@@ -67,4 +67,4 @@ def test_guarantees_name_existing_tests():
         f = ROOT / path
         if not f.is_file() or (name and not re.search(rf"^(async )?def {name}\(", f.read_text(), re.M)):
             missing.append(f"{path}::{name}" if name else path)
-    assert not missing, f"docs/guarantees.md names tests that do not exist: {missing}"
+    assert not missing, f"docs/reference/guarantees.md names tests that do not exist: {missing}"

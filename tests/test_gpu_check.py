@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "perf"))
 
 import benchmarks_doc  # noqa: E402
 import bench_gpu  # noqa: E402
@@ -67,7 +67,7 @@ def test_row_cosines_are_the_normalised_dot(x, scale):
 
 def _check(step: str, tmp_path, **env):
     e = {**os.environ, "OUT": str(tmp_path / "out"), "MRT_SITE": str(tmp_path / "no_site"), **env}
-    return subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), step], capture_output=True, text=True,
+    return subprocess.run(["bash", str(ROOT / "bench" / "perf" / "gpu_check.sh"), step], capture_output=True, text=True,
                           env=e, timeout=60)
 
 
@@ -80,7 +80,7 @@ def test_throughput_before_check_stops_at_once(tmp_path):
 
 def test_an_unknown_step_is_a_usage_error(tmp_path):
     r = _check("call3", tmp_path)
-    assert r.returncode == 2 and r.stderr.startswith("usage: bash bench/gpu_check.sh")
+    assert r.returncode == 2 and r.stderr.startswith("usage: bash bench/perf/gpu_check.sh")
 
 
 def _result() -> dict:

@@ -1,5 +1,5 @@
 """Every test hook of the package (an ``MRT_`` environment variable named for a test or a
-fault) is listed in the Test hooks section of docs/development.md, and that section lists
+fault) is listed in the Test hooks section of docs/reference/development.md, and that section lists
 no hook the package no longer has."""
 
 from __future__ import annotations
@@ -19,6 +19,6 @@ def _section(text: str, title: str) -> str:
 
 def test_every_hook_in_the_package_is_listed_and_no_other():
     in_package = {m for p in (ROOT / "python" / "mrt_fast").rglob("*.py") for m in HOOK.findall(p.read_text())}
-    listed = set(HOOK.findall(_section((ROOT / "docs" / "development.md").read_text(), "Test hooks")))
+    listed = set(HOOK.findall(_section((ROOT / "docs" / "reference" / "development.md").read_text(), "Test hooks")))
     assert {"MRT_TEST_STOP_AFTER_PARTS", "MRT_RAY_FAULT_ONCE"} <= in_package  # the finder sees the hooks
     assert in_package == listed

@@ -1,4 +1,4 @@
-"""docs/huggingface.md's Python blocks run as written, in order, on a `save_to_disk` folder
+"""docs/guides/huggingface.md's Python blocks run as written, in order, on a `save_to_disk` folder
 named as they name it; the one change is `MODEL`, a tiny local model instead of a hub id
 (the tests run offline)."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "huggingface.md"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "guides" / "huggingface.md"
 MODEL_LINE = re.compile(r'^MODEL = "[^"]+"$', re.MULTILINE)
 
 
@@ -51,9 +51,9 @@ def test_the_recipe_runs_as_written(tmp_path, monkeypatch):
     for i, code in enumerate(_blocks()):
         code = MODEL_LINE.sub(f"MODEL = {str(model)!r}", code)
         try:
-            exec(compile(code, f"docs/huggingface.md python block {i}", "exec"), ns)
+            exec(compile(code, f"docs/guides/huggingface.md python block {i}", "exec"), ns)
         except Exception as e:  # noqa: BLE001 - report which block broke
-            pytest.fail(f"docs/huggingface.md python block {i} failed: {type(e).__name__}: {e}\n{code}")
+            pytest.fail(f"docs/guides/huggingface.md python block {i} failed: {type(e).__name__}: {e}\n{code}")
     assert isinstance(ns["kept"], datasets.Dataset) and ns["kept"].num_rows == 8 * 4
     assert pl.read_ndjson("sft.jsonl").height == 8 * 4
     assert pl.read_ndjson("dpo.jsonl")["prompt_id"].value_counts()["count"].max() <= 2

@@ -1,4 +1,4 @@
-"""docs/modes.md shows the answer-modes benchmark's committed results, and the benchmark's
+"""docs/guides/modes.md shows the answer-modes benchmark's committed results, and the benchmark's
 measures see what they should."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import numpy as np
 import polars as pl
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 
 import bench_answer_modes as bam  # noqa: E402
 
 
 def test_the_table_in_modes_md_is_generated_from_the_results_file():
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_answer_modes.py"), "--check"],
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "experiments" / "bench_answer_modes.py"), "--check"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -1,4 +1,4 @@
-"""The task families of the pre-registered LLM evidence (bench/llm_evidence/families.py): every checker grades
+"""The task families of the pre-registered LLM evidence (bench/experiments/llm_evidence/families.py): every checker grades
 its family's valid answers valid, its near misses near-miss and its wrong answers wrong; pools draw from the
 valid answers; prompt roles never overlap where they must not."""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 
 from llm_evidence import families as fam  # noqa: E402
 

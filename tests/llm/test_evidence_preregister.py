@@ -1,4 +1,4 @@
-"""The pre-registration script (bench/llm_evidence/preregister.py) in miniature on the tiny offline model: every
+"""The pre-registration script (bench/experiments/llm_evidence/preregister.py) in miniature on the tiny offline model: every
 pilot file written (base, chat, lora), the LoRA warm-up disjoint from the scored prompts, the predictions written,
 and a rerun that skips the finished pilots."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_quick_preregistration(chat_lm, tmp_path):
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "experiments"))
     from llm_evidence import preregister
 
     out = tmp_path / "v2"

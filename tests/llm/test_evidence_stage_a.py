@@ -1,4 +1,4 @@
-"""The Stage A runner (bench/llm_evidence/stage_a.py) in miniature on the tiny offline model: one cell file per
+"""The Stage A runner (bench/experiments/llm_evidence/stage_a.py) in miniature on the tiny offline model: one cell file per
 (task, K, seed) and untrained model, each seed on its own training prompts, K responses per prompt from the valid
 answers, the same steps for every K, the held-out evaluation, the report, and a rerun that skips every cell."""
 
@@ -31,7 +31,7 @@ def chat_lm(tiny_paths, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stage_a():
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "experiments"))
     from llm_evidence import stage_a
 
     return stage_a

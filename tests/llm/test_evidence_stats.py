@@ -1,4 +1,4 @@
-"""The statistics of the pre-registered LLM evidence (bench/llm_evidence/stats.py): rank correlations equal to
+"""The statistics of the pre-registered LLM evidence (bench/experiments/llm_evidence/stats.py): rank correlations equal to
 scipy's, exact permutation p-values equal to brute force, bootstrap intervals that hold their point estimate, and
 paired differences."""
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 
 from llm_evidence import stats  # noqa: E402
 

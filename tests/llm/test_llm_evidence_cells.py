@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "llm_evidence"
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 
 from llm_evidence import run  # noqa: E402
 from llm_evidence.tasks import build_task, split_task  # noqa: E402

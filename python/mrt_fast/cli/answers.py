@@ -1,4 +1,4 @@
-"""`mrt answers`: answer keys, modes and checker rewards of every response (docs/answers.md)."""
+"""`mrt answers`: answer keys, modes and checker rewards of every response (docs/guides/answers.md)."""
 
 from __future__ import annotations
 

@@ -264,7 +264,7 @@ def evaluate_cmd(
 
 @app.command("run")
 def run_cmd(
-    config: Path = typer.Argument(..., metavar="CONFIG", help="Experiment YAML (see docs/pipeline.md)."),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="Experiment YAML (see docs/guides/pipeline.md)."),
     k: Optional[str] = typer.Option(None, "--k", help="Override select.ks: 'auto' (K from the variance advisor, "
                                     "needs select.cost_prompt and select.cost_response) or a list like '1,2,4'."),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="Override a config value: key=value with a dotted "
@@ -313,7 +313,7 @@ def export_cmd(
                                         "tokenizer is read, to see whether it has a chat template."),
     pairs: str = typer.Option("sweet-spot", "--pairs", help="dpo: the pairing rule, sweet-spot (best vs the one "
                               "nearest mu - 2 sigma), best-worst, margin (DCRM-style, needs --embedding), diverse "
-                              "(DivPO-style, needs --embedding) or all (docs/preference.md)."),
+                              "(DivPO-style, needs --embedding) or all (docs/guides/preference.md)."),
     min_margin: float = typer.Option(0.0, "--min-margin", help="dpo: the least reward gap of a pair."),
     max_pairs: Optional[int] = typer.Option(None, "--max-pairs", help="dpo best-worst, all: at most this many pairs "
                                             "a prompt."),

@@ -34,7 +34,7 @@ def plan_cmd(
     allow_partial: bool = ALLOW_PARTIAL,
 ) -> None:
     """Per-prompt n for the next generation round: Neyman allocation over the pilot's within-prompt
-    variance, prompts with no variance starved (docs/per_prompt_k.md)."""
+    variance, prompts with no variance starved (docs/guides/per_prompt_k.md)."""
     from mrt_fast._util.disk_space import reporting_full_disk
     from mrt_fast.datasets import formats as _formats
     from mrt_fast.datasets.formats import write_table

@@ -102,7 +102,7 @@ def diagnose_cmd(
                     raise
                 raise MrtInputError(f"{e} (the allocation covers the {rep.n_prompts:,} prompts of the pilot, each "
                                     "capped by its number of losses there: give their real pool sizes with "
-                                    "--pool-sizes, or a total for these prompts; see docs/variance.md for the "
+                                    "--pool-sizes, or a total for these prompts; see docs/guides/variance.md for the "
                                     "prompts outside the pilot)") from None
     console.print(repr(rep), highlight=False)
     print_table(rep.predicted, "predicted variance by K")

@@ -20,7 +20,7 @@
 * ``dpo``: TRL's preference format, ``prompt``/``chosen``/``rejected`` (plus
   ``prompt_id`` and ``margin``), pairs chosen in each prompt's responses by a
   named rule (``pairs``: sweet-spot, the default, best-worst, margin, diverse,
-  all; see `mrt_fast.llm.pairs` and docs/preference.md).
+  all; see `mrt_fast.llm.pairs` and docs/guides/preference.md).
 * ``kto``: TRL's unpaired format, ``prompt``/``completion``/``label``, the
   label by a named rule (``kto_label``: quantile:Q, the default quantile:0.5,
   threshold:X, column:NAME or pool-mean; see `mrt_fast.llm.labels`).

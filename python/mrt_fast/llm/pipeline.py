@@ -18,7 +18,7 @@ Layout of ``out_dir``::
 
 The config is `mrt_fast.llm.run_config`, the records of each output's settings
 `mrt_fast.llm.stage_plan` and `mrt_fast.llm.stage_records`, the results table
-and plot `mrt_fast.llm.run_results`. See docs/pipeline.md for the config reference.
+and plot `mrt_fast.llm.run_results`. See docs/guides/pipeline.md for the config reference.
 """
 
 from __future__ import annotations

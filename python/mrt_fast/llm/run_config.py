@@ -1,7 +1,7 @@
 """The config of ``mrt run``: the YAML file read into a :class:`RunConfig`, its paths resolved,
 ``--set`` overrides applied, and the data files checked before any model loads.
 
-See docs/pipeline.md for the config reference.
+See docs/guides/pipeline.md for the config reference.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ Without bubblewrap (or where it cannot create the namespaces) `run_program`
 refuses with `SandboxUnavailableError`, unless the caller opts in to running
 generated code with no isolation: ``isolation="none-i-understand"`` or the
 environment variable ``MRT_SANDBOX_ISOLATION=none-i-understand``. See
-docs/sandbox.md for the threat model.
+docs/guides/sandbox.md for the threat model.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class ExecResult:
     reaped descendants (``None`` without a report). ``isolation``: ``"bwrap"``
     or ``"none-i-understand"``. ``memory_bound``: ``"cgroup"`` when a memory
     cgroup held the whole run to ``memory_mb``, ``"rlimit"`` when rlimits, the
-    tmpfs caps and the seccomp filter did (see docs/sandbox.md).
+    tmpfs caps and the seccomp filter did (see docs/guides/sandbox.md).
     ``memory_peak_bytes``: the most the run's cgroup held at once (``None``
     without a cgroup).
     """
@@ -188,7 +188,7 @@ def require_isolation(isolation: str | None = None, python: str | None = None) -
             raise SandboxUnavailableError(
                 f"refusing to run generated code: {why}. Install bubblewrap (Debian/Ubuntu: "
                 f"`apt-get install bubblewrap`), or opt in to running it with no isolation at all "
-                f"with isolation={UNISOLATED!r} or {ENV_ISOLATION}={UNISOLATED} (see docs/sandbox.md)")
+                f"with isolation={UNISOLATED!r} or {ENV_ISOLATION}={UNISOLATED} (see docs/guides/sandbox.md)")
     return mode
 
 
@@ -213,7 +213,7 @@ def run_program(
 
     ``expected_output``: when given, an exit code 0 gives ``passed`` only if the
     output matches it (`outputs_match`), else ``failed``. ``memory_mb`` bounds all
-    the memory of the run (see docs/sandbox.md); ``output_mb`` caps stdout +
+    the memory of the run (see docs/guides/sandbox.md); ``output_mb`` caps stdout +
     stderr together; ``disk_mb`` (default ``min(64, memory_mb // 4)``) is the size
     of the private working directory, a tmpfs counted in ``memory_mb``;
     ``max_processes`` counts processes and threads. Raises

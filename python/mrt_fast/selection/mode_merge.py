@@ -15,7 +15,7 @@ therefore coarsened (:func:`coarsen`):
   ``max_mode_cosine = 1`` merges nothing.
 
 The default, 0.8, sits between what sentence embeddings give paraphrases and
-distinct answers (docs/modes.md has the measurements): rewordings that keep
+distinct answers (docs/guides/modes.md has the measurements): rewordings that keep
 most of an answer's words are at cosine 0.9 and more, distinct approaches to
 one prompt (the MOSAIC examples) at a median of 0.6.
 """

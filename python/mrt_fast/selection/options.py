@@ -33,7 +33,7 @@ FACILITY_METHODS = ("diverse", "grades")
 #: how a cosine c becomes a similarity in [0, 1]: "clip" max(0, c), "shift" (1 + c)/2 (the paper's code)
 KERNELS = ("clip", "shift")
 
-#: the kernel of every selector and facility-location entry point unless one is given (docs/selection.md,
+#: the kernel of every selector and facility-location entry point unless one is given (docs/guides/selection.md,
 #: "The kernel": unrelated candidates then cover nothing of each other)
 DEFAULT_KERNEL = "clip"
 

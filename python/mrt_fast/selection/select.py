@@ -150,7 +150,7 @@ def select(
     kernel : "clip" | "shift"
         Cosine c mapped into [0, 1] as ``max(0, c)`` (default: unrelated
         candidates cover nothing of each other) or ``(1 + c)/2`` (the paper's
-        code; see docs/selection.md, "The kernel").
+        code; see docs/guides/selection.md, "The kernel").
     seed : int
         Random draws are seeded per pool from ``(seed, prompt id)`` and each
         candidate's content (its embedding, reward and text): a pool's draw
@@ -163,7 +163,7 @@ def select(
         or NaN key, or a value repeated within a pool on rows that differ in
         any column, is an `MrtInputError` naming the rows (-0.0 is 0.0).
         Without it, results do not depend on the row order either: ties go
-        by quality, coverage and a content hash (see docs/selection.md).
+        by quality, coverage and a content hash (see docs/guides/selection.md).
     text : str, optional
         A text column (e.g. the response): rows with the same text are
         duplicates, never kept twice while a distinct candidate is left (rows

@@ -90,7 +90,7 @@ def variance_budget(
     "calibrated" (double bootstrap; n_boot x 200 resamples), "expanded" or
     "percentile". "auto" (default): studentized where prompts are resampled,
     expanded with the normal approximation. Measured coverage:
-    docs/interval_coverage.md. These knobs are `VarianceOptions`, checked
+    docs/results/interval_coverage.md. These knobs are `VarianceOptions`, checked
     before any data is read.
 
     `engine` ("local" or "ray") and `address` (the Ray cluster) apply to a

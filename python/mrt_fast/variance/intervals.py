@@ -56,7 +56,7 @@ INTERVALS = ("auto", "studentized", "calibrated", "bca", "expanded", "percentile
 NAMES = ("v_x", "v_y_given_x", "ratio", "k_star", "k_best")
 _ND = NormalDist()
 #: from this many prompts on, the studentized V_x interval is its own (on log(V_x + leak_hat)); below,
-#: V_y|x_hat times phi's interval (measured in docs/interval_coverage.md)
+#: V_y|x_hat times phi's interval (measured in docs/results/interval_coverage.md)
 VX_SHIFTED_LOG_PROMPTS = 100
 
 

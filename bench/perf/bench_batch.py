@@ -1,0 +1,250 @@
+"""Batch selection over datasets: `mrt select` against the I/O floor, in one run.
+
+For each size (candidates), builds a dataset of Parquet files (64-d float32
+embeddings, a float64 reward, int64 prompt ids, pools of 8 to 128 candidates,
+rows shuffled across the files), then measures, each in its own process
+(wall time and peak RSS from ``os.wait4``), after one untimed read of its
+files so that every run finds them in the page cache:
+
+* floor: polars reading the same files and writing as many rows as the
+  selection keeps (``scan_parquet(...).filter(...).sink_parquet(...)`` of
+  every column; the output of ``mrt select`` holds every column too);
+* ``mrt select`` (GRADES, K = 4) to a dataset directory with a memory limit
+  the input fits in (when the machine has that much memory), and with the
+  spill limit (``--memory-limit``, default 2GB) that forces buckets on disk.
+
+Every case and the floor run ``--repeats`` (2) rounds, interleaved; means
+are reported. Results (ratios to the floor, seconds per million rows, peak RSS against the
+limit) go to ``bench/results/batch_bench.json``. The datasets are deleted
+afterwards unless ``--keep``.
+
+    python bench/perf/bench_batch.py --sizes 4e6,16e6,40e6   # the documented run (17 GB of data)
+    python bench/perf/bench_batch.py --sizes 4e6              # a quick one
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mrt_fast.datasets import Manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 0, block: int = 1_000_000) -> None:
+    """Pools of 8..128 candidates, blocks of rows shuffled and scattered over n_files files."""
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    writers: list = [None] * n_files
+    made = pid = 0
+    while made < n_rows:
+        m = min(block, n_rows - made)
+        sizes = rng.integers(8, 129, size=m // 8 + 2)
+        cs = np.cumsum(sizes)
+        n_p = int(np.searchsorted(cs, m)) + 1
+        sizes = sizes[:n_p]
+        sizes[-1] -= cs[n_p - 1] - m
+        sizes = sizes[sizes > 0]
+        ids = np.repeat(np.arange(pid, pid + len(sizes), dtype=np.int64), sizes)
+        pid += len(sizes)
+        cand = (np.arange(m) - np.repeat(np.cumsum(sizes) - sizes, sizes)).astype(np.int32)
+        rew = rng.standard_normal(m)
+        emb = rng.standard_normal((m, dim), dtype=np.float32)
+        perm = rng.permutation(m)
+        f = rng.integers(0, n_files, size=m)
+        ids, cand, rew, emb, f = ids[perm], cand[perm], rew[perm], emb[perm], f[perm]
+        for j in range(n_files):
+            s = f == j
+            t = pa.table({"prompt_id": ids[s], "cand": cand[s], "reward": rew[s],
+                          "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb[s].ravel()), dim)
+                          .cast(pa.list_(pa.float32()))})
+            if writers[j] is None:
+                writers[j] = pq.ParquetWriter(d / f"part-{j:03d}.parquet", t.schema, compression="snappy")
+            writers[j].write_table(t)
+        made += m
+    for w in writers:
+        w.close()
+
+
+def warm(d: Path) -> float:
+    """Read every file of a dataset once, untimed, so that every measured run
+    (selection and floor alike) finds it in the page cache; returns seconds."""
+    t0 = time.perf_counter()
+    for f in sorted(d.glob("*.parquet")):
+        with open(f, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
+    return time.perf_counter() - t0
+
+
+def measure(cmd: list[str], env: dict) -> dict:
+    """Run a command; wall seconds and peak RSS of that process."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = p.stdout.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"{cmd} failed ({p.returncode}):\n{out[-3000:]}")
+    return {"seconds": wall, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_bytes": ru.ru_maxrss * 1024,
+            "output_tail": out[-400:]}
+
+
+FLOOR = """
+import sys, polars as pl, glob
+files = sorted(glob.glob(sys.argv[1] + "/*.parquet")); stride = int(sys.argv[3])
+(pl.scan_parquet(files, row_index_name="__i").filter(pl.col("__i") % stride == 0).drop("__i")
+   .sink_parquet(sys.argv[2]))
+"""
+
+
+def parse_size(s: str) -> int:
+    units = {"g": 1e9, "m": 1e6, "k": 1e3}
+    s = s.strip().lower().rstrip("b")
+    if s and s[-1] in units:
+        return int(float(s[:-1]) * units[s[-1]])
+    return int(float(s))
+
+
+def available() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="4e6,16e6", help="candidates per dataset, comma separated (e.g. 4e6,16e6,40e6)")
+    ap.add_argument("--files", type=int, default=8, help="files per dataset")
+    ap.add_argument("--memory-limit", default="2GB", help="the spill limit (same for every size)")
+    ap.add_argument("--fit", default="auto", help="measure the in-memory case too: auto (when it fits the "
+                    "machine), yes, no")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--method", default="grades")
+    ap.add_argument("--workdir", default=None, help="where datasets go (default: a temp dir under bench/)")
+    ap.add_argument("--keep", action="store_true", help="keep the datasets")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of every case and the floor (means reported)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "batch_bench.json"))
+    args = ap.parse_args()
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    work = Path(args.workdir) if args.workdir else ROOT / "bench" / ".batch_data"
+    work.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT / "python"))
+    from mrt_fast.datasets.local import WORK_FACTOR, parse_memory
+
+    spill_limit = parse_memory(args.memory_limit)
+    load0 = os.getloadavg()
+    results = []
+    try:
+        for size in [parse_size(s) for s in args.sizes.split(",")]:
+            d = work / f"in_{size}"
+            t0 = time.perf_counter()
+            if not d.exists():
+                make_dataset(d, size, args.files)
+            gen = time.perf_counter() - t0
+            data_bytes = sum(f.stat().st_size for f in d.glob("*.parquet"))
+            mem_bytes = sum(pq.ParquetFile(f).metadata.row_group(i).total_byte_size
+                            for f in d.glob("*.parquet") for i in range(pq.ParquetFile(f).metadata.num_row_groups))
+            row = {"candidates": size, "files": args.files, "input_bytes": data_bytes, "arrow_bytes": mem_bytes,
+                   "generate_seconds": gen, "warm_read_seconds": warm(d)}
+            print(f"== {size:,} candidates, {data_bytes / 1e9:.2f} GB on disk", flush=True)
+            fit_limit = int(WORK_FACTOR * mem_bytes * 1.1 + 1e9)
+            do_fit = args.fit == "yes" or (args.fit == "auto" and fit_limit < 0.5 * available())
+            cases = ([("fit", fit_limit)] if do_fit else []) + [("spill", spill_limit)]
+            n_kept = None
+            per_case: dict[str, list] = {name: [] for name, _ in cases}
+            floors = []
+            # rounds of every case then the floor: each is measured as often, in the same conditions
+            # (a VM hands out memory a process has not touched before slowly at first)
+            for _ in range(args.repeats):
+                for name, limit in cases:
+                    out = work / f"out_{name}_{size}"
+                    shutil.rmtree(out, ignore_errors=True)
+                    cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(args.k),
+                           "--method", args.method, "--memory-limit", str(limit)]
+                    r = measure(cmd, env)
+                    man = json.loads(Manifest.read(out).to_json())
+                    n_kept = sum(man["parts"].values())
+                    r.update(limit_bytes=limit, parts=man["n_parts"], kept=n_kept)
+                    per_case[name].append(r)
+                    shutil.rmtree(out, ignore_errors=True)
+                    print(f"   mrt select ({name}, limit {limit / 1e9:.2f} GB): {r['seconds']:.1f} s, "
+                          f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB, {man['n_parts']} part(s)", flush=True)
+                stride = max(1, round(size / n_kept))
+                fo = work / f"floor_{size}.parquet"
+                floors.append(measure([sys.executable, "-c", FLOOR, str(d), str(fo), str(stride)], env))
+                fo.unlink(missing_ok=True)
+                print(f"   floor (scan_parquet -> sink_parquet of {size // stride:,} rows): "
+                      f"{floors[-1]['seconds']:.1f} s", flush=True)
+            runs = {}
+            for name, rs in per_case.items():  # the mean of the rounds; the peak RSS of all
+                r = dict(rs[0])
+                r["seconds"] = float(np.mean([x["seconds"] for x in rs]))
+                r["cpu_seconds"] = float(np.mean([x["cpu_seconds"] for x in rs]))
+                r["peak_rss_bytes"] = max(x["peak_rss_bytes"] for x in rs)
+                r["runs_seconds"] = [x["seconds"] for x in rs]
+                r["rss_over_limit_bytes"] = r["peak_rss_bytes"] - r["limit_bytes"]
+                runs[name] = r
+            floor = float(np.mean([f["seconds"] for f in floors]))
+            floor_cpu = float(np.mean([f["cpu_seconds"] for f in floors]))
+            print(f"   mean: floor {floor:.1f} s; " + ", ".join(f"{n} {np.mean(r['runs_seconds']):.1f} s"
+                                                            for n, r in runs.items()), flush=True)
+            row["floor_seconds"] = floor
+            row["floor_runs"] = [f["seconds"] for f in floors]
+            row["floor_cpu_seconds"] = floor_cpu
+            row["floor_peak_rss_bytes"] = max(f["peak_rss_bytes"] for f in floors)
+            for name, r in runs.items():
+                r["ratio_to_floor"] = r["seconds"] / floor
+                r["cpu_ratio_to_floor"] = r["cpu_seconds"] / floor_cpu
+                r["seconds_per_million_rows"] = r["seconds"] / size * 1e6
+                r.pop("output_tail", None)
+            row["runs"] = runs
+            results.append(row)
+            if not args.keep:
+                shutil.rmtree(d, ignore_errors=True)
+    finally:
+        if not args.keep and not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    base = results[0]["runs"]["spill"]["seconds_per_million_rows"] if results else None
+    for row in results:
+        row["runs"]["spill"]["per_row_vs_smallest"] = row["runs"]["spill"]["seconds_per_million_rows"] / base
+    doc = {
+        "what": "mrt select (GRADES) over a dataset vs the polars read+write floor",
+        "k": args.k, "method": args.method, "spill_limit_bytes": spill_limit, "repeats": args.repeats,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_avg_at_start": load0, "load_avg_at_end": os.getloadavg(),
+                    "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
+        "results": results,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.out}")
+    print(f"{'candidates':>12} {'case':>6} {'limit GB':>9} {'s':>7} {'x floor':>8} {'cpu s':>7} {'x floor':>8} "
+          f"{'s/M rows':>9} {'RSS GB':>7}")
+    for row in results:
+        for name, r in row["runs"].items():
+            print(f"{row['candidates']:>12,} {name:>6} {r['limit_bytes'] / 1e9:>9.2f} {r['seconds']:>7.1f} "
+                  f"{r['ratio_to_floor']:>8.2f} {r['cpu_seconds']:>7.1f} {r['cpu_ratio_to_floor']:>8.2f} "
+                  f"{r['seconds_per_million_rows']:>9.2f} {r['peak_rss_bytes'] / 1e9:>7.2f}")
+        print(f"{row['candidates']:>12,} {'floor':>6} {'':>9} {row['floor_seconds']:>7.1f} {'':>8} "
+              f"{row['floor_cpu_seconds']:>7.1f}")
+
+
+if __name__ == "__main__":
+    main()

