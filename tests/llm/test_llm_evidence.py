@@ -65,7 +65,8 @@ def test_quick_run_writes_every_cell_and_resumes(evidence, tmp_path):
 
 def test_the_gpu_cells_are_reported_beside_the_cpu_cells(evidence, tmp_path):
     """Cells of the same configuration in ``<results>_gpu`` get a table of their own, each row the
-    seed mean of the cells found there, beside the CPU's, and a line saying whether the loss falls with K."""
+    seed mean of the cells found there, beside the CPU's with their paired difference, and each step of K's
+    paired difference, called a fall or a rise only where its interval excludes 0."""
     run, report = evidence
     cfg = run.FULL
     res = tmp_path / "llm_evidence"
@@ -89,6 +90,15 @@ def test_the_gpu_cells_are_reported_beside_the_cpu_cells(evidence, tmp_path):
     rows = [r for r in text.splitlines() if r.startswith("| multiple |") or r.startswith("| expression |")]
     assert [r.split(" | ")[2] for r in rows] == ["1.000", "1.000", "1.100", "1.000", "9.000"]
     assert rows[-1].split(" | ")[5] == "pending"  # no CPU cell of that name
-    assert "multiple on the GPU: the mean does not fall" in text and "multiple on the CPU: the mean falls" in text
+    assert [r.split(" | ")[6] for r in rows[:4]] == ["-1.000 [-1.000, -1.000]", "-0.900 [-0.900, -0.900]",
+                                                      "-0.700 [-0.700, -0.700]", "-0.700 [-0.700, -0.700]"]
+    assert rows[-1].split(" | ")[6] == ""  # nothing on the CPU to pair with
+    gpu_line = next(r for r in text.splitlines() if r.startswith("  - multiple on the GPU: "))
+    cpu_line = next(r for r in text.splitlines() if r.startswith("  - multiple on the CPU: "))
+    assert gpu_line.split(": ", 1)[1].split("; ") == [
+        "L(K=2) − L(K=1) = 0.000 [0.000, 0.000], interval holds 0",
+        "L(K=4) − L(K=2) = 0.100 [0.100, 0.100], rises", "L(K=8) − L(K=4) = -0.100 [-0.100, -0.100], falls."]
+    assert cpu_line.count(", falls") == 3 and "holds 0" not in cpu_line
+    assert "by the arithmetic" not in text
     (tmp_path / "none").mkdir()
     assert report.gpu_section(cfg, report.load(res), tmp_path / "none") == ""  # no cell: no section

@@ -153,6 +153,29 @@ def _num(x) -> float:
     return float(x)
 
 
+def step_differences(m: dict, task: str, cfg: dict) -> list[str]:
+    """Each step of K (K to the next K) at matched steps: L(next) − L(K), paired over seeds × prompts, with its
+    95% interval, and "falls" / "rises" only where the interval excludes 0."""
+    out = []
+    for a, b in zip(cfg["ks"], cfg["ks"][1:]):
+        seeds = [s for s in cfg["seeds"] if f"matched-{task}-k{a}-s{s}" in m and f"matched-{task}-k{b}-s{s}" in m]
+        if not seeds:
+            continue
+        ga = group(m, [f"matched-{task}-k{a}-s{s}" for s in seeds])
+        gb = group(m, [f"matched-{task}-k{b}-s{s}" for s in seeds])
+        d, lo, hi = paired_delta(gb, ga)
+        verdict = "interval holds 0" if holds_zero(lo, hi) else "falls" if hi < 0 else "rises"
+        note = "" if len(seeds) == len(cfg["seeds"]) else f" (seeds {seeds})"
+        out.append(f"L(K={b}) − L(K={a}) = {f(d)} {ci((lo, hi))}{note}, {verdict}")
+    return out
+
+
+def seed_matched(ma: dict, mb: dict, names: list[str]) -> tuple[list, list]:
+    """The cells of ``names`` present in both maps, as two groups in the same seed order (for pairing)."""
+    both = [n for n in names if n in ma and n in mb]
+    return group(ma, both), group(mb, both)
+
+
 def gpu_section(cfg: dict, cm: dict, gpu_dir: Path) -> str:
     """The matched-step cells run again on a GPU (``run.py --device cuda --results <dir>_gpu``),
     beside the same cells on the CPU."""
@@ -163,11 +186,14 @@ def gpu_section(cfg: dict, cm: dict, gpu_dir: Path) -> str:
     L = ["\n### The same cells on a GPU\n",
          f"The matched-step cells of `multiple` and `expression` run again with `run.py --device "
          f"{'/'.join(devices)}` (`bench/results/llm_evidence_gpu/`) on one NVIDIA H200: the same data, "
-         "seeds and steps; training in float32 and evaluation in bfloat16 (the `auto` dtype on CUDA), so "
-         "the losses differ from the CPU's by the arithmetic, not by the design. Mean over the seeds done, "
-         "95% interval over seeds and prompts; the CPU cells ran on 2 shared cores.\n",
-         "| task | K | ref loss, GPU | 95% CI | seeds | ref loss, CPU | s / cell, GPU | s / cell, CPU |",
-         "|---|---|---|---|---|---|---|---|"]
+         "seeds and steps; training in float32 and evaluation in bfloat16 (the `auto` dtype on CUDA). "
+         "Mean over the seeds done, 95% percentile-bootstrap interval over seeds and prompts; GPU − CPU: the "
+         "difference of the seed means over the seeds done on both, paired over seeds × held-out prompts (the "
+         "same resampled seeds and prompts for both devices), with its 95% percentile-bootstrap interval. "
+         "s / cell: the cells' recorded run times, mean over seeds; the CPU cells ran on 2 shared cores.\n",
+         "| task | K | ref loss, GPU | 95% CI | seeds | ref loss, CPU | GPU − CPU, paired [95% CI] "
+         "| s / cell, GPU | s / cell, CPU |",
+         "|---|---|---|---|---|---|---|---|---|"]
     for t in cfg["tasks"]:
         for k in cfg["ks"]:
             nm = [f"matched-{t}-k{k}-s{s}" for s in cfg["seeds"]]
@@ -176,17 +202,26 @@ def gpu_section(cfg: dict, cm: dict, gpu_dir: Path) -> str:
                 continue
             c = group(cm, nm)
             sec = lambda m: f(float(np.mean([m[n]["seconds"] for n in nm if n in m])), 1)  # noqa: E731
+            gg, gc = seed_matched(gm, cm, nm)
+            if gg:
+                d, lo, hi = paired_delta(gg, gc)
+                diff = f"{f(d)} {ci((lo, hi))}"
+            else:
+                diff = ""
             L.append(f"| {t} | {k} | {f(point(g))} | {ci(interval(g))} | {len(g)}/{len(cfg['seeds'])} "
-                     f"| {f(point(c)) if c else 'pending'} | {sec(gm)} | {sec(cm) if c else ''} |")
-    falls = []
+                     f"| {f(point(c)) if c else 'pending'} | {diff} | {sec(gm)} | {sec(cm) if c else ''} |")
+    steps = []
     for t in cfg["tasks"]:
+        if t not in {n.split("-")[1] for n in gm}:
+            continue
         for where, m in (("GPU", gm), ("CPU", cm)):
-            pts = [point(g) for k in cfg["ks"] if (g := group(m, [f"matched-{t}-k{k}-s{s}" for s in cfg["seeds"]]))]
-            if len(pts) == len(cfg["ks"]) and t in {n.split("-")[1] for n in gm}:
-                falls.append(f"{t} on the {where}: the mean {'falls' if all(a > b for a, b in zip(pts, pts[1:])) else 'does not fall'}"
-                             " at every step of K")
-    if falls:
-        L.append("\nReference loss by K: " + "; ".join(falls) + ".")
+            d = step_differences(m, t, cfg)
+            if len(d) == len(cfg["ks"]) - 1:
+                steps.append(f"  - {t} on the {where}: " + "; ".join(d) + ".")
+    if steps:
+        L.append("\nReference loss from each K to the next, paired over seeds × held-out prompts (95% "
+                 "percentile-bootstrap interval; \"falls\" or \"rises\" only where the interval excludes 0):\n")
+        L.extend(steps)
     return "\n".join(L) + "\n"
 
 
@@ -212,14 +247,17 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
     w("## 1. Prediction from the base model (before any training)\n")
     w(f"`variance_budget` on the base model's per-response losses (`nll_table`) over the {cfg['n_train']} "
       f"training prompts × {cfg['pool_size']} candidates (fewer where a prompt has fewer valid answers); "
-      f"C_p / C_r = {c:g} (the paper's K*₁₀); 95% bootstrap intervals over prompts (the report's default method; "
-      "with V_y|x = 0 or V_x = 0 the interval of the ratio is degenerate at that end).\n")
-    w("| task | V_x | V_y\\|x | V_y\\|x / V_x | K* (c = 10) | k_best |")
-    w("|---|---|---|---|---|---|")
+      f"C_p / C_r = {c:g} (the paper's K*₁₀); 95% bootstrap intervals over prompts, the prompts resampled with "
+      "replacement; the column interval names the method each row's report used (`variance_budget`'s `interval` "
+      "field: `studentized` is bootstrap-t, `expanded` the percentile interval at the t-expanded tail; see "
+      "[the variance guide](../guides/variance.md)); with V_y|x = 0 or V_x = 0 the interval of the ratio is "
+      "degenerate at that end.\n")
+    w("| task | V_x | V_y\\|x | V_y\\|x / V_x | K* (c = 10) | k_best | interval |")
+    w("|---|---|---|---|---|---|---|")
     for t in tasks:
         p = cm.get(f"pilot-{t}")
         if not p:
-            w(f"| {t} | pending | | | | |")
+            w(f"| {t} | pending | | | | | |")
             continue
         r = p["result"]["report"]
         ci_ = r.get("ci", {})
@@ -229,7 +267,8 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
         w(f"| {t} | {f(_num(r['v_x']), 4)} {ci([_num(x) for x in ci_.get('v_x', [None, None])], 4)} "
           f"| {f(_num(r['v_y_given_x']), 4)} {ci([_num(x) for x in ci_.get('v_y_given_x', [None, None])], 4)} "
           f"| {f(ratio, 2)} {ci([_num(x) for x in ci_.get('ratio', [None, None])], 2)} "
-          f"| {f(pred[t]['k_star'], 2)} {ci(pred[t]['ci'], 2)} | {r['k_best']} |")
+          f"| {f(pred[t]['k_star'], 2)} {ci(pred[t]['ci'], 2)} | {r['k_best']} "
+          f"| {r.get('interval', 'not recorded')}, {r.get('n_boot', '?')} resamples |")
     w("\nThe paper's Table 2 (Llama-3.1-8B-Instruct, for comparison):\n")
     w("| dataset | V_y\\|x / V_x | K*₁₀ | R1oN → R2oN | gain |")
     w("|---|---|---|---|---|")
@@ -332,9 +371,25 @@ def report(results: Path, quick: bool = False, docs: Path | None = None) -> str:
     if figs:
         body += "\n## Figures\n\n" + "\n".join(f"![{n}]({p})" for n, p in figs) + "\n"
     out = (docs or ROOT / "docs" / "results") / "llm_evidence.md" if not quick else results / "report.md"
-    text = (HEADER.format(command=COMMAND) if not quick else "# llm_evidence --quick\n\n") + body
+    text = (HEADER.format(command=COMMAND, cost=cost_text(cm)) if not quick else "# llm_evidence --quick\n\n") + body
     out.write_text(text)
     return text
+
+
+def cost_text(cm: dict) -> str:
+    """The run times the cells recorded, summed: the measured cost of the grid."""
+    secs = {n: float(c["seconds"]) for n, c in cm.items() if "seconds" in c}
+    if not secs:
+        return "The cells present record no run times."
+    train = [v for n, v in secs.items() if not n.startswith(("pilot-", "base-"))]
+    other = sum(v for n, v in secs.items() if n.startswith(("pilot-", "base-")))
+    txt = (f"The {len(secs)} cells present record their run times (`seconds`, wall clock of the cell on 2 "
+           f"shared CPU cores): {sum(secs.values()) / 3600:.2f} hours in all")
+    if train:
+        txt += (f", of which {sum(train) / 3600:.2f} hours for the {len(train)} training cells (median "
+                f"{np.median(train):.0f} s, range {min(train):.0f} to {max(train):.0f} s per cell) and "
+                f"{other / 60:.1f} minutes for the pilots and base-model evaluations")
+    return txt + "."
 
 
 def checks(cfg, pred, matched, gains, budget, sel) -> str:
@@ -346,11 +401,15 @@ def checks(cfg, pred, matched, gains, budget, sel) -> str:
         pts = [(k, point(matched[(t, k)]), interval(matched[(t, k)])) for k in ks if (t, k) in matched]
         if len(pts) < 2:
             continue
-        mono = all(b[1] <= a[1] for a, b in zip(pts, pts[1:]))
+        steps = []
+        for a, b in zip(pts, pts[1:]):
+            d, dlo, dhi = paired_delta(matched[(t, b[0])], matched[(t, a[0])])
+            steps.append(f"L(K={b[0]}) − L(K={a[0]}) = {f(d)} [{f(dlo)}, {f(dhi)}] "
+                         + ("(holds 0)" if holds_zero(dlo, dhi) else "(falls)" if dhi < 0 else "(rises)"))
         lo, hi = pts[0], pts[-1]
         d, dlo, dhi = paired_delta(matched[(t, hi[0])], matched[(t, lo[0])])
         lines.append(f"  - {t}: " + ", ".join(f"K={k}: {f(v)}" for k, v, _ in pts)
-                     + f". Means {'fall at every step' if mono else 'do not fall at every step'}; "
+                     + ". Each step of K, paired over seeds × prompts: " + "; ".join(steps) + ". End to end: "
                      f"L(K={hi[0]}) − L(K={lo[0]}) = {f(d)} [{f(dlo)}, {f(dhi)}] (paired over seeds × prompts): "
                      + ("the interval holds 0, so these cells do not tell K=%d from K=%d." % (hi[0], lo[0])
                         if holds_zero(dlo, dhi) else ("lower at K=%d." % hi[0] if dhi < 0 else
@@ -388,20 +447,35 @@ def checks(cfg, pred, matched, gains, budget, sel) -> str:
         lo, hi = pred[t]["ci"]
         # the grid doubles: the interval is clipped to the grid's range and widened by half a step (a factor sqrt 2)
         clo, chi = min(max(lo, ks[0]), ks[-1]), min(max(hi, ks[0]), ks[-1])
-        inside = bool(clo / np.sqrt(2) <= kb <= chi * np.sqrt(2))
-        i = [k for k, _ in pts].index(kb)
-        near = []
-        for k2 in [pts[j][0] for j in (i - 1, i + 1) if 0 <= j < len(pts)]:
+
+        def inside(k):
+            return bool(clo / np.sqrt(2) <= k <= chi * np.sqrt(2))
+
+        # every other K against the lowest mean: the K its paired interval does not separate from it are tied
+        near, tied = [], [kb]
+        for k2 in [k for k, _ in pts if k != kb]:
             d, dlo, dhi = paired_delta(budget[(t, kb)], budget[(t, k2)])
             near.append(f"L(K={kb}) − L(K={k2}) = {f(d)} [{f(dlo)}, {f(dhi)}]" + (" (holds 0)" if holds_zero(dlo, dhi)
                                                                                   else ""))
+            if holds_zero(dlo, dhi):
+                tied.append(k2)
+        tied.sort()
+        ins = [k for k in tied if inside(k)]
+        if len(tied) == 1:
+            verdict = f"K = {kb} is {'inside' if ins else 'outside'} the interval"
+        elif len(ins) == len(tied):
+            verdict = "every K these cells do not separate from it (" + ", ".join(map(str, tied)) + ") is inside the interval"
+        elif not ins:
+            verdict = "every K these cells do not separate from it (" + ", ".join(map(str, tied)) + ") is outside the interval"
+        else:
+            verdict = ("not resolved: these cells do not separate K = " + ", ".join(map(str, tied))
+                       + ", of which K = " + ", ".join(map(str, ins)) + " is inside the interval and K = "
+                       + ", ".join(str(k) for k in tied if k not in ins) + " outside")
         lines.append(f"  - {t}: lowest mean loss on the budget curve at K = {kb} ("
-                     + ", ".join(f"K={k}: {f(v)}" for k, v in pts) + f"); K* = {f(pred[t]['k_star'], 2)} "
-                     f"[{f(lo, 2)}, {f(hi, 2)}]: {'inside' if inside else 'outside'} the interval "
-                     "(clipped to the K tried and widened by half a grid step). Against its neighbours, paired over "
-                     "seeds × held-out prompts: " + "; ".join(near)
-                     + (": where an interval holds 0 these cells do not tell the two K apart." if any(
-                         "holds 0" in x for x in near) else "."))
+                     + ", ".join(f"K={k}: {f(v)}" for k, v in pts) + "). Against every other K, paired over "
+                     "seeds × held-out prompts (95% percentile bootstrap): " + "; ".join(near)
+                     + f". K* = {f(pred[t]['k_star'], 2)} [{f(lo, 2)}, {f(hi, 2)}] (clipped to the K tried and "
+                     f"widened by half a grid step): {verdict}.")
     out.append("**Does the K of the budget curve's lowest mean loss sit inside K*'s interval?**\n"
                + ("\n".join(lines) or "  - pending"))
     # 4. selectors
@@ -530,12 +604,7 @@ response and its EOS, prompt masked), token-weighted over all references.
 
 **Grid and cost.** 3 pilots, 3 base-model evaluations and 72 training cells
 (36 matched-step, 27 fixed-budget, 9 selector; 3 seeds each): 78 cells.
-A training step is 8 pairs of about 26 tokens; at about 250 training
-tokens/s on 2 CPU cores (a quiet machine) that is about 0.85 s, so the 2,304
-optimizer steps take about 33 minutes, and evaluating each cell (up to 96 reference
-losses, 4 samples of at most 16 tokens for each of 24 prompts) about 15 s
-more: about an hour in all. On a loaded machine it takes longer; the run
-resumes where it stopped.
+{cost} The run resumes where it stopped.
 
 **Limits.** A 135M model, 32 LoRA steps and generated arithmetic tasks are far
 from the paper's 8B models, 200 steps and natural data: the question here is
