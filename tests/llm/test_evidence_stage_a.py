@@ -13,22 +13,6 @@ import pytest
 pytestmark = pytest.mark.train
 
 ROOT = Path(__file__).resolve().parents[2]
-CHAT = ("{% for m in messages %}<s>user: {{ m['content'] }}</s>{% endfor %}"
-        "{% if add_generation_prompt %}<s>assistant: {% endif %}")
-
-
-@pytest.fixture(scope="module")
-def chat_lm(tiny_paths, tmp_path_factory):
-    from mrt_fast.llm.models import load_causal_lm, load_tokenizer
-
-    d = tmp_path_factory.mktemp("chat") / "tiny-chat"
-    tok = load_tokenizer(str(tiny_paths["lm"]))
-    tok.chat_template = CHAT
-    load_causal_lm(str(tiny_paths["lm"])).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
 @pytest.fixture(scope="module")
 def stage_a():
     sys.path.insert(0, str(ROOT / "bench" / "experiments"))
