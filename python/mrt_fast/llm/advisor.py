@@ -106,13 +106,16 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
              budget: float | None = None, k_max: int = 1024, n_boot: int = 1000, seed: int = 0,
              max_length: int | None = 1024, prompt_format: str = "auto", device: str = "auto",
              dtype: str = "float32", batch_size: int = 8, progress: bool = True, warm_pilot: str = "none",
-             warm_data: Any = None, warm_steps: int = 16) -> dict:
+             warm_data: Any = None, warm_steps: int = 16, engine: str = "local",
+             rows_per_part: int = 50_000) -> dict:
     """Measure the model's losses on ``pairs`` and return the advice (cached in out_dir/report.json).
 
-    ``warm_pilot``: ``none`` scores with the base model as it is (`mrt_fast.llm.loss.pair_losses`, truncated
-    to ``max_length``); ``chat`` or ``lora`` score from that warm state
-    (`mrt_fast.llm.warm_pilot.warm_pilot_table`: ``lora`` trains ``warm_steps`` steps on ``warm_data``, whose
-    prompts must not be among the scored ones; each distinct prompt run once, no truncation)."""
+    The losses are the nll job's (`mrt_fast.llm.run_stages.nll_step`, as ``mrt nll``: resumable by
+    parts of ``rows_per_part`` pairs, on ``engine``), truncated to ``max_length``. ``warm_pilot``:
+    ``none`` scores with the base model as it is, in ``prompt_format``; ``chat`` or ``lora`` score
+    from that warm state (`mrt_fast.llm.warm_pilot.warm_up`: ``lora`` trains ``warm_steps`` steps on
+    ``warm_data``, whose prompts must not be among the scored ones, into ``out_dir/warm/``, and its
+    losses are scored on the local engine)."""
     out = Path(out_dir)
     report_f = out / "report.json"
     settings = {"cost_prompt": cost_prompt, "cost_response": cost_response, "budget": budget, "k_max": k_max,
@@ -122,36 +125,30 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
         if all(advice.get(k) == v for k, v in settings.items()):
             return advice
     from mrt_fast._util.device import resolve_device
-    from mrt_fast.llm.models import load_causal_lm, load_tokenizer
-    from mrt_fast.llm.loss import pair_losses
+    from mrt_fast.llm.run_stages import nll_step
     from mrt_fast.variance.budget import variance_budget
 
     out.mkdir(parents=True, exist_ok=True)
     losses_f = out / "losses.parquet"
     warm_f = out / "warm.json"
     if losses_f.exists():
-        losses = pl.read_parquet(losses_f)
         warm = json.loads(warm_f.read_text()) if warm_f.exists() else {"mode": "none", "tag": "none"}
     else:
         dev = resolve_device(device)
-        if warm_pilot == "none":
-            tok = load_tokenizer(model)
-            net = load_causal_lm(model, device=dev, dtype=dtype)
-            x = pair_losses(net, tok, pairs["prompt"].to_list(), pairs["response"].to_list(), batch_size=batch_size,
-                            max_length=max_length, prompt_format=prompt_format, device=dev, progress=progress)
-            warm = {"mode": "none", "tag": "none", "prompt_format": prompt_format}
-        else:
-            from mrt_fast.llm.warm_pilot import warm_pilot_table
-
-            scored, state = warm_pilot_table(pairs.select("prompt_id", "prompt", "response"), model, warm_pilot,
-                                             warm_data=warm_data, steps=warm_steps, prompt_format=prompt_format,
-                                             device=dev, batch_size=batch_size)
-            x = scored["loss"].to_numpy()
-            warm = {"mode": state.mode, "tag": state.tag, "prompt_format": state.prompt_format,
-                    "warm_prompts": state.warm_prompts}
-        losses = pairs.select("prompt_id").with_columns(pl.Series("loss", x))
-        write_table(losses, losses_f)
+        state = _warm_state(out, model, warm_pilot, pairs, warm_data, warm_steps, prompt_format, dev)
+        warm = {"mode": state.mode, "tag": state.tag, "prompt_format": state.prompt_format,
+                "warm_prompts": state.warm_prompts, "adapter": None if state.adapter is None else str(state.adapter)}
         warm_f.write_text(json.dumps(warm, indent=2))
+        pairs_f = out / "pairs.parquet"
+        if not pairs_f.exists():  # a stopped run resumes the job of the same pairs
+            write_table(pairs.select("prompt_id", "prompt", "response"), pairs_f)
+        # a LoRA adapter is a local folder: its losses are scored on this machine
+        nll_step(pairs_f, losses_f, model=model, adapter=state.adapter, prompt_format=state.prompt_format,
+                 max_length=max_length, device=dev, dtype=dtype, batch_size=batch_size,
+                 engine="local" if state.adapter is not None else engine, rows_per_part=rows_per_part,
+                 progress=progress)
+        pairs_f.unlink()
+    losses = pl.read_parquet(losses_f)
     rep = variance_budget(losses, cost_prompt=cost_prompt, cost_response=cost_response, budget=budget,
                           k_max=k_max, n_boot=n_boot, seed=seed)
     rep.plot(out / "variance.png")
@@ -169,6 +166,24 @@ def diagnose(pairs: pl.DataFrame, model: Any, out_dir: str | Path, *, cost_promp
     d = rep.to_dict()
     report_f.write_text(json.dumps({"report": d, "advice": _jsonable(advice)}, indent=2))
     return json.loads(report_f.read_text())["advice"]
+
+
+def _warm_state(out: Path, model: Any, mode: str, pairs: pl.DataFrame, warm_data: Any, steps: int,
+                prompt_format: str, device: str):
+    """The pilot's warm state (`mrt_fast.llm.warm_pilot.WarmPilot`); a ``lora`` adapter already trained
+    into ``out/warm/`` for the same warm-up (its tag in ``out/warm.json``) is reused, so a stopped
+    job resumes scoring with the adapter it started with."""
+    from mrt_fast.llm.warm_pilot import WarmPilot, warm_up, warm_up_tag
+
+    warm_f = out / "warm.json"
+    if mode == "lora" and warm_f.exists():
+        old = json.loads(warm_f.read_text())
+        adapter = old.get("adapter")
+        if old.get("mode") == "lora" and adapter and Path(adapter).is_dir() and \
+                old.get("tag") == warm_up_tag(warm_data, steps):
+            return WarmPilot("lora", old["prompt_format"], Path(adapter), old["tag"], int(old.get("warm_prompts", 0)))
+    return warm_up(model, mode, scored_prompts=pairs["prompt"].unique().to_list(), warm_data=warm_data,
+                   steps=steps, prompt_format=prompt_format, work_dir=out / "warm", device=device)
 
 
 def _jsonable(d: dict) -> dict:

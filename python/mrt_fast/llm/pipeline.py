@@ -3,8 +3,9 @@
 Every stage writes its output under ``out_dir`` and is skipped when that output
 already exists, so a run that stopped resumes where it stopped and a grid can
 be extended (add a method or a K, run again: only the new cells train). Embed,
-score and select run as stages of the dataset job (`mrt_fast.llm.run_stages`),
-on either engine; embed and score resume from their finished parts.
+score, the diagnose stage's pilot losses and select run as stages of the dataset
+job (`mrt_fast.llm.run_stages`), on either engine; embed, score and the pilot
+losses resume from their finished parts.
 
 Layout of ``out_dir``::
 
@@ -71,10 +72,10 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
     settings is refused before any work, or with ``redo_changed`` deleted with
     everything made from it, and made again.
 
-    ``engine``: where the embed, score and select stages run, ``"local"`` (this machine) or
-    ``"ray"`` (a Ray cluster: the current one, or a new local instance), with the same outputs;
-    ``rows_per_part``: candidates of a part of the embed and score jobs (a stopped run resumes
-    from the finished parts).
+    ``engine``: where the embed, score, pilot-loss and select stages run, ``"local"`` (this
+    machine) or ``"ray"`` (a Ray cluster: the current one, or a new local instance), with the
+    same outputs; ``rows_per_part``: candidates of a part of the embed, score and pilot-loss
+    jobs (a stopped run resumes from the finished parts).
     """
     from mrt_fast.llm.evaluate import EvalConfig, evaluate
     from mrt_fast.llm.generate import GenerationConfig, generate
@@ -208,7 +209,8 @@ def run(config: RunConfig | dict | str | os.PathLike, *, embedder=None, reward_f
                           n_boot=auto["n_boot"], seed=int(cfg.select.get("seed", 0)), max_length=tcfg.max_length,
                           prompt_format=tcfg.prompt_format, device=cfg.device, dtype=tcfg.dtype,
                           batch_size=ecfg.batch_size, progress=progress, warm_pilot=auto["warm_pilot"],
-                          warm_data=warm_data, warm_steps=auto["warm_steps"])
+                          warm_data=warm_data, warm_steps=auto["warm_steps"], engine=engine,
+                          rows_per_part=rows_per_part)
         ks = ks_to_train(advice, auto["neighbours"], gcfg.n)
         ident = "" if advice.get("identified", True) else " (ratio not identified: the K its interval supports)"
         _log(f"diagnose: V_x={advice['v_x']:.4g}, V_y|x={advice['v_y_given_x']:.4g}, K*={advice['k_star']} "

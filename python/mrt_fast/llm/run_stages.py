@@ -6,8 +6,9 @@ Each step runs through the functions the dataset commands use
 ``mrt score`` and ``mrt nll``; :func:`mrt_fast.datasets.select_job.select_dataset`,
 as ``mrt select``), on either engine (``"local"`` or ``"ray"``).
 
-Embed and score write a resumable directory of parts beside their file
-(``embedded.parquet.parts/``, ``scored.parquet.parts/``: parts of
+Embed, score and the advisor's pilot losses (``nll``) write a resumable directory of
+parts beside their file (``embedded.parquet.parts/``, ``scored.parquet.parts/``,
+``diagnose/losses.parquet.parts/``: parts of
 ``rows_per_part`` consecutive candidates and the job's manifest); a run that
 stopped resumes with the parts still missing. Once every part is there they are
 gathered into the file (``embedded.parquet``, ``scored.parquet``) and the
@@ -27,7 +28,7 @@ import polars as pl
 from mrt_fast.datasets.formats import read_table, write_table
 from mrt_fast.datasets.stage import RowStage
 
-__all__ = ["EmbedderRows", "HookRows", "embed_step", "parts_dir", "score_step", "select_step"]
+__all__ = ["EmbedderRows", "HookRows", "embed_step", "nll_step", "parts_dir", "score_step", "select_step"]
 
 #: rows of a part of the embed and score jobs of mrt run
 ROWS_PER_PART = 50_000
@@ -152,6 +153,25 @@ def score_step(embedded: Path, scored: Path, *, reward_model: str | None, hook: 
     else:
         df = pl.read_parquet(embedded)
         write_table(df if then is None else then(df), scored)
+
+
+def nll_step(pairs: Path, losses: Path, *, model: str, adapter: Path | None, prompt_format: str,
+             max_length: int | None, device: str, dtype: str = "float32", batch_size: int = 8,
+             engine: str = "local", rows_per_part: int = ROWS_PER_PART, progress: bool = False) -> None:
+    """``losses`` (prompt_id, loss) from the ``pairs`` file (prompt_id, prompt, response): each
+    response's loss under ``model`` (with the LoRA ``adapter``, if any), through the nll job
+    (``mrt nll``), in the pairs' order."""
+    from mrt_fast.llm.dataset_stages import nll_dataset
+    from mrt_fast.llm.models import load_causal_lm, load_tokenizer
+
+    def loader():
+        return load_causal_lm(model, device=device, dtype=dtype, adapter=adapter), load_tokenizer(model)
+
+    loader.model_id = str(model) if adapter is None else f"{model} (adapter {adapter})"
+    _parted(losses, lambda d: nll_dataset(
+        str(pairs), d, loader=loader, batch_size=batch_size, max_length=max_length, prompt_format=prompt_format,
+        device=device, layout="flat", rows_per_part=rows_per_part, engine=engine, progress=progress),
+        lambda df: df.select("prompt_id", "loss"))
 
 
 def select_step(scored: Path, kept: Path, k: int, method: str, sel_kw: dict, *, engine: str = "local") -> None:

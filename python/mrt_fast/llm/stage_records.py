@@ -270,7 +270,8 @@ def outputs_of(key: str) -> list[Path]:
     if stage == "score":
         return [Path("scored.parquet"), Path("scored.parquet.parts")]
     if stage == "diagnose":
-        return [Path("diagnose") / n for n in ("losses.parquet", "report.json", "variance.png")]
+        return [Path("diagnose") / n for n in ("losses.parquet", "losses.parquet.parts", "pairs.parquet", "warm.json",
+                                               "warm", "report.json", "variance.png")]
     if stage == "select":
         return [Path("select") / f"{cell}.parquet"]
     if stage == "train":

@@ -32,7 +32,7 @@ import polars as pl
 
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["WARM_PILOTS", "WarmPilot", "warm_config", "check_disjoint", "warm_up", "warm_up_for_dataset",
+__all__ = ["WARM_PILOTS", "WarmPilot", "warm_config", "check_disjoint", "warm_up", "warm_up_for_dataset", "warm_up_tag",
            "warm_pilot_table"]
 
 WARM_PILOTS = ("none", "chat", "lora")
@@ -75,6 +75,13 @@ def check_disjoint(warm: Iterable[str], scored: Iterable[str]) -> None:
 def _data_tag(df: pl.DataFrame, prompt: str, response: str) -> str:
     h = int(df.select(prompt, response).hash_rows(seed=0).sum())
     return hashlib.sha1(str((df.height, h)).encode()).hexdigest()[:12]
+
+
+def warm_up_tag(warm_data: Any, steps: int, prompt: str = "prompt", response: str = "response") -> str:
+    """The tag of a ``lora`` warm-up of ``steps`` steps on ``warm_data`` (`WarmPilot.tag`): equal tags, same warm-up."""
+    from mrt_fast.datasets.formats import as_polars
+
+    return f"lora:{steps}:{_data_tag(as_polars(warm_data), prompt, response)}"
 
 
 def warm_up(model: Any, mode: str, *, scored_prompts: Iterable[str], warm_data: Any = None, steps: int = 16,
@@ -125,7 +132,7 @@ def warm_up(model: Any, mode: str, *, scored_prompts: Iterable[str], warm_data: 
     work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="mrt_warm_"))
     res = train(df.select(by, prompt, response), model, work, cfg, tokenizer=tokenizer, by=by, prompt=prompt,
                 response=response, progress=progress)
-    tag = f"lora:{steps}:{_data_tag(df, prompt, response)}"
+    tag = warm_up_tag(df, steps, prompt, response)
     return WarmPilot("lora", fmt, Path(res.adapter_dir), tag, int(df[by].n_unique()))
 
 
