@@ -80,7 +80,9 @@ _CODE_IN_SANDBOX = "/.sandbox/program.py"
 _FILTER_IN_SANDBOX = "/.sandbox/filter.bpf"
 _MIN_PROGRAM_MB = 24  # RLIMIT_AS an interpreter needs to start
 _CAP_SETGID, _CAP_SETUID = 6, 7
-_CPU_SLACK_S = 0.05  # rounding of the reported CPU time against RLIMIT_CPU
+#: how far the CPU time a killed program reports (its rusage, tick-sampled) may fall short of
+#: RLIMIT_CPU's count when the kernel's limit signal ended it: seconds, and a share of the limit
+_CPU_SLACK_S, _CPU_SLACK_SHARE = 0.25, 0.1
 _MAX_WAIT_S = 3600.0  # the longest single wait; a longer deadline is waited for in steps
 _MIN_BWRAP = (0, 8, 0)
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -585,7 +587,7 @@ def _supervise(argv: list[str], *, stdin_fd: int, pass_fds: tuple, close_after_s
     if sig is not None:
         # the kernel's RLIMIT_CPU signals come only once the CPU time is used: a SIGXCPU or SIGKILL
         # before that was sent by the program itself
-        used_cpu = cpu + _CPU_SLACK_S >= cpu_s
+        used_cpu = cpu + max(_CPU_SLACK_S, _CPU_SLACK_SHARE * cpu_s) >= cpu_s
         status = "cpu_limit" if sig in (signal.SIGXCPU, signal.SIGKILL) and used_cpu else "error"
         return ExecResult(status, -sig, stdout, stderr, wall, isolation, cpu)
     status = "passed" if code == 0 else "memory_limit" if code == MEMORY_EXIT and _held_memory(
