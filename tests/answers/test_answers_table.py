@@ -44,7 +44,8 @@ def test_keys_modes_and_rewards():
     m = out["mode"].to_list()
     assert m[0] == m[1] != m[2] and m[3] not in (m[0], m[2])
     assert out["reward"].to_list() == [1.0, 1.0, 0.0, 0.0] and out["correct"].to_list() == [True, True, False, False]
-    assert (rep.rows, rep.pools, rep.answered, rep.unanswered) == (4, 1, 3, 1)
+    assert (rep.responses, rep.pools, rep.answered, rep.unanswered) == (4, 1, 3, 1)
+    assert (rep.rows, rep.rows_out, rep.parts, rep.layout) == (4, 4, 1, "flat")
     assert out.columns == ["prompt_id", "response", "ref", "answer", "mode", "reward", "correct"]
 
 
@@ -144,7 +145,8 @@ def test_zero_signal_report_drop_and_cap():
                        "ref": ["408"] * 8})
     out, rep = mrt_fast.answers(df, reference="ref", return_report=True)
     assert (rep.zero_signal_pools, rep.all_correct_pools, rep.all_wrong_pools, rep.one_answer_pools) == (3, 1, 2, 2)
-    assert "3 of 4 prompts carry no learning signal" in str(rep)
+    line = next(x for x in str(rep).splitlines() if "no learning signal" in x)
+    assert line.endswith(" 3 of 4 prompts (all rewards equal: 1 all correct, 2 all wrong)")
     kept, rep = mrt_fast.answers(df, reference="ref", drop_zero_signal=True, return_report=True)
     assert kept["prompt_id"].unique().to_list() == [3] and (rep.dropped_pools, rep.dropped_rows) == (3, 6)
     # without a reference: one answer is no signal

@@ -99,4 +99,4 @@ def test_a_dataset_run_reports_how_the_programs_ended(tmp_path):
                           sandbox={**LIMITS, "timeout_s": 2.0, "cpu_s": 1})
     assert rep.statuses.get("exited") == 2 and sum(rep.statuses.values()) == 4
     assert set(rep.statuses) - {"exited"} <= {"timeout", "cpu_limit"}
-    assert "program runs:" in str(rep)
+    assert "program runs" in str(rep) and "exited 2" in str(rep)

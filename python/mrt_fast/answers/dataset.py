@@ -76,13 +76,19 @@ def answers_dataset(source: Any, output: str | os.PathLike, *, rows_per_part: in
         rows_per_part = n  # dropping pools needs whole pools: one part
     job_.parameters = {**opts.parameters(), "layout": lay, "rows_per_part": rows_per_part}
     with job_ as job:
-        if not job.done:
-            run_row_parts(job, AnswerRows(opts), engine=engine, rows_per_part=rows_per_part, n_rows=n,
-                          workers=ray_workers, address=ray_address)
+        done = job.done
+        r = {"parts": max(1, -(-n // rows_per_part)), "parts_done_now": 0, "rows_done_now": 0,
+             "rows_written": job.rows_written if done else 0}
+        if not done:
+            r = run_row_parts(job, AnswerRows(opts), engine=engine, rows_per_part=rows_per_part, n_rows=n,
+                              workers=ray_workers, address=ray_address)
         out = str(job.out)
-        notes = list(job.notes)
+        to_dir, resumed, notes, logs = job.to_dir, job.resumed, list(job.notes), job.logs
     rep = dataset_report(ds, out, opts, lay)
-    rep.notes = notes
+    rep.engine, rep.rows, rep.resumed, rep.already_done, rep.notes, rep.logs = engine, n, resumed, done, notes, logs
+    rep.parts = r["parts"] if to_dir else 1
+    rep.parts_done_now = r["parts_done_now"] if to_dir else (0 if done else 1)
+    rep.rows_done_now, rep.rows_out = r["rows_done_now"], r["rows_written"]
     rep.seconds = time.perf_counter() - t0
     return rep
 
@@ -110,7 +116,7 @@ def dataset_report(ds: Any, output: str, opts: AnswerOptions, layout: str) -> An
     if layout == GROUPED:
         lf = lf.explode(opts.added())
     flat = lf.collect()
-    rep = AnswerReport(extract=opts.extract.describe(), output=output, rows=flat.height)
+    rep = AnswerReport(extract=opts.extract.describe(), output=output, layout=layout, responses=flat.height)
     rep.answered = int(flat[opts.answer].is_not_null().sum())
     rep.unanswered = flat.height - rep.answered
     if opts.reference:
@@ -127,9 +133,9 @@ def dataset_report(ds: Any, output: str, opts: AnswerOptions, layout: str) -> An
         else:
             got = inp.select(pl.col(opts.by).n_unique().alias("pools"), pl.len().alias("rows")).collect()
         rep.dropped_pools = int(got["pools"][0]) - rep.pools
-        rep.dropped_rows = int(got["rows"][0]) - rep.rows
+        rep.dropped_rows = int(got["rows"][0]) - rep.responses
         rep.pools += rep.dropped_pools
-        rep.rows += rep.dropped_rows
+        rep.responses += rep.dropped_rows
         rep.zero_signal_pools += rep.dropped_pools
         rep.kept_only = True
     return rep

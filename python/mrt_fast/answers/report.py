@@ -9,9 +9,11 @@ answer. :func:`pool_stats` measures it per pool from the columns a run wrote.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import polars as pl
+
+from mrt_fast.datasets.report import JobReport
 
 __all__ = ["AnswerReport", "pool_stats", "zero_signal_mask"]
 
@@ -19,12 +21,15 @@ __all__ = ["AnswerReport", "pool_stats", "zero_signal_mask"]
 REWARD_TIE = 1e-12
 
 
-@dataclass
-class AnswerReport:
-    """Counts of an answers run (``rows`` and pools are those read, before any drop)."""
+@dataclass(repr=False)
+class AnswerReport(JobReport):
+    """What an answers run did: the job's fields (:class:`~mrt_fast.datasets.report.JobReport`;
+    for the in-memory :func:`~mrt_fast.answers.answers`, one part of the whole table) and the
+    answers' counts. ``responses`` and the pools are those read, before any drop; ``rows`` are
+    the input rows (prompts in the grouped layout) and ``rows_out`` the output's."""
 
-    extract: str
-    rows: int = 0
+    extract: str = ""
+    responses: int = 0
     pools: int = 0
     answered: int = 0
     unanswered: int = 0
@@ -34,26 +39,20 @@ class AnswerReport:
     all_wrong_pools: int = 0
     rewarded: bool = False
     dropped_pools: int = 0
-    dropped_rows: int = 0
+    dropped_rows: int = 0  # responses of the dropped pools
     null_references: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
     kept_only: bool = False  # answers and the all-correct/all-wrong split counted over the kept prompts only
-    output: str | None = None
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def lines(self) -> list[str]:
+    def stage_lines(self) -> list[tuple[str, str]]:
         among = " (among the kept prompts)" if self.kept_only else ""
-        out = [f"{self.rows:,} responses in {self.pools:,} prompts; {self.answered:,} answered, "
-               f"{self.unanswered:,} with no answer (each its own mode){among}"]
+        out = [("extract", self.extract), ("responses", f"{self.responses:,} in {self.pools:,} prompts"),
+               ("answered", f"{self.answered:,}; {self.unanswered:,} with no answer (each its own mode){among}")]
         if self.null_references:
-            out.append(f"{self.null_references:,} responses have a null reference (scored wrong)")
+            out.append(("null references", f"{self.null_references:,} responses (scored wrong)"))
         if self.statuses:
-            out.append("program runs: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.statuses.items())))
-        out.append(f"{self.one_answer_pools:,} prompts have one answer (one mode){among}")
+            out.append(("program runs", ", ".join(f"{k} {v:,}" for k, v in sorted(self.statuses.items()))))
+        out.append(("prompts with one answer", f"{self.one_answer_pools:,} (one mode){among}"))
         split = f"{self.all_correct_pools:,} all correct, {self.all_wrong_pools:,} all wrong"
         if self.kept_only:
             why = f"all rewards equal; {split} of those kept"
@@ -62,13 +61,15 @@ class AnswerReport:
             why = f"all rewards equal: {split}" + (f", {other:,} other" if other else "")
         if not self.rewarded:
             why = "one answer, no reference"
-        out.append(f"{self.zero_signal_pools:,} of {self.pools:,} prompts carry no learning signal ({why})")
+        out.append(("no learning signal", f"{self.zero_signal_pools:,} of {self.pools:,} prompts ({why})"))
         if self.dropped_pools:
-            out.append(f"dropped {self.dropped_pools:,} of them ({self.dropped_rows:,} rows)")
+            out.append(("dropped", f"{self.dropped_pools:,} of them ({self.dropped_rows:,} responses)"))
         return out
 
-    def __str__(self) -> str:
-        return "; ".join(self.lines())
+    def __repr__(self) -> str:
+        return (f"AnswerReport(output={self.output!r}, extract={self.extract!r}, responses={self.responses}, "
+                f"pools={self.pools}, answered={self.answered}, zero_signal_pools={self.zero_signal_pools}, "
+                f"dropped_pools={self.dropped_pools}, parts={self.parts}, seconds={self.seconds:.2f})")
 
 
 def zero_signal_mask(stats: pl.DataFrame, rewarded: bool) -> pl.Series:

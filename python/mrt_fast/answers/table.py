@@ -154,7 +154,7 @@ def flat_columns(df: pl.DataFrame, opts: AnswerOptions, row_of=None) -> tuple[di
     """The new columns of flat rows ``df`` and the row counts of the report (pools not filled).
     ``row_of(i)``: the table row of flat row ``i`` (for errors; grouped tables)."""
     where = row_of or (lambda i: i)
-    rep = AnswerReport(extract=opts.extract.describe(), rows=df.height)
+    rep = AnswerReport(extract=opts.extract.describe(), responses=df.height)
     texts = df[opts.response].to_list()
     ex, ck = opts.extract, opts.check
     keys: list[str | None] = []
@@ -249,6 +249,9 @@ def apply(df: pl.DataFrame, opts: AnswerOptions) -> tuple[pl.DataFrame, AnswerRe
             else:
                 gone = stats.filter(~pl.Series(kept))[opts.by]
                 out = out.filter(~pl.col(opts.by).is_in(gone.implode()))
+    rep.layout, rep.parts, rep.parts_done_now = lay, 1, 1
+    rep.rows = rep.rows_done_now = df.height
+    rep.rows_out = out.height
     rep.seconds = time.perf_counter() - t0
     return out, rep
 

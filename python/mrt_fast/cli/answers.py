@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from mrt_fast.cli.common import ALLOW_PARTIAL, app, check_engine, user_errors, warn_notes
+from mrt_fast.cli.common import ALLOW_PARTIAL, app, check_engine, print_report, user_errors, warn_notes
 
 
 @app.command("answers")
@@ -76,7 +76,5 @@ def answers_cmd(
                               drop_zero_signal=drop, sandbox=sandbox, workers=parallel,
                               rows_per_part=rows_per_part, overwrite=overwrite, progress=True, engine=engine,
                               ray_address=ray_address, ray_workers=workers, allow_partial=allow_partial)
-    for line in rep.lines():
-        typer.echo(line)
-    typer.echo(f"-> {rep.output}")
+    print_report(rep, "mrt answers", f"answers written to {rep.output}")
     warn_notes(rep.notes)

@@ -6,8 +6,9 @@ rows (prompts in the grouped layout) of the job and of this run, the rows the
 output holds, whether the run resumed a job or found it done, the seconds,
 Ray's log directory and the notes. Each stage's report derives from it and
 adds its own counts: :class:`BatchReport` (select),
-:class:`mrt_fast.embeddings.dataset.EmbedReport` (embed) and
-:class:`mrt_fast.llm.dataset_stages.StageReport` (nll, score).
+:class:`mrt_fast.embeddings.dataset.EmbedReport` (embed),
+:class:`mrt_fast.llm.dataset_stages.StageReport` (nll, score) and
+:class:`mrt_fast.answers.report.AnswerReport` (answers).
 
 ``print(report)`` shows a short table (the stage's lines, then the parts, the
 rows and the seconds), with a line saying what this run did beside what the
