@@ -637,3 +637,11 @@ def test_the_cli_on_ray_reads_like_the_local_engine(tmp_path):
     for field in ("pools", "candidates", "kept", "buckets", "rows/s", "peak memory", "seconds"):
         assert field in out
     assert "3 (exchanged through files)" in out and "limit 0.00" not in out
+
+
+def test_a_ray_select_job_is_timed_as_one_step(tmp_path):
+    from mrt_fast.datasets.select_job import select_dataset
+
+    make_table().write_parquet(tmp_path / "in.parquet")
+    rep = select_dataset(tmp_path / "in.parquet", tmp_path / "out", 2, "grades", engine="ray")
+    assert list(rep.profile["steps"]) == ["plan", "run on Ray"] and rep.profile["pieces"] == {}

@@ -92,6 +92,32 @@ def print_report(rep, title: str, wrote: str, lines: list[tuple[str, str]] | Non
     console.print(wrote + (" (resumed)" if rep.resumed else ""), soft_wrap=True, highlight=False)
 
 
+def print_lines(title: str, lines: list[tuple[str, str]]) -> None:
+    """(label, value) rows as a table under ``title``, the way reports print."""
+    from rich.table import Table
+
+    tab = Table(title=title, show_header=False)
+    tab.add_column("")
+    tab.add_column("", justify="right")
+    for name, v in lines:
+        tab.add_row(name, v)
+    console.print(tab)
+
+
+def seconds_since_start() -> float | None:
+    """Seconds since this process started (Linux: its start time in /proc); None where not known."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks since boot
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        return max(0.0, up - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def k_or_column(k: str):
     """--k: an integer, or the name of a column with each pool's K."""
     try:

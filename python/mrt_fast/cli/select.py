@@ -11,7 +11,9 @@ from mrt_fast.cli.common import (
     app,
     check_engine,
     k_or_column,
+    print_lines,
     print_report,
+    seconds_since_start,
     user_errors,
     warn_notes,
 )
@@ -67,6 +69,8 @@ def select_cmd(
     dedup: Optional[float] = typer.Option(None, "--dedup", help="Remove near-duplicates (cosine >= DEDUP with a "
                                           "better candidate) inside each pool before selection."),
     allow_partial: bool = ALLOW_PARTIAL,
+    profile: bool = typer.Option(False, "--profile", help="Also print where the time went: the process's start, "
+                                 "then each step's wall and CPU seconds (plan, read or spill, select, write)."),
 ) -> None:
     """Keep K responses per prompt of a table or dataset, in bounded memory (resumable to a directory)."""
     import shlex
@@ -86,9 +90,13 @@ def select_cmd(
                              candidate_key=candidate_key, optimizer=optimizer, n_modes=n_modes, layout=layout,
                              candidate_columns=cand_cols, text=text, dedup=dedup,
                              **({} if max_mode_cosine is None else {"max_mode_cosine": max_mode_cosine}))
+        started = seconds_since_start()
         rep = select_dataset(inp, out, options=opts, engine=engine, memory_limit=memory_limit, workers=workers,
                              parts=parts, rows_per_part=chunk_rows, overwrite=overwrite, ray_address=ray_address,
                              progress=True, command=command, allow_partial=allow_partial)
     warn_notes(rep.notes)
     print_report(rep, f"mrt select: {rep.method}, K = {k}" + (" (this run)" if rep.resumed else ""),
                  f"wrote {rep.rows_out} {rep.unit} to {out}", rep.lines()[1:])  # the title names the method
+    if profile:
+        start = [] if started is None else [("start (interpreter, imports, arguments)", f"{started:.3f} s wall")]
+        print_lines("where the time went", start + rep.profile_lines())

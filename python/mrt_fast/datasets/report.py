@@ -136,6 +136,8 @@ class BatchReport(JobReport):
     n_near_duplicates_removed: int = 0
     n_one_mode_pools: int = 0
     n_no_embedding: int = 0  # candidates with a null embedding (mrt embed --empty-text keep), left out
+    # where the time went: wall and CPU seconds per step (mrt_fast.datasets.profile.Profile.to_dict)
+    profile: dict = field(default_factory=dict)
 
     # the names of the first select report
     n_parts = property(lambda self: self.parts, lambda self, v: setattr(self, "parts", v))
@@ -172,6 +174,15 @@ class BatchReport(JobReport):
                                         f"{self.rows_per_second:,.0f}"),
                  ("peak memory", memory), ("seconds", f"{self.seconds:.2f}")]
         return rows
+
+    def profile_lines(self) -> list[tuple[str, str]]:
+        """Where the time went (``mrt select --profile``): each step's wall and CPU seconds, then the
+        pieces of the buckets' work summed over the buckets (:mod:`mrt_fast.datasets.profile`)."""
+        steps, pieces = self.profile.get("steps", {}), self.profile.get("pieces", {})
+        out = [(name, f"{s['wall']:.3f} s wall, {s['cpu']:.3f} s CPU") for name, s in steps.items()]
+        out += [(f"  {name}", f"{p['wall']:.3f} s summed over {int(p['count']):,} buckets")
+                for name, p in pieces.items()]
+        return out
 
     def __repr__(self) -> str:
         return (f"BatchReport(output={self.output!r}, method={self.method!r}, k={self.k!r}, n_pools={self.n_pools}, "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from mrt_fast._util.memory import peak_rss
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.executors import executor, only_on
 from mrt_fast.datasets.job import Job
+from mrt_fast.datasets.profile import Profile
 from mrt_fast.datasets.report import BatchReport
 from mrt_fast.datasets.select_stage import layout_hint, list_columns, refuse_missing_embedding, resolve_layout
 from mrt_fast.errors import MrtInputError
@@ -88,7 +90,8 @@ def select_dataset(
     on Ray defaults to ``max(cluster CPUs, rows / 1e6)``.
     Returns a :class:`~mrt_fast.datasets.report.BatchReport`.
     """
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
+    prof = Profile()
     opts = SelectOptions.of(k, method, options, **knobs)
     ex = executor(engine)
     if parts is not None and rows_per_part is not None:
@@ -114,14 +117,18 @@ def select_dataset(
         rep = BatchReport(output=str(job.out), engine=engine, layout=lay, method=opts.method, k=opts.k,
                           rows=n_rows or 0, resumed=job.resumed, already_done=job.done,
                           memory_limit=settings.get("limit", 0), notes=list(job.notes))
+        # the checks, discovery and the job's start: the plan step
+        prof.steps["plan"] = {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0}
         if job.done:
             rep.parts = job.man.n_parts if job.man is not None else 1
             rep.n_kept = rep.rows_out = job.rows_written
             rep.peak_rss = peak_rss()
             rep.seconds = time.perf_counter() - t0
+            rep.profile = prof.to_dict()
             return rep
-        with layout_hint(opts, lay, schema):
+        with layout_hint(opts, lay, schema), (prof.step("run on Ray") if engine == "ray" else nullcontext()):
             ex.run_select(job, rep, opts=opts, layout=lay, lists=lists, schema=schema, n_rows=n_rows, parts=parts,
-                          rows_per_part=rows_per_part, settings=settings)
+                          rows_per_part=rows_per_part, settings=settings, profile=prof)
     rep.seconds = time.perf_counter() - t0
+    rep.profile = prof.to_dict()
     return rep

@@ -37,6 +37,7 @@ from mrt_fast.datasets.executors.local_fold import variance_budget_files
 from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, grouped_size, plan_grouped,
                                                     plan_memory)
 from mrt_fast.datasets.job import Job, run_all, start_row_parts
+from mrt_fast.datasets.profile import Profile
 from mrt_fast.datasets.select_stage import (SelectRows, counts_into, finish_select, select_counts,
                                             select_rows)
 from mrt_fast.datasets.spill import (ROW, SPILL_DIR, drop_bucket, holds_buckets, null_ids_error, read_bucket, spill,
@@ -122,28 +123,32 @@ def prepare_select(memory_limit: Any = None, workers: int | None = None, **ray_o
 
 
 def run_select(job: Job, rep: Any, *, opts: Any, layout: str, lists: list[str] | None, schema: pl.Schema,
-               n_rows: int | None, parts: int | None, rows_per_part: int | None, settings: dict) -> None:
+               n_rows: int | None, parts: int | None, rows_per_part: int | None, settings: dict,
+               profile: Profile | None = None) -> None:
     """The local executor of the select stage inside ``job``, filling ``rep`` (a
     :class:`~mrt_fast.datasets.report.BatchReport`): one bucket in memory, spilled buckets, or
-    (grouped) parts of consecutive prompts."""
+    (grouped) parts of consecutive prompts. ``profile``: where the steps' times go
+    (:class:`~mrt_fast.datasets.profile.Profile`)."""
     from mrt_fast.selection.facility import dense_limit_within
 
     limit, workers = settings["limit"], settings["workers"]
+    prof = profile if profile is not None else Profile()
     ds = job.ds
     if rows_per_part is not None:
         parts = math.ceil(_count_rows(ds, n_rows) / int(rows_per_part))
     with dense_limit_within(dense_budget(Budget.now(limit))):
         if layout == "grouped":
-            _run_grouped(job, rep, opts, lists, limit, workers, parts)
+            with prof.step("select by part"):
+                _run_grouped(job, rep, opts, lists, limit, workers, parts)
         else:
-            _run_flat(job, rep, opts, schema, n_rows, limit, workers, parts)
+            _run_flat(job, rep, opts, schema, n_rows, limit, workers, parts, prof)
     rep.peak_rss = peak_rss()
     if rep.peak_rss > limit:
         rep.notes.append(f"peak memory {size_text(rep.peak_rss)} went over the limit of {size_text(limit)}")
 
 
 def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | None, limit: int,
-              workers: int | None, parts: int | None) -> None:
+              workers: int | None, parts: int | None, prof: Profile) -> None:
     ds, out, to_dir = job.ds, job.out, job.to_dir
     total_bytes = ds.memory_bytes()
     budget = Budget.now(limit)
@@ -160,28 +165,33 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
     if not todo:  # every part was committed by a run that stopped before finishing
         if to_dir and not job.remote:
             shutil.rmtree(out / SPILL_DIR, ignore_errors=True)
-        rep.n_kept = finish_select(job, ds, opts)
+        with prof.step("write"):
+            rep.n_kept = finish_select(job, ds, opts)
     elif n_buckets == 1:
         bar.phase("reading")
         bar.start(n_rows)
-        df = _read_all(ds, emb)
-        _check_nulls(df, opts.by, ds)
+        with prof.step("read"):
+            df = _read_all(ds, emb)
+            _check_nulls(df, opts.by, ds)
         rep.rows = df.height
         bar.set_total(df.height)
         bar.phase(f"{opts.method}-{opts.k}")
-        kept, r = select_rows(df, opts, ds)
-        del df
+        with prof.step("select"):
+            kept, r = select_rows(df, opts, ds)
+            del df
         counts.add(select_counts(r))
-        if to_dir:
-            job.commit(0, kept)
-            kept = None
-        rep.n_kept = finish_select(job, ds, opts, kept)
+        with prof.step("write"):
+            if to_dir:
+                job.commit(0, kept)
+                kept = None
+            rep.n_kept = finish_select(job, ds, opts, kept)
         bar.advance(r.n_candidates)
         rep.parts_done_now = 1
     else:
         rep.spilled = True
         with spill_area(job, resumable=True) as spill_dir:
-            n_rows = _spill_input(job, opts, spill_dir, n_buckets, todo, sp, total_bytes, n_rows)
+            with prof.step("spill"):
+                n_rows = _spill_input(job, opts, spill_dir, n_buckets, todo, sp, total_bytes, n_rows)
             rep.rows = n_rows or rep.rows
             bar.phase(f"{opts.method}-{opts.k} by bucket")
             # this run's buckets: the rows of those done before are not counted again
@@ -195,30 +205,36 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
             def one(i: int) -> None:
                 if not hasattr(buffers, "b"):
                     buffers.b = [[None], [None]]
-                df = read_bucket(spill_dir, i, empty.schema, emb, buffers.b)
+                with prof.piece("bucket read"):
+                    df = read_bucket(spill_dir, i, empty.schema, emb, buffers.b)
                 n = df.height
                 if n == 0:  # no row went there: its empty part is committed with the job's end
                     return
-                kept, r = select_rows(df, opts, ds, first=not to_dir)
+                with prof.piece("bucket select"):
+                    kept, r = select_rows(df, opts, ds, first=not to_dir)
                 counts.add(select_counts(r))
                 del df
-                if to_dir:
-                    job.commit(i, kept)
-                else:
-                    _formats.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
+                with prof.piece("bucket write"):
+                    if to_dir:
+                        job.commit(i, kept)
+                    else:
+                        _formats.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
                 del kept
                 drop_bucket(spill_dir, i)
                 bar.advance(n)
 
             w = bucket_workers(spill_dir, todo, limit, w)
             rep.workers = w
-            run_all(one, todo, w)
+            with prof.step("select by bucket"):
+                run_all(one, todo, w)
             rep.parts_done_now = len(todo)
             if not to_dir:
-                files = sorted(parts_dir.glob("*.parquet"))
-                finish_select(job, ds, opts, pl.read_parquet([str(f) for f in files]) if files else None)
+                with prof.step("write"):
+                    files = sorted(parts_dir.glob("*.parquet"))
+                    finish_select(job, ds, opts, pl.read_parquet([str(f) for f in files]) if files else None)
         # a directory is finished once its spill is gone: a finished output never holds one
-        rep.n_kept = finish_select(job, ds, opts) if to_dir else counts.total.get("kept", 0)
+        with prof.step("finish"):
+            rep.n_kept = finish_select(job, ds, opts) if to_dir else counts.total.get("kept", 0)
     counts_into(counts.total, rep)
     rep.rows_out = rep.n_kept
     rep.rows_done_now = rep.n_candidates

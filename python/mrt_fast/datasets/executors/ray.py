@@ -160,13 +160,14 @@ def prepare_select(address: str | None = None, max_retries: int | None = None, s
 
 
 def run_select(job: Any, rep: Any, *, opts: Any, layout: str, lists: list[str] | None, schema: pl.Schema,
-               n_rows: int | None, parts: int | None, rows_per_part: int | None, settings: dict) -> None:
+               n_rows: int | None, parts: int | None, rows_per_part: int | None, settings: dict,
+               profile: Any = None) -> None:
     """The Ray executor of the select stage inside ``job``, filling ``rep`` (a
     :class:`~mrt_fast.datasets.report.BatchReport`). Flat layout: part ``i`` holds the pools of
     bucket ``i`` (``pool_key % parts``), selected by one task; grouped layout: part ``i`` holds
     input rows ``[i r, (i + 1) r)``. The part count: ``parts``, or parts of about
     ``rows_per_part`` input rows, or ``max(cluster CPUs, rows / 1e6)``; a resumed job keeps its
-    manifest's."""
+    manifest's. ``profile`` is the local executor's; the job times this one as one step."""
     global _last_stats
     src, man = job.ds, job.man
     rep.spilled = layout == "flat"
