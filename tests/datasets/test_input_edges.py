@@ -365,6 +365,23 @@ def test_our_parquet_outputs_carry_page_checksums(tmp_path):
             discover(tmp_path / "z.parquet").schema()
 
 
+def test_our_parquet_outputs_keep_dictionaries_to_values_that_repeat(tmp_path):
+    import pyarrow.parquet as pq
+
+    from mrt_fast.datasets.formats import read_table, write_table
+
+    df = pl.DataFrame({"prompt_id": [1, 1, 2], "responses": [["a", "b"], ["a"], ["c"]], "text": ["x", "y", "x"],
+                       "reward": [0.5, 0.25, 0.5], "embedding": [[1.0, 2.0], [3.0, 4.0], [1.0, 2.0]]},
+                      schema_overrides={"embedding": pl.Array(pl.Float32, 2)})
+    write_table(df, tmp_path / "t.parquet")
+    md = pq.ParquetFile(tmp_path / "t.parquet").metadata.row_group(0)
+    dictionary = {md.column(i).path_in_schema: "RLE_DICTIONARY" in md.column(i).encodings
+                  for i in range(md.num_columns)}
+    assert dictionary == {"prompt_id": True, "responses.list.element": True, "text": True, "reward": False,
+                          "embedding.list.element": False}
+    assert read_table(tmp_path / "t.parquet").equals(df)
+
+
 # --------------------------------------------------------------------------- config text
 
 

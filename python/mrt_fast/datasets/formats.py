@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 from mrt_fast.errors import MrtInputError
 from mrt_fast.datasets.exact_numbers import check_no_int128
-from mrt_fast.datasets.parquet_pages import ROW_GROUP_ROWS, WRITE_OPTIONS, verify_pages
+from mrt_fast.datasets.parquet_pages import ROW_GROUP_ROWS, verify_pages, write_options
 from mrt_fast.tables.arrays import as_frame
 from mrt_fast._util.messages import one_line
 from mrt_fast._util.files import atomic_path, check_output_dir, new_temp
@@ -193,7 +193,7 @@ class AtomicWriter:
             if self._pq is None:
                 schema = t.schema.with_metadata({**(t.schema.metadata or {}), **self.metadata}) if self.metadata \
                     else t.schema
-                self._pq = pq.ParquetWriter(self.tmp, schema, **WRITE_OPTIONS)
+                self._pq = pq.ParquetWriter(self.tmp, schema, **write_options(schema))
             self._pq.write_table(t.cast(self._pq.schema) if t.schema != self._pq.schema else t,
                                  row_group_size=ROW_GROUP_ROWS)
         else:
@@ -313,7 +313,8 @@ def write_parquet(df: pl.DataFrame, where: Any) -> None:
     (:mod:`mrt_fast.datasets.parquet_pages`)."""
     import pyarrow.parquet as pq
 
-    pq.write_table(df.to_arrow(), where, row_group_size=ROW_GROUP_ROWS, **WRITE_OPTIONS)
+    t = df.to_arrow()
+    pq.write_table(t, where, row_group_size=ROW_GROUP_ROWS, **write_options(t.schema))
 
 
 def write_parquet_atomic(df: pl.DataFrame, path: Path) -> None:

@@ -24,10 +24,33 @@ from typing import Any, BinaryIO
 
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["ROW_GROUP_ROWS", "WRITE_OPTIONS", "verify_pages"]
+__all__ = ["ROW_GROUP_ROWS", "WRITE_OPTIONS", "verify_pages", "write_options"]
 
-#: pyarrow's Parquet writer options for every Parquet file mrt_fast writes
+#: pyarrow's Parquet writer options for every Parquet file mrt_fast writes (`write_options` adds
+#: which columns get a dictionary)
 WRITE_OPTIONS = {"compression": "zstd", "write_page_checksum": True}
+
+
+def write_options(schema: Any) -> dict[str, Any]:
+    """`WRITE_OPTIONS` for an Arrow ``schema``, with dictionary encoding only for the columns whose
+    values repeat: text, binary and integers (at the top level or as list elements: leaf paths as
+    Parquet names them). Floats and embedding vectors rarely repeat, and building a dictionary of
+    them before falling back costs most of a write."""
+    import pyarrow as pa
+
+    def repeats(t) -> bool:
+        return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t) or pa.types.is_integer(t) or pa.types.is_dictionary(t)
+                or pa.types.is_boolean(t))
+
+    paths = []
+    for f in schema:
+        t, path = f.type, f.name
+        while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            t, path = t.value_type, path + ".list.element"
+        if repeats(t):
+            paths.append(path)
+    return {**WRITE_OPTIONS, "use_dictionary": paths}
 #: rows per row group of those files (as polars writes them)
 ROW_GROUP_ROWS = 1 << 18
 _HEAD = 256  # bytes read for a page header at first (a header with long statistics reads more)
