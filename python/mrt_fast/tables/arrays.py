@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
@@ -244,7 +243,7 @@ def pool_keys(keys: pl.Series) -> np.ndarray:
         arr = keys.cast(pl.Utf8).to_arrow()
     except pl.exceptions.PolarsError as e:
         raise MrtInputError(f"prompt ids of type {keys.dtype} cannot be used as keys: {e}") from None
-    arr = pc.cast(arr, pa.large_string())
+    arr = arr.cast(pa.large_string())  # Array.cast loads pyarrow.compute only when called
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     _, off_buf, data_buf = arr.buffers()
