@@ -45,14 +45,14 @@ def mrt(*args) -> str:
     return r.output
 
 
-def test_the_grouped_walk_on_the_local_engine(walk_input, tiny_paths, tmp_path, monkeypatch):
+def test_the_grouped_walk_on_the_local_engine(walk_input, chat_lm, tmp_path, monkeypatch):
     pytest.importorskip("trl")
     import torch
 
     torch.set_num_threads(1)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MRT_CACHE_DIR", str(tmp_path / "cache"))
-    lm = tiny_paths["lm"]
+    lm = chat_lm  # a model with a chat template: the exports' default format is conversational
     out = mrt("embed", walk_input / "gen_hf", "emb")  # --text: 'responses' found by itself
     assert "candidates" in out and "24" in out
     mrt("nll", "emb", "nll.parquet", "--model", lm)
@@ -63,10 +63,13 @@ def test_the_grouped_walk_on_the_local_engine(walk_input, tiny_paths, tmp_path, 
     mrt("select", "nll.parquet", "kept", "--k", "2")
     kept = pl.read_parquet("kept")
     assert kept.height == 6 and kept["responses"].list.len().to_list() == [2] * 6
-    mrt("export", "kept", "sft.jsonl", "--format", "trl", "--plain")
-    mrt("export", "kept", "dpo.jsonl", "--format", "dpo", "--plain")
+    mrt("export", "kept", "sft.jsonl", "--model", lm)
+    mrt("export", "kept", "dpo.jsonl", "--format", "dpo", "--model", lm)
     sft_rows, dpo_rows = pl.read_ndjson("sft.jsonl"), pl.read_ndjson("dpo.jsonl")
     assert sft_rows.height == 12 and dpo_rows.height >= 1
+    # one default for every format, from the model's tokenizer: chat messages in both files
+    user = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
+    assert sft_rows.schema["prompt"] == dpo_rows.schema["prompt"] == user
 
     import datasets
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
