@@ -216,6 +216,7 @@ def train_cmd(
             from mrt_fast.llm.train import TrainConfig, train
 
             cfg = TrainConfig.from_dict({"max_steps": max_steps, **kv_options(sets)})
+            check_input_table(data, ("prompt_id", "prompt"), "training data")  # one file
             response = response_column(data, response, "--response")
             check_input_table(data, ("prompt_id", "prompt", response), "training data")
             _files.check_output_dir(out)
