@@ -18,18 +18,19 @@ def _dry_run(*args: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PY", "VENV", "MAKEFLAGS", "MAKELEVEL")}
     out = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), *args], env=env, capture_output=True, text=True,
                          check=True).stdout
-    return [line for line in out.splitlines() if "pip install" in line or "-m venv" in line]
+    return [line for line in out.splitlines() if any(w in line for w in ("pip install", "-m venv", " -m "))]
 
 
-def test_setup_installs_into_the_projects_venv_by_default():
-    lines = _dry_run("setup")
+@pytest.mark.parametrize("target", ["setup", "demo", "test"])
+def test_setup_installs_into_the_projects_venv_by_default(target):
+    lines = _dry_run(target)
     assert any(line.startswith("python3 -m venv .venv") for line in lines), lines
-    pips = [line for line in lines if "pip install" in line]
-    assert pips and all(line.startswith(".venv/bin/python -m pip") for line in pips), pips
+    runs = [line for line in lines if "-m venv" not in line]  # pip, and the demo or the tests
+    assert runs and all(line.startswith(".venv/bin/python -m ") for line in runs), runs
 
 
-def test_a_named_interpreter_is_used_instead_and_no_venv_is_made():
-    lines = _dry_run("setup", "PY=/opt/some/python")
+@pytest.mark.parametrize("target", ["setup", "demo", "test"])
+def test_a_named_interpreter_is_used_instead_and_no_venv_is_made(target):
+    lines = _dry_run(target, "PY=/opt/some/python")
     assert not any("-m venv" in line for line in lines), lines
-    pips = [line for line in lines if "pip install" in line]
-    assert pips and all(line.startswith("/opt/some/python -m pip") for line in pips), pips
+    assert lines and all(line.startswith("/opt/some/python -m ") for line in lines), lines

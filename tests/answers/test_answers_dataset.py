@@ -111,6 +111,7 @@ def test_cli_writes_the_columns_and_reports(tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["--extract", r"regex:\d+"], "has no group"),
     (["--reference", "gold"], "column 'gold' (reference) not found"),
+    (["--reference", "ref", "--answer-column", "ref"], "name that one otherwise"),
     (["--drop-zero-signal", "--keep-zero-signal", "0.5"], "not both"),
     (["--timeout-s", "3"], "apply to --extract code"),
     (["--workers", "2"], "--engine ray only"),

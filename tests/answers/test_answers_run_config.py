@@ -39,3 +39,12 @@ def test_answer_columns_join_the_reference_of_the_prompts():
     assert kept["answer_correct"].to_list() == [True, False, False]
     with pytest.raises(MrtInputError, match="column 'nope' not found in the train prompts"):
         answer_columns(cands, {"reference": "nope"}, prompts)
+
+
+def test_a_reference_column_named_answer_serves():
+    """GSM8K's column of reference answers is `answer`, the name of the key column mrt run writes."""
+    cands = pl.DataFrame({"prompt_id": ["p1", "p1", "p2"], "response": ["so 7", "8", "\\boxed{3}"]})
+    prompts = pl.DataFrame({"prompt_id": ["p1", "p2"], "prompt": ["a", "b"], "answer": ["#### 7", "4"]})
+    out = answer_columns(cands, check_answers_config({"extract": "last_number", "reference": "answer"}), prompts)
+    assert out.columns == ["prompt_id", "response", "answer", "mode", "reward", "correct"]
+    assert out["answer"].to_list() == ["7", "8", "3"] and out["reward"].to_list() == [1.0, 0.0, 0.0]

@@ -220,6 +220,8 @@ def test_a_raising_check_function_names_its_row():
     (dict(check="exact", abs_tol=0.1, reference="ref"), "apply to check='numeric' only"),
     (dict(drop_zero_signal=1.5), "drop_zero_signal must be"),
     (dict(answer="ref"), "already has column\\(s\\) \\['ref'\\]"),
+    (dict(reference="ref", answer="ref"), "reference column 'ref' is also the answer column .*answer='ref_key'"),
+    (dict(reference="ref", correct="ref"), "--correct-column ref_key"),
     (dict(answer="x", mode="x"), "distinct names"),
     (dict(reward_correct=float("nan"), reference="ref"), "finite number"),
     (dict(workers=0), "workers must be"),

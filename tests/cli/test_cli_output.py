@@ -48,6 +48,12 @@ def test_ctrl_c_ends_with_one_line_and_exit_130(tmp_path, monkeypatch):
     pl.DataFrame({"prompt_id": [1, 1, 2, 2], "loss": [1.0, 2.0, 3.0, 1.0]}).write_parquet(losses)
     r = CliRunner().invoke(app, ["diagnose", str(losses)])
     assert (r.exit_code, r.stderr) == (130, "interrupted\n"), r.output
+    # a job stage resumes from its finished parts: mrt answers says so as mrt select does
+    import mrt_fast.answers.dataset
+
+    monkeypatch.setattr(mrt_fast.answers.dataset, "answers_dataset", _interrupt)
+    r = CliRunner().invoke(app, ["answers", str(losses), str(tmp_path / "out"), "--response", "prompt_id"])
+    assert (r.exit_code, r.stderr) == (130, "interrupted; rerun the same command to resume\n"), r.output
 
 
 def test_the_libraries_progress_bars_and_future_warnings_are_left_out(tmp_path, monkeypatch):

@@ -29,12 +29,20 @@ def test_nll_and_score_find_responses_by_themselves(grouped, tmp_path):
         assert "'response'" not in r.output.split("error:")[-1]  # what fails next is not the column
 
 
-@pytest.mark.parametrize("cmd", [["nll"], ["embed"], ["export"]])
+@pytest.mark.parametrize("cmd", [["nll"], ["embed"], ["export"], ["answers"]])
 def test_a_missing_response_column_says_did_you_mean(grouped, tmp_path, cmd):
     flag = "--text" if cmd[0] == "embed" else "--response"
     for f in (flag, "--response-column"):
         r = run([*cmd, str(grouped), str(tmp_path / "o.jsonl"), f, "response"])
         assert r.exit_code == 2 and "did you mean 'responses'" in r.output, r.output
+
+
+def test_answers_reads_grouped_responses_by_default(grouped, tmp_path):
+    out = tmp_path / "a.parquet"
+    r = run(["answers", str(grouped), str(out)])
+    assert r.exit_code == 0, r.output
+    assert "reading the responses from column 'responses'" in r.output
+    assert pl.read_parquet(out)["answer"].to_list() == [[None, None], [None, None]]
 
 
 def test_export_reads_grouped_responses_by_default(grouped, tmp_path):
@@ -51,9 +59,20 @@ def test_a_null_response_in_a_list_is_named_before_the_model(tmp_path):
     assert r.exit_code == 2 and "row 1, candidate 1" in r.output, r.output
 
 
-@pytest.mark.parametrize("cmd", ["select", "embed", "nll", "score", "diagnose", "export"])
+def _commands_with_arguments() -> list[str]:
+    import typer
+
+    group = typer.main.get_command(app)
+    return sorted(name for name, c in group.commands.items()
+                  if any(p.param_type_name == "argument" for p in c.params))
+
+
+@pytest.mark.parametrize("cmd", _commands_with_arguments())
 def test_help_names_the_arguments_for_people(cmd):
+    import re
+
     r = run([cmd, "--help"])
     assert r.exit_code == 0
-    assert "inp}" not in r.output and "{out}" not in r.output
-    assert "INPUT" in r.output or "KEPT" in r.output
+    usage = next(line for line in r.output.splitlines() if "Usage:" in line)
+    args = re.findall(r"\{([^}]*)\}", usage)
+    assert args and all(a.isupper() for a in args), usage  # INPUT, OUTPUT, ...: no parameter names

@@ -226,7 +226,29 @@ def test_cli_embed_quality(tiny_static, tmp_path):
     assert len(doc["rows"]) == 10 and set(doc["verdict"]) >= {"worst_coverage_gap", "within_tolerance_everywhere"}
     assert doc["verdict"]["worst_coverage_gap"] == min(r["coverage_gap"] for r in doc["rows"])
     for args, msg in ((["--k", "two"], "--k must be integers"), (["--tolerance", "2"], "--tolerance"),
-                      (["--text", "nope"], "column 'nope' is not in"),
+                      (["--text", "nope"], "column 'nope' (--text) not found"),
                       (["--json", str(out / "no" / "q.json")], "is not a directory")):
         r = runner.invoke(app, ["embed-quality", str(src), "--model", name, "--cache-dir", str(cache), *args])
         assert r.exit_code == 2 and msg in r.output, (args, r.output)
+
+
+@pytest.mark.embed
+def test_grouped_pools_give_what_their_flat_rows_give(tiny_static, tmp_path):
+    """vLLM's layout (a row a prompt, `responses` and `reward` lists) is read as its flat rows, and the
+    command line finds the `responses` column by itself."""
+    from mrt_fast.cli.demo import load_examples
+
+    name, cache = tiny_static
+    flat = load_examples().select("prompt_id", "response", "reward")
+    grouped = flat.group_by("prompt_id", maintain_order=True).agg(pl.col("response").alias("responses"),
+                                                                  pl.col("reward"))
+    kw = dict(ks=(1, 2), pools=6, seed=1, cache_dir=cache, progress=False)
+    want = compare_embeddings(flat, name, **kw)
+    assert compare_embeddings(grouped, name, text="responses", **kw).equals(want)
+    grouped.write_parquet(tmp_path / "g.parquet")
+    out = tmp_path / "q.json"
+    r = runner.invoke(app, ["embed-quality", str(tmp_path / "g.parquet"), "--model", name, "--pools", "6", "--seed",
+                            "1", "--k", "1,2", "--cache-dir", str(cache), "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "reading the responses from column 'responses'" in r.output
+    assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(want.to_dicts()))

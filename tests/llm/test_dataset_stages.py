@@ -63,3 +63,27 @@ def test_nll_and_score_take_the_grouped_layout(tmp_path, tiny_paths):
     r = CliRunner().invoke(app, ["score", str(tmp_path / "s.parquet"), str(tmp_path / "t.parquet"),
                                  "--model", str(tiny_paths["reward"])])
     assert r.exit_code == 2 and "already has a 'reward' column" in r.output
+
+
+def test_nll_and_score_tick_candidates_inside_one_part(tmp_path, tiny_paths, monkeypatch, capsys):
+    """The model stages count candidates as their batches finish, not only when a part is written."""
+    import re
+
+    from mrt_fast.datasets.progress import INTERVAL_ENV
+    from mrt_fast.llm.dataset_stages import nll_dataset, score_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    grouped = pairs().group_by("prompt_id", maintain_order=True).agg(pl.col("prompt").first(), pl.col("response"))
+    grouped.write_parquet(tmp_path / "g.parquet")
+    monkeypatch.setenv(INTERVAL_ENV, "0")
+    lm = AutoModelForCausalLM.from_pretrained(tiny_paths["lm"])
+    tok = AutoTokenizer.from_pretrained(tiny_paths["lm"])
+    nll_dataset(tmp_path / "g.parquet", tmp_path / "n.parquet", lm, tok, batch_size=2, progress="lines")
+    score_dataset(tmp_path / "g.parquet", tmp_path / "s.parquet", str(tiny_paths["reward"]), device="cpu",
+                  batch_size=2, progress="lines")
+    lines = capsys.readouterr().err.splitlines()
+    for name in ("nll", "score"):
+        got = [re.search(r"([\d,]+) of 18 candidates .*?(\d+) of 6 prompts", x) for x in lines if f"mrt {name}" in x]
+        counts = [(int(m.group(1)), int(m.group(2))) for m in got if m]
+        # one part of all 6 prompts: the candidates moved by batches of 2 while no prompt was done yet
+        assert [c for c, p in counts if p == 0][:3] == [2, 4, 6], (name, lines)

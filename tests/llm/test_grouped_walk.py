@@ -45,14 +45,14 @@ def mrt(*args) -> str:
     return r.output
 
 
-def test_the_grouped_walk_on_the_local_engine(walk_input, tiny_paths, tmp_path, monkeypatch):
+def test_the_grouped_walk_on_the_local_engine(walk_input, chat_lm, tmp_path, monkeypatch):
     pytest.importorskip("trl")
     import torch
 
     torch.set_num_threads(1)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MRT_CACHE_DIR", str(tmp_path / "cache"))
-    lm = tiny_paths["lm"]
+    lm = chat_lm  # a model with a chat template: the exports' default format is conversational
     out = mrt("embed", walk_input / "gen_hf", "emb")  # --text: 'responses' found by itself
     assert "candidates" in out and "24" in out
     mrt("nll", "emb", "nll.parquet", "--model", lm)
@@ -63,10 +63,13 @@ def test_the_grouped_walk_on_the_local_engine(walk_input, tiny_paths, tmp_path, 
     mrt("select", "nll.parquet", "kept", "--k", "2")
     kept = pl.read_parquet("kept")
     assert kept.height == 6 and kept["responses"].list.len().to_list() == [2] * 6
-    mrt("export", "kept", "sft.jsonl", "--format", "trl", "--plain")
-    mrt("export", "kept", "dpo.jsonl", "--format", "dpo", "--plain")
+    mrt("export", "kept", "sft.jsonl", "--model", lm)
+    mrt("export", "kept", "dpo.jsonl", "--format", "dpo", "--model", lm)
     sft_rows, dpo_rows = pl.read_ndjson("sft.jsonl"), pl.read_ndjson("dpo.jsonl")
     assert sft_rows.height == 12 and dpo_rows.height >= 1
+    # one default for every format, from the model's tokenizer: chat messages in both files
+    user = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
+    assert sft_rows.schema["prompt"] == dpo_rows.schema["prompt"] == user
 
     import datasets
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
@@ -106,3 +109,25 @@ def test_the_grouped_walk_on_ray_gives_the_local_results(walk_input, tiny_paths,
     assert reps[0]["v_y_given_x"] == pytest.approx(reps[1]["v_y_given_x"], rel=1e-6)
     kept = [pl.read_parquet(f"kept_{e}").sort("prompt_id") for e in ("local", "ray")]
     assert kept[0]["responses"].to_list() == kept[1]["responses"].to_list()
+
+
+def test_mrt_train_takes_grouped_kept_rows_as_their_flat_rows(tiny_paths, tmp_path):
+    """mrt select's grouped output (a row a prompt, `responses` and `weight` lists) trains as its rows."""
+    import torch
+
+    from mrt_fast.llm.testing import tiny_causal_lm, tiny_tokenizer
+    from mrt_fast.llm.train import train
+
+    torch.set_num_threads(1)
+    grouped = vllm_shaped(4, 3).with_columns(pl.col("reward").list.eval(pl.element().abs() + 0.5).alias("weight"))
+    flat = grouped.explode("responses", "reward", "weight").rename({"responses": "response"})
+    tok = tiny_tokenizer()
+    kw = dict(tokenizer=tok, max_steps=2, batch_size=4, learning_rate=5e-3, progress=False)
+    a = train(flat, tiny_causal_lm(tok, seed=3), tmp_path / "flat", **kw)
+    b = train(grouped, tiny_causal_lm(tok, seed=3), tmp_path / "grouped", response="responses", **kw)
+    assert b.n_pairs == a.n_pairs == 12
+    assert [r["loss"] for r in b.log] == pytest.approx([r["loss"] for r in a.log], rel=1e-6)
+    grouped.write_parquet(tmp_path / "kept.parquet")
+    r = CliRunner().invoke(app, ["train", str(tmp_path / "kept.parquet"), str(tmp_path / "cli"), "--model",
+                                 str(tiny_paths["lm"]), "--max-steps", "1"])
+    assert r.exit_code == 0 and "12 pairs (4 prompts" in r.output, r.output

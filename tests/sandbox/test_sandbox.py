@@ -161,6 +161,20 @@ def test_each_status_label(code, kw, want):
         assert len(r.stdout.encode()) + len(r.stderr.encode()) <= 1 << 20
 
 
+def test_the_cpu_limit_is_told_from_the_cpu_time_the_kernel_sampled():
+    """RLIMIT_CPU is counted at scheduler ticks, the report is the precise run time: on a busy machine a
+    loop signalled at its 2 s limit reported 1.93 s. A signal with no CPU time used is the program's."""
+    import signal
+
+    from mrt_fast.sandbox import run as sb
+
+    assert sb._signal_status(signal.SIGXCPU, 1.93, 2) == "cpu_limit"
+    assert sb._signal_status(signal.SIGKILL, 2.9, 2) == "cpu_limit"  # the hard limit, a second later
+    assert sb._signal_status(signal.SIGXCPU, 0.02, 2) == "error"
+    assert sb._signal_status(signal.SIGKILL, 0.3, 5) == "error"
+    assert sb._signal_status(signal.SIGSEGV, 2.0, 2) == "error"
+
+
 @pytest.mark.parametrize("isolation", ["bwrap", "none-i-understand"])
 @pytest.mark.parametrize("code, reason", [
     ("import sys\nsys.exit(86)", "exit 86"),  # the exit code of a refused allocation, by choice

@@ -76,6 +76,30 @@ def test_the_plan_spends_the_budget_and_ignores_row_order(sds, per, extra, seed)
     assert (starved == 0).all() and (p.table.filter(~pl.col("no_variance"))["n"] >= 1).all()
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=1, max_size=10), st.integers(2, 5),
+       st.integers(0, 50), st.integers(0, 2**31 - 1))
+def test_a_grouped_pilot_plans_as_its_flat_rows(sds, per, extra, seed):
+    """vLLM's layout (a row a prompt, reward and answer lists) gives the plan of its rows."""
+    flat = _pilot(np.array(sds), per, seed).with_columns(
+        (pl.col("reward") > 0).cast(pl.String).alias("mode"), (pl.col("prompt_id") == 0).alias("must"))
+    grouped = flat.group_by("prompt_id", maintain_order=True).agg(pl.col("prompt", "must").first(),
+                                                                  pl.col("reward", "mode"))
+    want = plan_generation(flat, len(sds) + extra, keep="must")
+    got = plan_generation(grouped, len(sds) + extra, keep="must")
+    assert got.table.equals(want.table) and got.lines() == want.lines()
+
+
+def test_cli_plans_from_a_grouped_pilot(tmp_path):
+    flat = _pilot(np.array([0.0, 1.0, 2.0]), 4, 0)
+    flat.group_by("prompt_id", maintain_order=True).agg(pl.col("prompt").first(), pl.col("reward")) \
+        .write_parquet(tmp_path / "pilot.parquet")
+    r = CliRunner().invoke(app, ["plan", str(tmp_path / "pilot.parquet"), str(tmp_path / "plan.parquet"),
+                                 "--budget", "12"])
+    assert r.exit_code == 0, r.output
+    assert pl.read_parquet(tmp_path / "plan.parquet").equals(plan_generation(flat, 12).table)
+
+
 def test_simulated_rounds_the_plan_beats_uniform_n():
     """Prompts whose true reward sd differs a lot (a third with none): over simulated pilots the plan's
     per-prompt-mean estimate has a smaller true variance than uniform n with the same budget."""

@@ -53,7 +53,8 @@ def check_answers_config(section: Any, reward_model: Any = None, reward_fn: Any 
         raise MrtInputError(f"config answers: {bad} are set by mrt run (the candidates' columns)")
     from mrt_fast.answers.table import options
 
-    options(**_keywords(sec))  # every other keyword checked now
+    kw = _keywords(sec)
+    options(**{**kw, **_inner(kw)})  # every other keyword checked now
     return sec
 
 
@@ -64,22 +65,31 @@ def _keywords(sec: dict) -> dict:
     return kw
 
 
+def _inner(kw: dict) -> dict:
+    """The reference (or tests) column under a name of its own: a column of the prompts named like an
+    output of answers (``answer``) then serves as the reference."""
+    return {k: f"__mrt_{k}" for k in ("reference", "tests") if kw.get(k) is not None}
+
+
 def answer_columns(df: pl.DataFrame, sec: dict, prompts: pl.DataFrame) -> pl.DataFrame:
     """The candidates ``df`` with the answer columns of ``sec`` (a checked ``answers`` section);
     the reference (or tests) column comes from the ``prompts`` table by prompt id."""
     from mrt_fast.answers.table import answers
 
     kw = _keywords(sec)
-    ref = [c for c in (kw.get("reference"), kw.get("tests")) if c is not None and c not in df.columns]
+    inner = _inner(kw)
+    given = {k: kw[k] for k in inner}
+    ref = [c for c in given.values() if c not in df.columns]
     for c in ref:
         if c not in prompts.columns:
             raise MrtInputError(f"config answers: column {c!r} not found in the train prompts; they have columns "
                                 f"{prompts.columns}", column=c)
     joined = df.join(prompts.select("prompt_id", *ref).with_columns(pl.col("prompt_id").cast(df["prompt_id"].dtype)),
                      on="prompt_id", how="left", maintain_order="left") if ref else df
+    joined = joined.with_columns(pl.col(c).alias(inner[k]) for k, c in given.items()).drop(ref)
     if sec.get("reward", "checker") == "checker" and "reward" in joined.columns:
         joined = joined.drop("reward")
-    out = answers(joined, **kw).drop(ref)
+    out = answers(joined, **{**kw, **inner}).drop(list(inner.values()))
     if sec.get("mode", "answer") == "embedding":
         out = out.drop("mode")
     return out

@@ -114,6 +114,12 @@ def options(*, extract: Any = "last_number", reference: str | None = None, tests
     names = [answer, mode] + ([reward, correct] if reference is not None or tests is not None else [])
     if len(set(names)) != len(names):
         raise MrtInputError(f"the columns written must have distinct names, got {names}")
+    written = dict(zip(names, ("answer", "mode", "reward", "correct")))
+    for col, role in ((reference, "reference"), (tests, "tests")):
+        if col in written:
+            out = written[col]
+            raise MrtInputError(f"the {role} column {col!r} is also the {out} column answers writes: name that "
+                                f"one otherwise ({out}='{col}_key'; mrt answers --{out}-column {col}_key)", column=col)
     return AnswerOptions(extract=ex, check=checker(check, abs_tol=abs_tol, rel_tol=rel_tol),
                          rewards=Rewards(reward_correct, reward_wrong, reward_missing, bool(partial)),
                          reference=reference, tests=tests, by=by, response=response, answer=answer, mode=mode,

@@ -6,14 +6,23 @@ from typing import Optional
 
 import typer
 
-from mrt_fast.cli.common import ALLOW_PARTIAL, app, check_engine, print_report, user_errors, warn_notes
+from mrt_fast.cli.common import (
+    ALLOW_PARTIAL,
+    RESPONSE_HELP,
+    app,
+    check_engine,
+    print_report,
+    response_column,
+    user_errors,
+    warn_notes,
+)
 
 
 @app.command("answers")
 def answers_cmd(
-    inp: str = typer.Argument(..., help="Responses: a file, a directory (an mrt output included), a quoted glob "
+    inp: str = typer.Argument(..., metavar="INPUT", help="Responses: a file, a directory (an mrt output included), a quoted glob "
                               "or an s3:// prefix; flat (a row a response) or grouped (a row a prompt)."),
-    out: str = typer.Argument(..., help="Output: a file (.parquet/.jsonl/.csv), or a resumable directory."),
+    out: str = typer.Argument(..., metavar="OUTPUT", help="Output: a file (.parquet/.jsonl/.csv), or a resumable directory."),
     extract: str = typer.Option("last_number", "--extract", help="last_number | boxed | answer_line | "
                                 "choice[:LETTERS] | json:PATH | regex:PATTERN (with a group) | code."),
     reference: Optional[str] = typer.Option(None, "--reference", help="Column of reference answers: adds "
@@ -30,7 +39,7 @@ def answers_cmd(
     reward_wrong: float = typer.Option(0.0, "--reward-wrong"),
     reward_missing: float = typer.Option(0.0, "--reward-missing", help="Reward of a response with no answer."),
     by: str = typer.Option("prompt_id", "--by", help="Prompt id column."),
-    response: str = typer.Option("response", "--response", help="Response text column."),
+    response: Optional[str] = typer.Option(None, "--response", "--response-column", help=RESPONSE_HELP),
     answer_column: str = typer.Option("answer", "--answer-column"),
     mode_column: str = typer.Option("mode", "--mode-column"),
     reward_column: str = typer.Option("reward", "--reward-column"),
@@ -57,7 +66,7 @@ def answers_cmd(
     OUTPUT with a suffix is one file; without, a resumable directory of parts. Either layout."""
     from mrt_fast.errors import MrtInputError
 
-    with user_errors():
+    with user_errors(resumable=True):
         check_engine(engine, ray_address, ray_only={"--workers": workers})
         if drop_zero_signal and keep_zero_signal is not None:
             raise MrtInputError("give --drop-zero-signal or --keep-zero-signal SHARE, not both")
@@ -66,6 +75,7 @@ def answers_cmd(
                                      ("output_mb", output_mb)) if v is not None}
         if sandbox and extract != "code":
             raise MrtInputError(f"{', '.join('--' + k.replace('_', '-') for k in sandbox)} apply to --extract code")
+        response = response_column(inp, response, "--response", allow_partial)
         from mrt_fast.answers.dataset import answers_dataset
 
         rep = answers_dataset(inp, out, extract=extract, reference=reference, tests=tests, check=check,

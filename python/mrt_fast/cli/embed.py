@@ -90,7 +90,7 @@ def embed_quality_cmd(
                               "model name or local directory."),
     reference: Optional[str] = typer.Option(None, help="The embedding that chooses and scores as the reference "
                                             "(default: bundled all-MiniLM-L6-v2)."),
-    text: str = typer.Option("response", "--text", "--response-column", help="Column holding the text."),
+    text: Optional[str] = typer.Option(None, "--text", "--response-column", help=RESPONSE_HELP),
     by: str = typer.Option("prompt_id", help="Prompt id column: one pool per value."),
     reward: str = typer.Option("reward", help="Reward column, for top and grades (left out when absent)."),
     k: str = typer.Option("2,4", "--k", help="K values to compare at, comma separated."),
@@ -122,6 +122,7 @@ def embed_quality_cmd(
         if json_out is not None:
             check_output(json_out, "--json", table=False)
         check_apart([("input", inp)], [("--json", json_out)])
+        text = response_column(inp, text, "--text", allow_partial)
         df = compare_embeddings(inp, model, reference, text=text, by=by, reward=reward, ks=ks, pools=pools,
                                 seed=seed, cache_dir=False if no_cache else cache_dir, device=device,
                                 allow_partial=allow_partial)

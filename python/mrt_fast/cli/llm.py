@@ -201,10 +201,12 @@ def score_cmd(
 
 @app.command("train")
 def train_cmd(
-    data: Path = typer.Argument(..., metavar="DATA", help="Kept rows: prompt_id, prompt, response."),
+    data: Path = typer.Argument(..., metavar="DATA", help="Kept rows: prompt_id, prompt, response (or a row a "
+                                "prompt with a responses list)."),
     out: Path = typer.Argument(..., metavar="OUTPUT", help="Output directory (adapter/, train_log.jsonl)."),
     model: str = typer.Option(..., "--model"),
     max_steps: int = typer.Option(200, help="Optimizer steps (the same for every K)."),
+    response: Optional[str] = typer.Option(None, "--response", "--response-column", help=RESPONSE_HELP),
     sets: list[str] = typer.Option(None, "--set", help="Any TrainConfig field, key=value (repeatable)."),
 ) -> None:
     """LoRA fine-tuning on the per-prompt-averaged multi-response loss."""
@@ -214,12 +216,14 @@ def train_cmd(
             from mrt_fast.llm.train import TrainConfig, train
 
             cfg = TrainConfig.from_dict({"max_steps": max_steps, **kv_options(sets)})
-            check_input_table(data, ("prompt_id", "prompt", "response"), "training data")
+            check_input_table(data, ("prompt_id", "prompt"), "training data")  # one file
+            response = response_column(data, response, "--response")
+            check_input_table(data, ("prompt_id", "prompt", response), "training data")
             _files.check_output_dir(out)
             from mrt_fast.datasets.overlap import check_apart
 
             check_apart([("training data", data)], [("output directory", out)])
-            r = train(str(data), model, out, cfg)
+            r = train(str(data), model, out, cfg, response=response)
     console.print(f"{r.steps} steps over {r.n_pairs} pairs ({r.n_prompts} prompts, {r.epochs:.2f} epochs); "
                   f"final loss {r.log[-1]['loss']:.4f}; adapter -> {r.adapter_dir}")
 

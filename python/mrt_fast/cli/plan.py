@@ -12,9 +12,9 @@ from mrt_fast.cli.common import ALLOW_PARTIAL, app, check_input_table, console, 
 
 @app.command("plan")
 def plan_cmd(
-    pilot: str = typer.Argument(..., help="Pilot responses with a reward (or loss) each: a file, a directory or a "
+    pilot: str = typer.Argument(..., metavar="PILOT", help="Pilot responses with a reward (or loss) each: a file, a directory or a "
                                 "quoted glob."),
-    out: Path = typer.Argument(..., help="The plan to write (prompt_id, prompt, n, ...): the prompt table of the "
+    out: Path = typer.Argument(..., metavar="OUTPUT", help="The plan to write (prompt_id, prompt, n, ...): the prompt table of the "
                                "next mrt generate, which samples n responses for each prompt."),
     budget: int = typer.Option(..., "--budget", help="Responses to generate in all."),
     value: str = typer.Option("reward", "--value", help="The pilot column whose within-prompt variance sets n "

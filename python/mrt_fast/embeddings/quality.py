@@ -284,7 +284,8 @@ def compare_embeddings(
     each model's picks scored by the reference, the gap and its 95% interval,
     and whether the strict ranking and the pairs the reference separates
     hold; ``model_id`` and ``reference_id`` name the two models.
-    ``reference=None`` is the bundled MiniLM. Where ``data`` has no column
+    ``reference=None`` is the bundled MiniLM. ``data`` is flat (a row a response) or grouped (a row a
+    prompt, ``text`` and ``reward`` lists). Where ``data`` has no column
     ``reward`` (or ``reward=None``), ``top`` and ``grades`` are left out.
     :func:`summarize` of ``.to_dicts()`` gives the verdict. ``allow_partial`` as in
     :func:`sample_pools`.
@@ -300,6 +301,11 @@ def compare_embeddings(
         reward = None
     df = sample_pools(data, by=by, pools=pools, seed=seed, columns=[text] + ([reward] if reward else []),
                       allow_partial=allow_partial)
+    from mrt_fast.tables.layouts import GROUPED, detect, explode
+
+    if detect(df.schema, {text: 0}) == GROUPED:  # one row a prompt: one row a candidate
+        lists = [text] + ([reward] if reward and isinstance(df.schema[reward], (pl.List, pl.Array)) else [])
+        df = explode(df, by, lists)
     if reward and not df[reward].dtype.is_numeric():
         raise MrtInputError(f"reward column {reward!r} must be numeric, got {df[reward].dtype}")
     if df[text].dtype != pl.String:

@@ -50,6 +50,7 @@ from mrt_fast.llm.models import load_causal_lm, load_tokenizer
 from mrt_fast.llm.loss import build_example, collate, sequence_losses  # noqa: F401  (the one definition of l_ij)
 from mrt_fast.datasets.formats import as_polars
 from mrt_fast.tables.arrays import require_columns
+from mrt_fast.tables.layouts import GROUPED, detect, explode
 from mrt_fast.errors import MrtInputError
 
 PAPER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"]
@@ -178,9 +179,12 @@ def step_schedule(n_pairs: int, batch_size: int, grad_accum: int, max_steps: int
 # ------------------------------------------------------------------ training
 
 
-def _load_pairs(data: Any, prompt: str, response: str, by: str) -> pl.DataFrame:
+def _load_pairs(data: Any, prompt: str, response: str, by: str, weight: str | None) -> pl.DataFrame:
     df = as_polars(data)
     require_columns(df, [by, prompt, response], "training data")
+    if detect(df.schema, {response: 0}) == GROUPED:  # a row a prompt (mrt select's grouped output): a row a pair
+        df = explode(df, by, [c for c in (response, weight) if c is not None and c in df.columns
+                              and isinstance(df.schema[c], (pl.List, pl.Array))])
     for c in (prompt, response):
         if df[c].null_count():
             raise MrtInputError(f"training data: column {c!r} has nulls")
@@ -204,7 +208,8 @@ def train(
     callbacks: list | None = None,
     **overrides,
 ) -> TrainResult:
-    """Fine-tune a LoRA adapter on the kept (prompt, response) pairs of ``data``.
+    """Fine-tune a LoRA adapter on the kept (prompt, response) pairs of ``data`` (a row a pair, or
+    grouped: a row a prompt with ``response`` and ``weight`` lists).
 
     Runs on transformers' `Trainer` (accelerate underneath: multi-GPU with
     ``accelerate launch``/``torchrun``, gradient checkpointing, the usual
@@ -227,7 +232,7 @@ def train(
     if overrides:
         cfg = TrainConfig(**{**asdict(cfg), **overrides})
     cfg.validate()
-    df = _load_pairs(data, prompt, response, by)
+    df = _load_pairs(data, prompt, response, by, weight)
     if tokenizer is None and not isinstance(model, (str, os.PathLike)):
         raise MrtInputError("pass tokenizer= when model is a loaded object")
     tok = load_tokenizer(tokenizer if tokenizer is not None else model)

@@ -37,6 +37,7 @@ import polars as pl
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast.tables.arrays import as_frame, require_columns
+from mrt_fast.tables.layouts import GROUPED, detect, explode
 from mrt_fast.variance.allocate import neyman_allocation, shrink_variances
 
 __all__ = ["GenerationPlan", "plan_generation"]
@@ -111,7 +112,7 @@ def plan_generation(pilot: Any, total: int, *, by: str = "prompt_id", value: str
                     prompt: str | None = "prompt", shrink: Any = "auto", cost_prompt: float = 0.0,
                     cost_response: float = 1.0) -> GenerationPlan:
     """Per-prompt n for ``total`` responses from a pilot table (one row per pilot response, ``value`` its
-    reward or loss). ``keep``: a boolean column, true for prompts never starved; ``mode``: the answer
+    reward or loss; or grouped, one row per prompt with ``value`` a list). ``keep``: a boolean column, true for prompts never starved; ``mode``: the answer
     column for the Good-Turing unseen mass (used when present); ``prompt``: carried to the plan when
     present, so the plan is a prompt table for ``mrt generate``; ``cost_prompt``, ``cost_response``: the
     cost of sampling a prompt at all and of one response, for the comparison with uniform n."""
@@ -125,6 +126,9 @@ def plan_generation(pilot: Any, total: int, *, by: str = "prompt_id", value: str
         n_max = _int("n_max", n_max, n_min)
     df = as_frame(pilot)
     require_columns(df, [by, value], "pilot")
+    if detect(df.schema, {value: 0}) == GROUPED:  # a row a prompt, value lists: a row a pilot response
+        df = explode(df, by, [c for c in (value, mode, keep) if c is not None and c in df.columns
+                              and isinstance(df.schema[c], (pl.List, pl.Array))])
     if df.height == 0:
         raise MrtInputError("the pilot is empty: there is nothing to plan from")
     for c in (by, value):
