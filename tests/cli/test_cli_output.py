@@ -28,6 +28,22 @@ def test_piped_output_keeps_paths_and_the_report_whole(tmp_path):
     assert [line for line in want if line not in lines] == []  # each line of the report whole
 
 
+BOX = set("─│┌┐└┘├┤┬┴┼━┃┏┓┗┛┡┩╇")
+
+
+def test_piped_tables_are_plain_columns(tmp_path):
+    rng = np.random.default_rng(1)
+    pl.DataFrame({"prompt_id": np.repeat(np.arange(20), 5), "embedding": rng.normal(size=(100, 4)).astype(np.float32),
+                  "reward": rng.random(100)}).write_parquet(tmp_path / "in.parquet")
+    r = CliRunner().invoke(app, ["select", str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet"), "--k", "2",
+                                 "--profile"])
+    assert r.exit_code == 0, r.output
+    assert not BOX & set(r.stdout), r.stdout
+    rows = [line.split() for line in r.stdout.splitlines()]
+    assert ["pools", "20", "(100", "candidates,", "40", "kept)"] in rows  # label and value on one line
+    assert any(row[:1] == ["plan"] for row in rows)
+
+
 def _interrupt(*a, **kw):
     raise KeyboardInterrupt
 

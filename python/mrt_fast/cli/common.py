@@ -69,17 +69,26 @@ def warn_notes(notes: list[str]) -> None:
         typer.echo(f"warning: {note}", err=True)
 
 
+def table(on=None, **kw):
+    """A rich Table as every command prints one: boxed on a terminal; written to a pipe or a log,
+    plain aligned columns (no box-drawing characters), so the output reads and greps as text.
+    ``on``: the console it is printed on (default the commands' own)."""
+    from rich.table import Table
+
+    if not (on or console).is_terminal:
+        kw.setdefault("box", None)
+    return Table(**kw)
+
+
 def print_report(rep, title: str, wrote: str, lines: list[tuple[str, str]] | None = None) -> None:
     """A job's report (:class:`~mrt_fast.datasets.report.JobReport`), printed the one way every
     command prints it: one line when the run found nothing to do; else its table (``lines``, by
     default the report's) under ``title``, what this run did beside the job's total when it
     resumed one, Ray's log directory, and ``wrote`` (what is where)."""
-    from rich.table import Table
-
     if rep.nothing_to_do:
         console.print(rep.complete_line(), soft_wrap=True, highlight=False)
         return
-    tab = Table(title=title, show_header=False)
+    tab = table(title=title, show_header=False)
     tab.add_column("")
     tab.add_column("", justify="right")
     for name, v in rep.lines() if lines is None else lines:
@@ -94,9 +103,7 @@ def print_report(rep, title: str, wrote: str, lines: list[tuple[str, str]] | Non
 
 def print_lines(title: str, lines: list[tuple[str, str]]) -> None:
     """(label, value) rows as a table under ``title``, the way reports print."""
-    from rich.table import Table
-
-    tab = Table(title=title, show_header=False)
+    tab = table(title=title, show_header=False)
     tab.add_column("")
     tab.add_column("", justify="right")
     for name, v in lines:

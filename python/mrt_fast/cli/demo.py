@@ -63,6 +63,7 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
         raise MissingDependencyError(f"the demo needs the embed extra: pip install 'mrt_fast[embed]' ({e})") from None
 
     con = console or Console()
+    boxed = {} if con.is_terminal else {"box": None}  # plain columns in a pipe or a log
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     df = load_examples(max_prompts)
@@ -86,7 +87,7 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
         prow = pool["__row"].to_numpy()
         xp = x_all[prow]
         first = pool.row(0, named=True)
-        tab = Table(title=escape(f"{pid} [{first['domain']}, {first['axis']} axis]: {first['theme']}"), title_justify="left",
+        tab = Table(**boxed, title=escape(f"{pid} [{first['domain']}, {first['axis']} axis]: {first['theme']}"), title_justify="left",
                     show_lines=False)
         for c in ("selector", "kept (response: approach)", "why", "reward", "diversity"):
             tab.add_column(c, overflow="fold")
@@ -117,7 +118,7 @@ def run_demo(out_dir: Path, *, k: int = 2, model=None, max_prompts: int | None =
     summary = {m: {kk: float(np.mean(v)) for kk, v in d.items()} for m, d in metrics.items()}
     for m in ("diverse", "grades"):
         summary[m]["mean_certified_ratio"] = kept[m][1].mean_ratio
-    tab = Table(title=f"selectors at K = {k}, mean over prompts")
+    tab = Table(**boxed, title=f"selectors at K = {k}, mean over prompts")
     for c in ("selector", "coverage", "diversity", "reward"):
         tab.add_column(c, justify="right")
     for m in METHODS:

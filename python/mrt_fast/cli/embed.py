@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from mrt_fast.cli.common import (
+    table,
     ALLOW_PARTIAL,
     app,
     check_engine,
@@ -129,7 +129,7 @@ def embed_quality_cmd(
         rows = df.to_dicts()
         verdict = summarize(rows, tolerance)
     ref_name = reference or "MiniLM"
-    tab = Table(title=f"{model} vs {ref_name}: {rows[0]['pools']} pools, {rows[0]['texts']} texts, "
+    tab = table(title=f"{model} vs {ref_name}: {rows[0]['pools']} pools, {rows[0]['texts']} texts, "
                 f"coverage scored by {ref_name}")
     for c in ("K", "selector", f"coverage, {ref_name} picks", f"coverage, {model} picks", "gap", "gap 95% CI"):
         tab.add_column(c, justify="left" if c == "selector" else "right")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from mrt_fast.cli.common import (
+    table,
     app,
     console,
     needs,
@@ -37,7 +37,7 @@ def simulate(
         with console.status("simulating...") as status:
             res = run(quick=quick, out=out, seed=seed, threads=threads,
                       progress=lambda name: status.update(f"simulating: {name}"))
-    tab = Table(title=f"measured vs paper ({'quick' if quick else 'full'} run, {res['total_seconds']:.0f} s)")
+    tab = table(title=f"measured vs paper ({'quick' if quick else 'full'} run, {res['total_seconds']:.0f} s)")
     for c in ("quantity", "paper", "measured", "agrees", "note"):
         tab.add_column(c, overflow="fold")
     for r in res["comparison"]:

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from mrt_fast.cli.common import (
+    table,
     ALLOW_PARTIAL,
     app,
     check_engine,
@@ -133,7 +133,7 @@ def print_table(df, title: str) -> None:
     from rich.console import Console
     from rich.measure import Measurement
 
-    tab = Table(title=title)
+    tab = table(console, title=title)
     for c in df.columns:
         tab.add_column(c, justify="right", overflow="fold")
     for row in df.iter_rows():
