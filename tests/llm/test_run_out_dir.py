@@ -71,3 +71,26 @@ def test_only_an_out_dir_of_mrt_run_or_an_empty_one_passes(tmp_path):
     f.write_text("")
     with pytest.raises(MrtInputError, match="is not a folder"):
         check_out_dir(f, sr.RECORDS)
+
+
+@pytest.mark.parametrize("held", [("config.json",), ("results.csv", "results.md"), ("config.json", "results.png"),
+                                  (".mrt",)])
+def test_a_folder_of_only_config_or_results_files_is_not_taken_for_an_old_out_dir(tmp_path, monkeypatch, held):
+    """Names mrt run writes at the top, but no output of a stage: a user's own folder (its config.json
+    and results.* are not mrt run's to replace), refused before anything is written."""
+    from mrt_fast.llm import pipeline
+    from mrt_fast.llm.pipeline import run
+
+    monkeypatch.setattr(pipeline.StagePlan, "check", lambda *a, **kw: pytest.fail("the run went on past the check"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in held:
+        if name == ".mrt":
+            (mine / name).mkdir()
+        else:
+            (mine / name).write_text(f"my own {name}")
+    before = _tree(mine), {n: (mine / n).read_text() for n in held if n != ".mrt"}
+    with pytest.raises(MrtInputError, match="no output of a stage") as e:
+        run(_cfg(tmp_path, mine), progress=False)
+    assert "\n" not in str(e.value) and "new or empty folder" in str(e.value) and repr(held[0]) in str(e.value)
+    assert (_tree(mine), {n: (mine / n).read_text() for n in held if n != ".mrt"}) == before
