@@ -886,6 +886,38 @@ def test_facility_location_arguments_are_checked(k, alpha, eps, k_max, kernel, o
         assert len(got[1].indices) == min(k, len(x) if k_max is None else min(k_max, len(x)))
 
 
+# ------------------------------------------------------------------ run configs
+
+_CONFIG = (b"out_dir: r\nmodel: m\ndata:\n  train_prompts: t.jsonl\n  eval: e.jsonl\n"
+           b"select: {methods: [random], ks: [1]}\n")
+#: config bytes: anything, a valid config with bytes put in (latin-1 text, a BOM, NUL, a lone
+#: continuation byte), or text of any code point in any UTF encoding
+CONFIG_BYTES = st.one_of(
+    st.binary(max_size=120),
+    st.tuples(st.integers(0, len(_CONFIG)), st.sampled_from([b"caf\xe9", b"\xef\xbb\xbf", b"\x00", b"\x80",
+                                                             b"\xff\xfe", b"\xed\xa0\x80"]) | st.binary(max_size=6))
+    .map(lambda t: _CONFIG[:t[0]] + t[1] + _CONFIG[t[0]:]),
+    st.tuples(st.text(max_size=60), st.sampled_from(["utf-8", "utf-16", "utf-32", "utf-8-sig"]))
+    .map(lambda t: t[0].encode(t[1], "surrogatepass")),
+)
+
+
+@FUZZ
+@given(data=CONFIG_BYTES, suffix=st.sampled_from([".yaml", ".json", ".yml"]))
+def test_a_run_config_file_is_read_or_refused_in_one_line(tmp_path_factory, data, suffix):
+    """Whatever bytes a config file holds, `mrt run` reads a config from it or refuses it in one
+    line (text that is not UTF-8 included), never another exception."""
+    from mrt_fast.llm.pipeline import RunConfig
+
+    f = tmp_path_factory.mktemp("cfg") / f"run{suffix}"
+    f.write_bytes(data)
+    kind, got = outcome(lambda: RunConfig.from_yaml(f))
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        assert kind == "input_error" and "not UTF-8" in str(got), (kind, got)
+
+
 # ------------------------------------------------------------------ cases that could kill the interpreter
 
 

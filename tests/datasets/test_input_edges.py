@@ -393,3 +393,19 @@ def test_a_run_config_that_is_not_utf8_is_one_line(tmp_path):
     with pytest.raises(MrtInputError, match="not UTF-8") as e:
         RunConfig.from_yaml(cfg)
     assert "run.yaml" in one_line(e.value)
+
+
+def test_a_utf8_run_config_is_read_whatever_the_locale(tmp_path):
+    """UTF-8 is the config's encoding, not the locale's: under the C locale (ASCII, no UTF-8
+    mode) a config holding non-ASCII text is read, not refused as 'not UTF-8'."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("out_dir: r\nmodel: modèle\ndata: {train_prompts: t.jsonl, eval: e.jsonl}\n", encoding="utf-8")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    code = ("import sys; from mrt_fast.llm.pipeline import RunConfig; "
+            "print(ascii(RunConfig.from_yaml(sys.argv[1]).model))")
+    r = subprocess.run([sys.executable, "-c", code, str(cfg)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-500:]
+    assert r.stdout.splitlines()[-1] == ascii("modèle")

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 boto3 = pytest.importorskip("boto3")
@@ -65,6 +68,38 @@ def test_json_text_objects_are_read_as_local_files_are(s3_bucket, tmp_path, kind
     for src in (f"{s3_bucket}/in", f"{s3_bucket}/in/*.{kind}"):
         got = discover(src).read()
         assert got.equals(df.with_columns(pl.col("prompt_id").cast(got["prompt_id"].dtype)))
+
+
+_props = iter(range(10**6))  # bucket names of the property test
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["jsonl", "jsonl.gz", "jsonl.zst", "json", "json array"]), n=st.integers(1, 3),
+       seed=st.integers(0, 1000), bom=st.booleans(), glob=st.booleans(), nested=st.booleans())
+def test_json_text_objects_of_any_layout_are_read_as_the_table(s3_endpoint, kind, n, seed, bom, glob, nested):
+    """The generator of the class: JSON text objects as datatrove and others lay them out (JSON lines,
+    compressed or not, .json lines or arrays, a byte order mark, in folders under the prefix) read by
+    the prefix or a glob give the table they were cut from."""
+    name = f"mrt-json-{next(_props)}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    df = rows(9, seed).drop("embedding")
+    cuts = np.array_split(np.arange(df.height), n)
+    sfx = "json" if kind == "json array" else kind
+    for j, cut in enumerate(cuts):
+        part = df[int(cut[0]):int(cut[-1]) + 1]
+        data = (json.dumps(part.to_dicts()) if kind == "json array" else part.write_ndjson()).encode()
+        data = (b"\xef\xbb\xbf" if bom and j == 0 else b"") + data
+        if kind.endswith((".gz", ".zst")):
+            import pyarrow as pa
+
+            sink = pa.BufferOutputStream()
+            with pa.CompressedOutputStream(sink, "gzip" if kind.endswith(".gz") else "zstd") as f:
+                f.write(data)
+            data = sink.getvalue().to_pybytes()
+        storage.write_bytes(f"s3://{name}/in/{f'd{j}/' if nested else ''}f{j}.{sfx}", data)
+    src = f"s3://{name}/in" + (("/**/*." if nested else "/*.") + sfx if glob else "")
+    got = discover(src).read()
+    assert got.equals(df.with_columns(pl.col("prompt_id").cast(got["prompt_id"].dtype))), (got, df)
 
 
 def test_a_lone_json_array_object_is_read(s3_bucket):

@@ -52,6 +52,21 @@ CASES = {
     "select into a directory holding its input": ["select", "{i}", "{d}", "--k", "2", "--method", "top"],
     "plan onto its pilot": ["plan", "{i}", "{l}", "--budget", "100"],
     "generate onto its prompts": ["generate", "{i}", "{d}/sub/../kept.parquet", "--model", "m"],
+    # a model, tokenizer or adapter folder is an input too; so is a warm-up table
+    "nll onto its --warm-data": ["nll", "{i}", "{w}", "--loss", "l2", "--warm-pilot", "lora", "--warm-data", "{w}",
+                                 "--model", "{m}"],
+    "nll into its model folder": ["nll", "{i}", "{m}/x.parquet", "--loss", "l2", "--model", "{m}"],
+    "score into its model folder": ["score", "{i}", "{m}/scored", "--column", "r2", "--model", "{m}"],
+    "train into its model folder": ["train", "{i}", "{m}", "--model", "{m}"],
+    "train into a folder holding its model": ["train", "{i}", "{m}/..", "--model", "{m}"],
+    "evaluate --out into its adapter": ["evaluate", "{i}", "--model", "{m}", "--adapter", "{a}", "--out",
+                                        "{a}/adapter_config.json"],
+    "evaluate --out onto a link to its model": ["evaluate", "{i}", "--model", "{lm}", "--out", "{m}/config.json"],
+    "export into its tokenizer's folder": ["export", "{i}", "{m}/train.jsonl", "--model", "{m}"],
+    "generate into its model folder": ["generate", "{p}", "{m}/cands.parquet", "--model", "{m}"],
+    "embed into its model folder": ["embed", "{i}", "{m}/emb", "--text", "response", "--model", "{m}"],
+    "embed-quality --json into its model folder": ["embed-quality", "{i}", "--model", "{m}", "--json",
+                                                   "{m}/q.json"],
 }
 
 
@@ -64,8 +79,17 @@ def test_an_output_over_an_input_is_refused_before_any_work(tmp_path, case):
     kept(d / "other.parquet")
     os.symlink(inp, tmp_path / "link.parquet")
     os.symlink(d, tmp_path / "linkdir")
+    model, adapter = tmp_path / "models" / "base", tmp_path / "adapter"
+    for f in (model / "config.json", model / "tokenizer.json", adapter / "adapter_config.json"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("{}")
+    os.symlink(model, tmp_path / "linkmodel")
+    kept(tmp_path / "warm.parquet")
+    pl.DataFrame({"prompt_id": [1, 2], "prompt": ["a", "b"]}).write_parquet(tmp_path / "prompts.parquet")
     before = snapshot(tmp_path)
-    args = [a.format(i=inp, d=d, l=tmp_path / "link.parquet", ld=tmp_path / "linkdir") for a in CASES[case]]
+    args = [a.format(i=inp, d=d, l=tmp_path / "link.parquet", ld=tmp_path / "linkdir", m=model, a=adapter,
+                     lm=tmp_path / "linkmodel", w=tmp_path / "warm.parquet", p=tmp_path / "prompts.parquet")
+            for a in CASES[case]]
     r = runner.invoke(app, args)
     assert r.exit_code == 2, (r.exit_code, r.output)
     err = r.stderr.strip()
@@ -86,3 +110,10 @@ def test_check_apart_on_paths(tmp_path):
     check_apart([("input", tmp_path / "missing.parquet")], [("--json", tmp_path / "r.json")])  # left to the reader
     with pytest.raises(MrtInputError, match="own path"):
         check_apart([], [("--json", tmp_path / "r.json"), ("--plot", tmp_path / "." / "r.json")])
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.bin").write_bytes(b"")
+    for out in (model, model / "x.json", tmp_path, model / ".." / "model" / "weights.bin"):
+        with pytest.raises(MrtInputError, match="would write over the --model"):
+            check_apart([("--model", model)], [("output", out)])
+    check_apart([("--model", model), ("--model", "org/hub-id"), ("--model", None)], [("output", tmp_path / "o.jsonl")])

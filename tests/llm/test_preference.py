@@ -342,6 +342,59 @@ def test_listwise_ranks_best_first_and_ignores_row_order(tmp_path_factory, data)
         assert len(set(texts)) == len(texts) >= 2 and rewards == sorted(rewards, reverse=True)
 
 
+# ---- odd data: what the export may not write quietly
+
+
+@st.composite
+def odd_pools(draw):
+    """Pools with what an export meets at the edges: rewards equal within a pool (0.1 three times, whose
+    floating mean is not 0.1), NaN, inf and null rewards, null prompt ids, copies of one text with
+    different rewards."""
+    n = draw(st.integers(1, 24))
+    pid = draw(st.lists(st.sampled_from(["a", "b", "c", None]) if draw(st.booleans()) else st.sampled_from("abc"),
+                        min_size=n, max_size=n))
+    finite = st.sampled_from([0.1, 0.1, 0.2, 0.3, -1.0, 1e-300])
+    odd = st.sampled_from([math.nan, math.inf, -math.inf, None])
+    reward = draw(st.lists(finite | odd if draw(st.booleans()) else finite, min_size=n, max_size=n))
+    text = draw(st.lists(st.sampled_from(["x", "y", "z", "w"]), min_size=n, max_size=n))
+    return pl.DataFrame({"prompt_id": pid, "prompt": [f"p{p}" for p in pid], "response": text, "reward": reward},
+                        schema_overrides={"reward": pl.Float64, "prompt_id": pl.String})
+
+
+@settings(max_examples=80, deadline=None)
+@given(odd_pools(), st.sampled_from(["dpo", "kto", "openrlhf", "listwise", "trl"]), st.sampled_from(RULES),
+       st.sampled_from(["pool-mean", "quantile:0.5", "threshold:0.1"]))
+def test_odd_data_is_refused_in_one_line_or_exported_without_a_silent_loss(tmp_path_factory, df, fmt, rule, label):
+    path = tmp_path_factory.mktemp("odd") / "x.jsonl"
+    kw = dict(pairs=rule) if fmt == "dpo" else dict(kto_label=label) if fmt == "kto" else {}
+    if rule in ("margin", "diverse") and fmt == "dpo":
+        df = df.with_columns(pl.col("response").map_elements(_emb, return_dtype=pl.List(pl.Float64))
+                             .alias("embedding"))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = export(df, path, fmt, conversational=False, **kw)
+    except MrtInputError as e:
+        assert str(e).strip() and "\n" not in str(e).strip(), str(e)
+        assert not path.exists()
+        return
+    null_id = df["prompt_id"].is_null().any()
+    bad_reward = not df["reward"].is_finite().fill_null(False).all()
+    assert not null_id, "a null prompt id was exported without a word"
+    assert not (bad_reward and fmt != "trl"), "a NaN, inf or null reward was exported"
+    written = _rows(path)
+    assert len(written) == res.height
+    for row in written:
+        if fmt == "openrlhf":
+            assert isinstance(row["reward"], float) and math.isfinite(row["reward"]), row
+        if fmt == "dpo":
+            assert row["chosen"] != row["rejected"], row
+    if fmt == "kto" and label == "pool-mean":
+        mean = df.group_by("prompt_id").agg(pl.col("reward").max() - pl.col("reward").min())
+        flat = {p for p, spread in mean.rows() if spread <= 1e-9 * 0.3}
+        assert not set(res["prompt_id"].to_list()) & flat, "a pool of equal rewards was labelled"
+
+
 # ---- the files train with the trainers they are for (tiny models, offline, one step)
 
 TRAIN = pl.DataFrame({"prompt_id": [i // 4 for i in range(16)], "prompt": [f"Say {i // 4}." for i in range(16)],

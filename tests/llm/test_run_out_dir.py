@@ -5,7 +5,11 @@ anything is read or written."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mrt_fast import MrtInputError
+from mrt_fast.llm.run_dir import STAGE_OUTPUTS, WRITTEN, check_out_dir
 
 
 def _cfg(tmp_path, out):
@@ -71,3 +75,53 @@ def test_only_an_out_dir_of_mrt_run_or_an_empty_one_passes(tmp_path):
     f.write_text("")
     with pytest.raises(MrtInputError, match="is not a folder"):
         check_out_dir(f, sr.RECORDS)
+
+
+@pytest.mark.parametrize("held", [("config.json",), ("results.csv", "results.md"), ("config.json", "results.png"),
+                                  (".mrt",)])
+def test_a_folder_of_only_config_or_results_files_is_not_taken_for_an_old_out_dir(tmp_path, monkeypatch, held):
+    """Names mrt run writes at the top, but no output of a stage: a user's own folder (its config.json
+    and results.* are not mrt run's to replace), refused before anything is written."""
+    from mrt_fast.llm import pipeline
+    from mrt_fast.llm.pipeline import run
+
+    monkeypatch.setattr(pipeline.StagePlan, "check", lambda *a, **kw: pytest.fail("the run went on past the check"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in held:
+        if name == ".mrt":
+            (mine / name).mkdir()
+        else:
+            (mine / name).write_text(f"my own {name}")
+    before = _tree(mine), {n: (mine / n).read_text() for n in held if n != ".mrt"}
+    with pytest.raises(MrtInputError, match="no output of a stage") as e:
+        run(_cfg(tmp_path, mine), progress=False)
+    assert "\n" not in str(e.value) and "new or empty folder" in str(e.value) and repr(held[0]) in str(e.value)
+    assert (_tree(mine), {n: (mine / n).read_text() for n in held if n != ".mrt"}) == before
+
+
+#: what a folder may hold: names mrt run writes, a user's own, a temporary file of an atomic write
+NAMES = sorted(WRITTEN) + ["notes.txt", "data.parquet", "config.yaml", "results.json", "runs.bak",
+                           ".config.json.host-12.0123abcd.tmp"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(names=st.sets(st.sampled_from(NAMES), max_size=6), marker=st.booleans())
+def test_a_folder_passes_only_as_mrt_runs_own_or_empty(tmp_path_factory, names, marker):
+    """Drawn folder contents: the check passes a folder with the marker, an empty one, or one holding
+    only names mrt run writes with a stage's output among them; anything else is one line."""
+    from mrt_fast.llm import stage_records as sr
+    out = tmp_path_factory.mktemp("out")
+    for n in names:
+        (out / n).mkdir() if "." not in n.strip(".") else (out / n).write_text("x")
+    if marker:
+        (out / sr.RECORDS).parent.mkdir(exist_ok=True)
+        (out / sr.RECORDS).write_text('{"version": 1, "stages": {}}')
+    shown = {n for n in names if not n.endswith(".tmp")} | ({".mrt"} if marker else set())
+    ok = marker or not shown or (shown <= WRITTEN and bool(shown & STAGE_OUTPUTS))
+    try:
+        check_out_dir(out, sr.RECORDS)
+    except MrtInputError as e:
+        assert not ok and "\n" not in str(e) and "new or empty folder" in str(e), (names, marker, str(e))
+    else:
+        assert ok, (names, marker)

@@ -718,6 +718,72 @@ def test_socket_buffers_cannot_hold_memory_beyond_the_limit(memory_mode):
 
 
 @needs_bwrap
+@settings(max_examples=6, deadline=None)
+@given(calls=st.lists(st.tuples(st.booleans(), st.integers(0, 45), st.sampled_from([1, 2, 3, 5, 10]),
+                                st.sampled_from([0, 0o4000, 0o2000000]), st.integers(0, 300)),
+                      min_size=1, max_size=40))
+def test_no_socket_of_any_family_or_type_is_made(calls):
+    """socket and socketpair refused whatever their family, type, flags and protocol (a filter
+    narrowed to some families would let socket buffers outside memory_mb back in)."""
+    from mrt_fast.sandbox.seccomp import compile_filter
+
+    if compile_filter() is None:
+        pytest.skip("libseccomp is not installed: the sandbox runs without its seccomp filter")
+    r = run(f"""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        for pair, family, kind, flags, proto in {calls!r}:
+            args = (family, kind | flags, proto) + (((ctypes.c_int * 2)(),) if pair else ())
+            rc = (libc.socketpair if pair else libc.socket)(*args)
+            print("made" if rc >= 0 else "refused", ctypes.get_errno(), pair, family, kind, flags, proto)
+    """, timeout_s=20)
+    assert r.status == "passed", (r.status, r.stderr[-300:])
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(calls) and all(ln.startswith("refused 1 ") for ln in lines), r.stdout  # EPERM
+
+
+# the caller of the sandbox as a user without root (run by a root test as the user nobody): its
+# runs get no memory cgroup and bubblewrap loads the seccomp filter itself
+AS_NON_ROOT = """
+import json, sys
+from mrt_fast.sandbox import run as sb
+r = sb.run_program(sys.argv[2], "", memory_mb=int(sys.argv[3]), timeout_s=30)
+print(json.dumps({"bound": r.memory_bound, "status": r.status, "stdout": r.stdout, "stderr": r.stderr[-300:]}))
+"""
+
+
+@needs_bwrap
+def test_a_non_root_callers_runs_hold_no_socket_buffers(tmp_path):
+    """rlimit mode as a non-root caller gets it: the program's sockets are refused too."""
+    import json
+    import shutil
+
+    if os.geteuid() != 0:
+        pytest.skip("run as this non-root caller by test_socket_buffers_cannot_hold_memory_beyond_the_limit")
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv to run the caller as another user")
+    nobody = 65534
+    os.chmod(tmp_path, 0o777)
+    pkg = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sb.__file__))))  # holds mrt_fast
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    code = SOCKET_BUFFERS.replace("LIMIT", str(MEMORY_MB))
+    for python in dict.fromkeys([sys.executable, shutil.which("python3", path=env["PATH"]) or sys.executable]):
+        argv = ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", python, "-I", "-c",
+                f"import sys; sys.path.insert(0, {pkg!r}); exec(sys.argv[1])", AS_NON_ROOT,
+                code, str(MEMORY_MB)]
+        p = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        if p.returncode == 0:
+            break
+    else:
+        pytest.skip(f"no interpreter that the user nobody can run with this package: {p.stderr[-300:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["bound"] == "rlimit" and r["stdout"].startswith("start"), r
+    held = most_held_mb(r["stdout"])
+    assert held <= MEMORY_MB, f"the program held {held} MB in socket buffers under memory_mb={MEMORY_MB}"
+    assert "stopped" in r["stdout"], r
+
+
+@needs_bwrap
 def test_tmpfs_inodes_are_capped(memory_mode):
     if os.geteuid() != 0:
         pytest.skip("the inode cap needs a root caller (bubblewrap's own --tmpfs has none)")

@@ -70,6 +70,9 @@ def embed_cmd(
                      ray_only={"--workers": workers})
         command = " ".join(["mrt", *(shlex.quote(a) for a in sys.argv[1:])])
         text = response_column(inp, text, "--text", allow_partial)
+        from mrt_fast.datasets.overlap import check_apart
+
+        check_apart([("--model", model)], [("output", out)])
         rep = embed_dataset(
             inp, out, text=text, column=column, model=model, batch_size=batch_size,
             cache_dir=False if no_cache else cache_dir, device=device, processes=processes,
@@ -121,7 +124,7 @@ def embed_quality_cmd(
             raise MrtInputError(f"--tolerance must be in [0, 1), got {tolerance}")
         if json_out is not None:
             check_output(json_out, "--json", table=False)
-        check_apart([("input", inp)], [("--json", json_out)])
+        check_apart([("input", inp), ("--model", model), ("--reference", reference)], [("--json", json_out)])
         text = response_column(inp, text, "--text", allow_partial)
         df = compare_embeddings(inp, model, reference, text=text, by=by, reward=reward, ks=ks, pools=pools,
                                 seed=seed, cache_dir=False if no_cache else cache_dir, device=device,

@@ -93,6 +93,10 @@ def nll_cmd(
                          allow_partial)
         if model != "smollm2" and not Path(model).is_dir():
             raise MrtInputError(f"--model {model!r}: not 'smollm2' and not a local model directory")
+        from mrt_fast.datasets.overlap import check_apart
+
+        check_apart([("--warm-data", warm_data), ("--model", None if model == "smollm2" else model)],
+                    [("output", out)])
         with needs("train"):
             from mrt_fast._util.device import resolve_device
             from mrt_fast.llm.dataset_stages import nll_dataset
@@ -149,7 +153,7 @@ def generate_cmd(
             parts = out.with_name(out.name + ".parts")
             from mrt_fast.datasets.overlap import check_apart
 
-            check_apart([("prompt table", prompts)], [("output", out), ("shard folder", parts)])
+            check_apart([("prompt table", prompts), ("--model", model)], [("output", out), ("shard folder", parts)])
             fresh = not parts.exists()
             with _files.parents_made(out):  # removed again if the run leaves nothing in them
                 try:
@@ -187,6 +191,9 @@ def score_cmd(
         response = response_column(inp, response, "--response", allow_partial)
         check_text_stage(inp, out, (prompt, response), column, batch_size, engine, ray_address, workers,
                          allow_partial)
+        from mrt_fast.datasets.overlap import check_apart
+
+        check_apart([("--model", model)], [("output", out)])
         with needs("train"):
             from mrt_fast._util.device import resolve_device
             from mrt_fast.llm.dataset_stages import score_dataset
@@ -222,7 +229,7 @@ def train_cmd(
             _files.check_output_dir(out)
             from mrt_fast.datasets.overlap import check_apart
 
-            check_apart([("training data", data)], [("output directory", out)])
+            check_apart([("training data", data), ("--model", model)], [("output directory", out)])
             r = train(str(data), model, out, cfg, response=response)
     console.print(f"{r.steps} steps over {r.n_pairs} pairs ({r.n_prompts} prompts, {r.epochs:.2f} epochs); "
                   f"final loss {r.log[-1]['loss']:.4f}; adapter -> {r.adapter_dir}")
@@ -258,7 +265,8 @@ def evaluate_cmd(
                 _formats.check_output(out, "--out", table=False)
                 from mrt_fast.datasets.overlap import check_apart
 
-                check_apart([("evaluation data", data)], [("--out", out)])
+                check_apart([("evaluation data", data), ("--model", model), ("--adapter", adapter),
+                             ("--reward-model", reward_model)], [("--out", out)])
             m = evaluate(str(data), model, adapter=adapter, config=cfg,
                          embedder=make_embedder(embedder), reward_model=reward_model)
         if out:
@@ -359,7 +367,7 @@ def export_cmd(
         if storage.is_url(out):
             raise MrtInputError(f"output {str(out)!r}: mrt export writes a local file (copy it to object storage "
                                 "after)")
-        inputs = [("input", kept)] + ([("--pool", pool)] if pool is not None else [])
+        inputs = [("input", kept), ("--pool", pool), ("--model", model)]
         check_apart(inputs, [("output", out)])
         check_pair_options(pairs, min_margin, max_pairs)  # before reading a large input
         parse_label_rule(kto_label)

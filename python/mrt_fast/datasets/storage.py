@@ -209,11 +209,11 @@ def list_files(url: str | ObjectPath, *, recursive: bool = True) -> list[ObjectP
 
 
 def read_bytes(url: str | ObjectPath) -> bytes | None:
-    """An object's bytes, or None when it does not exist."""
+    """An object's bytes as stored (a ``.gz`` object's compressed bytes), or None when it does not exist."""
     if _info(str(url)) is None:
         return None
     try:
-        with filesystem().open_input_stream(_key(url)) as f:
+        with filesystem().open_input_stream(_key(url), compression=None) as f:
             return f.read()
     except FileNotFoundError:
         return None
@@ -240,9 +240,10 @@ def open_stream(url: str | ObjectPath) -> Any:
 
 
 def write_bytes(url: str | ObjectPath, data: bytes) -> None:
-    """Write an object whole (it appears complete or not at all)."""
+    """Write an object whole (it appears complete or not at all), its bytes as given: a key ending
+    in ``.gz`` or ``.zst`` is not compressed again."""
     try:
-        with filesystem().open_output_stream(_key(url)) as out:
+        with filesystem().open_output_stream(_key(url), compression=None) as out:
             out.write(data)
     except Exception as e:  # noqa: BLE001
         raise _failed("write", url, e) from None

@@ -57,7 +57,7 @@ class RunConfig:
         if not path.is_file():
             raise MrtInputError(f"config file {str(path)!r} does not exist")
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
             raise MrtInputError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
         except UnicodeDecodeError as e:
