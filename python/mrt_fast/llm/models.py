@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import os
 from pathlib import Path
@@ -93,6 +95,18 @@ def materialize_gguf(spec: str, dest: str | os.PathLike) -> str:
     return str(dest)
 
 
+@contextlib.contextmanager
+def _loading(what: str, spec: Any):
+    """A model or tokenizer that transformers cannot load (a folder without a usable config, missing
+    or damaged weights, an unknown hub id) is one line naming it, not a traceback."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError) as e:
+        from mrt_fast._util.messages import one_line
+
+        raise MrtInputError(f"cannot load the {what} from {str(spec)!r}: {one_line(e)}") from None
+
+
 def load_tokenizer(spec: Any):
     """A tokenizer from a path / hub id / .gguf file, or the object itself; pads on the right, has a pad token."""
     if not isinstance(spec, (str, os.PathLike)):
@@ -101,7 +115,8 @@ def load_tokenizer(spec: Any):
         from transformers import AutoTokenizer
 
         where, gguf = _gguf_location(str(spec))
-        tok = AutoTokenizer.from_pretrained(where, **({"gguf_file": gguf} if gguf else {}))
+        with _loading("tokenizer", spec):
+            tok = AutoTokenizer.from_pretrained(where, **({"gguf_file": gguf} if gguf else {}))
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
             raise MrtInputError("the tokenizer has neither a pad nor an eos token")
@@ -120,7 +135,8 @@ def load_causal_lm(spec: Any, *, device: str = "cpu", dtype: str | None = None, 
         kw: dict[str, Any] = {"dtype": resolve_dtype(dtype, device)}
         if gguf:
             kw["gguf_file"] = gguf
-        model = AutoModelForCausalLM.from_pretrained(where, **kw)
+        with _loading("model", spec):
+            model = AutoModelForCausalLM.from_pretrained(where, **kw)
     else:
         model = spec
     if adapter is not None:
