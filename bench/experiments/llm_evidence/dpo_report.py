@@ -200,10 +200,12 @@ def render(stats: dict, cfg: dict, predictions: dict, stale: list[str]) -> str:
         "  interval lies on its side of 0, *contradicted* when it lies on the other side, *not resolved* when it",
         "  contains 0.",
         "",
-        "With bounded rewards, mu - 2 sigma of a small pool lies at or below its lowest reward, and sweet-spot then",
-        "pairs the best response with the worst, as best-worst's first pair does (Samuelson's inequality makes this",
-        "certain at five responses or fewer; at 8 it held in every pool of every generator setting tried before",
-        f"the pre-registration). The pools hold {cfg['n_candidates']} responses so that the two rules differ on a",
+        f"**Why {cfg['n_candidates']} responses a pool.** With rewards bounded by the checker, mu - 2 sigma of a small pool lies at or",
+        "below its lowest reward, and sweet-spot then pairs the best response with the worst, as best-worst's first",
+        "pair does (certain at five responses or fewer by Samuelson's inequality). With 8 responses a pool the two",
+        "rules' rejected rewards differed by more than 0.05 on none of the 144 training prompts of seeds 0-2, under",
+        f"each of 18 pool generators (valid share, non-number rate, largest distance varied); with "
+        f"{cfg['n_candidates']} they differ on the",
         "share of the prompts (measured below).",
         "",
     ]
