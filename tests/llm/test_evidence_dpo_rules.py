@@ -85,6 +85,12 @@ def test_cells_start_with_every_seeds_sft_and_parts_share_the_grid_once():
         assert sorted(c[0] for p in parts for c in p) == sorted(c[0] for c in todo)
 
 
+def test_per_prompt_values_read_the_cell():
+    cell = {"result": {"greedy": ["12", " 7.", "twelve", "12\n\n13"], "greedy_valid": [1.0, 0.0, 0.0, 0.0]}}
+    assert dpo_report.per_prompt(cell, "greedy_number").tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert dpo_report.per_prompt(cell, "greedy_valid").tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
 def test_verdicts_follow_the_interval():
     d = lambda lo, hi: {"interval": [lo, hi]}  # noqa: E731
     assert dpo_report.verdict(d(0.01, 0.2), ">", True) == "supported"
@@ -128,10 +134,9 @@ def test_quick_grid_writes_every_cell_reruns_skip_and_the_report_pairs_cells(cha
     for a, b in dpo_report.COMPARISONS:
         for m in dpo_report.METRICS:
             d = next(x for x in rep["differences"] if (x["a"], x["b"], x["metric"]) == (a, b, m))
-            x = [json.loads((cell_dir / f"{a}-s{s}.json").read_text())["result"] for s in cfg["seeds"]]
-            y = [json.loads((cell_dir / f"{b}-s{s}.json").read_text())["result"] for s in cfg["seeds"]]
-            key = dpo_report.METRICS[m][0]
-            want = np.mean([np.subtract(u[key], v[key]) for u, v in zip(x, y)])
+            x = [json.loads((cell_dir / f"{a}-s{s}.json").read_text()) for s in cfg["seeds"]]
+            y = [json.loads((cell_dir / f"{b}-s{s}.json").read_text()) for s in cfg["seeds"]]
+            want = np.mean([dpo_report.per_prompt(u, m) - dpo_report.per_prompt(v, m) for u, v in zip(x, y)])
             assert d["difference"] == pytest.approx(want, abs=1e-12)
             assert d["interval"][0] <= d["difference"] <= d["interval"][1]
     assert {p["verdict"] for p in rep["predictions"]} <= {"supported", "contradicted", "not resolved"}

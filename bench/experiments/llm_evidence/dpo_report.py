@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from llm_evidence.cell_files import write_atomic
+from llm_evidence.families import number
 from llm_evidence.stats import paired_difference
 
 COMMAND = "python bench/experiments/llm_evidence/dpo_rules.py"
@@ -27,6 +28,8 @@ METRICS = {
     "sample_valid": ("sample_valid_per_prompt", "sampled valid rate: the share of valid samples (temperature 1)"),
     "reference_loss": ("loss", "reference loss: the mean loss (nats per token) of a prompt's valid answers"),
     "greedy_reward": ("greedy_reward", "greedy reward: the partial-credit reward of the greedy answer"),
+    "greedy_number": ("greedy", "greedy number rate: the share of greedy answers that are a bare number (valid or "
+                      "not; the checker's spelling)"),
 }
 #: the comparisons reported (a - b), the rule comparisons first
 COMPARISONS = [("sweet-spot", "best-worst"), ("all", "best-worst"), ("sweet-spot", "all"),
@@ -48,7 +51,11 @@ def load_cells(cell_dir: Path, predictions_sha: str) -> tuple[dict[str, dict], l
 
 
 def per_prompt(cell: dict, metric: str) -> np.ndarray:
-    return np.asarray(cell["result"][METRICS[metric][0]], dtype=np.float64)
+    """A cell's per-held-out-prompt values of ``metric``."""
+    values = cell["result"][METRICS[metric][0]]
+    if metric == "greedy_number":
+        values = [number(a) is not None for a in values]
+    return np.asarray(values, dtype=np.float64)
 
 
 def compare(cells: dict, a: str, b: str, metric: str, seeds: list[int], n_boot: int) -> dict | None:
@@ -235,15 +242,17 @@ def render(stats: dict, cfg: dict, predictions: dict, stale: list[str]) -> str:
                               for s, v in sp.items()) + "."]
     lines += ["", "## Held-out results", "",
               "Means over seeds (each seed: the mean over the held-out prompts).", "",
-              "| policy | greedy valid | sampled valid | reference loss | greedy reward | seeds |",
-              "|---|---|---|---|---|---|"]
+              "| policy | greedy valid | sampled valid | reference loss | greedy reward | greedy is a number | seeds |",
+              "|---|---|---|---|---|---|---|"]
     for kind, lv in stats["levels"].items():
         lines.append(f"| `{kind}` | {_f(lv['greedy_valid'])} | {_f(lv['sample_valid'])} | "
-                     f"{_f(lv['reference_loss'])} | {_f(lv['greedy_reward'])} | {len(lv['seeds'])} |")
+                     f"{_f(lv['reference_loss'])} | {_f(lv['greedy_reward'])} | {_f(lv['greedy_number'])} | "
+                     f"{len(lv['seeds'])} |")
     lines += ["", "## Paired differences", "",
               "a - b, mean over seeds x held-out prompts, with the 95% bootstrap interval. Intervals that contain 0 "
               "show no difference at this sample size.", "",
-              "| a - b | greedy valid | sampled valid | reference loss | greedy reward |", "|---|---|---|---|---|"]
+              "| a - b | greedy valid | sampled valid | reference loss | greedy reward | greedy is a number |",
+              "|---|---|---|---|---|---|"]
     by = {(d["a"], d["b"], d["metric"]): d for d in stats["differences"]}
     for a, b in COMPARISONS:
         row = [f"`{a}` - `{b}`"]
