@@ -152,6 +152,30 @@ def statistics(cells: dict, cfg: dict, predictions: dict, n_boot: int) -> dict:
 
 # ------------------------------------------------------------------ the page
 
+#: the metrics the outcome states, with their names in a sentence
+OUTCOME = {"greedy_valid": "greedy valid rate", "sample_valid": "sampled valid rate",
+           "reference_loss": "reference loss"}
+
+
+def outcome_lines(stats: dict) -> list[str]:
+    """One line per comparison: each outcome metric's difference, said as no difference when its interval
+    contains 0, else as higher or lower, with the interval."""
+    by = {(d["a"], d["b"], d["metric"]): d for d in stats["differences"]}
+    out = []
+    for a, b in COMPARISONS:
+        parts = []
+        for m, name in OUTCOME.items():
+            d = by.get((a, b, m))
+            if d is None:
+                continue
+            lo, hi = d["interval"]
+            how = "no difference" if lo <= 0 <= hi else ("higher" if lo > 0 else "lower")
+            parts.append(f"{name} {how} ({d['difference']:+.3f}, {_iv(d['interval'])})")
+        if parts:
+            out.append(f"* `{a}` against `{b}`: " + "; ".join(parts) + ".")
+    return out or ["No comparison has both of its cells yet."]
+
+
 
 def _f(x, nd=3) -> str:
     return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{nd}f}"
@@ -240,6 +264,7 @@ def render(stats: dict, cfg: dict, predictions: dict, stale: list[str]) -> str:
                   f"{same_r} ({same_r / tot:.0%}). Per seed: "
                   + "; ".join(f"seed {s}: {v['same_pair']} / {v['same_rejected_reward']} of {v['prompts']}"
                               for s, v in sp.items()) + "."]
+    lines += ["", "## Outcome", "", *outcome_lines(stats)]
     lines += ["", "## Held-out results", "",
               "Means over seeds (each seed: the mean over the held-out prompts).", "",
               "| policy | greedy valid | sampled valid | reference loss | greedy reward | greedy is a number | seeds |",
@@ -248,6 +273,15 @@ def render(stats: dict, cfg: dict, predictions: dict, stale: list[str]) -> str:
         lines.append(f"| `{kind}` | {_f(lv['greedy_valid'])} | {_f(lv['sample_valid'])} | "
                      f"{_f(lv['reference_loss'])} | {_f(lv['greedy_reward'])} | {_f(lv['greedy_number'])} | "
                      f"{len(lv['seeds'])} |")
+    seeds = sorted({s for lv in stats["levels"].values() for s in lv["per_seed"]["greedy_valid"]})
+    if seeds:
+        lines += ["", "Per seed, greedy valid rate / reference loss:", "",
+                  "| policy | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+        for kind, lv in stats["levels"].items():
+            ps = lv["per_seed"]
+            lines.append(f"| `{kind}` | " + " | ".join(
+                f"{_f(ps['greedy_valid'][s])} / {_f(ps['reference_loss'][s])}" if s in ps["greedy_valid"] else "–"
+                for s in seeds) + " |")
     lines += ["", "## Paired differences", "",
               "a - b, mean over seeds x held-out prompts, with the 95% bootstrap interval. Intervals that contain 0 "
               "show no difference at this sample size.", "",
@@ -270,8 +304,9 @@ def render(stats: dict, cfg: dict, predictions: dict, stale: list[str]) -> str:
     if no_diff:
         lines += ["", "No difference (the interval contains 0): " + ", ".join(no_diff) + "."]
     lines += ["", "## Cost", "",
-              "Seconds per cell (one CPU thread; the start adapter is trained once per seed and shared by the cells "
-              "of that seed):", "", "| cell | total | SFT start | DPO training | evaluation |", "|---|---|---|---|---|"]
+              "Seconds per cell (one CPU thread of a 2-core machine shared with other work; the start adapter is "
+              "trained once per seed and shared by the cells of that seed, so SFT start is 0 where the adapter was "
+              "already on disk):", "", "| cell | total | SFT start | DPO training | evaluation |", "|---|---|---|---|---|"]
     for n, t in stats["timing"].items():
         lines.append(f"| {n} | {_f(t['seconds'], 0)} | {_f(t['start_seconds'], 0)} | {_f(t['train_seconds'], 0)} | "
                      f"{_f(t['eval_seconds'], 0)} |")
