@@ -112,3 +112,15 @@ def test_a_stopped_lora_pilot_keeps_the_adapter_it_started_with(chat_lm, tmp_pat
     a = pl.read_parquet(out / "losses.parquet")["loss"].to_numpy()
     b = pl.read_parquet(chat / "losses.parquet")["loss"].to_numpy()
     assert not np.allclose(a, b)
+
+
+@pytest.mark.ray
+def test_pilot_losses_on_ray_equal_the_local_ones(tiny_paths, tmp_path):
+    pytest.importorskip("ray")
+    local = _diagnose(tiny_paths["lm"], tmp_path / "local")
+    on_ray = _diagnose(tiny_paths["lm"], tmp_path / "ray", engine="ray")
+    a = pl.read_parquet(tmp_path / "local" / "losses.parquet")
+    b = pl.read_parquet(tmp_path / "ray" / "losses.parquet")
+    assert b["prompt_id"].to_list() == a["prompt_id"].to_list()
+    np.testing.assert_allclose(b["loss"].to_numpy(), a["loss"].to_numpy(), rtol=1e-5)
+    assert on_ray["k_best"] == local["k_best"] and not (tmp_path / "ray" / "losses.parquet.parts").exists()
