@@ -77,7 +77,7 @@ def answers_dataset(source: Any, output: str | os.PathLike, *, rows_per_part: in
     job_.parameters = {**opts.parameters(), "layout": lay, "rows_per_part": rows_per_part}
     with job_ as job:
         done = job.done
-        r = {"parts": max(1, -(-n // rows_per_part)), "parts_done_now": 0, "rows_done_now": 0,
+        r = {"parts": job.n_parts or max(1, -(-n // rows_per_part)), "parts_done_now": 0, "rows_done_now": 0,
              "rows_written": job.rows_written if done else 0}
         if not done:
             r = run_row_parts(job, AnswerRows(opts), engine=engine, rows_per_part=rows_per_part, n_rows=n,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -126,7 +125,7 @@ def select_dataset(
             rep.seconds = time.perf_counter() - t0
             rep.profile = prof.to_dict()
             return rep
-        with layout_hint(opts, lay, schema), (prof.step("run on Ray") if engine == "ray" else nullcontext()):
+        with layout_hint(opts, lay, schema):
             ex.run_select(job, rep, opts=opts, layout=lay, lists=lists, schema=schema, n_rows=n_rows, parts=parts,
                           rows_per_part=rows_per_part, settings=settings, profile=prof)
     rep.seconds = time.perf_counter() - t0

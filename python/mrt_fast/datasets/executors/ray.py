@@ -23,6 +23,7 @@ Ray is imported on first use (the ``ray`` extra: ``pip install 'mrt_fast[ray]'``
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -167,7 +168,15 @@ def run_select(job: Any, rep: Any, *, opts: Any, layout: str, lists: list[str] |
     bucket ``i`` (``pool_key % parts``), selected by one task; grouped layout: part ``i`` holds
     input rows ``[i r, (i + 1) r)``. The part count: ``parts``, or parts of about
     ``rows_per_part`` input rows, or ``max(cluster CPUs, rows / 1e6)``; a resumed job keeps its
-    manifest's. ``profile`` is the local executor's; the job times this one as one step."""
+    manifest's. ``profile`` (:class:`~mrt_fast.datasets.profile.Profile`): the run is timed as
+    one step, ``run on Ray`` (its tasks run elsewhere)."""
+    with profile.step("run on Ray") if profile is not None else contextlib.nullcontext():
+        _run_select(job, rep, opts=opts, layout=layout, lists=lists, schema=schema, n_rows=n_rows, parts=parts,
+                    rows_per_part=rows_per_part, settings=settings)
+
+
+def _run_select(job: Any, rep: Any, *, opts: Any, layout: str, lists: list[str] | None, schema: pl.Schema,
+                n_rows: int | None, parts: int | None, rows_per_part: int | None, settings: dict) -> None:
     global _last_stats
     src, man = job.ds, job.man
     rep.spilled = layout == "flat"
