@@ -75,7 +75,7 @@ def table(on=None, **kw):
     ``on``: the console it is printed on (default the commands' own)."""
     from rich.table import Table
 
-    if not (on or console).is_terminal:
+    if not (on if on is not None else console).is_terminal:
         kw.setdefault("box", None)
     return Table(**kw)
 
