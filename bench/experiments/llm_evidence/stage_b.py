@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from llm_evidence import stage_a  # noqa: E402
+from llm_evidence.fixed_budget import budget_for, prompts_for  # noqa: E402
 from llm_evidence.smollm2 import MODEL, MODEL_DIR, model_path  # noqa: E402
 
 PREDICTIONS = stage_a.PREDICTIONS
@@ -47,40 +48,6 @@ FULL = dict(stage_a.FULL, ks=[1, 2, 4, 8], seeds=[0, 1, 2], ref_k=4)
 QUICK = dict(stage_a.QUICK, ks=[1, 2, 4, 8], seeds=[0, 1], ref_k=4, n_tasks=None)
 #: the settings of a Stage B training cell: Stage A's (with this cell's n_train) and the budget's
 BUDGET_KEYS = ["budget", "cost_ratio", "ref_k"]
-#: C_r, the cost of one response (the unit of the budget)
-COST_RESPONSE = 1
-
-
-def _positive_int(value, what: str) -> int:
-    from mrt_fast import MrtInputError
-
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise MrtInputError(f"{what} must be a positive whole number, got {value!r}")
-    return value
-
-
-def budget_for(n_train: int, ref_k: int, cost_ratio: int) -> int:
-    """The budget B = n_train (C_p + ref_k C_r) that lets K = ref_k keep ``n_train`` prompts."""
-    n_train = _positive_int(n_train, "n_train")
-    ref_k = _positive_int(ref_k, "ref_k")
-    cost_ratio = _positive_int(cost_ratio, "cost_ratio (C_p / C_r)")
-    return n_train * (cost_ratio + ref_k * COST_RESPONSE)
-
-
-def prompts_for(budget: int, k: int, cost_ratio: int) -> int:
-    """N_p(K) = floor(B / (C_p + K C_r)): the most prompts of K responses each the budget pays for (at least 1)."""
-    from mrt_fast import MrtInputError
-
-    budget = _positive_int(budget, "budget")
-    k = _positive_int(k, "K")
-    cost_ratio = _positive_int(cost_ratio, "cost_ratio (C_p / C_r)")
-    n = budget // (cost_ratio + k * COST_RESPONSE)
-    if n < 1:
-        raise MrtInputError(f"budget {budget} pays for no prompt at K = {k} (one prompt costs "
-                            f"C_p + K C_r = {cost_ratio + k * COST_RESPONSE})")
-    return n
-
-
 def stage_b_tasks(predictions: Path) -> list[str]:
     """The two tasks the predictions chose for Stage B."""
     return list(json.loads(Path(predictions).read_text())["choice"]["stage_b"])
