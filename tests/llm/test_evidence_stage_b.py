@@ -199,7 +199,7 @@ def _write_cells(stage_b, d, cfg, tasks, sha, curves, seeds=None, rng_seed=0):
                 write_atomic(d / f"{t}-k{k}-s{s}.json", {
                     "cell": f"{t}-k{k}-s{s}", "spec": {"kind": "train", "task": t, "k": k, "seed": s},
                     "settings": {"predictions_sha256": sha},
-                    "result": {"loss": x[ki, si].tolist(), "n_prompts": 1, "greedy_valid_rate": 0.5,
+                    "result": {"loss": x[ki, si].tolist(), "mean_loss": float(x[ki, si].mean()), "n_prompts": 1, "greedy_valid_rate": 0.5,
                                "sample_valid_rate": 0.5}})
 
 
@@ -216,6 +216,12 @@ def test_report_on_synthetic_cells(stage_b, report, tmp_path):
     text = (tmp_path / "part.md").read_text()
     assert s["cells_done"] == 8 and not s["complete"]
     assert "PASS" not in text and "FAIL" not in text and "not judged" in text
+    one = tmp_path / "one"  # a single cell: no seed with every K, its loss shown unpaired, no best K
+    _write_cells(stage_b, one, dict(cfg, ks=[1], seeds=[0]), tasks[:1], sha, {tasks[0]: [1.2]})
+    s = report.write_report(one, tmp_path / "one.md", cfg, tasks, stage_b.PREDICTIONS, n_boot=50)
+    rep = json.loads((tmp_path / "one.json").read_text())
+    assert s["cells_done"] == 1 and "best_k" not in rep["tasks"][tasks[0]]
+    assert "(unpaired)" in (tmp_path / "one.md").read_text() and s["verdict"]["chat"].startswith("not computed")
     full = tmp_path / "full"
     _write_cells(stage_b, full, cfg, tasks, sha, curves)
     s = report.write_report(full, tmp_path / "full.md", cfg, tasks, stage_b.PREDICTIONS, n_boot=200)

@@ -135,6 +135,7 @@ def stage_b_statistics(cells: dict, cfg: dict, tasks: list[str], pred: dict, n_b
             row[f"n_train_k{k}"] = next((cells[n]["result"]["n_prompts"] for n in names if n in cells), None)
             row[f"greedy_valid_k{k}"] = _rate(cells, names, "greedy_valid_rate")
             row[f"sample_valid_k{k}"] = _rate(cells, names, "sample_valid_rate")
+            row[f"loss_present_k{k}"] = _rate(cells, names, "mean_loss")
         if x is not None:
             losses[t] = x
             row["loss"] = {k: float(x[i].mean()) for i, k in enumerate(ks)}
@@ -167,7 +168,8 @@ def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, 
         lines += ["", f"Cells written for another predictions.json (left out): {', '.join(stale)}."]
     lines += ["", "## Per task", "",
               f"L: mean over the {cfg['n_heldout']} held-out prompts of the mean per-token loss of each prompt's "
-              "valid answers, over the seeds with every K; 95% percentile interval of the bootstrap (seeds x "
+              "valid answers, over the seeds with every K (a task without such a seed: the mean over its cells "
+              "present, marked unpaired, without an interval); 95% percentile interval of the bootstrap (seeds x "
               f"held-out prompts resampled, the same draws for every K; {stats['n_boot']} replicates). Best K: the "
               "K of least L (ties: the smallest). Valid rates: greedy answer / samples, graded by the family's "
               "checker.", "",
@@ -178,7 +180,8 @@ def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, 
         r = stats["tasks"][t]
         loss = r.get("loss")
         lines.append(f"| {t} | {len(r['seeds'])} | "
-                     + " | ".join(f"{_f(loss[k])} {_ci(r['loss_ci'][k])}" if loss else "–" for k in ks)
+                     + " | ".join(f"{_f(loss[k])} {_ci(r['loss_ci'][k])}" if loss
+                                  else _unpaired(r[f"loss_present_k{k}"]) for k in ks)
                      + f" | {r.get('best_k', '–')} | "
                      + " | ".join(f"{_f(r[f'greedy_valid_k{k}'], 2)} / {_f(r[f'sample_valid_k{k}'], 2)}"
                                   for k in ks) + " |")
@@ -218,6 +221,10 @@ def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, 
     lines += [f"* {p} pilot{' (the predictions’ choice)' if p == warm else ''}: {verdicts[p]}." for p in PILOTS]
     lines.append("")
     return "\n".join(lines)
+
+
+def _unpaired(v: float) -> str:
+    return "–" if math.isnan(v) else f"{_f(v)} (unpaired)"
 
 
 def cfg_np(cfg: dict, k: int) -> int:
