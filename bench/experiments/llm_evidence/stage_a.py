@@ -131,10 +131,22 @@ class Runner:
                                 prompt_format=cfg["prompt_format"], n_samples=cfg["n_samples"],
                                 max_new_tokens=cfg["max_new_tokens"], seed=seed)
 
+    def cell_list(self) -> list[tuple[str, dict]]:
+        """Every cell of the grid in run order (a later stage's runner overrides it)."""
+        return cells(self.cfg, self.tasks)
+
+    def settings(self, spec: dict) -> dict:
+        """The settings recorded in a cell and compared on a rerun."""
+        return cell_settings(self.cfg, spec, self.sha, self.model_label)
+
+    def train_cfg(self, spec: dict) -> dict:
+        """The settings a training cell trains with (Stage A: the same for every cell)."""
+        return self.cfg
+
     def train_cell(self, spec: dict) -> dict:
         from llm_evidence.lora_train import train_adapter
 
-        cfg = self.cfg
+        cfg = self.train_cfg(spec)
         kept = training_rows(spec["task"], spec["k"], spec["seed"], cfg)
         out = self.work / f"run-{os.getpid()}"
         shutil.rmtree(out, ignore_errors=True)
@@ -149,7 +161,7 @@ class Runner:
                 "train_prompt_ids": sorted(set(kept["prompt_id"].to_list())), "kept": kept.to_dicts()}
 
     def run(self, only: str | None = None, limit: int | None = None, part: tuple[int, int] = (0, 1)) -> dict:
-        todo = part_of(cells(self.cfg, self.tasks), *part)
+        todo = part_of(self.cell_list(), *part)
         skipped = ran = 0
         for name, spec in todo:
             if only and only not in name:
@@ -157,7 +169,7 @@ class Runner:
             if limit is not None and ran >= limit:
                 break
             path = self.results / f"{name}.json"
-            settings = cell_settings(self.cfg, spec, self.sha, self.model_label)
+            settings = self.settings(spec)
             if is_done(path, "settings", settings):
                 skipped += 1
                 continue
