@@ -362,6 +362,20 @@ def test_help_and_a_one_line_error_import_no_heavy_stack(tmp_path):
     assert "does not exist" in r.stderr or "does not exist" in r.stdout
 
 
+def test_help_loads_neither_polars_nor_numpy():
+    """`mrt --help` and every command's help need only the command line: the selection area's
+    names load on first use, and the CLI reads the kernel default from a module of no imports."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom mrt_fast.cli import app\n"
+            "for argv in (['--help'], ['select', '--help'], ['diagnose', '--help'], ['answers', '--help']):\n"
+            "    try:\n        app(argv)\n    except SystemExit:\n        pass\n"
+            "print('HEAVY', sorted({'polars', 'numpy', 'pyarrow'} & set(sys.modules)))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "HEAVY []" in r.stdout, r.stdout[-500:] + r.stderr
+
+
 @pytest.mark.parametrize("parts", [None, 3], ids=["in-memory", "spilled"])
 def test_a_select_job_loads_no_pandas(tmp_path, parts):
     """`mrt select` over Parquet files (read whole, or spilled into buckets) never loads pandas,

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from mrt_fast.errors import MrtInputError
+from mrt_fast.selection.kernels import DEFAULT_KERNEL, KERNELS
 from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE, check_max_mode_cosine
 from mrt_fast.tables.layouts import check_layout
 
@@ -30,12 +31,6 @@ METHODS = {
 FACILITY_METHODS = ("diverse", "grades")
 
 
-#: how a cosine c becomes a similarity in [0, 1]: "clip" max(0, c), "shift" (1 + c)/2 (the paper's code)
-KERNELS = ("clip", "shift")
-
-#: the kernel of every selector and facility-location entry point unless one is given (docs/guides/selection.md,
-#: "The kernel": unrelated candidates then cover nothing of each other)
-DEFAULT_KERNEL = "clip"
 
 
 #: k, k_max and seed are unsigned 64-bit integers in the core
