@@ -363,8 +363,8 @@ def test_help_and_a_one_line_error_import_no_heavy_stack(tmp_path):
 
 
 def test_help_loads_neither_polars_nor_numpy():
-    """`mrt --help` and every command's help need only the command line: the selection area's
-    names load on first use, and the CLI reads the kernel default from a module of no imports."""
+    """`mrt --help` and every command's help need only the command line: the CLI reads the kernel
+    default from a module of no imports, not from the selection area."""
     import subprocess
     import sys
 

@@ -17,7 +17,7 @@ from mrt_fast.cli.common import (
     user_errors,
     warn_notes,
 )
-from mrt_fast.selection.kernels import DEFAULT_KERNEL
+from mrt_fast._util.kernels import DEFAULT_KERNEL
 
 
 @app.command("select")

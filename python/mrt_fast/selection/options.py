@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from mrt_fast.errors import MrtInputError
-from mrt_fast.selection.kernels import DEFAULT_KERNEL, KERNELS
+from mrt_fast._util.kernels import DEFAULT_KERNEL, KERNELS
 from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE, check_max_mode_cosine
 from mrt_fast.tables.layouts import check_layout
 

@@ -1,4 +1,6 @@
-"""The similarity kernels of facility location and their default, defined once (light: no imports)."""
+"""The similarity kernels of facility location and their default, defined once, in a module of no
+imports: the command line reads the default without loading the selection area (polars, NumPy);
+`mrt_fast.selection.options` names them for every selector."""
 
 from __future__ import annotations
 
