@@ -18,6 +18,7 @@ import numpy as np
 
 from llm_evidence.cell_files import write_atomic
 from llm_evidence.families import number
+from llm_evidence.stage_a_report import load_cells
 from llm_evidence.stats import paired_difference
 
 COMMAND = "python bench/experiments/llm_evidence/dpo_rules.py"
@@ -34,20 +35,6 @@ METRICS = {
 #: the comparisons reported (a - b), the rule comparisons first
 COMPARISONS = [("sweet-spot", "best-worst"), ("all", "best-worst"), ("sweet-spot", "all"),
                *[(r, "sft") for r in RULES]]
-
-
-def load_cells(cell_dir: Path, predictions_sha: str) -> tuple[dict[str, dict], list[str]]:
-    """The cells written for these predictions (by name), and the names of cells written for others."""
-    cells, stale = {}, []
-    for p in sorted(Path(cell_dir).glob("*.json")):
-        d = json.loads(p.read_text())
-        if "cell" not in d:
-            continue
-        if d["settings"].get("predictions_sha256") != predictions_sha:
-            stale.append(d["cell"])
-        else:
-            cells[d["cell"]] = d
-    return cells, stale
 
 
 def per_prompt(cell: dict, metric: str) -> np.ndarray:

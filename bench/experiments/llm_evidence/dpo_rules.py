@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE.parent))
 from llm_evidence.cell_files import is_done, write_atomic  # noqa: E402
 from llm_evidence.families import VALID, Item, heldout_prompts, number, training_prompts  # noqa: E402
 from llm_evidence.smollm2 import MODEL, MODEL_DIR, model_path  # noqa: E402
-from llm_evidence.stage_a import parse_part, part_of, sha256  # noqa: E402
+from llm_evidence.stage_a import _threads, parse_part, part_of, sha256  # noqa: E402
 
 PREDICTIONS = HERE / "dpo_predictions.json"
 RESULTS = HERE.parents[1] / "results" / "llm_evidence_v2"
@@ -309,12 +309,6 @@ class Runner:
                   f"{result['greedy_valid_rate']:.2f} greedy / {result['sample_valid_rate']:.2f} sampled, "
                   f"greedy reward {result['mean_greedy_reward']:.3f}", flush=True)
         return {"cells": len(todo), "skipped": skipped, "ran": ran}
-
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def main(argv: list[str] | None = None) -> int:
