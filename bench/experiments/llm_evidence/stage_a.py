@@ -3,6 +3,7 @@
     python bench/experiments/llm_evidence/stage_a.py --threads 2    # the grid (resumable, cell by cell), then the report
     python bench/experiments/llm_evidence/stage_a.py --report       # the report from the cells present
     python bench/experiments/llm_evidence/stage_a.py --quick        # a miniature (CI)
+    python bench/experiments/llm_evidence/stage_a.py --gpu-variant --device cuda   # AMENDMENT.md's larger variant
     python bench/experiments/llm_evidence/stage_a.py --threads 1 --part 0/2 & \
     python bench/experiments/llm_evidence/stage_a.py --threads 1 --part 1/2    # two processes share the grid
 
@@ -50,6 +51,9 @@ FULL = dict(ks=[1, 4], seeds=[0, 1, 2, 3], n_train=48, pool_size=8, steps=24, ba
             prompt_format="chat", n_heldout=64, n_samples=4, max_new_tokens=8, n_tasks=None)
 QUICK = dict(FULL, seeds=[0, 1], n_train=4, steps=2, batch_size=2, n_heldout=3, n_samples=2, max_new_tokens=4,
              n_tasks=3)
+#: the larger variant run on one GPU (AMENDMENT.md): more seeds, K = 2, twice the steps; judged on the longest
+#: complete seed prefix of at least ``min_seeds`` seeds
+GPU_VARIANT = dict(FULL, ks=[1, 2, 4], seeds=[0, 1, 2, 3, 4, 5], steps=48, min_seeds=4)
 #: the settings a training cell depends on (the base cells: the evaluation ones only)
 EVAL_KEYS = ["prompt_format", "n_heldout", "n_samples", "max_new_tokens"]
 TRAIN_KEYS = ["n_train", "pool_size", "steps", "batch_size", "lr", "lora_r", *EVAL_KEYS]
@@ -160,8 +164,12 @@ class Runner:
                 "epochs": res.epochs, "train_seconds": res.seconds, "train_loss": [r["loss"] for r in res.log],
                 "train_prompt_ids": sorted(set(kept["prompt_id"].to_list())), "kept": kept.to_dicts()}
 
-    def run(self, only: str | None = None, limit: int | None = None, part: tuple[int, int] = (0, 1)) -> dict:
-        todo = part_of(self.cell_list(), *part)
+    def run(self, only: str | None = None, limit: int | None = None, part: tuple[int, int] = (0, 1),
+            seeds: list[int] | None = None) -> dict:
+        """Run the cells not yet written: part ``part`` of the grid, only names containing ``only``, only the
+        training cells of ``seeds`` (the untrained cells always), at most ``limit`` of them."""
+        todo = [(n, s) for n, s in self.cell_list() if seeds is None or s.get("seed", seeds[0]) in seeds]
+        todo = part_of(todo, *part)
         skipped = ran = 0
         for name, spec in todo:
             if only and only not in name:
@@ -190,9 +198,33 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` -> [0, 1, 2]."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes whole numbers separated by commas, got {text!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError("--seeds needs at least one seed")
+    return out
+
+
+def design(quick: bool, gpu_variant: bool) -> tuple[dict, str]:
+    """The settings and the results folder's name of the chosen design."""
+    if quick and gpu_variant:
+        raise SystemExit("--quick and --gpu-variant are two designs: choose one")
+    if gpu_variant:
+        return dict(GPU_VARIANT), "llm_evidence_v2_gpu"
+    return (dict(QUICK), "llm_evidence_v2_quick") if quick else (dict(FULL), "llm_evidence_v2")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a miniature (CI): 3 tasks, 2 seeds, 2 steps, 3 prompts")
+    ap.add_argument("--gpu-variant", action="store_true", help="the larger variant of AMENDMENT.md (K in {1, 2, 4}, "
+                    "seeds 0-5, 48 steps), results under llm_evidence_v2_gpu/")
+    ap.add_argument("--seeds", type=parse_seeds, default=None, metavar="S,S,...",
+                    help="run only these seeds' training cells (the report still covers the whole design)")
     ap.add_argument("--report", action="store_true", help="only write the report from the cells present")
     ap.add_argument("--no-report", action="store_true", help="run the cells, skip the report")
     ap.add_argument("--results", type=Path, default=None, help="where stage_a/ and stage_a.md go")
@@ -210,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    cfg = dict(QUICK if a.quick else FULL)
-    results = a.results or HERE.parents[1] / "results" / ("llm_evidence_v2_quick" if a.quick else "llm_evidence_v2")
+    cfg, folder = design(a.quick, a.gpu_variant)
+    results = a.results or HERE.parents[1] / "results" / folder
     tasks = stage_a_tasks(a.predictions, cfg["n_tasks"])
     if not a.report:
         import torch
@@ -221,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="stage_a_") as work:
             runner = Runner(cfg, tasks, results / "stage_a", model, a.model or MODEL, sha256(a.predictions),
                             Path(work), a.device)
-            print(json.dumps(runner.run(a.only, a.limit, a.part)), flush=True)
+            print(json.dumps(runner.run(a.only, a.limit, a.part, a.seeds)), flush=True)
     if not a.no_report:
         from llm_evidence.stage_a_report import write_report
 

@@ -176,8 +176,41 @@ def _ci(ci) -> str:
     return f"[{_f(ci[0])}, {_f(ci[1])}]"
 
 
+def judged_seeds(cells: dict, cfg: dict, tasks: list[str], complete: bool) -> tuple[list[int], bool]:
+    """The seeds the statistics use, and whether the pass criterion is judged on them: every seed when the grid
+    is complete; else, for a design with ``min_seeds`` (AMENDMENT.md), the longest complete prefix of its seeds
+    when that holds at least ``min_seeds``; else every seed's cells present, not judged."""
+    if complete:
+        return list(cfg["seeds"]), True
+    need = cfg.get("min_seeds")
+    prefix: list[int] = []
+    for s in cfg["seeds"]:
+        if not all(f"{t}-k{k}-s{s}" in cells for t in tasks for k in cfg["ks"]):
+            break
+        prefix.append(s)
+    if need is not None and len(prefix) >= need:
+        return prefix, True
+    return list(cfg["seeds"]), False
+
+
+def judging_rule(cfg: dict, judged_on: list[int] | None) -> str:
+    """The sentence that says on which cells the pass criterion is judged."""
+    if judged_on is not None and judged_on != list(cfg["seeds"]):
+        return (f"The pass criterion is judged on seeds {', '.join(map(str, judged_on))}, the longest complete "
+                f"prefix of the seeds (at least {cfg['min_seeds']}, AMENDMENT.md); the statistics below use "
+                "those seeds' cells alone.")
+    if judged_on is not None:
+        return "The grid is complete and the pass criterion is judged on it."
+    if cfg.get("min_seeds"):
+        return (f"The pass criterion is judged on the longest complete prefix of the seeds once it holds "
+                f"{cfg['min_seeds']} (AMENDMENT.md); until then the numbers below describe the cells present "
+                "and no verdict is given.")
+    return ("The pass criterion is judged only on the full grid; on a partial grid the numbers below describe "
+            "the cells present and no verdict is given.")
+
+
 def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, complete_seeds: list[int],
-           stale: list[str], verdict: dict, settings: dict | None) -> str:
+           stale: list[str], verdict: dict, settings: dict | None, judged_on: list[int] | None = None) -> str:
     ks = cfg["ks"]
     lines = ["# Stage A: does the pilot's ratio order the gain of K = 4 over K = 1?", "",
              f"From the cells present (`{COMMAND} --report`). Design: {len(tasks)} tasks ({', '.join(tasks)}, "
@@ -185,8 +218,7 @@ def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, 
              f"{', '.join(map(str, cfg['seeds']))}.", "",
              f"**Cells complete: {n_done} of {n_cells}** (the untrained model per task and every task x K x seed). "
              f"Seeds complete for every task and K: {', '.join(map(str, complete_seeds)) or 'none'}. "
-             "The pass criterion is judged only on the full grid; on a partial grid the numbers below describe "
-             "the cells present and no verdict is given."]
+             + judging_rule(cfg, judged_on)]
     if stale:
         lines += ["", f"Cells written for another predictions.json (left out): {', '.join(stale)}."]
     if settings:
@@ -241,12 +273,17 @@ def write_report(cell_dir: Path, out_md: Path, cfg: dict, tasks: list[str], pred
     n_done = sum(n in cells for n in names)
     complete_seeds = [s for s in cfg["seeds"] if all(f"{t}-k{k}-s{s}" in cells for t in tasks for k in cfg["ks"])]
     complete = n_done == len(names)
-    stats = stage_a_statistics(cells, cfg, tasks, pilots_dir, n_boot or (200 if len(cfg["seeds"]) < 4 else 2000))
-    verdict = verdicts(stats["correlations"], complete)
+    seeds, judged = judged_seeds(cells, cfg, tasks, complete)
+    stats = stage_a_statistics(cells, dict(cfg, seeds=seeds), tasks, pilots_dir,
+                               n_boot or (200 if len(cfg["seeds"]) < 4 else 2000))
+    verdict = verdicts(stats["correlations"], judged)
     train = [d for d in cells.values() if d["spec"]["kind"] == "train"]
     settings = train[0]["settings"] if train else None
-    write_atomic(out_md, render(stats, cfg, tasks, n_done, len(names), complete_seeds, stale, verdict, settings))
+    judged_on = seeds if judged else None
+    write_atomic(out_md, render(stats, cfg, tasks, n_done, len(names), complete_seeds, stale, verdict, settings,
+                                judged_on))
     write_atomic(out_md.with_suffix(".json"), json.loads(json.dumps(
         {**stats, "cells_done": n_done, "cells": len(names), "complete_seeds": complete_seeds, "complete": complete,
-         "verdict": verdict, "predictions_sha256": sha}, default=str)))
-    return {"cells_done": n_done, "cells": len(names), "complete_seeds": complete_seeds, "verdict": verdict}
+         "judged_on_seeds": judged_on, "verdict": verdict, "predictions_sha256": sha}, default=str)))
+    return {"cells_done": n_done, "cells": len(names), "complete_seeds": complete_seeds, "judged_on_seeds": judged_on,
+            "verdict": verdict}

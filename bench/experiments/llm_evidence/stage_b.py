@@ -3,6 +3,7 @@
     python bench/experiments/llm_evidence/stage_b.py --threads 2    # the grid (resumable, cell by cell), then the report
     python bench/experiments/llm_evidence/stage_b.py --report       # the report from the cells present
     python bench/experiments/llm_evidence/stage_b.py --quick        # a miniature (CI)
+    python bench/experiments/llm_evidence/stage_b.py --gpu-variant --device cuda   # seeds 0-5 (AMENDMENT.md)
     python bench/experiments/llm_evidence/stage_b.py --threads 1 --part 0/2 & \\
     python bench/experiments/llm_evidence/stage_b.py --threads 1 --part 1/2    # two processes share the grid
 
@@ -49,6 +50,9 @@ RESULTS = stage_a.RESULTS
 #: Stage A's training settings; ``ref_k`` and ``n_train`` set the budget: K = ref_k keeps n_train prompts
 FULL = dict(stage_a.FULL, ks=[1, 2, 4, 8], seeds=[0, 1, 2], ref_k=4)
 QUICK = dict(stage_a.QUICK, ks=[1, 2, 4, 8], seeds=[0, 1], ref_k=4, n_tasks=None)
+#: the GPU variant (AMENDMENT.md): the same design with seeds 0-5, judged on the longest complete seed prefix of
+#: at least 3 seeds
+GPU_VARIANT = dict(FULL, seeds=[0, 1, 2, 3, 4, 5], min_seeds=3)
 #: the settings of a Stage B training cell: Stage A's (with this cell's n_train) and the budget's
 BUDGET_KEYS = ["budget", "cost_ratio", "ref_k"]
 def stage_b_tasks(predictions: Path) -> list[str]:
@@ -88,6 +92,10 @@ class Runner(stage_a.Runner):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a miniature (CI): 2 seeds, 2 steps, 3 held-out prompts")
+    ap.add_argument("--gpu-variant", action="store_true", help="AMENDMENT.md's GPU variant (seeds 0-5), results "
+                    "under llm_evidence_v2_gpu/")
+    ap.add_argument("--seeds", type=stage_a.parse_seeds, default=None, metavar="S,S,...",
+                    help="run only these seeds' cells (the report still covers the whole design)")
     ap.add_argument("--report", action="store_true", help="only write the report from the cells present")
     ap.add_argument("--no-report", action="store_true", help="run the cells, skip the report")
     ap.add_argument("--results", type=Path, default=None, help="where stage_b/ and stage_b.md go")
@@ -106,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    cfg = with_budget(QUICK if a.quick else FULL, a.predictions)
-    results = a.results or HERE.parents[1] / "results" / ("llm_evidence_v2_quick" if a.quick else "llm_evidence_v2")
+    if a.quick and a.gpu_variant:
+        raise SystemExit("--quick and --gpu-variant are two designs: choose one")
+    base, folder = ((GPU_VARIANT, "llm_evidence_v2_gpu") if a.gpu_variant
+                    else (QUICK, "llm_evidence_v2_quick") if a.quick else (FULL, "llm_evidence_v2"))
+    cfg = with_budget(base, a.predictions)
+    results = a.results or HERE.parents[1] / "results" / folder
     tasks = stage_b_tasks(a.predictions)
     if not a.report:
         import torch
@@ -117,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="stage_b_") as work:
             runner = Runner(cfg, tasks, results / "stage_b", model, a.model or MODEL, stage_a.sha256(a.predictions),
                             Path(work), a.device)
-            print(json.dumps(runner.run(a.only, a.limit, a.part)), flush=True)
+            print(json.dumps(runner.run(a.only, a.limit, a.part, a.seeds)), flush=True)
     if not a.no_report:
         from llm_evidence.stage_b_report import write_report
 

@@ -5,8 +5,10 @@ bootstrap replicate resamples, per task, its seeds and its held-out prompts, the
 (paired), and takes the task's best K: the argmin over K of the mean held-out reference loss (ties: the
 smallest K). The report gives each task's distribution of the best K, the share of replicates in which the
 low-K* task's best K is below the high-K* task's, and whether each task's most frequent best K lies in its
-K* interval, for the chat pilot (the warm pilot the predictions chose) and the base pilot. The pass
-criterion is judged only when every cell of the design is present.
+K* interval read at the grid's resolution (AMENDMENT.md: the grid K nearest each end of the interval in log K,
+and those between), for the chat pilot (the warm pilot the predictions chose) and the base pilot. The pass
+criterion is judged when every cell of the design is present or, for a design with ``min_seeds``, on the
+longest complete prefix of its seeds holding at least that many.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from llm_evidence.cell_files import write_atomic
 from llm_evidence.fixed_budget import prompts_for
-from llm_evidence.stage_a_report import _ci, _f, load_cells
+from llm_evidence.stage_a_report import _ci, _f, judged_seeds, judging_rule, load_cells
 from llm_evidence.stats import percentile_interval
 
 PILOTS = ("chat", "base")
@@ -86,6 +88,22 @@ def in_interval(k: int, interval) -> bool:
     return lo <= k <= hi
 
 
+def _nearest_in_log(v: float, ks: list[int]) -> int:
+    """The grid K nearest ``v`` in log K (ties: the smaller K; v <= 0 -> the smallest K, v = inf -> the largest)."""
+    if not v > 0:
+        return min(ks)
+    if math.isinf(v):
+        return max(ks)
+    return min(sorted(ks), key=lambda k: abs(math.log(k) - math.log(v)))
+
+
+def grid_interval(interval, ks: list[int]) -> list[int]:
+    """The K* interval read at the grid's resolution (AMENDMENT.md): the grid K nearest each end in log K and every
+    grid K between them."""
+    lo, hi = (_nearest_in_log(float(v), ks) for v in interval)
+    return [k for k in sorted(ks) if lo <= k <= hi]
+
+
 def pilot_check(pred: dict, pilot: str, tasks: list[str], best: dict[str, np.ndarray], ks: list[int]) -> dict:
     """The criterion's parts for one pilot's K*: which task is the low-K* one, the share, each task's mode in its
     interval (and which grid K lie in the interval at all)."""
@@ -93,25 +111,28 @@ def pilot_check(pred: dict, pilot: str, tasks: list[str], best: dict[str, np.nda
     ci = {t: [float(v) for v in pred["by_family"][t][pilot]["k_star_ci"]] for t in tasks}
     lo_t, hi_t = sorted(tasks, key=lambda t: kstar[t])
     out = {"k_star": kstar, "k_star_ci": ci, "low": lo_t, "high": hi_t,
-           "grid_in_interval": {t: [k for k in ks if in_interval(k, ci[t])] for t in tasks}}
+           "grid_in_interval": {t: [k for k in ks if in_interval(k, ci[t])] for t in tasks},
+           "grid_interval": {t: grid_interval(ci[t], ks) for t in tasks}}
     if all(t in best for t in tasks):
         out["share_below"] = share_below(best[lo_t], best[hi_t])
         modes = {t: most_frequent(distribution(best[t], ks)) for t in tasks}
         out["mode"] = modes
         out["mode_in_interval"] = {t: in_interval(modes[t], ci[t]) for t in tasks}
+        out["mode_in_grid_interval"] = {t: modes[t] in out["grid_interval"][t] for t in tasks}
     return out
 
 
 def verdict(check: dict, complete: bool) -> str:
-    """PASS when the share reaches SHARE_NEEDED and each task's most frequent best K lies in its K* interval; judged
-    only on the full grid."""
+    """PASS when the share reaches SHARE_NEEDED and each task's most frequent best K lies in its K* interval read at
+    the grid's resolution (AMENDMENT.md); judged only when ``complete`` (the cells judged are all present)."""
     if "share_below" not in check:
         return "not computed (a task has no seed with every K)"
     share_ok = check["share_below"] >= SHARE_NEEDED
-    modes_ok = all(check["mode_in_interval"].values())
+    modes_ok = all(check["mode_in_grid_interval"].values())
     what = (f"{check['low']}'s best K is below {check['high']}'s in {check['share_below']:.1%} of replicates "
             f"({'at least' if share_ok else 'below'} {SHARE_NEEDED:.0%}); most frequent best K "
-            + ", ".join(f"{t} {check['mode'][t]} ({'in' if check['mode_in_interval'][t] else 'outside'} "
+            + ", ".join(f"{t} {check['mode'][t]} ({'in' if check['mode_in_grid_interval'][t] else 'outside'} "
+                        f"{{{', '.join(map(str, check['grid_interval'][t]))}}}, the grid reading of "
                         f"[{_f(check['k_star_ci'][t][0], 2)}, {_f(check['k_star_ci'][t][1], 2)}])"
                         for t in (check["low"], check["high"])))
     if not complete:
@@ -153,7 +174,7 @@ def stage_b_statistics(cells: dict, cfg: dict, tasks: list[str], pred: dict, n_b
 
 
 def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, stale: list[str],
-           verdicts: dict, warm: str) -> str:
+           verdicts: dict, warm: str, judged_on: list[int] | None = None) -> str:
     ks = cfg["ks"]
     lines = ["# Stage B: at a fixed budget, is the low-K* task's best K below the high-K* task's?", "",
              f"From the cells present (`{COMMAND} --report`). Design: the tasks {', '.join(tasks)} (chosen in "
@@ -162,8 +183,7 @@ def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, 
              "trains on N_p(K) = floor(B / (C_p + K)) prompts ("
              + ", ".join(f"{cfg_np(cfg, k)} at K = {k}" for k in ks) + f"), {cfg['steps']} optimizer steps of "
              f"{cfg['batch_size']} pairs at every K.", "",
-             f"**Cells complete: {n_done} of {n_cells}.** The pass criterion is judged only on the full grid; on a "
-             "partial grid the numbers below describe the cells present and no verdict is given."]
+             f"**Cells complete: {n_done} of {n_cells}.** " + judging_rule(cfg, judged_on)]
     if stale:
         lines += ["", f"Cells written for another predictions.json (left out): {', '.join(stale)}."]
     lines += ["", "## Per task", "",
@@ -199,25 +219,31 @@ def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, 
     lines += ["", "## Pass criterion", "",
               f"Pre-registered: the low-K* task's best K is below the high-K* task's in at least {SHARE_NEEDED:.0%} "
               "of replicates, and each task's most frequent best K lies in its K* interval (95%, C_p / C_r = "
-              f"{cfg['cost_ratio']}). The predictions chose the `{warm}` pilot; the other pilot is reported too.", "",
-              "| pilot | task | K* | K* 95% CI | grid K in the interval | most frequent best K | in the interval |",
-              "|---|---|---|---|---|---|---|"]
+              f"{cfg['cost_ratio']}), read at the grid's resolution (AMENDMENT.md: the grid K nearest each end of "
+              "the interval in log K, and those between; the literal reading is shown beside it). The predictions "
+              f"chose the `{warm}` pilot; the other pilot is reported too.", "",
+              "| pilot | task | K* | K* 95% CI | grid reading | most frequent best K | in the grid reading | "
+              "grid K inside the literal interval | in the literal interval |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    yes_no = {True: "yes", False: "no"}
     for p in PILOTS:
         c = stats["checks"][p]
         for t in (c["low"], c["high"]):
             grid = c["grid_in_interval"][t]
             lines.append(f"| {p} | {t} ({'low' if t == c['low'] else 'high'} K*) | {_f(c['k_star'][t], 2)} | "
-                         f"{_ci(c['k_star_ci'][t])} | {', '.join(map(str, grid)) or 'none'} | "
+                         f"{_ci(c['k_star_ci'][t])} | {', '.join(map(str, c['grid_interval'][t]))} | "
                          f"{c.get('mode', {}).get(t, '–')} | "
-                         + ({True: "yes", False: "no"}[c["mode_in_interval"][t]] if "mode_in_interval" in c else "–")
-                         + " |")
+                         + (yes_no[c["mode_in_grid_interval"][t]] if "mode" in c else "–")
+                         + f" | {', '.join(map(str, grid)) or 'none'} | "
+                         + (yes_no[c["mode_in_interval"][t]] if "mode" in c else "–") + " |")
     lines.append("")
     for p in PILOTS:
         c = stats["checks"][p]
         empty = [t for t in (c["low"], c["high"]) if not c["grid_in_interval"][t]]
         if empty:
-            lines.append(f"* {p} pilot: no K of the grid lies in the K* interval of {', '.join(empty)}, so its "
-                         "most frequent best K cannot lie in it.")
+            lines.append(f"* {p} pilot: no K of the grid lies in the literal K* interval of {', '.join(empty)}, so "
+                         "its most frequent best K cannot lie in it; the criterion reads the interval at the grid's "
+                         "resolution.")
     lines += [f"* {p} pilot{' (the predictions’ choice)' if p == warm else ''}: {verdicts[p]}." for p in PILOTS]
     lines.append("")
     return "\n".join(lines)
@@ -240,12 +266,16 @@ def write_report(cell_dir: Path, out_md: Path, cfg: dict, tasks: list[str], pred
     n_done = sum(n in cells for n in names)
     complete = n_done == len(names)
     cells = {n: cells[n] for n in names if n in cells}
-    stats = stage_b_statistics(cells, cfg, tasks, pred, n_boot)
-    verdicts = {p: verdict(stats["checks"][p], complete) for p in PILOTS}
+    seeds, judged = judged_seeds(cells, cfg, tasks, complete)
+    stats = stage_b_statistics(cells, dict(cfg, seeds=seeds), tasks, pred, n_boot)
+    verdicts = {p: verdict(stats["checks"][p], judged) for p in PILOTS}
     warm = pred["choice"].get("warm_pilot", "chat")
-    write_atomic(out_md, render(stats, cfg, tasks, n_done, len(names), stale, verdicts, warm))
+    judged_on = seeds if judged else None
+    write_atomic(out_md, render(stats, cfg, tasks, n_done, len(names), stale, verdicts, warm, judged_on))
     write_atomic(out_md.with_suffix(".json"), json.loads(json.dumps(
-        {**stats, "cells_done": n_done, "cells": len(names), "complete": complete, "verdict": verdicts,
+        {**stats, "cells_done": n_done, "cells": len(names), "complete": complete, "judged_on_seeds": judged_on,
+         "verdict": verdicts,
          "warm_pilot": warm, "budget": cfg["budget"], "cost_ratio": cfg["cost_ratio"],
          "n_train": {k: cfg_np(cfg, k) for k in cfg["ks"]}, "predictions_sha256": sha}, default=str)))
-    return {"cells_done": n_done, "cells": len(names), "complete": complete, "verdict": verdicts}
+    return {"cells_done": n_done, "cells": len(names), "complete": complete, "judged_on_seeds": judged_on,
+            "verdict": verdicts}
