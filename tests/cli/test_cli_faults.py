@@ -7,6 +7,7 @@ reaching it would be a different error), and must leave no file behind.
 
 import os
 import stat
+import sys
 
 import polars as pl
 import pytest
@@ -404,3 +405,19 @@ def test_a_select_job_loads_no_pandas(tmp_path, parts):
     assert "HEAVY []" in r.stdout, r.stdout + r.stderr
     assert ("spilled to disk" in r.stdout) == bool(parts), r.stdout
     assert pl.scan_parquet(tmp_path / "out" / "*.parquet").select(pl.len()).collect().item() > 0
+
+
+@pytest.mark.parametrize("name", ["datasets", "transformers", "huggingface_hub"])
+def test_a_library_marked_absent_does_not_break_a_command(tmp_path, monkeypatch, name):
+    """`sys.modules[name] = None` marks a library absent (a user's way of blocking it, and the test
+    suite's where Hugging Face `datasets` is not installed): a command quiets the libraries it finds
+    and runs, instead of failing on the import of the one marked absent."""
+    from mrt_fast.cli.quiet import quiet_libraries
+
+    monkeypatch.setitem(sys.modules, name, None)
+    quiet_libraries()
+    src = tmp_path / "in.parquet"
+    pl.DataFrame({"prompt_id": [0, 0, 1, 1], "reward": [1.0, 2.0, 3.0, 4.0]}).write_parquet(src)
+    r = CliRunner().invoke(app, ["select", str(src), str(tmp_path / "out"), "--k", "1", "--method", "top"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert pl.read_parquet(tmp_path / "out" / "*.parquet")["reward"].sort().to_list() == [2.0, 4.0]

@@ -103,6 +103,7 @@ def test_verdicts_follow_the_interval():
 
 @pytest.mark.train
 def test_quick_grid_writes_every_cell_reruns_skip_and_the_report_pairs_cells(chat_lm, tmp_path, capsys):
+    pytest.importorskip("trl")  # DPO training is TRL's (with Hugging Face datasets), beyond the train extra's core
     out = tmp_path / "v2"
     args = ["--quick", "--model", str(chat_lm), "--results", str(out), "--work", str(tmp_path / "work"),
             "--threads", "1"]

@@ -47,6 +47,41 @@ def test_parts_share_the_grid_once(stage_a):
             stage_a.parse_part(bad)
 
 
+def test_the_gpu_variant_is_the_amendment_s_design(stage_a):
+    """AMENDMENT.md: K in {1, 2, 4}, seeds 0-5, 48 steps, judged on a prefix of at least 4 seeds; the rest as Stage A."""
+    g, f = stage_a.GPU_VARIANT, stage_a.FULL
+    assert g["ks"] == [1, 2, 4] and g["seeds"] == list(range(6)) and g["steps"] == 48 and g["min_seeds"] == 4
+    assert {k: v for k, v in g.items() if k not in ("ks", "seeds", "steps", "min_seeds", "design_flag")} == \
+        {k: v for k, v in f.items() if k not in ("ks", "seeds", "steps")}
+    assert stage_a.design(False, True) == (g, "llm_evidence_v2_gpu")
+    assert stage_a.design(False, False) == (f, "llm_evidence_v2")
+    with pytest.raises(SystemExit, match="choose one"):
+        stage_a.design(True, True)
+
+
+def test_seeds_choose_the_training_cells_and_keep_the_untrained_ones(stage_a, tmp_path, monkeypatch):
+    import argparse
+
+    assert stage_a.parse_seeds("0, 2,5") == [0, 2, 5]
+    for bad in ("", "a", "1;2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            stage_a.parse_seeds(bad)
+    runner = stage_a.Runner.__new__(stage_a.Runner)  # the cell loop alone: no model
+    runner.cfg, runner.tasks, runner.results, runner.sha = dict(stage_a.FULL), ["range3", "sum"], tmp_path, "x"
+    runner.model_label = "m"
+    ran = []
+    monkeypatch.setattr(runner, "train_cell", lambda spec: ran.append(spec) or {"mean_loss": 1.0,
+                        "greedy_valid_rate": 0.0, "sample_valid_rate": 0.0})
+    monkeypatch.setattr(runner, "evaluate", lambda task, adapter, seed: ran.append({"kind": "base", "task": task})
+                        or {"mean_loss": 1.0, "greedy_valid_rate": 0.0, "sample_valid_rate": 0.0})
+    monkeypatch.setattr(runner, "device", "cpu", raising=False)
+    monkeypatch.setattr(stage_a, "_threads", lambda: 1)
+    out = runner.run(seeds=[1, 3])
+    assert out["ran"] == 2 + 2 * 2 * 2  # both untrained cells, then seeds 1 and 3 of each task x K
+    assert sorted({s["seed"] for s in ran if s["kind"] == "train"}) == [1, 3]
+    assert runner.run(seeds=[1, 3])["ran"] == 0  # written cells are skipped
+
+
 def test_training_rows_keep_k_valid_answers_of_the_seeds_own_prompts(stage_a):
     from llm_evidence.families import heldout_prompts, training_prompts
 

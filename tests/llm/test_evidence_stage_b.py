@@ -176,9 +176,14 @@ def test_the_verdict(report):
     few = report.pilot_check(_pred([1.0, 2.5], [6.0, 9.0]), "chat", ["lo", "hi"],
                              {"lo": np.array([2] * 85 + [8] * 15), "hi": best["hi"]}, KS)
     assert few["share_below"] == pytest.approx(0.85) and report.verdict(few, True).startswith("FAIL")
-    # a mode outside its interval (no grid K in [4.07, 6.04] at all)
-    out = report.pilot_check(_pred([1.0, 2.5], [4.07, 6.04]), "chat", ["lo", "hi"], best, KS)
-    assert out["grid_in_interval"]["hi"] == [] and not out["mode_in_interval"]["hi"]
+    # no grid K inside [4.07, 6.04]: read at the grid's resolution (AMENDMENT.md) it is {4, 8}, which holds 8
+    wide = report.pilot_check(_pred([1.0, 2.5], [4.07, 6.04]), "chat", ["lo", "hi"], best, KS)
+    assert wide["grid_in_interval"]["hi"] == [] and not wide["mode_in_interval"]["hi"]
+    assert wide["grid_interval"]["hi"] == [4, 8] and wide["mode_in_grid_interval"]["hi"]
+    assert report.verdict(wide, True).startswith("PASS")
+    # a mode outside its grid reading: [4.07, 5.5] reads as {4}
+    out = report.pilot_check(_pred([1.0, 2.5], [4.07, 5.5]), "chat", ["lo", "hi"], best, KS)
+    assert out["grid_interval"]["hi"] == [4] and not out["mode_in_grid_interval"]["hi"]
     assert report.verdict(out, True).startswith("FAIL")
     # the base pilot orders the tasks the other way: its low-K* task is "hi"
     base = report.pilot_check(_pred([1.0, 2.5], [6.0, 9.0]), "base", ["lo", "hi"], best, KS)
@@ -229,11 +234,72 @@ def test_report_on_synthetic_cells(stage_b, report, tmp_path):
     assert s["complete"] and rep["cells_done"] == 24
     c = rep["checks"]["chat"]
     assert c["low"] == lo and c["share_below"] > 0.95 and c["mode"] == {lo: 1, hi: 4}
-    expected = all(report.in_interval(c["mode"][t], c["k_star_ci"][t]) for t in tasks)
+    expected = all(c["mode"][t] in report.grid_interval(c["k_star_ci"][t], KS) for t in tasks)
     assert s["verdict"]["chat"].startswith("PASS" if expected else "FAIL")
     assert rep["tasks"][lo]["best_k"] == 1 and rep["n_train"] == {"1": 61, "2": 56, "4": 48, "8": 37}
     text = (tmp_path / "full.md").read_text()
     assert "Cells complete: 24 of 24" in text and "(the predictions’ choice)" in text
+
+
+def test_the_amendment_s_grid_readings_of_the_predictions(stage_b, report):
+    """AMENDMENT.md names the grid readings of both pilots' intervals; the code gives the same."""
+    pred = json.loads(stage_b.PREDICTIONS.read_text())
+    got = {(p, t): report.grid_interval(pred["by_family"][t][p]["k_star_ci"], KS)
+           for p in ("chat", "base") for t in ("mixture", "range40")}
+    assert got == {("chat", "mixture"): [1], ("chat", "range40"): [4, 8], ("base", "mixture"): [1, 2],
+                   ("base", "range40"): [4]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.01, 100), st.floats(0, 10), st.sampled_from([[1, 2, 4, 8], [1, 2, 3, 5, 8, 13], [2, 16]]))
+def test_the_grid_reading_is_the_grid_run_between_the_ends_nearest_neighbours(report, lo, width, ks):
+    hi = lo + width
+    got = report.grid_interval([lo, hi], ks)
+    logk = np.log(ks)
+    near = [ks[int(np.argmin(np.abs(logk - np.log(v))))] for v in (lo, hi)]
+    # a contiguous, non-empty run of the grid from the K nearest lo to the K nearest hi (in log K)
+    assert got and got == [k for k in ks if near[0] <= k <= near[1]]
+    # every grid K inside the literal interval is in it, and no K is further out than a grid step
+    assert all(k in got for k in ks if lo <= k <= hi)
+    inside = [k for k in ks if lo <= k <= hi]
+    if inside:
+        assert len(got) <= len(inside) + 2
+
+
+def test_judged_seeds_take_the_longest_complete_prefix_of_at_least_min_seeds(report):
+    from llm_evidence.stage_a_report import judged_seeds
+
+    cfg = {"ks": [1, 4], "seeds": [0, 1, 2, 3, 4], "min_seeds": 3}
+    names = lambda seeds: {f"t-k{k}-s{s}": {} for s in seeds for k in (1, 4)}  # noqa: E731
+    assert judged_seeds(names([0, 1, 2, 4]), cfg, ["t"], complete=False) == ([0, 1, 2], True)
+    # seed 1 missing: the prefix is [0] however many later seeds are done
+    assert judged_seeds(names([0, 2, 3, 4]), cfg, ["t"], complete=False) == ([0, 1, 2, 3, 4], False)
+    # one K of seed 2 missing
+    cells = names([0, 1, 2, 3])
+    del cells["t-k4-s2"]
+    assert judged_seeds(cells, cfg, ["t"], complete=False) == ([0, 1, 2, 3, 4], False)
+    # without min_seeds only the complete grid is judged
+    no_min = {k: v for k, v in cfg.items() if k != "min_seeds"}
+    assert judged_seeds(names([0, 1, 2, 3]), no_min, ["t"], complete=False)[1] is False
+    assert judged_seeds(names([0, 1, 2, 3, 4]), no_min, ["t"], complete=True) == ([0, 1, 2, 3, 4], True)
+
+
+def test_a_gpu_variant_report_judges_its_seed_prefix(stage_b, report, tmp_path):
+    cfg = stage_b.with_budget(stage_b.GPU_VARIANT, stage_b.PREDICTIONS)
+    tasks = stage_b.stage_b_tasks(stage_b.PREDICTIONS)
+    pred = json.loads(stage_b.PREDICTIONS.read_text())
+    sha = stage_b.stage_a.sha256(stage_b.PREDICTIONS)
+    lo, hi = sorted(tasks, key=lambda t: pred["by_family"][t]["chat"]["k_star"])
+    curves = {lo: [1.20, 1.25, 1.30, 1.40], hi: [1.40, 1.30, 1.20, 1.25]}
+    _write_cells(stage_b, tmp_path / "two", cfg, tasks, sha, curves, seeds=[0, 1, 3])
+    s = report.write_report(tmp_path / "two", tmp_path / "two.md", cfg, tasks, stage_b.PREDICTIONS, n_boot=50)
+    assert s["judged_on_seeds"] is None and s["verdict"]["chat"].startswith("not judged")
+    _write_cells(stage_b, tmp_path / "three", cfg, tasks, sha, curves, seeds=[0, 1, 2, 4])
+    s = report.write_report(tmp_path / "three", tmp_path / "three.md", cfg, tasks, stage_b.PREDICTIONS, n_boot=50)
+    rep = json.loads((tmp_path / "three.json").read_text())
+    assert s["judged_on_seeds"] == [0, 1, 2] and s["verdict"]["chat"].startswith(("PASS", "FAIL"))
+    assert rep["tasks"][lo]["seeds"] == [0, 1, 2]  # seed 4's cells are left out of the statistics
+    assert "judged on seeds 0, 1, 2" in (tmp_path / "three.md").read_text()
 
 
 # ------------------------------------------------------------------ the runner in miniature

@@ -53,7 +53,8 @@ QUICK = dict(FULL, seeds=[0, 1], n_train=4, steps=2, batch_size=2, n_heldout=3, 
              n_tasks=3)
 #: the larger variant run on one GPU (AMENDMENT.md): more seeds, K = 2, twice the steps; judged on the longest
 #: complete seed prefix of at least ``min_seeds`` seeds
-GPU_VARIANT = dict(FULL, ks=[1, 2, 4], seeds=[0, 1, 2, 3, 4, 5], steps=48, min_seeds=4)
+GPU_VARIANT = dict(FULL, ks=[1, 2, 4], seeds=[0, 1, 2, 3, 4, 5], steps=48, min_seeds=4,
+                   design_flag="--gpu-variant")
 #: the settings a training cell depends on (the base cells: the evaluation ones only)
 EVAL_KEYS = ["prompt_format", "n_heldout", "n_samples", "max_new_tokens"]
 TRAIN_KEYS = ["n_train", "pool_size", "steps", "batch_size", "lr", "lora_r", *EVAL_KEYS]

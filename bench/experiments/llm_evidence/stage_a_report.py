@@ -213,7 +213,7 @@ def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, 
            stale: list[str], verdict: dict, settings: dict | None, judged_on: list[int] | None = None) -> str:
     ks = cfg["ks"]
     lines = ["# Stage A: does the pilot's ratio order the gain of K = 4 over K = 1?", "",
-             f"From the cells present (`{COMMAND} --report`). Design: {len(tasks)} tasks ({', '.join(tasks)}, "
+             f"From the cells present (`{COMMAND}{_flag(cfg)} --report`). Design: {len(tasks)} tasks ({', '.join(tasks)}, "
              f"chosen in `predictions.json`), K in {{{', '.join(map(str, ks))}}}, seeds "
              f"{', '.join(map(str, cfg['seeds']))}.", "",
              f"**Cells complete: {n_done} of {n_cells}** (the untrained model per task and every task x K x seed). "
@@ -287,3 +287,8 @@ def write_report(cell_dir: Path, out_md: Path, cfg: dict, tasks: list[str], pred
          "judged_on_seeds": judged_on, "verdict": verdict, "predictions_sha256": sha}, default=str)))
     return {"cells_done": n_done, "cells": len(names), "complete_seeds": complete_seeds, "judged_on_seeds": judged_on,
             "verdict": verdict}
+
+
+def _flag(cfg: dict) -> str:
+    """The design's flag on the report's command line (the GPU variant's ``--gpu-variant``)."""
+    return f" {cfg['design_flag']}" if cfg.get("design_flag") else ""

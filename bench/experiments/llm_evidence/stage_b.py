@@ -52,7 +52,7 @@ FULL = dict(stage_a.FULL, ks=[1, 2, 4, 8], seeds=[0, 1, 2], ref_k=4)
 QUICK = dict(stage_a.QUICK, ks=[1, 2, 4, 8], seeds=[0, 1], ref_k=4, n_tasks=None)
 #: the GPU variant (AMENDMENT.md): the same design with seeds 0-5, judged on the longest complete seed prefix of
 #: at least 3 seeds
-GPU_VARIANT = dict(FULL, seeds=[0, 1, 2, 3, 4, 5], min_seeds=3)
+GPU_VARIANT = dict(FULL, seeds=[0, 1, 2, 3, 4, 5], min_seeds=3, design_flag="--gpu-variant")
 #: the settings of a Stage B training cell: Stage A's (with this cell's n_train) and the budget's
 BUDGET_KEYS = ["budget", "cost_ratio", "ref_k"]
 def stage_b_tasks(predictions: Path) -> list[str]:

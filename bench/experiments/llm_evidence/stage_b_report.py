@@ -22,7 +22,7 @@ import numpy as np
 
 from llm_evidence.cell_files import write_atomic
 from llm_evidence.fixed_budget import prompts_for
-from llm_evidence.stage_a_report import _ci, _f, judged_seeds, judging_rule, load_cells
+from llm_evidence.stage_a_report import _ci, _f, _flag, judged_seeds, judging_rule, load_cells
 from llm_evidence.stats import percentile_interval
 
 PILOTS = ("chat", "base")
@@ -177,7 +177,7 @@ def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, 
            verdicts: dict, warm: str, judged_on: list[int] | None = None) -> str:
     ks = cfg["ks"]
     lines = ["# Stage B: at a fixed budget, is the low-K* task's best K below the high-K* task's?", "",
-             f"From the cells present (`{COMMAND} --report`). Design: the tasks {', '.join(tasks)} (chosen in "
+             f"From the cells present (`{COMMAND}{_flag(cfg)} --report`). Design: the tasks {', '.join(tasks)} (chosen in "
              f"`predictions.json`), K in {{{', '.join(map(str, ks))}}}, seeds {', '.join(map(str, cfg['seeds']))}, "
              f"a fixed budget B = N_p (C_p + K C_r) = {cfg['budget']} with C_p / C_r = {cfg['cost_ratio']}: K "
              "trains on N_p(K) = floor(B / (C_p + K)) prompts ("

@@ -27,17 +27,17 @@ def quiet_libraries() -> None:
     for k, v in ENVIRONMENT.items():
         os.environ.setdefault(k, v)
     warnings.filterwarnings("ignore", category=FutureWarning, module=rf"({'|'.join(LIBRARIES)})(\..*)?$")
-    if "transformers" in sys.modules:
+    if sys.modules.get("transformers") is not None:  # None: the name is marked absent
         from transformers.utils import logging as tlog
 
         tlog.disable_progress_bar()
         tlog.set_verbosity_error()
-    if "datasets" in sys.modules:
+    if sys.modules.get("datasets") is not None:
         import datasets
 
         datasets.disable_progress_bars()
         datasets.utils.logging.set_verbosity_error()
-    if "huggingface_hub" in sys.modules:
+    if sys.modules.get("huggingface_hub") is not None:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
