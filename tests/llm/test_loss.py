@@ -156,3 +156,35 @@ def test_a_trainable_copy_of_the_bundled_gguf_loads_in_transformers(tmp_path):
         a = model(ids).logits
         b = load_causal_lm(spec, dtype="float32")(ids).logits
     assert torch.allclose(a, b, atol=1e-4)
+    # the special tokens are the GGUF file's own, whatever this transformers release maps them to
+    from mrt_fast.llm.models import gguf_special_token_ids, resolve_model_path
+
+    want = gguf_special_token_ids(resolve_model_path(spec))
+    assert want["eos_token"] == 2 and tok.eos_token == "<|im_end|>"
+    assert {a: getattr(tok, f"{a}_id") for a in want} == want
+    assert model.generation_config.eos_token_id == want["eos_token"]
+
+
+@pytest.mark.train
+def test_a_gguf_s_own_special_tokens_replace_the_ones_transformers_mapped(tiny_paths, tmp_path):
+    """A transformers release mapped SmolLM2's start-of-turn token to eos: every response was trained to end
+    with it. The GGUF records its special token ids; the tokenizer takes those."""
+    gguf = pytest.importorskip("gguf")
+    from mrt_fast.llm.models import _gguf_special_tokens, gguf_special_token_ids, load_tokenizer
+
+    tok = load_tokenizer(str(tiny_paths["lm"]))
+    right = tok.eos_token_id
+    wrong = next(i for i in range(len(tok)) if i not in (right, tok.pad_token_id, tok.bos_token_id))
+    path = tmp_path / "meta.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_eos_token_id(right)
+    w.add_bos_token_id(wrong)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert gguf_special_token_ids(path) == {"eos_token": right, "bos_token": wrong}
+    tok.eos_token = tok.convert_ids_to_tokens(wrong)  # what the release did
+    assert tok.eos_token_id == wrong
+    _gguf_special_tokens(tok, path)
+    assert tok.eos_token_id == right and tok.bos_token_id == wrong

@@ -89,6 +89,13 @@ def materialize_gguf(spec: str, dest: str | os.PathLike) -> str:
     for attr in ("is_quantized", "quantization_method"):
         if attr in model.__dict__:
             del model.__dict__[attr]
+    # the model's own special ids follow the tokenizer's (which are the GGUF file's, see load_tokenizer)
+    for attr in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        tid = getattr(tok, attr, None)
+        if tid is not None:
+            setattr(model.config, attr, tid)
+            if getattr(model, "generation_config", None) is not None:
+                setattr(model.generation_config, attr, tid)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     os.replace(tmp, dest)
@@ -107,8 +114,40 @@ def _loading(what: str, spec: Any):
         raise MrtInputError(f"cannot load the {what} from {str(spec)!r}: {one_line(e)}") from None
 
 
+#: the GGUF metadata keys of the special tokens, by the tokenizer attribute each sets
+GGUF_SPECIAL_TOKENS = {"eos_token": "tokenizer.ggml.eos_token_id", "bos_token": "tokenizer.ggml.bos_token_id",
+                       "pad_token": "tokenizer.ggml.padding_token_id", "unk_token": "tokenizer.ggml.unknown_token_id"}
+
+
+def gguf_special_token_ids(path: str | os.PathLike) -> dict[str, int]:
+    """The special tokens' ids a GGUF file records (``eos_token`` -> id, ...), the ones it has."""
+    try:
+        import gguf
+    except ImportError:
+        raise MissingDependencyError("reading a GGUF model needs the gguf package: pip install 'mrt_fast[train]'") from None
+    reader = gguf.GGUFReader(str(path))
+    out = {}
+    for attr, key in GGUF_SPECIAL_TOKENS.items():
+        field = reader.fields.get(key)
+        if field is not None and field.data:
+            out[attr] = int(field.parts[field.data[0]][0])
+    return out
+
+
+def _gguf_special_tokens(tok, path: str | os.PathLike):
+    """Set the tokenizer's special tokens to the GGUF file's own: how transformers maps them has changed between
+    releases (one made SmolLM2's start-of-turn token its eos), and the eos is the token every response is trained
+    to end with."""
+    for attr, tid in gguf_special_token_ids(path).items():
+        if 0 <= tid < len(tok) and getattr(tok, f"{attr}_id", None) != tid:
+            setattr(tok, attr, tok.convert_ids_to_tokens(tid))
+    return tok
+
+
 def load_tokenizer(spec: Any):
-    """A tokenizer from a path / hub id / .gguf file, or the object itself; pads on the right, has a pad token."""
+    """A tokenizer from a path / hub id / .gguf file, or the object itself; pads on the right, has a pad token.
+
+    From a .gguf file, the special tokens are the ones the file records."""
     if not isinstance(spec, (str, os.PathLike)):
         tok = spec
     else:
@@ -117,6 +156,8 @@ def load_tokenizer(spec: Any):
         where, gguf = _gguf_location(str(spec))
         with _loading("tokenizer", spec):
             tok = AutoTokenizer.from_pretrained(where, **({"gguf_file": gguf} if gguf else {}))
+        if gguf:
+            _gguf_special_tokens(tok, Path(where) / gguf)
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
             raise MrtInputError("the tokenizer has neither a pad nor an eos token")
