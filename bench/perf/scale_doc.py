@@ -30,6 +30,15 @@ def fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return float(a), float(b), r2
 
 
+def fits(rows: list[dict]) -> str:
+    """Which sizes ran in memory and which spilled, in words."""
+    name = lambda r: f"{r['candidates'] / 1e6:,.0f}M"  # noqa: E731
+    mem = [name(r) for r in rows if r["select"]["parts"] == 1]
+    spill = [name(r) for r in rows if r["select"]["parts"] > 1]
+    return "; ".join(x for x in (f"{', '.join(mem)} in memory" if mem else "",
+                                 f"{', '.join(spill)} spilled" if spill else "") if x)
+
+
 def render(scale: dict, embed: dict) -> str:
     rows = scale["results"]
     lim = scale["limit_bytes"] / 1e9
@@ -68,7 +77,7 @@ def render(scale: dict, embed: dict) -> str:
             f"A straight line through the {len(rows)} sizes: wall seconds = {a:.2f} + {b * 1e6:.3f} × (millions of "
             f"candidates), R² = {r2:.4f}; CPU seconds = {ac:.2f} + {bc * 1e6:.3f} × millions, R² = {r2c:.4f}. "
             f"Per candidate, the {big['candidates'] / 1e6:,.0f}M job costs {big['select']['per_row_vs_smallest']:.2f}x "
-            "the 1M job's wall time (the 1M and 3M jobs fit in memory; the larger ones spill).", ""]
+            f"the {rows[0]['candidates'] / 1e6:,.0f}M job's wall time ({fits(rows)}).", ""]
     if spilled:
         use = [r["select"]["peak_rss_over_limit"] for r in spilled]
         ratios = [r["select"]["ratio_to_floor"] for r in spilled]
