@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -138,7 +139,18 @@ def measure(cmd: list[str], env: dict, watch: list[Path]) -> dict:
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{cmd} failed:\n{out[-3000:]}")
     return {"seconds": wall, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_bytes": hwm[0],
-            "peak_disk_bytes": peak[0], "output_tail": out[-600:]}
+            "peak_disk_bytes": peak[0], "output_tail": out[-2000:]}
+
+
+def profile(output: str) -> dict[str, str]:
+    """`mrt select --profile`'s breakdown (step -> its seconds) from the end of the job's output: each line of a
+    step's name, two or more spaces and its seconds (a line cut at the start of the kept output is left out)."""
+    out = {}
+    for line in output.splitlines()[1:]:
+        m = re.match(r"\s*([a-z][a-z (),]*?)\s{2,}(\d[\d.]* s\b.*?)\s*$", line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
 
 
 def run_size(size: int, a, work: Path, env: dict, limit: int) -> dict:
@@ -179,7 +191,7 @@ def run_size(size: int, a, work: Path, env: dict, limit: int) -> dict:
     s = {"runs_seconds": [x["seconds"] for x in sel], "seconds": med(sel, "seconds"),
          "cpu_seconds": med(sel, "cpu_seconds"), "peak_rss_bytes": max(x["peak_rss_bytes"] for x in sel),
          "peak_disk_bytes": max(x["peak_disk_bytes"] for x in sel), "parts": sel[0]["parts"],
-         "kept": sel[0]["kept"], "output_bytes": sel[0]["output_bytes"], "profile_tail": sel[-1]["output_tail"]}
+         "kept": sel[0]["kept"], "output_bytes": sel[0]["output_bytes"], "profile": profile(sel[-1]["output_tail"])}
     fl = {"runs_seconds": [x["seconds"] for x in floors], "seconds": med(floors, "seconds"),
           "cpu_seconds": med(floors, "cpu_seconds"), "peak_rss_bytes": max(x["peak_rss_bytes"] for x in floors),
           "peak_disk_bytes": max(x["peak_disk_bytes"] for x in floors)}

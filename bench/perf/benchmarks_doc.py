@@ -34,6 +34,9 @@ SECTIONS = [
      "`python bench/perf/bench_variance.py` (see its `--help`)."),
     ("batch_bench", "Batch jobs on datasets against the polars read/write floor",
      "`python bench/perf/bench_batch.py` (see docs/guides/batch.md)."),
+    ("scale_bench", "Scale: 1M to 100M candidates against the spilling floor",
+     "`python bench/perf/bench_scale.py`; the page with its projection to 10B: docs/results/scale.md "
+     "(`python bench/perf/scale_doc.py`)."),
     ("ray_bench", "The Ray engine against the local engine",
      "`python bench/perf/bench_ray.py` (see docs/guides/distributed.md): job = the job's own time (imports and Ray's "
      "start apart); `job_vs_local_spill` = a Ray job over the local engine with the spill forced into "
@@ -252,7 +255,17 @@ def _render_gpu(doc: dict) -> str:
 
 
 #: result files with a rendering of their own (the rest get the generic one)
-RENDERERS = {"batch_bench": _render_batch, "embed_bench": _render_embed, "gpu_bench": _render_gpu}
+def _render_scale(doc: dict) -> str:
+    """bench_scale.py's curve: the same table as docs/results/scale.md."""
+    from scale_doc import table
+
+    m = doc["machine"]
+    return "\n".join([f"- {doc['what']}; {doc['dim']}-d {doc['dtype']}, {doc['method']} K = {doc['k']}, limit "
+                      f"{doc['limit_bytes'] / 1e9:.1f} GB, {m['cpus']} cores", "", *table(doc)])
+
+
+RENDERERS = {"batch_bench": _render_batch, "embed_bench": _render_embed, "gpu_bench": _render_gpu,
+             "scale_bench": _render_scale}
 
 
 def _load(path: Path):

@@ -39,6 +39,35 @@ def fits(rows: list[dict]) -> str:
                                  f"{', '.join(spill)} spilled" if spill else "") if x)
 
 
+def table(scale: dict) -> list[str]:
+    """The curve: one row per size."""
+    out = ["| candidates | input GB | select s | CPU s | floor s | × floor | CPU × floor | rows/s | s per M rows | "
+           "per row vs smallest | peak RSS / limit | peak disk GB | parts |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in scale["results"]:
+        s, f = r["select"], r["floor"]
+        out.append(f"| {r['candidates'] / 1e6:,.0f}M | {r['input_bytes'] / 1e9:.2f} | {s['seconds']:.1f} | "
+                   f"{s['cpu_seconds']:.1f} | {f['seconds']:.1f} | {s['ratio_to_floor']:.2f} | "
+                   f"{s['cpu_ratio_to_floor']:.2f} | {s['rows_per_second']:,.0f} | "
+                   f"{s['seconds_per_million_rows']:.2f} | {s['per_row_vs_smallest']:.2f} | "
+                   f"{s['peak_rss_over_limit']:.2f} | {s['peak_disk_bytes'] / 1e9:.2f} | {s['parts']} |")
+    return out
+
+
+def breakdown(scale: dict) -> list[str]:
+    """Where a spilled job's time went (`mrt select --profile`), beside its floor."""
+    rows = [r for r in scale["results"] if r["select"]["parts"] > 1 and r["select"].get("profile")]
+    if not rows:
+        return []
+    steps = ["plan", "spill", "select by bucket", "bucket read", "bucket select", "bucket write"]
+    out = ["| candidates | " + " | ".join(steps) + " | floor (all of it) |", "|---|" + "---|" * (len(steps) + 1)]
+    for r in rows:
+        pr = r["select"]["profile"]
+        out.append(f"| {r['candidates'] / 1e6:,.0f}M | " + " | ".join(pr.get(k, "–") for k in steps)
+                   + f" | {r['floor']['seconds']:.1f} s wall, {r['floor']['cpu_seconds']:.1f} s CPU |")
+    return out
+
+
 def render(scale: dict, embed: dict) -> str:
     rows = scale["results"]
     lim = scale["limit_bytes"] / 1e9
@@ -56,16 +85,7 @@ def render(scale: dict, embed: dict) -> str:
            "out-of-core job over the same bytes pays. Each process's peak RSS is its own high-water mark; disk is "
            "the most the job's output folder (its spill files included) held at once. Sizes up to 10M are the "
            "median of 2 interleaved rounds, larger sizes one round.", "",
-           "| candidates | input GB | select s | CPU s | floor s | × floor | CPU × floor | rows/s | s per M rows | "
-           "per row vs 1M | peak RSS / limit | peak disk GB | parts |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        s, f = r["select"], r["floor"]
-        out.append(f"| {r['candidates'] / 1e6:,.0f}M | {r['input_bytes'] / 1e9:.2f} | {s['seconds']:.1f} | "
-                   f"{s['cpu_seconds']:.1f} | {f['seconds']:.1f} | {s['ratio_to_floor']:.2f} | "
-                   f"{s['cpu_ratio_to_floor']:.2f} | {s['rows_per_second']:,.0f} | "
-                   f"{s['seconds_per_million_rows']:.2f} | {s['per_row_vs_smallest']:.2f} | "
-                   f"{s['peak_rss_over_limit']:.2f} | {s['peak_disk_bytes'] / 1e9:.2f} | {s['parts']} |")
+           *table(scale)]
     n = np.array([r["candidates"] for r in rows], dtype=float)
     t = np.array([r["select"]["seconds"] for r in rows])
     c = np.array([r["select"]["cpu_seconds"] for r in rows])
@@ -84,7 +104,17 @@ def render(scale: dict, embed: dict) -> str:
         names = ", ".join(f"{r['candidates'] / 1e6:,.0f}M" for r in spilled)
         out += [f"Where the job spills ({names}), it takes "
                 f"{min(ratios):.2f}–{max(ratios):.2f}x its spilling floor's wall time and peaks at "
-                f"{min(use):.0%}–{max(use):.0%} of the limit.", ""]
+                f"{min(use):.0%}–{max(use):.0%} of the limit. Where its time went (`mrt select --profile`; the "
+                "bucket steps are summed over the buckets, which run on both cores at once, so they can exceed "
+                "the step's wall time):", "", *breakdown(scale), ""]
+        last = spilled[-1]
+        sp = last["select"].get("profile", {}).get("spill", "")
+        if sp:
+            sel = last["select"]["profile"].get("select by bucket", "")
+            out += [f"At {last['candidates'] / 1e6:,.0f}M the spill alone ({sp}) takes longer than the whole floor "
+                    f"({last['floor']['seconds']:.1f} s wall), which reads the same files, writes them as Arrow IPC, "
+                    f"scans them back and writes the kept rows; the buckets' reading, selection and writing take "
+                    f"{sel} on top.", ""]
     # the projection
     cpu_per_row = big["select"]["cpu_seconds"] / big["candidates"]
     disk_per_row = big["select"]["peak_disk_bytes"] / big["candidates"]
