@@ -22,6 +22,11 @@ CORE_HOUR_USD = 0.04
 NODE_CORES = 32
 
 
+def size_label(n: int) -> str:
+    """1000000 -> "1M"; sizes below a million in full."""
+    return f"{n / 1e6:,.0f}M" if n >= 1e6 and n % 1_000_000 == 0 else f"{n:,}"
+
+
 def fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     """Least squares y = a + b x: (a, b, R^2)."""
     b, a = np.polyfit(x, y, 1)
@@ -46,7 +51,7 @@ def table(scale: dict) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in scale["results"]:
         s, f = r["select"], r["floor"]
-        out.append(f"| {r['candidates'] / 1e6:,.0f}M | {r['input_bytes'] / 1e9:.2f} | {s['seconds']:.1f} | "
+        out.append(f"| {size_label(r['candidates'])} | {r['input_bytes'] / 1e9:.2f} | {s['seconds']:.1f} | "
                    f"{s['cpu_seconds']:.1f} | {f['seconds']:.1f} | {s['ratio_to_floor']:.2f} | "
                    f"{s['cpu_ratio_to_floor']:.2f} | {s['rows_per_second']:,.0f} | "
                    f"{s['seconds_per_million_rows']:.2f} | {s['per_row_vs_smallest']:.2f} | "
