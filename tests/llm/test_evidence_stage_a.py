@@ -69,6 +69,7 @@ def test_seeds_choose_the_training_cells_and_keep_the_untrained_ones(stage_a, tm
     runner = stage_a.Runner.__new__(stage_a.Runner)  # the cell loop alone: no model
     runner.cfg, runner.tasks, runner.results, runner.sha = dict(stage_a.FULL), ["range3", "sum"], tmp_path, "x"
     runner.model_label = "m"
+    runner.tok = type("Tok", (), {"eos_token": "</s>"})()
     ran = []
     monkeypatch.setattr(runner, "train_cell", lambda spec: ran.append(spec) or {"mean_loss": 1.0,
                         "greedy_valid_rate": 0.0, "sample_valid_rate": 0.0})
@@ -80,6 +81,10 @@ def test_seeds_choose_the_training_cells_and_keep_the_untrained_ones(stage_a, tm
     assert out["ran"] == 2 + 2 * 2 * 2  # both untrained cells, then seeds 1 and 3 of each task x K
     assert sorted({s["seed"] for s in ran if s["kind"] == "train"}) == [1, 3]
     assert runner.run(seeds=[1, 3])["ran"] == 0  # written cells are skipped
+    # a tokenizer that ends answers with another token gives other cells: every one is redone
+    runner.tok.eos_token = "<|im_start|>"
+    assert runner.run(seeds=[1, 3])["ran"] == 2 + 2 * 2 * 2
+    assert json.loads((tmp_path / "sum-k4-s3.json").read_text())["settings"]["eos_token"] == "<|im_start|>"
 
 
 def test_training_rows_keep_k_valid_answers_of_the_seeds_own_prompts(stage_a):

@@ -178,7 +178,9 @@ class Runner:
             if limit is not None and ran >= limit:
                 break
             path = self.results / f"{name}.json"
-            settings = self.settings(spec)
+            # the token every answer is trained and scored to end with: a tokenizer that ends them otherwise
+            # (another transformers release, another model) gives other cells, never a skipped one
+            settings = {**self.settings(spec), "eos_token": self.tok.eos_token}
             if is_done(path, "settings", settings):
                 skipped += 1
                 continue

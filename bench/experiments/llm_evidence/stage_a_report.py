@@ -176,6 +176,11 @@ def _ci(ci) -> str:
     return f"[{_f(ci[0])}, {_f(ci[1])}]"
 
 
+def eos_tokens(stats: dict) -> list[str]:
+    """The eos tokens the cells recorded (cells from before the setting was recorded: none)."""
+    return stats.get("eos_tokens", [])
+
+
 def judged_seeds(cells: dict, cfg: dict, tasks: list[str], complete: bool) -> tuple[list[int], bool]:
     """The seeds the statistics use, and whether the pass criterion is judged on them: every seed when the grid
     is complete; else, for a design with ``min_seeds`` (AMENDMENT.md), the longest complete prefix of its seeds
@@ -224,6 +229,9 @@ def render(stats: dict, cfg: dict, tasks: list[str], n_done: int, n_cells: int, 
     if settings:
         lines += ["", "Settings: " + ", ".join(f"{k} {v}" for k, v in settings.items() if k != "predictions_sha256")
                   + "."]
+    if len(eos_tokens(stats)) > 1:
+        lines += ["", "**The cells do not share one eos token** (the token answers are trained and scored to end "
+                  f"with): {', '.join(eos_tokens(stats))}; their losses are not comparable."]
     lines += ["", "## Per task", "",
               f"Held-out loss L: mean over the {cfg['n_heldout']} held-out prompts of the mean per-token loss of each prompt's valid "
               "answers. Gain 1 − L(K=4) / L(K=1) over the seeds with both cells, 95% interval over seeds x prompts "
@@ -277,6 +285,7 @@ def write_report(cell_dir: Path, out_md: Path, cfg: dict, tasks: list[str], pred
     stats = stage_a_statistics(cells, dict(cfg, seeds=seeds), tasks, pilots_dir,
                                n_boot or (200 if len(cfg["seeds"]) < 4 else 2000))
     verdict = verdicts(stats["correlations"], judged)
+    stats["eos_tokens"] = sorted({d["settings"].get("eos_token") for d in cells.values()} - {None})
     train = [d for d in cells.values() if d["spec"]["kind"] == "train"]
     settings = train[0]["settings"] if train else None
     judged_on = seeds if judged else None

@@ -145,7 +145,8 @@ class Runner(stage_a.Runner):
         from mrt_fast.llm.models import load_causal_lm
 
         path = self.results / f"pools-s{seed}.json"
-        want = {"task": task, "seed": seed, **{k: self.cfg[k] for k in POOL_KEYS}, "model": self.model_label}
+        want = {"task": task, "seed": seed, **{k: self.cfg[k] for k in POOL_KEYS}, "model": self.model_label,
+                "eos_token": self.tok.eos_token}
         if path.exists():
             d = json.loads(path.read_text())
             if d.get("settings") == json.loads(json.dumps(want)):
