@@ -16,7 +16,7 @@
 #               Stage B and Stage A (stage_b.py / stage_a.py --gpu-variant) in EVIDENCE_WORKERS parallel processes
 #               (default 14, EVIDENCE_THREADS torch threads each, default 1) for at most EVIDENCE_S seconds
 #               (default 360), seed by seed (Stage B seeds 0-2, Stage A
-#               seeds 0-3, then the rest); the cells as one tar.gz under $OUT, the workers' log beside it
+#               seeds 0-3, Stage C, then the rest); the cells as one tar.gz under $OUT, the workers' log beside it
 #   install | versions | tests | llm | embed    one step alone
 #
 # Results go to $OUT (JSON, and the tests' log). Each step runs under `timeout`, within what is
@@ -210,11 +210,14 @@ gguf_whole() {
 # python run under `timeout` so that none outlives the deadline (seconds since the epoch)
 evidence_v2_worker() {
   local i=$1 n=$2 res=$3 design=$4 deadline=$5 phase left
-  for phase in "stage_b.py 0,1,2" "stage_a.py 0,1,2,3" "stage_b.py 3,4,5" "stage_a.py 4,5"; do
+  local flags
+  for phase in "stage_b.py 0,1,2" "stage_a.py 0,1,2,3" "stage_c.py 0,1,2" "stage_b.py 3,4,5" "stage_a.py 4,5"; do
     set -- $phase
     left=$((deadline - $(date +%s)))
     ((left > 20)) || { echo "[w$i] deadline: $1 --seeds $2 not started"; return 0; }
-    timeout -k 5 "$left" "$PY" bench/experiments/llm_evidence/"$1" $design --device "$DEVICE" --threads "${EVIDENCE_THREADS:-1}" \
+    flags=$design
+    [ "$1" = stage_c.py ] && flags=${design/--gpu-variant/}  # Stage C has one design: its cells go beside the others
+    timeout -k 5 "$left" "$PY" bench/experiments/llm_evidence/"$1" $flags --device "$DEVICE" --threads "${EVIDENCE_THREADS:-1}" \
       --model-dir /tmp/smollm2 --results "$res" --seeds "$2" --part "$i/$n" --no-report 2>&1 \
       | grep --line-buffered -vE "^\{'(loss|train_runtime)'|^Loading weights|warnings.warn|FutureWarning" \
       | sed -u "s/^/[w$i] /"

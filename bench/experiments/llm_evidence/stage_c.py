@@ -144,16 +144,23 @@ class Runner(stage_a.Runner):
         """The seed's pools, made once and kept beside the cells (the same for every selector)."""
         from mrt_fast.llm.models import load_causal_lm
 
+        import fcntl
+
         path = self.results / f"pools-s{seed}.json"
         want = {"task": task, "seed": seed, **{k: self.cfg[k] for k in POOL_KEYS}, "model": self.model_label,
                 "eos_token": self.tok.eos_token}
-        if path.exists():
-            d = json.loads(path.read_text())
-            if d.get("settings") == json.loads(json.dumps(want)):
-                return d["rows"]
-        net = load_causal_lm(self.model, device=self.device)
-        rows = pool_rows(task, seed, self.cfg, net, self.tok, self.cfg.get("embed_model"))
-        write_atomic(path, {"settings": want, "rows": rows})
+        self.results.mkdir(parents=True, exist_ok=True)
+        # one process builds a seed's pools; the others sharing the grid wait and read them, so that every
+        # selector of the seed keeps rows of the same pools
+        with open(self.results / f".pools-s{seed}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if path.exists():
+                d = json.loads(path.read_text())
+                if d.get("settings") == json.loads(json.dumps(want)):
+                    return d["rows"]
+            net = load_causal_lm(self.model, device=self.device)
+            rows = pool_rows(task, seed, self.cfg, net, self.tok, self.cfg.get("embed_model"))
+            write_atomic(path, {"settings": want, "rows": rows})
         return rows
 
     def train_cell(self, spec: dict) -> dict:
@@ -195,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="run only the cells whose name contains this")
     ap.add_argument("--limit", type=int, default=None, help="run at most this many cells (then stop)")
     ap.add_argument("--part", type=stage_a.parse_part, default=(0, 1), metavar="I/N")
+    ap.add_argument("--seeds", type=stage_a.parse_seeds, default=None, metavar="S,S,...",
+                    help="run only these seeds' cells (the report still covers the whole grid)")
     ap.add_argument("--n-boot", type=int, default=None, help="bootstrap replicates (default 2000, 200 for --quick)")
     a = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="stage_c_") as work:
             runner = Runner(cfg, [task], results / "stage_c", model, a.model or MODEL, stage_a.sha256(a.predictions),
                             Path(work), a.device)
-            print(json.dumps(runner.run(a.only, a.limit, a.part)), flush=True)
+            print(json.dumps(runner.run(a.only, a.limit, a.part, a.seeds)), flush=True)
     if not a.no_report:
         from llm_evidence.stage_c_report import write_report
 
