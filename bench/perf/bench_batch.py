@@ -43,10 +43,14 @@ from mrt_fast.datasets import Manifest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 0, block: int = 1_000_000) -> None:
-    """Pools of 8..128 candidates, blocks of rows shuffled and scattered over n_files files."""
+def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 0, block: int = 1_000_000,
+                 dtype: str = "float32", candidate_column: bool = True) -> None:
+    """Pools of 8..128 candidates, blocks of rows shuffled and scattered over n_files files: int64 prompt ids, an
+    int32 candidate index (``candidate_column``), a float64 reward and ``dim``-d embeddings of ``dtype`` (float32
+    or float16; the same draws either way)."""
     d.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
+    np_dt, pa_dt = {"float16": (np.float16, pa.float16()), "float32": (np.float32, pa.float32())}[dtype]
     writers: list = [None] * n_files
     made = pid = 0
     while made < n_rows:
@@ -61,15 +65,16 @@ def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 
         pid += len(sizes)
         cand = (np.arange(m) - np.repeat(np.cumsum(sizes) - sizes, sizes)).astype(np.int32)
         rew = rng.standard_normal(m)
-        emb = rng.standard_normal((m, dim), dtype=np.float32)
+        emb = rng.standard_normal((m, dim), dtype=np.float32).astype(np_dt, copy=False)
         perm = rng.permutation(m)
         f = rng.integers(0, n_files, size=m)
         ids, cand, rew, emb, f = ids[perm], cand[perm], rew[perm], emb[perm], f[perm]
         for j in range(n_files):
             s = f == j
-            t = pa.table({"prompt_id": ids[s], "cand": cand[s], "reward": rew[s],
-                          "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb[s].ravel()), dim)
-                          .cast(pa.list_(pa.float32()))})
+            cols = {"prompt_id": ids[s], "cand": cand[s]} if candidate_column else {"prompt_id": ids[s]}
+            t = pa.table({**cols, "reward": rew[s],
+                          "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb[s].ravel(), pa_dt), dim)
+                          .cast(pa.list_(pa_dt))})
             if writers[j] is None:
                 writers[j] = pq.ParquetWriter(d / f"part-{j:03d}.parquet", t.schema, compression="snappy")
             writers[j].write_table(t)

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_batch import available, parse_size, warm  # noqa: E402
+from bench_batch import make_dataset as batch_dataset  # noqa: E402
 
 FLOOR = """
 import sys, glob, polars as pl
@@ -50,43 +51,9 @@ pl.scan_parquet(sorted(glob.glob(src + "/*.parquet"))).sink_ipc(spill)
 """
 
 
-def make_dataset(d: Path, n_rows: int, n_files: int, dim: int, dtype: str, seed: int = 0,
-                 block: int = 1_000_000) -> None:
-    """Pools of 8..128 candidates, blocks of rows shuffled and scattered over n_files files."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    d.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    np_dt, pa_dt = {"float16": (np.float16, pa.float16()), "float32": (np.float32, pa.float32())}[dtype]
-    writers: list = [None] * n_files
-    made = pid = 0
-    while made < n_rows:
-        m = min(block, n_rows - made)
-        sizes = rng.integers(8, 129, size=m // 8 + 2)
-        cs = np.cumsum(sizes)
-        n_p = int(np.searchsorted(cs, m)) + 1
-        sizes = sizes[:n_p]
-        sizes[-1] -= cs[n_p - 1] - m
-        sizes = sizes[sizes > 0]
-        ids = np.repeat(np.arange(pid, pid + len(sizes), dtype=np.int64), sizes)
-        pid += len(sizes)
-        rew = rng.standard_normal(m)
-        emb = rng.standard_normal((m, dim), dtype=np.float32).astype(np_dt)
-        perm = rng.permutation(m)
-        f = rng.integers(0, n_files, size=m)
-        ids, rew, emb, f = ids[perm], rew[perm], emb[perm], f[perm]
-        for j in range(n_files):
-            s = f == j
-            t = pa.table({"prompt_id": ids[s], "reward": rew[s],
-                          "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb[s].ravel(), pa_dt), dim)
-                          .cast(pa.list_(pa_dt))})
-            if writers[j] is None:
-                writers[j] = pq.ParquetWriter(d / f"part-{j:03d}.parquet", t.schema, compression="snappy")
-            writers[j].write_table(t)
-        made += m
-    for w in writers:
-        w.close()
+def make_dataset(d: Path, n_rows: int, n_files: int, dim: int, dtype: str, **kw) -> None:
+    """`bench_batch.make_dataset`'s pools of 8..128, without the candidate index column (``kw``: its seed, block)."""
+    batch_dataset(d, n_rows, n_files, dim, dtype=dtype, candidate_column=False, **kw)
 
 
 def folder_bytes(d: Path) -> int:

@@ -208,13 +208,19 @@ def _write_cells(stage_b, d, cfg, tasks, sha, curves, seeds=None, rng_seed=0):
                                "sample_valid_rate": 0.5}})
 
 
-def test_report_on_synthetic_cells(stage_b, report, tmp_path):
-    cfg = stage_b.with_budget(stage_b.FULL, stage_b.PREDICTIONS)
+def _synthetic(stage_b, base):
+    """The design ``base`` with the predictions' budget, its tasks, the predictions' SHA-256, the low- and
+    high-K* task, and loss curves whose best K are 1 (low) and 4 (high)."""
+    cfg = stage_b.with_budget(base, stage_b.PREDICTIONS)
     tasks = stage_b.stage_b_tasks(stage_b.PREDICTIONS)
     pred = json.loads(stage_b.PREDICTIONS.read_text())
     sha = stage_b.stage_a.sha256(stage_b.PREDICTIONS)
     lo, hi = sorted(tasks, key=lambda t: pred["by_family"][t]["chat"]["k_star"])
-    curves = {lo: [1.20, 1.25, 1.30, 1.40], hi: [1.40, 1.30, 1.20, 1.25]}  # best K 1 and 4
+    return cfg, tasks, sha, lo, hi, {lo: [1.20, 1.25, 1.30, 1.40], hi: [1.40, 1.30, 1.20, 1.25]}
+
+
+def test_report_on_synthetic_cells(stage_b, report, tmp_path):
+    cfg, tasks, sha, lo, hi, curves = _synthetic(stage_b, stage_b.FULL)  # best K 1 and 4
     part = tmp_path / "part"
     _write_cells(stage_b, part, cfg, tasks, sha, curves, seeds=[0])
     s = report.write_report(part, tmp_path / "part.md", cfg, tasks, stage_b.PREDICTIONS, n_boot=100)
@@ -285,12 +291,7 @@ def test_judged_seeds_take_the_longest_complete_prefix_of_at_least_min_seeds(rep
 
 
 def test_a_gpu_variant_report_judges_its_seed_prefix(stage_b, report, tmp_path):
-    cfg = stage_b.with_budget(stage_b.GPU_VARIANT, stage_b.PREDICTIONS)
-    tasks = stage_b.stage_b_tasks(stage_b.PREDICTIONS)
-    pred = json.loads(stage_b.PREDICTIONS.read_text())
-    sha = stage_b.stage_a.sha256(stage_b.PREDICTIONS)
-    lo, hi = sorted(tasks, key=lambda t: pred["by_family"][t]["chat"]["k_star"])
-    curves = {lo: [1.20, 1.25, 1.30, 1.40], hi: [1.40, 1.30, 1.20, 1.25]}
+    cfg, tasks, sha, lo, hi, curves = _synthetic(stage_b, stage_b.GPU_VARIANT)
     _write_cells(stage_b, tmp_path / "two", cfg, tasks, sha, curves, seeds=[0, 1, 3])
     s = report.write_report(tmp_path / "two", tmp_path / "two.md", cfg, tasks, stage_b.PREDICTIONS, n_boot=50)
     assert s["judged_on_seeds"] is None and s["verdict"]["chat"].startswith("not judged")

@@ -212,6 +212,39 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
+def runner_arguments(ap: argparse.ArgumentParser, stage: str) -> None:
+    """The options every stage's runner takes: which cells, where, on what."""
+    ap.add_argument("--seeds", type=parse_seeds, default=None, metavar="S,S,...",
+                    help="run only these seeds' training cells (the report still covers the whole design)")
+    ap.add_argument("--report", action="store_true", help="only write the report from the cells present")
+    ap.add_argument("--no-report", action="store_true", help="run the cells, skip the report")
+    ap.add_argument("--results", type=Path, default=None, help=f"where {stage}/ and {stage}.md go")
+    ap.add_argument("--predictions", type=Path, default=PREDICTIONS, help="the pre-registered predictions.json")
+    ap.add_argument("--model", default=None, help="a local causal LM directory (default: the bundled SmolLM2-135M, "
+                    "made into a checkpoint once under --model-dir)")
+    ap.add_argument("--model-dir", type=Path, default=MODEL_DIR)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", default=None, help="run only the cells whose name contains this")
+    ap.add_argument("--limit", type=int, default=None, help="run at most this many cells (then stop)")
+    ap.add_argument("--part", type=parse_part, default=(0, 1), metavar="I/N",
+                    help="run only part I of N of the cells (N processes, parts 0..N-1, share the grid)")
+
+
+def run_cells(a: argparse.Namespace, runner_cls: type, cfg: dict, tasks: list[str], cell_dir: Path) -> None:
+    """Run the cells ``runner_arguments`` chose with ``runner_cls`` (the model made once) and print the count."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    torch.set_num_threads(a.threads)
+    model = model_path(a.model, a.model_dir)
+    with tempfile.TemporaryDirectory(prefix=f"{cell_dir.name}_") as work:
+        runner = runner_cls(cfg, tasks, cell_dir, model, a.model or MODEL, sha256(a.predictions), Path(work),
+                            a.device)
+        print(json.dumps(runner.run(a.only, a.limit, a.part, a.seeds)), flush=True)
+
+
 def design(quick: bool, gpu_variant: bool) -> tuple[dict, str]:
     """The settings and the results folder's name of the chosen design."""
     if quick and gpu_variant:
@@ -226,37 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a miniature (CI): 3 tasks, 2 seeds, 2 steps, 3 prompts")
     ap.add_argument("--gpu-variant", action="store_true", help="the larger variant of AMENDMENT.md (K in {1, 2, 4}, "
                     "seeds 0-5, 48 steps), results under llm_evidence_v2_gpu/")
-    ap.add_argument("--seeds", type=parse_seeds, default=None, metavar="S,S,...",
-                    help="run only these seeds' training cells (the report still covers the whole design)")
-    ap.add_argument("--report", action="store_true", help="only write the report from the cells present")
-    ap.add_argument("--no-report", action="store_true", help="run the cells, skip the report")
-    ap.add_argument("--results", type=Path, default=None, help="where stage_a/ and stage_a.md go")
-    ap.add_argument("--predictions", type=Path, default=PREDICTIONS, help="the pre-registered predictions.json")
+    runner_arguments(ap, "stage_a")
     ap.add_argument("--pilots", type=Path, default=RESULTS / "pilots", help="the pilot files the predictions read")
-    ap.add_argument("--model", default=None, help="a local causal LM directory (default: the bundled SmolLM2-135M, "
-                    "made into a checkpoint once under --model-dir)")
-    ap.add_argument("--model-dir", type=Path, default=MODEL_DIR)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--only", default=None, help="run only the cells whose name contains this")
-    ap.add_argument("--limit", type=int, default=None, help="run at most this many cells (then stop)")
-    ap.add_argument("--part", type=parse_part, default=(0, 1), metavar="I/N",
-                    help="run only part I of N of the cells (N processes, parts 0..N-1, share the grid)")
     a = ap.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg, folder = design(a.quick, a.gpu_variant)
     results = a.results or HERE.parents[1] / "results" / folder
     tasks = stage_a_tasks(a.predictions, cfg["n_tasks"])
     if not a.report:
-        import torch
-
-        torch.set_num_threads(a.threads)
-        model = model_path(a.model, a.model_dir)
-        with tempfile.TemporaryDirectory(prefix="stage_a_") as work:
-            runner = Runner(cfg, tasks, results / "stage_a", model, a.model or MODEL, sha256(a.predictions),
-                            Path(work), a.device)
-            print(json.dumps(runner.run(a.only, a.limit, a.part, a.seeds)), flush=True)
+        run_cells(a, Runner, cfg, tasks, results / "stage_a")
     if not a.no_report:
         from llm_evidence.stage_a_report import write_report
 

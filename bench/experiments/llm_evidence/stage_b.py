@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,7 +41,6 @@ sys.path.insert(0, str(HERE.parent))
 
 from llm_evidence import stage_a  # noqa: E402
 from llm_evidence.fixed_budget import budget_for, prompts_for  # noqa: E402
-from llm_evidence.smollm2 import MODEL, MODEL_DIR, model_path  # noqa: E402
 
 PREDICTIONS = stage_a.PREDICTIONS
 RESULTS = stage_a.RESULTS
@@ -94,26 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a miniature (CI): 2 seeds, 2 steps, 3 held-out prompts")
     ap.add_argument("--gpu-variant", action="store_true", help="AMENDMENT.md's GPU variant (seeds 0-5), results "
                     "under llm_evidence_v2_gpu/")
-    ap.add_argument("--seeds", type=stage_a.parse_seeds, default=None, metavar="S,S,...",
-                    help="run only these seeds' cells (the report still covers the whole design)")
-    ap.add_argument("--report", action="store_true", help="only write the report from the cells present")
-    ap.add_argument("--no-report", action="store_true", help="run the cells, skip the report")
-    ap.add_argument("--results", type=Path, default=None, help="where stage_b/ and stage_b.md go")
-    ap.add_argument("--predictions", type=Path, default=PREDICTIONS, help="the pre-registered predictions.json")
-    ap.add_argument("--model", default=None, help="a local causal LM directory (default: the bundled SmolLM2-135M, "
-                    "made into a checkpoint once under --model-dir)")
-    ap.add_argument("--model-dir", type=Path, default=MODEL_DIR)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--only", default=None, help="run only the cells whose name contains this")
-    ap.add_argument("--limit", type=int, default=None, help="run at most this many cells (then stop)")
-    ap.add_argument("--part", type=stage_a.parse_part, default=(0, 1), metavar="I/N",
-                    help="run only part I of N of the cells (N processes, parts 0..N-1, share the grid)")
+    stage_a.runner_arguments(ap, "stage_b")
     ap.add_argument("--n-boot", type=int, default=None, help="bootstrap replicates of the report "
                     "(default 2000, 200 for --quick)")
     a = ap.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if a.quick and a.gpu_variant:
         raise SystemExit("--quick and --gpu-variant are two designs: choose one")
     base, folder = ((GPU_VARIANT, "llm_evidence_v2_gpu") if a.gpu_variant
@@ -122,14 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     results = a.results or HERE.parents[1] / "results" / folder
     tasks = stage_b_tasks(a.predictions)
     if not a.report:
-        import torch
-
-        torch.set_num_threads(a.threads)
-        model = model_path(a.model, a.model_dir)
-        with tempfile.TemporaryDirectory(prefix="stage_b_") as work:
-            runner = Runner(cfg, tasks, results / "stage_b", model, a.model or MODEL, stage_a.sha256(a.predictions),
-                            Path(work), a.device)
-            print(json.dumps(runner.run(a.only, a.limit, a.part, a.seeds)), flush=True)
+        stage_a.run_cells(a, Runner, cfg, tasks, results / "stage_b")
     if not a.no_report:
         from llm_evidence.stage_b_report import write_report
 

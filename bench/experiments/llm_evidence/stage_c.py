@@ -27,7 +27,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -37,7 +36,6 @@ sys.path.insert(0, str(HERE.parent))
 from llm_evidence import stage_a  # noqa: E402
 from llm_evidence.cell_files import write_atomic  # noqa: E402
 from llm_evidence.families import REWARD, number, training_prompts  # noqa: E402
-from llm_evidence.smollm2 import MODEL, MODEL_DIR, model_path  # noqa: E402
 
 PREDICTIONS = stage_a.PREDICTIONS
 RESULTS = stage_a.RESULTS
@@ -191,36 +189,14 @@ class Runner(stage_a.Runner):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a miniature (CI): 2 seeds, 2 steps, 3 held-out prompts")
-    ap.add_argument("--report", action="store_true", help="only write the report from the cells present")
-    ap.add_argument("--no-report", action="store_true", help="run the cells, skip the report")
-    ap.add_argument("--results", type=Path, default=None, help="where stage_c/ and stage_c.md go")
-    ap.add_argument("--predictions", type=Path, default=PREDICTIONS, help="the pre-registered predictions.json")
-    ap.add_argument("--model", default=None, help="a local causal LM directory (default: the bundled SmolLM2-135M)")
-    ap.add_argument("--model-dir", type=Path, default=MODEL_DIR)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--only", default=None, help="run only the cells whose name contains this")
-    ap.add_argument("--limit", type=int, default=None, help="run at most this many cells (then stop)")
-    ap.add_argument("--part", type=stage_a.parse_part, default=(0, 1), metavar="I/N")
-    ap.add_argument("--seeds", type=stage_a.parse_seeds, default=None, metavar="S,S,...",
-                    help="run only these seeds' cells (the report still covers the whole grid)")
+    stage_a.runner_arguments(ap, "stage_c")
     ap.add_argument("--n-boot", type=int, default=None, help="bootstrap replicates (default 2000, 200 for --quick)")
     a = ap.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = dict(QUICK if a.quick else FULL)
     results = a.results or HERE.parents[1] / "results" / ("llm_evidence_v2_quick" if a.quick else "llm_evidence_v2")
     task = stage_c_task(a.predictions)
     if not a.report:
-        import torch
-
-        torch.set_num_threads(a.threads)
-        model = model_path(a.model, a.model_dir)
-        (results / "stage_c").mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="stage_c_") as work:
-            runner = Runner(cfg, [task], results / "stage_c", model, a.model or MODEL, stage_a.sha256(a.predictions),
-                            Path(work), a.device)
-            print(json.dumps(runner.run(a.only, a.limit, a.part, a.seeds)), flush=True)
+        stage_a.run_cells(a, Runner, cfg, [task], results / "stage_c")
     if not a.no_report:
         from llm_evidence.stage_c_report import write_report
 
