@@ -134,8 +134,9 @@ def render(scale: dict, embed: dict) -> str:
             f"* embedding with the static tier: c_emb = {emb_per_row * 1e6:.1f} CPU seconds per million texts "
             f"(`mrt embed --model static`, {tps:,.0f} texts/s on {cores_e} cores = {tps / cores_e:,.0f} texts/s per "
             f"core, {embed['n_texts']:,} texts of {embed['tokens_per_text']['mean']:.0f} tokens on average; the "
-            f"published figure for static embeddings is about {PUBLISHED_STATIC:,} sentences/s on a consumer CPU, "
-            f"{PUBLISHED_STATIC / (tps / cores_e):.0f}x this rate per core);",
+            f"published figure for static embeddings is about {PUBLISHED_STATIC:,} sentences/s on a whole consumer "
+            f"CPU, {PUBLISHED_STATIC / tps:.0f}x this machine's {cores_e} cores; its core count is not given, so "
+            "the per-core gap is not known);",
             f"* memory: the job held {lim:.0f} GB for {m['cpus']} cores, {lim / m['cpus']:.1f} GB per core;",
             f"* disk: {in_per_row:.0f} bytes of input and {disk_per_row:.0f} bytes of spill and output at peak per "
             "candidate;",
