@@ -782,18 +782,22 @@ def test_contiguous_read_equals_one_scan(tmp_path_factory, sizes, fault, array, 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n_pools=st.integers(1, 40), seed=st.integers(0, 999), n_files=st.integers(1, 4), n_buckets=st.integers(1, 6),
-       group_rows=st.integers(2, 40), batch_rows=st.integers(1, 50), str_ids=st.booleans(), ragged=st.booleans())
+       group_rows=st.integers(2, 40), batch_rows=st.integers(1, 50), str_ids=st.booleans(), ragged=st.booleans(),
+       chunk_rows=st.sampled_from([0, 1, 7, 30, 100, 10_000]), half=st.booleans())
 def test_spill_by_arrow_threads_equals_the_scan(tmp_path_factory, n_pools, seed, n_files, n_buckets, group_rows,
-                                                 batch_rows, str_ids, ragged):
-    """The spill pass read by two Arrow threads (runs of row groups) gives every bucket the rows the
-    one-thread polars scan gives it, in input order, with the same types; a bucket read with its
-    embeddings in one reused buffer is the same frame."""
+                                                 batch_rows, str_ids, ragged, chunk_rows, half):
+    """The spill pass read by two threads (runs of row groups; with ``chunk_rows``, row groups
+    that fit decoded by polars, several at once, the others by Arrow) gives every bucket the rows
+    the one-thread Arrow pass gives it, in input order, with the same types; a bucket read with its
+    embeddings in one reused buffer is the same frame. Float16 vectors included."""
     tmp = tmp_path_factory.mktemp("spill")
     df = make_rows(n_pools, seed, str_ids=str_ids)
+    if half:
+        df = df.with_columns(pl.col("embedding").cast(pl.List(pl.Float16)))
     if ragged:  # one vector shorter than the rest: spilled all the same, left to select to refuse
         emb = df["embedding"].to_list()
         emb[len(emb) // 2] = emb[len(emb) // 2][:2]
-        df = df.with_columns(pl.Series("embedding", emb, dtype=pl.List(pl.Float32)))
+        df = df.with_columns(pl.Series("embedding", emb, dtype=df["embedding"].dtype))
     (tmp / "in").mkdir()
     bounds = np.sort(np.random.default_rng(seed).integers(0, df.height + 1, n_files - 1)).tolist()
     for i, (a, b) in enumerate(zip([0, *bounds], [*bounds, df.height])):
@@ -803,7 +807,8 @@ def test_spill_by_arrow_threads_equals_the_scan(tmp_path_factory, n_pools, seed,
 
     assert arrow_schema(ds) is not None  # the two-thread pass reads by Arrow
     assert batch.spill(ds, tmp / "one", n_buckets, "prompt_id", batch_rows=batch_rows, threads=1) == 0
-    assert batch.spill(ds, tmp / "two", n_buckets, "prompt_id", batch_rows=batch_rows, threads=2) == 0
+    assert batch.spill(ds, tmp / "two", n_buckets, "prompt_id", batch_rows=batch_rows, threads=2,
+                       chunk_rows=chunk_rows) == 0
     schema = pl.Schema({batch.ROW: pl.get_index_type(), **dict(df.schema)})
     buf: list = [[None], [None]]
     total = 0
@@ -814,7 +819,7 @@ def test_spill_by_arrow_threads_equals_the_scan(tmp_path_factory, n_pools, seed,
         assert a.schema == b.schema == c.schema == schema
         assert a.equals(b) and a.equals(c)
         assert a[batch.ROW].is_sorted()
-        if c.height and not ragged:
+        if c.height and not ragged and not half:
             assert c["embedding"].n_chunks() == 1
         want = bucket_of(df["prompt_id"], n_buckets) == i
         assert sorted(a["prompt_id"].to_list()) == sorted(df.filter(pl.Series(want))["prompt_id"].to_list())
@@ -969,3 +974,69 @@ def test_cli_summary_says_what_decided_the_picks(tmp_path):
     assert re.search(r"picks decided by the tie rule\W+\d", r.output)
     r = runner.invoke(app, ["select", str(tmp_path / "in"), str(tmp_path / "g.parquet"), "--k", "3"])
     assert r.exit_code == 0 and re.search(r"zero-gain picks\W+\d", r.output), r.output
+
+
+@settings(max_examples=80, deadline=None)
+@given(groups=st.lists(st.integers(1, 50), min_size=1, max_size=12), chunk_rows=st.integers(1, 120),
+       in_file=st.integers(0, 1000))
+def test_row_group_chunks_cover_the_piece_in_order(groups, chunk_rows, in_file):
+    """The chunks of a run's piece are its rows, in order, without a gap or an overlap: runs of
+    whole row groups of at most ``chunk_rows`` rows for polars, and each larger row group alone
+    for Arrow."""
+    from mrt_fast.datasets.arrow_runs import Piece, row_group_chunks
+
+    ids = list(range(3, 3 + len(groups)))
+    p = Piece("f.parquet", ids, 0, sum(groups), in_file, list(groups))
+    pos = in_file
+    starts = np.cumsum([in_file, *groups])
+    for first, rows, arrow_groups in row_group_chunks(p, chunk_rows):
+        assert first == pos and rows > 0
+        assert first in starts and first + rows in starts  # whole row groups
+        if arrow_groups is None:
+            assert rows <= chunk_rows
+        else:
+            g = arrow_groups[0]
+            assert len(arrow_groups) == 1 and groups[ids.index(g)] == rows > chunk_rows
+            assert starts[ids.index(g)] == first
+        pos += rows
+    assert pos == in_file + sum(groups)
+
+
+def test_the_spill_decodes_row_groups_that_fit_with_polars(tmp_path, monkeypatch):
+    """With room for several row groups, a spill thread decodes them by polars, and its buckets
+    are those of the Arrow pass."""
+    import mrt_fast.datasets.arrow_runs as runs
+
+    df = make_rows(30, 1).with_columns(pl.col("embedding").cast(pl.List(pl.Float16)))
+    (tmp_path / "in").mkdir()
+    df[:100].write_parquet(tmp_path / "in" / "a.parquet", row_group_size=16)
+    df[100:].write_parquet(tmp_path / "in" / "b.parquet", row_group_size=16)
+    ds = mrt_fast.datasets.sources.discover(tmp_path / "in")
+    calls = []
+    scan = runs.pl_scan
+    monkeypatch.setattr(runs, "pl_scan", lambda *a: calls.append(a) or scan(*a))
+    batch.spill(ds, tmp_path / "arrow", 3, "prompt_id", batch_rows=10, threads=2)
+    assert not calls
+    batch.spill(ds, tmp_path / "polars", 3, "prompt_id", batch_rows=10, threads=2, chunk_rows=50)
+    assert len(calls) >= 2
+    schema = pl.Schema({batch.ROW: pl.get_index_type(), **dict(df.schema)})
+    for i in range(3):
+        assert batch.read_bucket(tmp_path / "polars", i, schema).equals(batch.read_bucket(tmp_path / "arrow", i, schema))
+
+
+@settings(max_examples=100, deadline=None)
+@given(work=st.integers(1 << 20, 8 << 30), row_bytes=st.floats(8, 20_000), n_buckets=st.integers(2, 2000),
+       threads=st.integers(1, 8))
+def test_spill_plan_with_its_decoded_chunks_stays_within_the_work(work, row_bytes, n_buckets, threads):
+    """Each spill thread's batch, staging blocks and decoded chunk of row groups together fit its
+    share of the work."""
+    from mrt_fast._util.memory import CHUNK_COPIES, Budget, plan_spill, spill_thread_bytes
+
+    b = Budget(0, 0).with_work(work)
+    sp = plan_spill(b, row_bytes, n_buckets, threads, 10**9)
+    if sp is None:
+        return
+    per = b.work / sp.threads
+    used = spill_thread_bytes(sp.batch_rows, row_bytes, n_buckets + 1, sp.staging)
+    assert sp.chunk_rows >= 0 and sp.batch_rows >= 1
+    assert used + CHUNK_COPIES * sp.chunk_rows * max(1.0, row_bytes) <= per + 1

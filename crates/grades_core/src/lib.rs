@@ -3,6 +3,7 @@
 //! Pure Rust. Python bindings live only in the `python` folder, behind the
 //! `python` cargo feature.
 //!
+//! * [`convert`]: float16 embeddings widened to f32.
 //! * [`error`]: the one error type, carrying pool / argument / row where known.
 //! * [`pools`]: a ragged batch of pools (offsets into one contiguous f32 matrix).
 //! * [`gram`]: the symmetric Gram product `X X^T` (AVX2/FMA with a portable path)
@@ -15,6 +16,7 @@
 //! * [`kmeans`]: modes of a pool by k-means with a silhouette rule.
 //! * [`variance`]: streaming, mergeable prompt/response variance accumulators.
 
+pub mod convert;
 pub mod error;
 pub mod facility;
 pub mod gram;

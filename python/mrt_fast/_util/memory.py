@@ -40,6 +40,8 @@ HEADROOM = 24 * MiB
 SPILL_THREAD = 40 * MiB
 #: a spill thread's batch, in copies of its bytes (decoded, cut by bucket, encoded, allocator slack)
 SPILL_COPIES = 12
+#: a spill thread's decoded chunk of row groups, in copies of its bytes (pages, decoded, as Arrow)
+CHUNK_COPIES = 4
 #: a selecting worker's fixed cost (its thread's allocator heaps, the core's scratch), besides its bucket
 SELECT_WORKER = 24 * MiB
 #: reading a whole input into memory: copies of each reading thread's batch
@@ -186,11 +188,13 @@ def least_work(fits: Callable[[int], bool], most: int) -> int:
 
 @dataclass(frozen=True)
 class SpillPlan:
-    """How the spill pass reads: threads, rows per batch, staging block per bucket file."""
+    """How the spill pass reads: threads, rows per batch, staging block per bucket file,
+    and the most rows of row groups a thread decodes at once (0: a batch at a time)."""
 
     threads: int
     batch_rows: int
     staging: int
+    chunk_rows: int = 0
 
 
 def spill_batch_rows(n_buckets: int) -> int:
@@ -203,8 +207,9 @@ def plan_spill(budget: Budget, row_bytes: float, n_buckets: int, threads: int,
                n_rows: int | None) -> SpillPlan | None:
     """The spill pass within the budget: as many of ``threads`` as fit, batches of
     about 4096 rows per bucket (fewer, larger record batches; at most 200,000
-    rows), a 1 MiB staging block per bucket file where it fits. Raises the
-    refusal when one thread with the smallest batch does not fit."""
+    rows), a 1 MiB staging block per bucket file where it fits, and what is left
+    of the thread's share for decoding row groups whole (``chunk_rows``). None
+    when one thread with the smallest batch does not fit."""
     n_files = n_buckets + 1
     want = spill_batch_rows(n_buckets) if n_rows else 100_000
     for t in range(max(1, threads), 0, -1):
@@ -215,7 +220,9 @@ def plan_spill(budget: Budget, row_bytes: float, n_buckets: int, threads: int,
         fixed = spill_thread_bytes(0, row_bytes, n_files, staging)
         rows = int((per - fixed) / (SPILL_COPIES * max(1.0, row_bytes)))
         if rows >= MIN_BATCH_ROWS:
-            return SpillPlan(t, min(want, rows), staging)
+            batch = min(want, rows)
+            left = per - fixed - SPILL_COPIES * batch * max(1.0, row_bytes)
+            return SpillPlan(t, batch, staging, max(0, int(left / (CHUNK_COPIES * max(1.0, row_bytes)))))
     return None
 
 

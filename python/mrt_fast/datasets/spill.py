@@ -68,14 +68,15 @@ def bucket_of(prompt_ids: pl.Series, n_buckets: int) -> np.ndarray:
 
 def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
           on_rows: Callable[[int], None] | None = None, batch_rows: int = 200_000, threads: int = 1,
-          staging: int | None = None) -> int:
+          staging: int | None = None, chunk_rows: int = 0) -> int:
     """Partition the dataset into ``n_buckets`` buckets of Arrow IPC files
     ``spill_dir/bucket-NNNNN.T.arrow`` in one pass. Every row keeps its global
     row index ``__row``; each batch is cut by bucket with one stable sort.
     A Parquet dataset Arrow reads as polars would (:mod:`mrt_fast.datasets.arrow_runs`)
     is read by ``threads`` threads, one run of row groups each, thread ``T``
     writing files ``.T``: the files of a bucket, in ``T`` order, hold its
-    rows in input order. Any other dataset is read by polars' streaming
+    rows in input order; a thread decodes up to ``chunk_rows`` rows of row
+    groups of a local file at once (:func:`mrt_fast.datasets.arrow_runs.iter_run`). Any other dataset is read by polars' streaming
     engine (one thread, files ``.0``). Rows with a null prompt id go to
     bucket ``n_buckets``; returns how many there are. Memory: a few batches
     per thread and one ``staging`` block per open bucket file
@@ -109,7 +110,8 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
                     on_rows(n)
 
         def one(t: int) -> int:
-            return spill_run(runs[t], spill_dir, n_buckets, by, t, batch_rows, staging, counted)
+            return spill_run(runs[t], spill_dir, n_buckets, by, t, batch_rows, staging, counted,
+                             chunk_rows=chunk_rows, schema=schema)
 
         with ThreadPoolExecutor(max_workers=len(runs)) as ex:
             return sum(ex.map(one, range(len(runs))))
@@ -123,17 +125,19 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
 
 
 def spill_run(run: list, spill_dir: Path, n_buckets: int, by: str, tag: int, batch_rows: int, staging: int,
-              on_rows: Callable[[int], None] | None = None) -> int:
+              on_rows: Callable[[int], None] | None = None, chunk_rows: int = 0,
+              schema: pa.Schema | None = None) -> int:
     """One run of row groups (:func:`mrt_fast.datasets.arrow_runs.plan_runs`) cut into
     the bucket files ``spill_dir/bucket-NNNNN.<tag>.arrow``, every row with its global
     row index ``__row``; returns the rows with a null prompt id (bucket ``n_buckets``).
     A thread of :func:`spill` runs it, and so does a read task of the Ray engine: a
-    rerun with the same ``tag`` rewrites the same files."""
+    rerun with the same ``tag`` rewrites the same files. ``chunk_rows`` and the files'
+    Arrow ``schema``: see :func:`mrt_fast.datasets.arrow_runs.iter_run`."""
     from mrt_fast.datasets.arrow_runs import iter_run
 
     idx = pa_index_type()
     with BucketWriters(Path(spill_dir), n_buckets, tag, staging) as w:
-        for pos, b in iter_run(run, None, batch_rows):
+        for pos, b in iter_run(run, None, batch_rows, chunk_rows, schema):
             row = arrow_of(np.arange(pos, pos + b.num_rows, dtype=idx))
             rb = pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
             w.add(rb, pl.Series(by, b.column(b.schema.get_field_index(by))))

@@ -328,6 +328,11 @@ def _by_content(res: dict, g, x, rew, text_key, params, kernel, content_of):
     return g, out
 
 
+def _inner(dtype: pl.DataType) -> pl.DataType | None:
+    """The element type of a list or array column (None for any other)."""
+    return dtype.inner if isinstance(dtype, (pl.List, pl.Array)) else None  # type: ignore[return-value]
+
+
 def select_one_k(table: Any, opts: SelectOptions, *, return_report: bool, added_columns: tuple[str, ...] = ()):
     """`select` of a flat table with one integer K (``opts.k``)."""
     t0 = time.perf_counter()
@@ -370,7 +375,8 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
     if text is not None:
         require(cols, text, "text")
         need.append(text)
-    if kind == "polars" and embedding in need and table[embedding].n_chunks() > 1:
+    if kind == "polars" and embedding in need and table[embedding].n_chunks() > 1 \
+            and _inner(table[embedding].dtype) == pl.Float32:
         # one contiguous copy of the embeddings (a table read from several files
         # comes in chunks): the core reads it in place and the kept rows are
         # gathered from it without another copy of the whole column

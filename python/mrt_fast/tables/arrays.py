@@ -278,6 +278,10 @@ def embeddings(df: pl.DataFrame, name: str) -> np.ndarray:
                 f"most rows {common}", column=name, row=bad)
         if lo == 0:
             raise MrtInputError(f"column {name!r} holds empty embeddings")
+        if s.dtype.inner in (pl.Float16, pl.Float64):
+            x = _float_lists(s, int(lo))
+            if x is not None:
+                return x
         flat = s.explode()
         if flat.null_count():
             bad = int(s.list.eval(pl.element().is_null()).list.any().arg_true()[0])
@@ -286,6 +290,35 @@ def embeddings(df: pl.DataFrame, name: str) -> np.ndarray:
         x = flat.cast(pl.Float32).to_numpy().reshape(len(s), int(lo))
         return np.ascontiguousarray(x, dtype=np.float32)
     raise MrtInputError(f"column {name!r} must be a list/array of floats (one embedding per row), got {s.dtype}")
+
+
+def _float_lists(s: pl.Series, d: int) -> np.ndarray | None:
+    """A list column of float16 or float64 vectors, all of length ``d``, as an (n, d) float32
+    matrix converted chunk by chunk from Arrow's value buffers (no flattened copy, no cast of
+    the column); None when a chunk holds nulls (the caller's path names them)."""
+    arr = s.to_arrow()
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    out = np.empty((len(s), d), dtype=np.float32)
+    pos = 0
+    for c in chunks:
+        m = len(c)
+        if not m:
+            continue
+        if c.null_count:
+            return None
+        offs = np.frombuffer(c.buffers()[1], dtype=np.int64 if pa.types.is_large_list(c.type) else np.int32,
+                             count=m + 1, offset=c.offset * (8 if pa.types.is_large_list(c.type) else 4))
+        first = int(offs[0])
+        vals = c.values.slice(first, m * d)
+        if int(offs[-1]) - first != m * d or vals.null_count:
+            return None
+        dst = out[pos:pos + m].reshape(-1)
+        if vals.type == pa.float16():  # widened by the core (the CPU's conversion instructions)
+            core.widen_f16(np.frombuffer(vals.buffers()[1], dtype=np.uint16, count=m * d, offset=vals.offset * 2), dst)
+        else:
+            dst[:] = np.frombuffer(vals.buffers()[1], dtype=np.float64, count=m * d, offset=vals.offset * 8)
+        pos += m
+    return out if pos == len(s) else None
 
 
 def numeric(df: pl.DataFrame, name: str, role: str, dtype=pl.Float64) -> np.ndarray:

@@ -6,6 +6,7 @@
 //! and `row` attributes where known) and any internal panic `RuntimeError`,
 //! so nothing unwinds into the interpreter.
 //!
+//! * `convert`: float16 embeddings widened to f32.
 //! * `facility`: facility location over a batch, a dense, a sparse or an
 //!   on-demand similarity.
 //! * `gram`: the similarity matrix of one pool.
@@ -23,6 +24,7 @@ use pyo3::types::PyDict;
 
 use crate::error::Error;
 
+mod convert;
 mod facility;
 mod gram;
 mod keys;
@@ -84,6 +86,7 @@ fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, name: &str) -> 
 
 #[pymodule]
 fn _grades_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    convert::register(m)?;
     facility::register(m)?;
     gram::register(m)?;
     sampling::register(m)?;

@@ -261,7 +261,7 @@ def _spill_input(job: Job, opts: Any, spill_dir: Path, n_buckets: int, todo: lis
         assert sp is not None
         try:
             nulls = spill(ds, spill_dir, n_buckets, opts.by, on_rows, batch_rows=sp.batch_rows,
-                          threads=sp.threads, staging=sp.staging)
+                          threads=sp.threads, staging=sp.staging, chunk_rows=sp.chunk_rows)
         except Exception as e:
             if not is_no_space(e):
                 raise
