@@ -26,7 +26,7 @@ import pyarrow as pa
 from mrt_fast.datasets import storage
 
 from mrt_fast.errors import Irregular
-from mrt_fast.tables.arrays import arrow_of
+from mrt_fast.tables.arrays import arrow_of, series_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from mrt_fast.datasets.file_set import FileSet
@@ -103,7 +103,7 @@ def as_column(buf: np.ndarray, name: str, dtype: pl.DataType) -> pl.Series:
     else:
         offsets = arrow_of(np.arange(0, (n + 1) * d, d, dtype=np.int64))
         arr = pa.LargeListArray.from_arrays(offsets, values)
-    s = pl.Series(name, arr)
+    s = series_of(name, arr)
     return s if s.dtype == dtype else s.cast(dtype)
 
 

@@ -31,6 +31,22 @@ def arrow_of(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [None, pa.py_buffer(a)])
 
 
+class _ArrowArray:
+    """An Arrow array seen only through the Arrow C data interface."""
+
+    def __init__(self, arr: pa.Array):
+        self.arr = arr
+
+    def __arrow_c_array__(self, requested_schema: Any = None) -> Any:
+        return self.arr.__arrow_c_array__(requested_schema)
+
+
+def series_of(name: str, arr: pa.Array) -> pl.Series:
+    """An Arrow array as a polars Series over the same memory, handed over by the Arrow C
+    data interface (``pl.Series(name, arr)`` loads ``pyarrow.compute`` to coerce it)."""
+    return pl.Series(name, _ArrowArray(arr)).alias(name)  # the C interface carries the field name, not ours
+
+
 def table_kind(table: Any) -> str:
     if isinstance(table, pl.DataFrame):
         return "polars"
