@@ -475,3 +475,29 @@ fn weights_beyond_float64_gains_are_refused_in_one_line() {
     let p = Params { k: 2, alpha: 0.75, eps: 1e-6, k_max: None, optimizer: Optimizer::Lazy };
     assert!(facility_location_batch(&pools, Some(&r), &p, Kernel::Shift).is_ok());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(60))]
+    /// A pool run on demand picks the same candidates within any byte budget
+    /// for its columns, down to none (a cache of one column, batches of one),
+    /// as with its full cache.
+    #[test]
+    fn on_demand_picks_do_not_depend_on_its_memory_budget(
+        seed in 0u64..1000, n in 2usize..160, d in 1usize..12, k in 1usize..8,
+        budget in prop_oneof![Just(0usize), 1usize..4096, 4096usize..200_000], shift in any::<bool>(),
+    ) {
+        let x: Vec<f32> = (0..n * d)
+            .map(|i| (((i as u64).wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 997) as f32 / 498.0 - 1.0)
+            .collect();
+        let off = [0u64, n as u64];
+        let pools = Pools::new(&x, d, &off, None).unwrap();
+        let r: Vec<f64> = (0..n).map(|i| ((i as u64 * 31 + seed) % 17) as f64).collect();
+        let p = params(k, 0.5, Optimizer::Lazy);
+        let kernel = if shift { Kernel::Shift } else { Kernel::Clip };
+        let full = facility_location_on_demand(&x, n, d, Some(&r), &p, kernel).unwrap();
+        // a budget below the pool's n x n block: on demand, its columns within the budget
+        let lean = facility_location_batch_within(&pools, Some(&r), &p, kernel, budget.min(n * n * 4 - 1)).unwrap();
+        prop_assert_eq!(&full.indices, &lean[0].indices);
+        prop_assert!((full.objective - lean[0].objective).abs() <= 1e-5 * full.objective.abs().max(1e-12));
+    }
+}

@@ -149,7 +149,8 @@ fn run_pool(
         let mut xn = Vec::new();
         gather_normalized(pools, p, &u, &mut xn)?;
         let w = weights_for(p, q.as_deref(), &u, params)?;
-        let mut src = OnDemandSource::new(xn, m, d, kernel);
+        // its columns within the same budget as the block it does not hold
+        let mut src = OnDemandSource::within(xn, m, d, kernel, dense_limit);
         return Ok(remap(greedy_with(&mut src, &w, params.k, params.optimizer, &ties), &u));
     }
     // the pool's rows straight from the caller's matrix when they are

@@ -10,6 +10,8 @@ use crate::kernel::Kernel;
 
 /// Rows per chunk when a column block is computed in parallel.
 const CHUNK: usize = 512;
+/// Block pairs whose partial sums are held at once by the initial bounds.
+const GROUP: usize = 256;
 
 /// A bounded cache of similarity columns, least recently used out.
 struct ColumnCache {
@@ -69,7 +71,8 @@ impl ColumnCache {
 /// Similarity columns recomputed on demand from unit-norm embeddings, never
 /// the n x n matrix: missing columns of a batch are one GEMM (row chunks in
 /// parallel) and recent columns are kept in a bounded LRU cache of at most
-/// `8 d` columns, so memory stays O(n d) (at most 8x the embeddings).
+/// `8 d` columns, so memory stays O(n d) (at most 8x the embeddings), and
+/// within a byte budget where one is given ([`OnDemandSource::within`]).
 pub struct OnDemandSource {
     x: Vec<f32>,
     n: usize,
@@ -82,9 +85,19 @@ pub struct OnDemandSource {
 impl OnDemandSource {
     /// `x` must hold unit-norm rows (see [`crate::kernel::gather_normalized`]).
     pub fn new(x: Vec<f32>, n: usize, d: usize, kernel: Kernel) -> Self {
+        Self::within(x, n, d, kernel, usize::MAX)
+    }
+
+    /// [`OnDemandSource::new`] whose columns (the cache and a batch being
+    /// computed, held twice) take at most about `bytes`: fewer cached columns
+    /// and smaller batches under a small budget, never fewer than one column
+    /// in the cache and a batch of one. The picks do not depend on it.
+    pub fn within(x: Vec<f32>, n: usize, d: usize, kernel: Kernel, bytes: usize) -> Self {
         const BATCH: usize = 64;
-        let cap = (8 * d).max(BATCH).min(n.max(1));
-        Self { x, n, d, kernel, batch: BATCH.min(cap), cache: ColumnCache::new(n, cap) }
+        let cols = bytes / (4 * n.max(1)); // columns the budget holds in all
+        let batch = (cols / 4).clamp(1, BATCH);
+        let cap = cols.saturating_sub(2 * batch).clamp(batch, (8 * d).max(BATCH)).min(n.max(1));
+        Self { x, n, d, kernel, batch: batch.min(cap), cache: ColumnCache::new(n, cap) }
     }
 
     /// Columns `js` (`b x n`, row r = column js[r]) by one GEMM in row chunks.
@@ -196,39 +209,43 @@ impl Source for OnDemandSource {
                 let nb = n.div_ceil(B);
                 let pairs: Vec<(usize, usize)> = (0..nb).flat_map(|a| (a..nb).map(move |b| (a, b))).collect();
                 let (x, kernel) = (&self.x, self.kernel);
-                let parts: Vec<(Vec<f64>, Vec<f64>)> = pairs
-                    .par_iter()
-                    .map(|&(a, b)| {
-                        let (i0, j0) = (a * B, b * B);
-                        let (mi, mj) = (B.min(n - i0), B.min(n - j0));
-                        let mut blk = vec![0f32; mi * mj];
-                        gemm_abt(&x[i0 * d..(i0 + mi) * d], mi, &x[j0 * d..(j0 + mj) * d], mj, d, &mut blk);
-                        let mut col = vec![0f64; mj]; // sum_i w_i S_ij for j in block b
-                        let mut row = vec![0f64; mi]; // sum_j w_j S_ij for i in block a (a != b)
-                        for (ii, r) in blk.chunks_exact(mj).enumerate() {
-                            let i = i0 + ii;
-                            let mut rs = 0f64;
-                            for (jj, &v) in r.iter().enumerate() {
-                                let j = j0 + jj;
-                                let s = if i == j { kernel.apply(1.0) } else { kernel.apply(v) } as f64;
-                                col[jj] += w[i] * s;
-                                rs += w[j] * s;
-                            }
-                            row[ii] = rs;
-                        }
-                        if a == b {
-                            row.clear();
-                        }
-                        (col, row)
-                    })
-                    .collect();
                 let mut acc = vec![0f64; n];
-                for (&(a, b), (col, row)) in pairs.iter().zip(&parts) {
-                    for (jj, v) in col.iter().enumerate() {
-                        acc[b * B + jj] += v;
-                    }
-                    for (ii, v) in row.iter().enumerate() {
-                        acc[a * B + ii] += v;
+                // a group of block pairs at a time: the partial sums held at
+                // once stay a few MB, however many pairs there are
+                for group in pairs.chunks(GROUP) {
+                    let parts: Vec<(Vec<f64>, Vec<f64>)> = group
+                        .par_iter()
+                        .map(|&(a, b)| {
+                            let (i0, j0) = (a * B, b * B);
+                            let (mi, mj) = (B.min(n - i0), B.min(n - j0));
+                            let mut blk = vec![0f32; mi * mj];
+                            gemm_abt(&x[i0 * d..(i0 + mi) * d], mi, &x[j0 * d..(j0 + mj) * d], mj, d, &mut blk);
+                            let mut col = vec![0f64; mj]; // sum_i w_i S_ij for j in block b
+                            let mut row = vec![0f64; mi]; // sum_j w_j S_ij for i in block a (a != b)
+                            for (ii, r) in blk.chunks_exact(mj).enumerate() {
+                                let i = i0 + ii;
+                                let mut rs = 0f64;
+                                for (jj, &v) in r.iter().enumerate() {
+                                    let j = j0 + jj;
+                                    let s = if i == j { kernel.apply(1.0) } else { kernel.apply(v) } as f64;
+                                    col[jj] += w[i] * s;
+                                    rs += w[j] * s;
+                                }
+                                row[ii] = rs;
+                            }
+                            if a == b {
+                                row.clear();
+                            }
+                            (col, row)
+                        })
+                        .collect();
+                    for (&(a, b), (col, row)) in group.iter().zip(&parts) {
+                        for (jj, v) in col.iter().enumerate() {
+                            acc[b * B + jj] += v;
+                        }
+                        for (ii, v) in row.iter().enumerate() {
+                            acc[a * B + ii] += v;
+                        }
                     }
                 }
                 for (j, o) in out.iter_mut().enumerate() {
