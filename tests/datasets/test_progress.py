@@ -225,3 +225,39 @@ def test_the_loading_line_waits_for_the_interval_and_an_early_end_drops_it(monke
     q = JobProgress("lines", name="mrt nll")
     q.say("loading the model")
     assert capsys.readouterr().err == "mrt nll: loading the model\n"
+
+
+def test_a_long_select_step_says_its_picks_while_the_rows_stand_still(monkeypatch, capsys):
+    """Inside a select step whose rows do not move, the picks the core has made since the step
+    began are said every interval; none while the rows move; nothing when progress is off."""
+    import threading
+    import time
+
+    import mrt_fast._grades_core as core
+    from mrt_fast.datasets.pick_progress import picks_shown
+
+    made = iter(range(100, 10_000, 3))
+    lock = threading.Lock()
+
+    def picks() -> int:
+        with lock:
+            return next(made)
+
+    monkeypatch.setattr(core, "picks_made", picks)
+    bar = JobProgress("lines", name="mrt select")
+    bar.phase("grades-4")
+    bar.start(10)
+    with picks_shown(bar, quiet_for=0.05):
+        time.sleep(0.4)
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "picks made" in ln or "pick made" in ln]
+    assert said and all(re.fullmatch(r"mrt select: grades-4: \d+ picks? made in \d+s", ln) for ln in said)
+    counts = [int(ln.split(": ")[2].split()[0]) for ln in said]
+    assert counts == sorted(counts) and counts[0] > 0  # picks since the step began, growing
+    with picks_shown(bar, quiet_for=0.3):
+        for _ in range(60):  # rows moving: their own lines say enough
+            bar.advance(1)
+            time.sleep(0.01)
+    assert "picks made" not in capsys.readouterr().err
+    with picks_shown(JobProgress(False), quiet_for=0.01):
+        time.sleep(0.1)
+    assert capsys.readouterr().err == ""

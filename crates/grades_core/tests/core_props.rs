@@ -501,3 +501,14 @@ proptest! {
         prop_assert!((full.objective - lean[0].objective).abs() <= 1e-5 * full.objective.abs().max(1e-12));
     }
 }
+
+#[test]
+fn every_pick_is_counted_for_progress() {
+    let (n, d, k) = (50usize, 4usize, 7usize);
+    let x: Vec<f32> = (0..n * d).map(|i| ((i * 37 % 101) as f32) / 50.0 - 1.0).collect();
+    let before = grades_core::progress::picks_made();
+    let r = facility_location_on_demand(&x, n, d, None, &params(k, 0.0, Optimizer::Lazy), Kernel::Clip).unwrap();
+    assert_eq!(r.indices.len(), k);
+    // other tests pick in parallel: the count grows by at least this selection's picks
+    assert!(grades_core::progress::picks_made() >= before + k as u64);
+}

@@ -173,6 +173,15 @@ class JobProgress:
             return True
         return False
 
+    def status(self, what: str) -> None:
+        """A count inside a long step (picks inside one huge pool), shown now: beside the bar's
+        description, or as a plain line ``mrt select: grades-50: 12 picks made in 1m 40s``; an
+        empty ``what`` takes it off the bar."""
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"{self.phase_name} ({what})" if what else self.phase_name)
+        elif self.mode == "lines" and what:
+            print(f"{self.phase_name}: {what}", file=sys.stderr, flush=True)
+
     def phase(self, name: str) -> None:
         self.phase_name = f"{self.name}: {name}"
         if self._bar is not None:

@@ -90,6 +90,7 @@ pub fn greedy_with<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Op
                 src.cover(best, w, &mut c);
                 pk.picked(best, gb, &chosen);
                 res.indices.push(best);
+                crate::progress::picked();
                 res.gains.push(gb);
             }
         }
@@ -196,6 +197,7 @@ pub fn greedy_with<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Op
                 src.cover(best, w, &mut c);
                 pk.picked(best, gb, &chosen);
                 res.indices.push(best);
+                crate::progress::picked();
                 res.gains.push(gb);
                 b = (evals / 2).clamp(b_min, b_max);
             }

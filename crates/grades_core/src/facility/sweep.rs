@@ -222,6 +222,7 @@ fn greedy_sweep_impl<const UNIT: bool>(
         column_cover(&s[best * n..(best + 1) * n], w[best], c);
         pk.picked(best, gb, chosen);
         res.indices.push(best);
+        crate::progress::picked();
         res.gains.push(gb);
     }
     res.objective = c.iter().zip(w).map(|(&ci, &wi)| wi * ci).sum();

@@ -12,6 +12,7 @@
 //! * `gram`: the similarity matrix of one pool.
 //! * `sampling`: random-K, top-K and mode-stratified K.
 //! * `keys`: 64-bit keys of prompt ids.
+//! * `progress`: the count of picks made.
 //! * `kmeans`: modes of every pool by k-means.
 //! * `variance`: streaming variance accumulators.
 
@@ -29,6 +30,7 @@ mod facility;
 mod gram;
 mod keys;
 mod kmeans;
+mod progress;
 mod sampling;
 mod variance;
 
@@ -88,6 +90,7 @@ fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, name: &str) -> 
 fn _grades_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     convert::register(m)?;
     facility::register(m)?;
+    progress::register(m)?;
     gram::register(m)?;
     sampling::register(m)?;
     keys::register(m)?;

@@ -37,6 +37,7 @@ from mrt_fast.datasets.executors.local_fold import variance_budget_files
 from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, grouped_size, plan_grouped,
                                                     plan_memory)
 from mrt_fast.datasets.job import Job, run_all, start_row_parts
+from mrt_fast.datasets.pick_progress import picks_shown
 from mrt_fast.datasets.profile import Profile
 from mrt_fast.datasets.select_stage import (SelectRows, counts_into, finish_select, select_counts,
                                             select_rows)
@@ -176,7 +177,7 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
         rep.rows = df.height
         bar.set_total(df.height)
         bar.phase(f"{opts.method}-{opts.k}")
-        with prof.step("select"):
+        with prof.step("select"), picks_shown(bar):
             kept, r = select_rows(df, opts, ds)
             del df
         counts.add(select_counts(r))
@@ -225,7 +226,7 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
 
             w = bucket_workers(spill_dir, todo, limit, w)
             rep.workers = w
-            with prof.step("select by bucket"):
+            with prof.step("select by bucket"), picks_shown(bar):
                 run_all(one, todo, w)
             rep.parts_done_now = len(todo)
             if not to_dir:
