@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import available, parse_size, warm  # noqa: E402
+from bench_batch import available, compile_package, parse_size, warm  # noqa: E402
 from bench_batch import make_dataset as batch_dataset  # noqa: E402
 
 FLOOR = """
@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the datasets")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale_bench.json"))
     a = ap.parse_args(argv)
+    compile_package()
     sys.path.insert(0, str(ROOT / "python"))
     from mrt_fast.datasets.local import parse_memory
 

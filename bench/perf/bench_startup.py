@@ -25,7 +25,7 @@ ROOT = HERE.parents[1]
 
 COUNT = ("import sys, runpy\nsys.argv = ['mrt'] + sys.argv[1:]\n"
          "try:\n    runpy.run_module('mrt_fast.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-         "heavy = ['pandas', 'polars', 'numpy', 'pyarrow', 'torch', 'ray', 'scipy', 'matplotlib']\n"
+         "heavy = ['pandas', 'polars', 'numpy', 'pyarrow', 'pyarrow.compute', 'pydantic', 'torch', 'ray', 'scipy', 'matplotlib']\n"
          "print(json.dumps({'modules': len(sys.modules), 'heavy': [m for m in heavy if m in sys.modules]}), "
          "file=sys.__stderr__)\n")
 
@@ -41,6 +41,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out", default=str(HERE.parent / "results" / "startup_bench.json"))
     args = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    from bench_batch import compile_package
+
+    compile_package()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     missing = Path(tempfile.gettempdir()) / "mrt-startup-missing.parquet"
     cases = {"mrt --help": ["--help"],
