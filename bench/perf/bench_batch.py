@@ -6,9 +6,9 @@ rows shuffled across the files), then measures, each in its own process
 (wall time and peak RSS from ``os.wait4``), after one untimed read of its
 files so that every run finds them in the page cache:
 
-* floor: polars reading the same files and writing as many rows as the
-  selection keeps (``scan_parquet(...).filter(...).sink_parquet(...)`` of
-  every column; the output of ``mrt select`` holds every column too);
+* floor: polars reading the same files into memory and writing as many rows
+  as the selection keeps (``read_parquet(...).gather_every(...).write_parquet(...)``
+  of every column; the output of ``mrt select`` holds every column too);
 * ``mrt select`` (GRADES, K = 4) to a dataset directory with a memory limit
   the input fits in (when the machine has that much memory), and with the
   spill limit (``--memory-limit``, default 2GB) that forces buckets on disk.
@@ -31,6 +31,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -102,25 +103,64 @@ def compile_package() -> None:
     compileall.compile_dir(str(ROOT / "python" / "mrt_fast"), quiet=1)
 
 
-def measure(cmd: list[str], env: dict) -> dict:
-    """Run a command; wall seconds and peak RSS of that process."""
+def folder_bytes(d: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(d):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def high_water(pid: int) -> int:
+    """The process's peak resident memory since it started its program (VmHWM, bytes; 0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def measure(cmd: list[str], env: dict, watch: list[Path] | tuple = ()) -> dict:
+    """Run a command; wall and CPU seconds, peak RSS, and the most bytes the ``watch`` paths held at once.
+
+    The peak RSS is the program's own high-water mark (VmHWM, polled every 0.2 s): `wait4`'s ru_maxrss also
+    counts the memory of the benchmark process the command was started from."""
+    peak, hwm = [0], [0]
+    done = threading.Event()
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def poll():
+        while not done.wait(0.2):
+            hwm[0] = max(hwm[0], high_water(p.pid))
+            peak[0] = max(peak[0], sum(folder_bytes(w) if w.is_dir() else (w.stat().st_size if w.exists() else 0)
+                                       for w in watch))
+
+    th = threading.Thread(target=poll, daemon=True)
+    th.start()
     out = p.stdout.read()
+    hwm[0] = max(hwm[0], high_water(p.pid))  # the output closed: the program is ending, not yet reaped
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise RuntimeError(f"{cmd} failed ({p.returncode}):\n{out[-3000:]}")
-    return {"seconds": wall, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_bytes": ru.ru_maxrss * 1024,
-            "output_tail": out[-400:]}
+    done.set()
+    th.join()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{cmd} failed:\n{out[-3000:]}")
+    return {"seconds": wall, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_bytes": hwm[0],
+            "peak_disk_bytes": peak[0], "output_tail": out[-2000:]}
+
 
 
 FLOOR = """
 import sys, polars as pl, glob
 files = sorted(glob.glob(sys.argv[1] + "/*.parquet")); stride = int(sys.argv[3])
-(pl.scan_parquet(files, row_index_name="__i").filter(pl.col("__i") % stride == 0).drop("__i")
-   .sink_parquet(sys.argv[2]))
+pl.read_parquet(files).gather_every(stride).write_parquet(sys.argv[2])
 """
 
 
@@ -192,7 +232,7 @@ def main() -> None:
                     shutil.rmtree(out, ignore_errors=True)
                     cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(args.k),
                            "--method", args.method, "--memory-limit", str(limit)]
-                    r = measure(cmd, env)
+                    r = measure(cmd, env, [])
                     man = json.loads(Manifest.read(out).to_json())
                     n_kept = sum(man["parts"].values())
                     r.update(limit_bytes=limit, parts=man["n_parts"], kept=n_kept)
@@ -202,9 +242,9 @@ def main() -> None:
                           f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB, {man['n_parts']} part(s)", flush=True)
                 stride = max(1, round(size / n_kept))
                 fo = work / f"floor_{size}.parquet"
-                floors.append(measure([sys.executable, "-c", FLOOR, str(d), str(fo), str(stride)], env))
+                floors.append(measure([sys.executable, "-c", FLOOR, str(d), str(fo), str(stride)], env, []))
                 fo.unlink(missing_ok=True)
-                print(f"   floor (scan_parquet -> sink_parquet of {size // stride:,} rows): "
+                print(f"   floor (read_parquet -> write_parquet of {size // stride:,} rows): "
                       f"{floors[-1]['seconds']:.1f} s", flush=True)
             runs = {}
             for name, rs in per_case.items():  # the mean of the rounds; the peak RSS of all

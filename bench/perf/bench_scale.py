@@ -31,7 +31,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -40,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import available, compile_package, parse_size, warm  # noqa: E402
+from bench_batch import available, compile_package, folder_bytes, measure, parse_size, warm  # noqa: E402
 from bench_batch import make_dataset as batch_dataset  # noqa: E402
 
 FLOOR = """
@@ -54,59 +53,6 @@ pl.scan_parquet(sorted(glob.glob(src + "/*.parquet"))).sink_ipc(spill)
 def make_dataset(d: Path, n_rows: int, n_files: int, dim: int, dtype: str, **kw) -> None:
     """`bench_batch.make_dataset`'s pools of 8..128, without the candidate index column (``kw``: its seed, block)."""
     batch_dataset(d, n_rows, n_files, dim, dtype=dtype, candidate_column=False, **kw)
-
-
-def folder_bytes(d: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(d):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def high_water(pid: int) -> int:
-    """The process's peak resident memory since it started its program (VmHWM, bytes; 0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def measure(cmd: list[str], env: dict, watch: list[Path]) -> dict:
-    """Run a command; wall and CPU seconds, peak RSS, and the most bytes the ``watch`` paths held at once.
-
-    The peak RSS is the program's own high-water mark (VmHWM, polled every 0.2 s): `wait4`'s ru_maxrss also
-    counts the memory of the benchmark process the command was started from."""
-    peak, hwm = [0], [0]
-    done = threading.Event()
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def poll():
-        while not done.wait(0.2):
-            hwm[0] = max(hwm[0], high_water(p.pid))
-            peak[0] = max(peak[0], sum(folder_bytes(w) if w.is_dir() else (w.stat().st_size if w.exists() else 0)
-                                       for w in watch))
-
-    th = threading.Thread(target=poll, daemon=True)
-    th.start()
-    out = p.stdout.read()
-    hwm[0] = max(hwm[0], high_water(p.pid))  # the output closed: the program is ending, not yet reaped
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    done.set()
-    th.join()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{cmd} failed:\n{out[-3000:]}")
-    return {"seconds": wall, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_bytes": hwm[0],
-            "peak_disk_bytes": peak[0], "output_tail": out[-2000:]}
 
 
 def profile(output: str) -> dict[str, str]:

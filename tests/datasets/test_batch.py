@@ -983,7 +983,7 @@ def test_row_group_chunks_cover_the_piece_in_order(groups, chunk_rows, in_file):
     """The chunks of a run's piece are its rows, in order, without a gap or an overlap: runs of
     whole row groups of at most ``chunk_rows`` rows for polars, and each larger row group alone
     for Arrow."""
-    from mrt_fast.datasets.arrow_runs import Piece, row_group_chunks
+    from mrt_fast.datasets.arrow_runs import Piece, groups_of, row_group_chunks
 
     ids = list(range(3, 3 + len(groups)))
     p = Piece("f.parquet", ids, 0, sum(groups), in_file, list(groups))
@@ -992,6 +992,9 @@ def test_row_group_chunks_cover_the_piece_in_order(groups, chunk_rows, in_file):
     for first, rows, arrow_groups in row_group_chunks(p, chunk_rows):
         assert first == pos and rows > 0
         assert first in starts and first + rows in starts  # whole row groups
+        # the row groups of a chunk (what Arrow reads where polars' types cannot be cast back)
+        got = groups_of(p, first, rows)
+        assert sum(groups[ids.index(g)] for g in got) == rows and got == sorted(got)
         if arrow_groups is None:
             assert rows <= chunk_rows
         else:

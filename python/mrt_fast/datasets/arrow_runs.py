@@ -124,11 +124,15 @@ def iter_run(run: list[Piece], columns: list[str] | None, batch_rows: int, chunk
         if chunk_rows and schema is not None and p.group_rows and not storage.is_url(p.path):
             fields = schema if columns is None else pa.schema([schema.field(c) for c in columns])
             for first, rows, groups in row_group_chunks(p, chunk_rows):
+                batches = None
                 if groups is None:
-                    lf = pl_scan(p.path, columns).slice(first, rows)
-                    t = lf.collect().to_arrow(compat_level=_oldest()).cast(fields)
-                    batches = t.to_batches(max_chunksize=batch_rows)
-                else:
+                    t = pl_scan(p.path, columns).slice(first, rows).collect().to_arrow(compat_level=_oldest())
+                    try:
+                        batches = t.cast(fields).to_batches(max_chunksize=batch_rows)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a type polars gives back otherwise
+                        groups = groups_of(p, first, rows)
+                    del t
+                if batches is None:
                     batches = pq.ParquetFile(storage.open_input(p.path), **READ_OPTIONS).iter_batches(
                         batch_size=batch_rows, row_groups=groups, columns=columns, use_threads=False)
                 for b in batches:
@@ -161,6 +165,17 @@ def row_group_chunks(p: Piece, chunk_rows: int) -> Iterator[tuple[int, int, list
         rows += n
     if rows:
         yield first, rows, None
+
+
+def groups_of(p: Piece, first: int, rows: int) -> list[int]:
+    """The row groups of ``p`` holding its file's rows ``[first, first + rows)`` (whole groups)."""
+    assert p.group_rows is not None
+    out, at = [], p.in_file
+    for g, n in zip(p.row_groups, p.group_rows):
+        if first <= at < first + rows:
+            out.append(g)
+        at += n
+    return out
 
 
 def pl_scan(path: str, columns: list[str] | None):

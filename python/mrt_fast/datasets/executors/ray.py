@@ -268,7 +268,10 @@ class _FlatRun:
             def spilled(t: pa.Table) -> None:
                 nulls[0] += sum(t.column("nulls").to_pylist())
 
-            self.stats.append(run_tasks("SpillRuns", SpillRuns(runs, spill, by, self.nb),
+            from mrt_fast.datasets.arrow_runs import arrow_schema
+
+            sr = SpillRuns(runs, spill, by, self.nb, arrow_schema(src), src.memory_bytes() / max(1, self.n_rows))
+            self.stats.append(run_tasks("SpillRuns", sr,
                                         [pa.table({"run": [j]}) for j in range(len(runs))], spilled,
                                         self.max_retries))
             if nulls[0]:

@@ -34,6 +34,8 @@ from mrt_fast.errors import MrtInputError
 ROWS_PER_READ_TASK = 500_000
 #: input rows read by one task of the spilled exchange (tasks: at least one per CPU)
 ROWS_PER_SPILL_TASK = 2_000_000
+#: rows of row groups a spill task decodes at once by polars, in bytes in memory
+CHUNK_BYTES = 64 << 20
 
 
 def part_stats(i: int, n: int, rep: Any) -> pa.Table:
@@ -177,19 +179,25 @@ class SpillRuns:
     (:func:`mrt_fast.datasets.spill.spill_run`, files ``bucket-NNNNN.j.arrow``);
     a retried task rewrites its own files."""
 
-    def __init__(self, runs: list, spill: str, by: str, n_buckets: int):
+    def __init__(self, runs: list, spill: str, by: str, n_buckets: int, schema: pa.Schema | None = None,
+                 row_bytes: float = 0.0):
         from mrt_fast._util.memory import spill_batch_rows
         from mrt_fast.datasets.spill import spill_staging
 
         self.runs, self.spill, self.by, self.n = runs, spill, by, n_buckets
         self.batch_rows, self.staging = spill_batch_rows(n_buckets), spill_staging(n_buckets, 1)
+        # row groups decoded whole by polars up to CHUNK_BYTES of rows (the files' Arrow ``schema``
+        # and ``row_bytes``, their rows' size in memory; without them, Arrow reads a batch at a time)
+        self.schema = schema
+        self.chunk_rows = int(CHUNK_BYTES / row_bytes) if row_bytes > 0 and schema is not None else 0
         self.__name__ = "read_and_spill"
 
     def __call__(self, t: pa.Table) -> pa.Table:
         from mrt_fast.datasets.spill import spill_run
 
         j = int(t.column("run")[0].as_py())
-        nulls = spill_run(self.runs[j], Path(self.spill), self.n, self.by, j, self.batch_rows, self.staging)
+        nulls = spill_run(self.runs[j], Path(self.spill), self.n, self.by, j, self.batch_rows, self.staging,
+                          chunk_rows=self.chunk_rows, schema=self.schema)
         return pa.table({"rows": [sum(p.rows for p in self.runs[j])], "nulls": [nulls]})
 
 

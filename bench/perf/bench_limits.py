@@ -1,0 +1,138 @@
+"""`mrt select` on one dataset under memory limits from the refused minimum up to in-memory.
+
+Builds one dataset as ``bench_scale.py`` does (pools of 8 to 128, rows shuffled over ``--files`` Parquet files,
+int64 prompt ids, a float64 reward, ``--dim``-d embeddings of ``--dtype``), asks `mrt select` for the smallest
+limit it accepts (its refusal names it), then runs in the same run, each in its own process, ``--repeats``
+interleaved rounds of:
+
+* `mrt select` (GRADES, K = 4, ``--profile``) under each limit: the minimum, 1.5x it, and ``--limits``;
+* the spilling floor of ``bench_scale.py`` (polars reads the files, spills them to Arrow IPC with
+  ``sink_ipc``, scans them back and writes as many rows as the selection keeps), which no limit changes.
+
+Each limit's median wall and CPU seconds, peak RSS against the limit, buckets, and ratio to the floor go
+to ``bench/results/limits_bench.json``; ``python bench/perf/limits_doc.py`` draws the plot and the table
+of ``docs/results/limits.md``.
+
+    python bench/perf/bench_limits.py                          # 10M candidates, 32-d float16
+    python bench/perf/bench_limits.py --size 1e6 --out /tmp/l.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_batch import available, compile_package, folder_bytes, measure, parse_size, warm  # noqa: E402
+from bench_scale import FLOOR, make_dataset, profile  # noqa: E402
+
+
+def least_limit(d: Path, env: dict) -> int:
+    """The smallest limit `mrt select` accepts for ``d``: what its refusal of a 64 MiB limit names."""
+    out = d.parent / "least_out"
+    r = subprocess.run([sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", "4",
+                        "--memory-limit", "64MiB"], env=env, capture_output=True, text=True)
+    shutil.rmtree(out, ignore_errors=True)
+    m = re.search(r"use a limit of at least ([\d.]+) (MiB|GiB)", r.stdout + r.stderr)
+    if m is None:
+        raise RuntimeError(f"no minimum limit in the refusal:\n{(r.stdout + r.stderr)[-2000:]}")
+    return int(float(m.group(1)) * (2**20 if m.group(2) == "MiB" else 2**30))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="10e6", help="candidates")
+    ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--dtype", choices=["float16", "float32"], default="float16")
+    ap.add_argument("--limits", default="1GB,2GB,4GB,8GB", help="limits beside the minimum and 1.5x it")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--workdir", default=None, help="where the dataset goes (default bench/.limits_data, removed)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "limits_bench.json"))
+    a = ap.parse_args(argv)
+    compile_package()
+    sys.path.insert(0, str(ROOT / "python"))
+    from mrt_fast.datasets import Manifest
+    from mrt_fast.datasets.local import parse_memory
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    work = Path(a.workdir) if a.workdir else ROOT / "bench" / ".limits_data"
+    work.mkdir(parents=True, exist_ok=True)
+    size = parse_size(a.size)
+    d = work / f"in_{size}"
+    try:
+        if not d.exists():
+            make_dataset(d, size, a.files, a.dim, a.dtype)
+        warm(d)
+        least = least_limit(d, env)
+        limits = sorted({least, int(least * 1.5), *(parse_memory(x) for x in a.limits.split(","))})
+        print(f"== {size:,} candidates, {folder_bytes(d) / 1e9:.2f} GB; least limit {least / 2**20:.0f} MiB", flush=True)
+        runs: dict[int, list] = {lim: [] for lim in limits}
+        floors = []
+        for _ in range(a.repeats):
+            for lim in limits:
+                out = work / "out"
+                shutil.rmtree(out, ignore_errors=True)
+                r = measure([sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(a.k),
+                             "--memory-limit", str(lim), "--profile"], env, [out])
+                man = json.loads(Manifest.read(out).to_json())
+                r.update(parts=man["n_parts"], kept=sum(man["parts"].values()), profile=profile(r["output_tail"]))
+                runs[lim].append(r)
+                shutil.rmtree(out, ignore_errors=True)
+                print(f"   limit {lim / 2**20:,.0f} MiB: {r['seconds']:.1f} s ({r['cpu_seconds']:.1f} s CPU), peak RSS "
+                      f"{r['peak_rss_bytes'] / lim:.2f} of the limit, {r['parts']} bucket(s)", flush=True)
+            kept = runs[limits[0]][-1]["kept"]
+            spill, fo = work / "floor.ipc", work / "floor.parquet"
+            f = measure([sys.executable, "-c", FLOOR, str(d), str(spill), str(fo), str(max(1, round(size / kept)))],
+                        env, [spill, fo])
+            spill.unlink(missing_ok=True)
+            fo.unlink(missing_ok=True)
+            floors.append(f)
+            print(f"   floor: {f['seconds']:.1f} s ({f['cpu_seconds']:.1f} s CPU)", flush=True)
+        med = lambda rs, k: float(np.median([x[k] for x in rs]))  # noqa: E731
+        floor = {"seconds": med(floors, "seconds"), "cpu_seconds": med(floors, "cpu_seconds"),
+                 "runs_seconds": [x["seconds"] for x in floors],
+                 "peak_rss_bytes": max(x["peak_rss_bytes"] for x in floors)}
+        rows = []
+        for lim in limits:
+            rs = runs[lim]
+            s = {"limit_bytes": lim, "seconds": med(rs, "seconds"), "cpu_seconds": med(rs, "cpu_seconds"),
+                 "runs_seconds": [x["seconds"] for x in rs], "peak_rss_bytes": max(x["peak_rss_bytes"] for x in rs),
+                 "peak_disk_bytes": max(x["peak_disk_bytes"] for x in rs), "parts": rs[0]["parts"],
+                 "profile": rs[-1]["profile"]}
+            s["ratio_to_floor"] = s["seconds"] / floor["seconds"]
+            s["peak_rss_over_limit"] = s["peak_rss_bytes"] / lim
+            rows.append(s)
+        doc = {"what": "mrt select (GRADES) on one dataset under memory limits from the refused minimum up, "
+                       "against the polars spilling floor, in one run",
+               "candidates": size, "files": a.files, "dim": a.dim, "dtype": a.dtype, "k": a.k,
+               "input_bytes": folder_bytes(d), "least_limit_bytes": least, "repeats": a.repeats,
+               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                           "python": platform.python_version(),
+                           "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+                           "mem_available_bytes": available(), "load_avg_at_end": os.getloadavg()},
+               "floor": floor, "results": rows, "date": time.strftime("%Y-%m-%d")}
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {a.out}")
+    finally:
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
