@@ -37,6 +37,9 @@ SECTIONS = [
     ("scale_bench", "Scale: 1M to 100M candidates against the spilling floor",
      "`python bench/perf/bench_scale.py`; the page with its projection to 10B: docs/results/scale.md "
      "(`python bench/perf/scale_doc.py`)."),
+    ("limits_bench", "One dataset under memory limits from the refused minimum up",
+     "`python bench/perf/bench_limits.py`; the page with its plot: docs/results/limits.md "
+     "(`python bench/perf/limits_doc.py`)."),
     ("ray_bench", "The Ray engine against the local engine",
      "`python bench/perf/bench_ray.py` (see docs/guides/distributed.md): job = the job's own time (imports and Ray's "
      "start apart); `job_vs_local_spill` = a Ray job over the local engine with the spill forced into "
@@ -150,8 +153,9 @@ def _render_batch(doc: dict) -> str:
             f"{doc.get('spill_limit_bytes', 0) / 1e9:.2f} GB; {m.get('cpus')} CPUs, "
             f"{m.get('mem_total_bytes', 0) / 2**30:.1f} GiB RAM; load average at start "
             f"{_cell((m.get('load_avg_at_start') or [None])[0])}, at end {_cell((m.get('load_avg_at_end') or [None])[0])}",
-            "- ratio = wall / floor (floor: polars `scan_parquet(...).sink_parquet(...)` of the same files, "
-            "writing as many rows as the selection keeps; the mean of two runs); targets: <= 1.5 (fit), "
+            "- ratio = wall / floor (floor: polars reading the same files and writing as many rows as the "
+            "selection keeps, the faster of `read_parquet` + `write_parquet` and `scan_parquet` + `sink_parquet`; "
+            "the mean of the rounds); targets: <= 1.5 (fit), "
             "<= 2.5 (spill); s per M rows at the largest size within 1.2x of the smallest (per-row vs smallest); "
             "peak RSS <= limit + 300 MB", ""]
     cols = ["candidates", "case", "input GB", "wall s", "floor s", "ratio", "parts", "peak RSS GB", "limit GB",
@@ -264,8 +268,18 @@ def _render_scale(doc: dict) -> str:
                       f"{doc['limit_bytes'] / 1e9:.1f} GB, {m['cpus']} cores", "", *table(doc)])
 
 
+def _render_limits(doc: dict) -> str:
+    """bench_limits.py's run: the same table as docs/results/limits.md."""
+    from limits_doc import render as limits_page
+
+    lines = limits_page(doc).splitlines()
+    table = [ln for ln in lines if ln.startswith("|")]
+    return "\n".join([f"- {doc['what']}; {doc['candidates'] / 1e6:,.0f}M candidates, {doc['dim']}-d {doc['dtype']}, "
+                      f"{doc['machine']['cpus']} cores; the page with its plot: docs/results/limits.md", "", *table])
+
+
 RENDERERS = {"batch_bench": _render_batch, "embed_bench": _render_embed, "gpu_bench": _render_gpu,
-             "scale_bench": _render_scale}
+             "scale_bench": _render_scale, "limits_bench": _render_limits}
 
 
 def _load(path: Path):

@@ -116,10 +116,14 @@ def render(scale: dict, embed: dict) -> str:
         sp = last["select"].get("profile", {}).get("spill", "")
         if sp:
             sel = last["select"]["profile"].get("select by bucket", "")
-            out += [f"At {last['candidates'] / 1e6:,.0f}M the spill alone ({sp}) takes longer than the whole floor "
-                    f"({last['floor']['seconds']:.1f} s wall), which reads the same files, writes them as Arrow IPC, "
+            spill_wall = float(sp.split(" s")[0])
+            floor_wall = last["floor"]["seconds"]
+            than = "longer than" if spill_wall > floor_wall else f"{spill_wall / floor_wall:.2f}x"
+            out += [f"At {last['candidates'] / 1e6:,.0f}M the spill alone ({sp}) takes {than} the whole floor "
+                    f"({floor_wall:.1f} s wall), which reads the same files, writes them as Arrow IPC, "
                     f"scans them back and writes the kept rows; the buckets' reading, selection and writing take "
-                    f"{sel} on top.", ""]
+                    f"{sel} on top. The floor does no selection: the buckets' selection is the GRADES work "
+                    "itself (the core's similarity blocks and greedy picks, on both cores).", ""]
     # the projection
     cpu_per_row = big["select"]["cpu_seconds"] / big["candidates"]
     disk_per_row = big["select"]["peak_disk_bytes"] / big["candidates"]

@@ -1043,3 +1043,24 @@ def test_spill_plan_with_its_decoded_chunks_stays_within_the_work(work, row_byte
     used = spill_thread_bytes(sp.batch_rows, row_bytes, n_buckets + 1, sp.staging)
     assert sp.chunk_rows >= 0 and sp.batch_rows >= 1
     assert used + CHUNK_COPIES * sp.chunk_rows * max(1.0, row_bytes) <= per + 1
+
+
+def test_polars_decodes_the_spill_only_where_it_is_the_faster(tmp_path, monkeypatch):
+    """Float16 vectors are decoded by polars; float32 ones (Arrow the faster) and files of no vectors by Arrow."""
+    import pyarrow as pa
+
+    import mrt_fast.datasets.arrow_runs as runs
+
+    assert runs.polars_decodes_faster(pa.schema([("e", pa.list_(pa.float16()))]))
+    assert runs.polars_decodes_faster(pa.schema([("p", pa.int64()), ("e", pa.large_list(pa.float16()))]))
+    assert not runs.polars_decodes_faster(pa.schema([("e", pa.list_(pa.float32())), ("r", pa.float16())]))
+    assert not runs.polars_decodes_faster(None)
+    df = make_rows(20, 2)
+    (tmp_path / "in").mkdir()
+    df.write_parquet(tmp_path / "in" / "a.parquet", row_group_size=16)
+    calls = []
+    scan = runs.pl_scan
+    monkeypatch.setattr(runs, "pl_scan", lambda *a: calls.append(a) or scan(*a))
+    batch.spill(mrt_fast.datasets.sources.discover(tmp_path / "in"), tmp_path / "s", 3, "prompt_id",
+                batch_rows=10, threads=2, chunk_rows=1000)
+    assert not calls  # float32 vectors: Arrow

@@ -75,13 +75,14 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
     A Parquet dataset Arrow reads as polars would (:mod:`mrt_fast.datasets.arrow_runs`)
     is read by ``threads`` threads, one run of row groups each, thread ``T``
     writing files ``.T``: the files of a bucket, in ``T`` order, hold its
-    rows in input order; a thread decodes up to ``chunk_rows`` rows of row
-    groups of a local file at once (:func:`mrt_fast.datasets.arrow_runs.iter_run`). Any other dataset is read by polars' streaming
+    rows in input order; where polars decodes the files faster, a thread decodes up
+    to ``chunk_rows`` rows of row groups of a local file at once
+    (:func:`mrt_fast.datasets.arrow_runs.iter_run`). Any other dataset is read by polars' streaming
     engine (one thread, files ``.0``). Rows with a null prompt id go to
     bucket ``n_buckets``; returns how many there are. Memory: a few batches
     per thread and one ``staging`` block per open bucket file
     (:func:`mrt_fast._util.memory.plan_spill`)."""
-    from mrt_fast.datasets.arrow_runs import arrow_schema, plan_runs
+    from mrt_fast.datasets.arrow_runs import arrow_schema, plan_runs, polars_decodes_faster
 
     spill_dir = Path(spill_dir)
     spill_dir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +93,8 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
     try:
         schema = arrow_schema(ds)
         runs = plan_runs(ds, threads) if schema is not None else []
+        if not polars_decodes_faster(schema):
+            chunk_rows = 0
         if runs and pa_index_type() == np.uint32 and runs[-1][-1].start + runs[-1][-1].rows >= 2**32:
             runs = []  # more rows than polars' row index holds: its scan says so
         if not runs:

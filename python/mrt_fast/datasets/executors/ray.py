@@ -268,9 +268,12 @@ class _FlatRun:
             def spilled(t: pa.Table) -> None:
                 nulls[0] += sum(t.column("nulls").to_pylist())
 
-            from mrt_fast.datasets.arrow_runs import arrow_schema
+            from mrt_fast.datasets.arrow_runs import arrow_schema, polars_decodes_faster
 
-            sr = SpillRuns(runs, spill, by, self.nb, arrow_schema(src), src.memory_bytes() / max(1, self.n_rows))
+            schema = arrow_schema(src)
+            faster = polars_decodes_faster(schema)
+            sr = SpillRuns(runs, spill, by, self.nb, schema if faster else None,
+                           src.memory_bytes() / max(1, self.n_rows))
             self.stats.append(run_tasks("SpillRuns", sr,
                                         [pa.table({"run": [j]}) for j in range(len(runs))], spilled,
                                         self.max_retries))
