@@ -1,15 +1,16 @@
-"""A Parquet dataset read by Arrow in runs of consecutive row groups, one
-thread per run.
+"""A Parquet dataset read in runs of consecutive row groups, one thread per run.
 
-polars decodes a multi-file scan of list columns largely on one core and at
-about half Arrow's speed; the batch engine's two passes over a dataset read
-it here instead: the dataset's row groups (files in order, then row groups in
-order) are cut into as many runs of consecutive row groups, with about as
-many rows each, as there are threads, and every thread reads its run in
-batches, each batch knowing its first global row. Only a dataset polars
-would read to the very same columns and types takes this path
-(:func:`arrow_schema`); any other is read by polars' scan, which also reports
-what is wrong with it.
+polars' scan decodes a multi-file scan of list columns largely on one core;
+the batch engine's two passes over a dataset read it here instead: the
+dataset's row groups (files in order, then row groups in order) are cut into
+as many runs of consecutive row groups, with about as many rows each, as
+there are threads, and every thread reads its run in batches, each batch
+knowing its first global row. Arrow decodes a batch at a time (float32
+vectors faster than polars); where polars is the faster (float16 vectors,
+:func:`polars_decodes_faster`) a thread has polars decode whole row groups
+and cuts them into batches. Only a dataset polars would read to the very
+same columns and types takes this path (:func:`arrow_schema`); any other is
+read by polars' scan, which also reports what is wrong with it.
 """
 
 from __future__ import annotations
