@@ -136,6 +136,14 @@ def picks_made() -> int:
     """Facility-location picks made by this process so far (it only grows)."""
 def widen_f16(bits: npt.NDArray[np.uint16], out: npt.NDArray[np.float32]) -> None:
     """Float16 values (their bits) widened into the float32 array ``out`` of the same length."""
+def static_embed(
+    vectors: npt.NDArray[np.float32],
+    ids: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    center: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """Unit-norm embeddings (flat, texts x dim) of texts given as token ids (text t: ``ids[starts[t]:starts[t+1]]``):
+    each the sum of its tokens' rows of ``vectors``, normalised, then re-centred on ``center`` and normalised again."""
 def keys_from_uints(ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """keys_from_ints of every value that fits an int64; the text key of the others."""
 def content_keys(

@@ -12,6 +12,7 @@
 //! * [`facility`]: the (quality-weighted) facility-location objective, naive and
 //!   lazy greedy, and a certified upper bound on the optimum.
 //! * [`keys`]: stable 64-bit keys of prompt ids (by value).
+//! * [`pooling`]: static (model2vec-style) sentence embeddings from token ids.
 //! * [`progress`]: a count of picks made, for progress displays.
 //! * [`sampling`]: random-K, top-K and mode-stratified selection.
 //! * [`kmeans`]: modes of a pool by k-means with a silhouette rule.
@@ -24,6 +25,7 @@ pub mod gram;
 pub mod kernel;
 pub mod keys;
 pub mod kmeans;
+pub mod pooling;
 pub mod pools;
 pub mod progress;
 pub mod sampling;

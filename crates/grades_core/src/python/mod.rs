@@ -12,6 +12,7 @@
 //! * `gram`: the similarity matrix of one pool.
 //! * `sampling`: random-K, top-K and mode-stratified K.
 //! * `keys`: 64-bit keys of prompt ids.
+//! * `pooling`: a static model's sentence embeddings from token ids.
 //! * `progress`: the count of picks made.
 //! * `kmeans`: modes of every pool by k-means.
 //! * `variance`: streaming variance accumulators.
@@ -30,6 +31,7 @@ mod facility;
 mod gram;
 mod keys;
 mod kmeans;
+mod pooling;
 mod progress;
 mod sampling;
 mod variance;
@@ -95,6 +97,7 @@ fn _grades_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sampling::register(m)?;
     keys::register(m)?;
     kmeans::register(m)?;
+    pooling::register(m)?;
     variance::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
