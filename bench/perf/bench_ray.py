@@ -1,7 +1,7 @@
 """The Ray engine against the local engine on one machine, in one run.
 
 Data: the batch benchmark's (``bench_batch.make_dataset``: 64-d float32
-embeddings, float64 rewards, int64 prompt ids, pools of 8 to 128 candidates,
+embeddings, or ``--dim`` / ``--dtype``, float64 rewards, int64 prompt ids, pools of 8 to 128 candidates,
 rows shuffled across ``--files`` Parquet files), at each size of ``--rows``.
 Job: GRADES, K = 4, to a dataset directory. Each run is its own process, and
 the job's own time is measured inside it, apart from imports and Ray's start:
@@ -24,6 +24,9 @@ Results: ``bench/results/ray_bench.json``.
 
     python bench/perf/bench_ray.py                       # 4M and 16M candidates
     python bench/perf/bench_ray.py --rows 1e6 --groupby-rows 1e5
+    # the scale curve's data (32-d float16) from 1M to 30M, for docs/results/scale.md
+    python bench/perf/bench_ray.py --rows 1e6,3e6,10e6,30e6 --dim 32 --dtype float16 --groupby-rows 0 \
+        --out bench/results/ray_curve.json
 """
 
 from __future__ import annotations
@@ -198,6 +201,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="4e6,16e6", help="candidates per dataset, comma separated")
     ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=64, help="embedding dimensions")
+    ap.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="embedding values")
     ap.add_argument("--data", default=None, help="reuse (or create) the datasets under this directory")
     ap.add_argument("--workers", default="1,2", help="Ray CPUs per configuration")
     ap.add_argument("--shuffle", default="files", help="how rows reach their bucket: files (the default: the "
@@ -210,7 +215,7 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
     work = Path(tempfile.mkdtemp(prefix="mrt-ray-bench-"))
-    res: dict = {"method": "grades", "k": 4, "files": args.files, "machine": {
+    res: dict = {"method": "grades", "k": 4, "files": args.files, "dim": args.dim, "dtype": args.dtype, "machine": {
         "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "load_average_before": os.getloadavg()[0], "runs": []}
     try:
@@ -218,7 +223,7 @@ def main() -> None:
             data = (Path(args.data) / f"rows-{n_rows}") if args.data else work / f"data-{n_rows}"
             if not (data.exists() and any(data.glob("*.parquet"))):
                 t = time.perf_counter()
-                make_dataset(data, n_rows, args.files)
+                make_dataset(data, n_rows, args.files, args.dim, dtype=args.dtype)
                 print(f"built {n_rows:,} rows in {time.perf_counter() - t:.1f} s", flush=True)
             res["runs"] += one_size(n_rows, data, work, workers, args.shuffle, env)
             if not args.data:
