@@ -47,18 +47,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 0, block: int = 1_000_000,
-                 dtype: str = "float32", candidate_column: bool = True) -> None:
-    """Pools of 8..128 candidates, blocks of rows shuffled and scattered over n_files files: int64 prompt ids, an
-    int32 candidate index (``candidate_column``), a float64 reward and ``dim``-d embeddings of ``dtype`` (float32
-    or float16; the same draws either way)."""
+                 dtype: str = "float32", candidate_column: bool = True, pool_sizes: tuple[int, int] = (8, 128),
+                 ids: str = "int") -> None:
+    """Pools of ``pool_sizes`` (8..128) candidates, blocks of rows shuffled and scattered over n_files files:
+    prompt ids (int64, or ``ids="string"``: ``prompt-000000000042``), an int32 candidate index
+    (``candidate_column``), a float64 reward and ``dim``-d embeddings of ``dtype`` (float32 or float16; the
+    same draws either way)."""
     d.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     np_dt, pa_dt = {"float16": (np.float16, pa.float16()), "float32": (np.float32, pa.float32())}[dtype]
+    lo, hi = pool_sizes
+    ids_kind = ids
+    if ids_kind not in ("int", "string"):
+        raise ValueError(f"ids must be int or string, got {ids!r}")
     writers: list = [None] * n_files
     made = pid = 0
     while made < n_rows:
         m = min(block, n_rows - made)
-        sizes = rng.integers(8, 129, size=m // 8 + 2)
+        sizes = rng.integers(lo, hi + 1, size=m // lo + 2)
         cs = np.cumsum(sizes)
         n_p = int(np.searchsorted(cs, m)) + 1
         sizes = sizes[:n_p]
@@ -74,7 +80,9 @@ def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 
         ids, cand, rew, emb, f = ids[perm], cand[perm], rew[perm], emb[perm], f[perm]
         for j in range(n_files):
             s = f == j
-            cols = {"prompt_id": ids[s], "cand": cand[s]} if candidate_column else {"prompt_id": ids[s]}
+            pids = ids[s] if ids_kind == "int" else pa.array(np.char.add("prompt-", np.char.zfill(
+                ids[s].astype(str), 12)).astype(object), pa.string())
+            cols = {"prompt_id": pids, "cand": cand[s]} if candidate_column else {"prompt_id": pids}
             t = pa.table({**cols, "reward": rew[s],
                           "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb[s].ravel(), pa_dt), dim)
                           .cast(pa.list_(pa_dt))})

@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--dtype", choices=["float16", "float32"], default="float16")
+    ap.add_argument("--pool-sizes", default="8-128", help="smallest-largest pool, e.g. 1000-10000")
+    ap.add_argument("--ids", choices=["int", "string"], default="int", help="prompt ids: int64 or strings")
     ap.add_argument("--limits", default="1GB,2GB,4GB,8GB", help="limits beside the minimum and 1.5x it")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
@@ -72,10 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.workdir) if a.workdir else ROOT / "bench" / ".limits_data"
     work.mkdir(parents=True, exist_ok=True)
     size = parse_size(a.size)
-    d = work / f"in_{size}"
+    lo, hi = (int(x) for x in a.pool_sizes.split("-"))
+    d = work / f"in_{size}_{a.files}_{a.dim}_{a.dtype}_{lo}-{hi}_{a.ids}"
     try:
         if not d.exists():
-            make_dataset(d, size, a.files, a.dim, a.dtype)
+            make_dataset(d, size, a.files, a.dim, a.dtype, pool_sizes=(lo, hi), ids=a.ids)
         warm(d)
         least = least_limit(d, env)
         limits = sorted({least, int(least * 1.5), *(parse_memory(x) for x in a.limits.split(","))})
@@ -119,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"what": "mrt select (GRADES) on one dataset under memory limits from the refused minimum up, "
                        "against the polars spilling floor, in one run",
                "candidates": size, "files": a.files, "dim": a.dim, "dtype": a.dtype, "k": a.k,
+               "pool_sizes": [lo, hi], "ids": a.ids,
                "input_bytes": folder_bytes(d), "least_limit_bytes": least, "repeats": a.repeats,
                "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                            "python": platform.python_version(),

@@ -45,6 +45,12 @@ SECTIONS = [
      "start apart); `job_vs_local_spill` = a Ray job over the local engine with the spill forced into "
      "the same part count (target <= 1.5); `per_worker_vs_local_per_core` = rows/s per Ray worker over "
      "the local engine's rows/s per core (target >= 2/3)."),
+    ("huge_pool_bench", "One huge pool through `mrt select`: on demand under 512 MB, dense, apricot",
+     "`python bench/perf/bench_huge_pool.py`: one prompt's pool (a Gaussian mixture, 64-d float32) in one "
+     "Parquet file, `mrt select --method diverse` under `--memory-limit 512MB` (the similarity columns on "
+     "demand) against the same command given room for the dense matrix, and against apricot's lazy greedy "
+     "on the same float64 clipped-cosine matrix (its import and numba compilation timed apart); whole "
+     "processes, interleaved rounds, medians."),
     ("startup_bench", "What `mrt` costs before any work",
      "`python bench/perf/bench_startup.py`: whole processes, medians, beside a bare `python -c pass` "
      "(target < 0.5 s)."),
@@ -278,7 +284,25 @@ def _render_limits(doc: dict) -> str:
                       f"{doc['machine']['cpus']} cores; the page with its plot: docs/results/limits.md", "", *table])
 
 
-RENDERERS = {"batch_bench": _render_batch, "embed_bench": _render_embed, "gpu_bench": _render_gpu,
+def _render_huge_pool(doc: dict) -> str:
+    """bench_huge_pool.py: one row per pool size and method."""
+    out = ["| pool | K | method | seconds (runs) | CPU s | peak RSS MiB | on demand over this | same set |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in doc["results"]:
+        for m, v in r["methods"].items():
+            name = {"on_demand": "on demand, limit 512MB", "dense": "dense (room given)",
+                    "apricot": "apricot (start apart)"}.get(m, m)
+            if m == "on_demand":
+                name = f"on demand, limit {v['limit_bytes'] / 1e6:,.0f} MB (peak {v['peak_rss_over_limit']:.0%})"
+            runs = ", ".join(f"{x:.1f}" for x in v["runs_seconds"])
+            out.append(f"| {r['candidates']:,} x {r['dim']} | {r['k']} | {name} | {v['seconds']:.1f} ({runs}) | "
+                       f"{v['cpu_seconds']:.1f} | {v['peak_rss_bytes'] / 2**20:,.0f} | "
+                       f"{_fixed(v.get('on_demand_over_this', 1.0), 2) if m != 'on_demand' else '-'} | "
+                       f"{v.get('same_set_as_on_demand', '-')} |")
+    return "\n".join(out)
+
+
+RENDERERS = {"huge_pool_bench": _render_huge_pool, "batch_bench": _render_batch, "embed_bench": _render_embed, "gpu_bench": _render_gpu,
              "scale_bench": _render_scale, "limits_bench": _render_limits}
 
 
