@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::column::{column_cover, column_gain_fast};
 use super::source::Source;
-use crate::gram::gemm_abt;
+use crate::gram::{gemm_abt, gemm_abt_raw};
 use crate::kernel::Kernel;
 
 /// Rows per chunk when a column block is computed in parallel.
@@ -80,6 +80,21 @@ pub struct OnDemandSource {
     kernel: Kernel,
     batch: usize,
     cache: ColumnCache,
+    /// the columns of the last batch computed, reused by the next
+    scratch: Vec<f32>,
+}
+
+/// The start of a column batch being written by parallel tasks, each at its
+/// own rows (a method, so closures take the whole wrapper, which is `Sync`).
+struct Dst(*mut f32);
+// SAFETY: tasks write disjoint regions through it (see `columns_into`).
+unsafe impl Sync for Dst {}
+impl Dst {
+    /// # Safety
+    /// `off` lies within the buffer.
+    unsafe fn at(&self, off: usize) -> *mut f32 {
+        self.0.add(off)
+    }
 }
 
 impl OnDemandSource {
@@ -97,41 +112,43 @@ impl OnDemandSource {
         let cols = bytes / (4 * n.max(1)); // columns the budget holds in all
         let batch = (cols / 4).clamp(1, BATCH);
         let cap = cols.saturating_sub(2 * batch).clamp(batch, (8 * d).max(BATCH)).min(n.max(1));
-        Self { x, n, d, kernel, batch: batch.min(cap), cache: ColumnCache::new(n, cap) }
+        Self { x, n, d, kernel, batch: batch.min(cap), cache: ColumnCache::new(n, cap), scratch: Vec::new() }
     }
 
-    /// Columns `js` (`b x n`, row r = column js[r]) by one GEMM in row chunks.
-    fn columns(&self, js: &[usize]) -> Vec<f32> {
+    /// Columns `js` into `out` (`b x n`, row r = column js[r]; grown as
+    /// needed and reused call after call, so it is not cleared again): one
+    /// GEMM per chunk of rows, in parallel, each writing its rows' segment of
+    /// every column straight into place (`x_js x_chunk^T` at row stride n).
+    fn columns_into(&self, js: &[usize], out: &mut Vec<f32>) {
         let (n, d, kernel) = (self.n, self.d, self.kernel);
         let b = js.len();
         let mut xb = Vec::with_capacity(b * d);
         for &j in js {
             xb.extend_from_slice(&self.x[j * d..(j + 1) * d]);
         }
-        // (n x b) blocks per row chunk, then transposed into (b x n)
-        let blocks: Vec<Vec<f32>> = (0..n.div_ceil(CHUNK))
-            .into_par_iter()
-            .map(|ci| {
-                let r0 = ci * CHUNK;
-                let rows = CHUNK.min(n - r0);
-                let mut blk = vec![0f32; rows * b];
-                gemm_abt(&self.x[r0 * d..(r0 + rows) * d], rows, &xb, b, d, &mut blk);
-                blk
-            })
-            .collect();
-        let mut out = vec![0f32; b * n];
-        for (ci, blk) in blocks.iter().enumerate() {
+        if out.len() < b * n {
+            out.resize(b * n, 0.0);
+        }
+        let dst = Dst(out.as_mut_ptr());
+        (0..n.div_ceil(CHUNK)).into_par_iter().for_each(|ci| {
             let r0 = ci * CHUNK;
-            for (ii, row) in blk.chunks_exact(b).enumerate() {
-                for (r, &v) in row.iter().enumerate() {
-                    out[r * n + r0 + ii] = kernel.apply(v);
+            let rows = CHUNK.min(n - r0);
+            // SAFETY: `out` holds b x n floats; this task alone writes columns
+            // r0..r0 + rows of every one of its b rows, and nothing reads
+            // them before the parallel loop ends.
+            unsafe {
+                let p = dst.at(r0);
+                gemm_abt_raw(&xb, b, &self.x[r0 * d..(r0 + rows) * d], rows, d, p, n);
+                for r in 0..b {
+                    for v in std::slice::from_raw_parts_mut(p.add(r * n), rows) {
+                        *v = kernel.apply(*v);
+                    }
                 }
             }
-        }
+        });
         for (r, &j) in js.iter().enumerate() {
             out[r * n + j] = kernel.apply(1.0);
         }
-        out
     }
 
     /// Make every column of `js` (at most the cache's size) resident.
@@ -144,11 +161,13 @@ impl OnDemandSource {
         if missing.is_empty() {
             return;
         }
-        let cols = self.columns(&missing);
+        let mut cols = std::mem::take(&mut self.scratch);
+        self.columns_into(&missing, &mut cols);
         let n = self.n;
         for (r, &j) in missing.iter().enumerate() {
             self.cache.insert(j, &cols[r * n..(r + 1) * n]);
         }
+        self.scratch = cols;
     }
 }
 
