@@ -77,7 +77,8 @@ def breakdown(scale: dict) -> list[str]:
 def ray_section(ray: dict) -> list[str]:
     """The Ray engine's curve: every size's local, local-spill and Ray runs, and each engine's straight line."""
     runs = ray["runs"]
-    name = {"local": "local", "local-spill": "local, spill forced"}
+    name = {"local": "local", "local-spill": "local, spill forced", "ray-1": "Ray, 1 worker",
+            "ray-2": "Ray, 2 workers"}
     out = ["## The Ray engine on the same curve", "",
            f"`python bench/perf/bench_ray.py` on the same kind of data ({ray['dim']}-d {ray['dtype']}, pools of 8 "
            f"to 128, {ray['files']} files; GRADES, K = {ray['k']}), each run its own process on this machine: the "
