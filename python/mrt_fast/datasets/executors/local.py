@@ -34,7 +34,7 @@ from mrt_fast._util.memory import Budget, default_memory_limit, parse_memory, pe
 from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.executors.local_fold import variance_budget_files
-from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, grouped_size, plan_grouped,
+from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, dense_left, grouped_size, plan_grouped,
                                                     plan_memory)
 from mrt_fast.datasets.job import Job, run_all, start_row_parts
 from mrt_fast.datasets.pick_progress import picks_shown
@@ -150,7 +150,9 @@ def run_select(job: Job, rep: Any, *, opts: Any, layout: str, lists: list[str] |
 
 def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | None, limit: int,
               workers: int | None, parts: int | None, prof: Profile) -> None:
-    ds, out, to_dir = job.ds, job.out, job.to_dir
+    from mrt_fast.selection.facility import dense_limit_within
+
+    ds = job.ds
     total_bytes = ds.memory_bytes()
     budget = Budget.now(limit)
     fixed = job.n_parts if job.n_parts is not None else None if parts is None else int(parts)
@@ -159,6 +161,13 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
     n_buckets, w, sp = plan_memory(ds, total_bytes, n_rows, budget, workers, fixed)
     rep.workers = w
     rep.parts = n_buckets
+    with dense_limit_within(dense_left(budget, total_bytes, n_buckets, w)):
+        _select_flat(job, rep, opts, schema, n_rows, limit, prof, total_bytes, n_buckets, w, sp)
+
+
+def _select_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | None, limit: int, prof: Profile,
+                 total_bytes: int, n_buckets: int, w: int, sp: Any) -> None:
+    ds, out, to_dir = job.ds, job.out, job.to_dir
     todo = job.start(n_buckets, layout="flat", n_rows=n_rows)
     counts = Counts()
     bar = job.progress

@@ -44,6 +44,24 @@ def dense_budget(budget: Budget) -> int:
     return max(0, budget.work // 2) // core_threads()
 
 
+#: the n x n block a pool may always hold, whatever is left (pools of up to 512 candidates)
+MIN_DENSE = 1 << 20
+
+
+def dense_left(budget: Budget, total_bytes: int, n_buckets: int, workers: int) -> int:
+    """Bytes one pool's n x n block may take once the plan's data is held: the work left after
+    ``workers`` buckets of ``total_bytes / n_buckets`` (planned at ``WORK_FACTOR`` times their
+    size; the whole input when there is one bucket), shared by the core's
+    threads, never more than :func:`dense_budget` and never less than ``MIN_DENSE``. So a job
+    with large pools computes their columns on demand rather than go over its limit."""
+    if n_buckets <= 1:
+        data = WORK_FACTOR * total_bytes
+    else:
+        data = workers * WORK_FACTOR * SLACK * total_bytes / n_buckets
+    left = int(budget.work - data) // core_threads()
+    return max(MIN_DENSE, min(dense_budget(budget), left))
+
+
 def plan_buckets(total_bytes: int, budget: Budget, workers: int | None) -> tuple[int, int]:
     """(n_buckets, workers) for an input of ``total_bytes`` within ``budget``: one
     bucket when the input fits, else buckets small enough for ``workers``
