@@ -49,8 +49,8 @@ MIN_DENSE = 1 << 20
 
 
 def dense_left(budget: Budget, total_bytes: int, n_buckets: int, workers: int) -> int:
-    """Bytes one pool's n x n block may take once the plan's data is held: the work left after
-    ``workers`` buckets of ``total_bytes / n_buckets`` (planned at ``WORK_FACTOR`` times their
+    """Bytes one pool's n x n block may take once the plan's data is held: half the work left
+    after ``workers`` buckets of ``total_bytes / n_buckets`` (planned at ``WORK_FACTOR`` times their
     size; the whole input when there is one bucket), shared by the core's
     threads, never more than :func:`dense_budget` and never less than ``MIN_DENSE``. So a job
     with large pools computes their columns on demand rather than go over its limit."""
@@ -58,7 +58,9 @@ def dense_left(budget: Budget, total_bytes: int, n_buckets: int, workers: int) -
         data = WORK_FACTOR * total_bytes
     else:
         data = workers * WORK_FACTOR * SLACK * total_bytes / n_buckets
-    left = int(budget.work - data) // core_threads()
+    # half of what is left: the data's estimate is not exact (float16 vectors are widened to
+    # float32 besides), and a pool computed on demand costs about as much as its block would
+    left = int(budget.work - data) // (2 * core_threads())
     return max(MIN_DENSE, min(dense_budget(budget), left))
 
 
