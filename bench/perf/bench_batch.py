@@ -199,6 +199,12 @@ def available() -> int:
     return 0
 
 
+def machine(**extra) -> dict:
+    """The machine a result was measured on (cores, platform, Python, memory), plus ``extra`` fields."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), **extra}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="4e6,16e6", help="candidates per dataset, comma separated (e.g. 4e6,16e6,40e6)")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import time
@@ -37,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import available, compile_package, measure  # noqa: E402
+from bench_batch import available, compile_package, machine, measure  # noqa: E402
 
 #: apricot on the same objective: clipped cosine similarity, float64 (apricot's own dtype), lazy greedy
 APRICOT = """
@@ -166,10 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"what": "one pool through mrt select --method diverse: on demand under a small limit, the dense "
                        "path and apricot (lazy greedy on the same float64 clipped-cosine matrix), in one run",
                "repeats": a.repeats, "big_repeats": a.big_repeats, "results": rows, "date": time.strftime("%Y-%m-%d"),
-               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                           "python": platform.python_version(),
-                           "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-                           "mem_available_bytes": available(), "load_avg_at_end": os.getloadavg()}}
+               "machine": machine(mem_available_bytes=available(), load_avg_at_end=os.getloadavg())}
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {a.out}")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -35,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import available, compile_package, folder_bytes, measure, parse_size, warm  # noqa: E402
+from bench_batch import available, compile_package, folder_bytes, machine, measure, parse_size, warm  # noqa: E402
 from bench_scale import FLOOR, make_dataset, profile  # noqa: E402
 
 
@@ -124,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                "candidates": size, "files": a.files, "dim": a.dim, "dtype": a.dtype, "k": a.k,
                "pool_sizes": [lo, hi], "ids": a.ids,
                "input_bytes": folder_bytes(d), "least_limit_bytes": least, "repeats": a.repeats,
-               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                           "python": platform.python_version(),
-                           "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-                           "mem_available_bytes": available(), "load_avg_at_end": os.getloadavg()},
+               "machine": machine(mem_available_bytes=available(), load_avg_at_end=os.getloadavg()),
                "floor": floor, "results": rows, "date": time.strftime("%Y-%m-%d")}
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -39,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import available, compile_package, folder_bytes, measure, parse_size, warm  # noqa: E402
+from bench_batch import available, compile_package, folder_bytes, machine, measure, parse_size, warm  # noqa: E402
 from bench_batch import make_dataset as batch_dataset  # noqa: E402
 
 FLOOR = """
@@ -151,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"what": "mrt select (GRADES) from 1M to 100M candidates under one memory limit, against the polars "
                    "spilling floor (parquet -> sink_ipc -> scan -> sink_parquet), in one run",
            "k": a.k, "method": a.method, "dim": a.dim, "dtype": a.dtype, "limit_bytes": limit,
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                       "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-                       "mem_available_bytes_at_start": available(), "load_avg_at_start": os.getloadavg()},
+           "machine": machine(mem_available_bytes_at_start=available(), load_avg_at_start=os.getloadavg()),
            "results": []}
     t_all = time.perf_counter()
     try:

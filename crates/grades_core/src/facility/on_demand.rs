@@ -103,8 +103,8 @@ impl OnDemandSource {
         Self::within(x, n, d, kernel, usize::MAX)
     }
 
-    /// [`OnDemandSource::new`] whose columns (the cache and a batch being
-    /// computed, held twice) take at most about `bytes`: fewer cached columns
+    /// [`OnDemandSource::new`] whose columns (the cache, and room for two
+    /// batches beside it) take at most about `bytes`: fewer cached columns
     /// and smaller batches under a small budget, never fewer than one column
     /// in the cache and a batch of one. The picks do not depend on it.
     pub fn within(x: Vec<f32>, n: usize, d: usize, kernel: Kernel, bytes: usize) -> Self {
