@@ -178,7 +178,8 @@ evidence_prepare() {
     else
       n=$(((size + GG_PIECES - 1) / GG_PIECES))
     fi
-    tail -c +$((off + 1)) "$src" | head -c "$n" >".gg$((i + 1))/part-$i" || return 1
+    dd if="$src" of=".gg$((i + 1))/part-$i" bs=1M iflag=skip_bytes,count_bytes skip="$off" count="$n" status=none \
+      || return 1
     off=$((off + n))
   done
   sha256sum "$src" | cut -d' ' -f1 >".gg$GG_PIECES/sha256"
