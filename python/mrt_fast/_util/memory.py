@@ -38,8 +38,9 @@ MiB = 2**20
 HEADROOM = 24 * MiB
 #: a spill thread's fixed cost: its Parquet reader's buffers and its allocators' heaps
 SPILL_THREAD = 40 * MiB
-#: a spill thread's batch, in copies of its bytes (decoded, cut by bucket, encoded, allocator slack)
-SPILL_COPIES = 12
+#: a spill thread's batch, in copies of its bytes (decoded, the next one decoded ahead, cut by bucket,
+#: encoded, allocator slack)
+SPILL_COPIES = 13
 #: a spill thread's decoded chunk of row groups, in copies of its bytes (pages, decoded, as Arrow)
 CHUNK_COPIES = 4
 #: a selecting worker's fixed cost (its thread's allocator heaps, the core's scratch), besides its bucket

@@ -112,9 +112,12 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
                 with lock:
                     on_rows(n)
 
+        # a core left over decodes each thread's next batch while the thread cuts and writes this one
+        ahead = 1 if len(runs) < (os.cpu_count() or 1) else 0
+
         def one(t: int) -> int:
             return spill_run(runs[t], spill_dir, n_buckets, by, t, batch_rows, staging, counted,
-                             chunk_rows=chunk_rows, schema=schema)
+                             chunk_rows=chunk_rows, schema=schema, ahead=ahead)
 
         with ThreadPoolExecutor(max_workers=len(runs)) as ex:
             return sum(ex.map(one, range(len(runs))))
@@ -129,18 +132,21 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
 
 def spill_run(run: list, spill_dir: Path, n_buckets: int, by: str, tag: int, batch_rows: int, staging: int,
               on_rows: Callable[[int], None] | None = None, chunk_rows: int = 0,
-              schema: pa.Schema | None = None) -> int:
+              schema: pa.Schema | None = None, ahead: int = 0) -> int:
     """One run of row groups (:func:`mrt_fast.datasets.arrow_runs.plan_runs`) cut into
     the bucket files ``spill_dir/bucket-NNNNN.<tag>.arrow``, every row with its global
     row index ``__row``; returns the rows with a null prompt id (bucket ``n_buckets``).
     A thread of :func:`spill` runs it, and so does a read task of the Ray engine: a
     rerun with the same ``tag`` rewrites the same files. ``chunk_rows`` and the files'
-    Arrow ``schema``: see :func:`mrt_fast.datasets.arrow_runs.iter_run`."""
+    Arrow ``schema``: see :func:`mrt_fast.datasets.arrow_runs.iter_run`. With ``ahead``, that many
+    batches are decoded by a second thread while this one cuts and writes
+    (:func:`mrt_fast._util.read_ahead.read_ahead`)."""
+    from mrt_fast._util.read_ahead import read_ahead
     from mrt_fast.datasets.arrow_runs import iter_run
 
     idx = pa_index_type()
     with BucketWriters(Path(spill_dir), n_buckets, tag, staging) as w:
-        for pos, b in iter_run(run, None, batch_rows, chunk_rows, schema):
+        for pos, b in read_ahead(iter_run(run, None, batch_rows, chunk_rows, schema), ahead):
             row = arrow_of(np.arange(pos, pos + b.num_rows, dtype=idx))
             rb = pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
             w.add(rb, pl.Series(by, b.column(b.schema.get_field_index(by))))
