@@ -12,7 +12,11 @@ the job's own time is measured inside it, apart from imports and Ray's start:
   Ray job's parts (``parts=``): both engines then write and read every row once;
 * ``ray-1`` / ``ray-2``: ``ray_engine.select_dataset`` on a local Ray instance
   started with 1 or 2 CPUs (``ray.init(num_cpus=N)``), with Ray Data's
-  per-stage wall and CPU times (the read tasks that spill, the bucket tasks).
+  per-stage wall and CPU times (the read tasks that spill, the bucket tasks);
+* ``ray-2-nodes`` (``--nodes``): the same on the multi-node test's layout, a
+  cluster of two nodes started as separate processes with ``ray start`` (a head
+  and a worker, 1 CPU each: two raylets and two object stores on one machine),
+  the job's driver joining it by address.
 
 Ratios: a Ray job's time over ``local-spill``'s, and its rows/s per worker
 over the local engine's rows/s per core (targets: <= 1.5 and >= 2/3).
@@ -37,6 +41,9 @@ import os
 import platform
 import re
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,8 +70,11 @@ RAY_JOB = r"""
 import json, logging, sys, time
 t0 = time.perf_counter()
 import ray
-n, data, out, shuffle = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+n, data, out, shuffle, address = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+if address:
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+else:
+    ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
 ctx = ray.data.DataContext.get_current()
 ctx.enable_progress_bars = False
 ctx.print_on_execution_start = False
@@ -159,7 +169,59 @@ def ray_parts(n_rows: int, workers: int) -> int:
     return max(workers, -(-n_rows // 1_000_000))
 
 
-def one_size(n_rows: int, data: Path, work: Path, workers: list[int], shuffle: str, env: dict) -> list[dict]:
+class TwoNodes:
+    """A head and a worker node, 1 CPU each, started with ``ray start`` as separate processes (the multi-node
+    test's layout) and killed, with everything they started, on leaving."""
+
+    def __init__(self, env: dict):
+        self.env = {**env, "RAY_AUTH_MODE": "disabled"}
+        self.procs: list[subprocess.Popen] = []
+        self.dirs: list[str] = []
+
+    def _node(self, args: list[str]) -> None:
+        d = tempfile.mkdtemp(prefix="rn")
+        self.dirs.append(d)
+        self.procs.append(subprocess.Popen(
+            [shutil.which("ray") or "ray", "start", "--block", "--node-ip-address=127.0.0.1", f"--temp-dir={d}",
+             "--disable-usage-stats", "--num-cpus=1", *args], env=self.env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def _wait(self, cpus: int, timeout: float = 180) -> None:
+        code = ("import ray, sys, time\nray.init(address=sys.argv[1], log_to_driver=False)\n"
+                "while ray.cluster_resources().get('CPU', 0) < int(sys.argv[2]):\n    time.sleep(0.2)\n")
+        t = time.time()
+        while time.time() - t < timeout:
+            r = subprocess.run([sys.executable, "-c", code, self.address, str(cpus)], env=self.env,
+                               capture_output=True, timeout=timeout)
+            if r.returncode == 0:
+                return
+            time.sleep(1)  # the head is not listening yet
+        raise RuntimeError(f"the Ray cluster at {self.address} did not reach {cpus} CPUs")
+
+    def __enter__(self) -> "TwoNodes":
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = sk.getsockname()[1]
+        self.address = f"127.0.0.1:{port}"
+        self._node(["--head", f"--port={port}", "--include-dashboard=false"])
+        self._wait(1)
+        self._node([f"--address={self.address}"])
+        self._wait(2)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=30)
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def one_size(n_rows: int, data: Path, work: Path, workers: list[int], shuffle: str, env: dict,
+             nodes: str = "") -> list[dict]:
     """Every engine on one dataset: one record per run."""
     import polars as pl
 
@@ -167,7 +229,7 @@ def one_size(n_rows: int, data: Path, work: Path, workers: list[int], shuffle: s
     cpus = os.cpu_count() or 1
     local_kept = None
     spill = None
-    for name, parts in (("local", 0), ("local-spill", ray_parts(n_rows, max(workers)))):
+    for name, parts in (("local", 0), ("local-spill", ray_parts(n_rows, max([*workers, 2 if nodes else 1])))):
         out = work / f"out-{name}"
         r = run_python(LOCAL_JOB, [str(data), str(out), str(parts)], env)
         kept = pl.read_parquet(sorted(out.glob("part-*.parquet"))).sort(["prompt_id", "pick_rank"])
@@ -180,11 +242,12 @@ def one_size(n_rows: int, data: Path, work: Path, workers: list[int], shuffle: s
         runs.append(rec)
         print(json.dumps(rec), flush=True)
         shutil.rmtree(out)
-    for n in workers:
-        out = work / f"out-ray{n}"
-        r = run_python(RAY_JOB, [str(n), str(data), str(out), shuffle], env)
+    configs = [(f"ray-{n}", n, "") for n in workers] + ([("ray-2-nodes", 2, nodes)] if nodes else [])
+    for name, n, address in configs:
+        out = work / f"out-{name}"
+        r = run_python(RAY_JOB, [str(n), str(data), str(out), shuffle, address], env)
         got = pl.read_parquet(sorted(out.glob("part-*.parquet"))).sort(["prompt_id", "pick_rank"])
-        rec = {"rows": n_rows, "engine": f"ray-{n}", "workers": n, "parts": r["parts"], "job_s": r["job_s"],
+        rec = {"rows": n_rows, "engine": name, "workers": n, "parts": r["parts"], "job_s": r["job_s"],
                "ray_start_s": r["ray_init_s"], "process_s": r["process_s"],
                "job_vs_local_spill": r["job_s"] / spill["job_s"],
                "rows_per_s_per_worker": n_rows / r["job_s"] / n,
@@ -204,14 +267,16 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=64, help="embedding dimensions")
     ap.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="embedding values")
     ap.add_argument("--data", default=None, help="reuse (or create) the datasets under this directory")
-    ap.add_argument("--workers", default="1,2", help="Ray CPUs per configuration")
+    ap.add_argument("--workers", default="1,2", help="Ray CPUs per configuration (0: none)")
+    ap.add_argument("--nodes", action="store_true", help="also run on two nodes started with `ray start` "
+                    "(the multi-node test's layout, 1 CPU each)")
     ap.add_argument("--shuffle", default="files", help="how rows reach their bucket: files (the default: the "
                     "read tasks spill into bucket files), or Ray Data's sort, hash or v2 shuffle")
     ap.add_argument("--groupby-rows", default="2e5", help="rows of the coarse-bucket vs per-prompt groupby case (0: skip)")
     ap.add_argument("--out", default=str(HERE.parent / "results" / "ray_bench.json"))
     args = ap.parse_args()
     sizes = [parse_size(x) for x in args.rows.split(",")]
-    workers = [int(x) for x in args.workers.split(",")]
+    workers = [int(x) for x in args.workers.split(",") if int(x) > 0]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
     work = Path(tempfile.mkdtemp(prefix="mrt-ray-bench-"))
@@ -225,7 +290,11 @@ def main() -> None:
                 t = time.perf_counter()
                 make_dataset(data, n_rows, args.files, args.dim, dtype=args.dtype)
                 print(f"built {n_rows:,} rows in {time.perf_counter() - t:.1f} s", flush=True)
-            res["runs"] += one_size(n_rows, data, work, workers, args.shuffle, env)
+            if args.nodes:
+                with TwoNodes(env) as cluster:
+                    res["runs"] += one_size(n_rows, data, work, workers, args.shuffle, env, cluster.address)
+            else:
+                res["runs"] += one_size(n_rows, data, work, workers, args.shuffle, env)
             if not args.data:
                 shutil.rmtree(data, ignore_errors=True)
         if parse_size(args.groupby_rows) > 0:

@@ -713,6 +713,9 @@ def markdown(report: dict) -> str:
                                      f"{a['n_differ']} picks differ, relative objective gap {a['rel_objective_gap']:.1e}")
         for s in report[w].get("skipped", []):
             lines.append(f"- {w} skipped: {s}")
+        if "measured" in report[w]:
+            ms = report[w]["measured"]
+            lines.append(f"- {w} measured apart, {ms['started']} to {ms['finished']}: `{ms['command']}`")
         if w == "W3":
             gr = report[w]["graph"]
             lines.append(f"- W3 graph ({gr['index']}): {gr['nnz']:,} entries, {gr['csr_mb']:.0f} MiB CSR, "
@@ -736,6 +739,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=THREADS, help="threads for every library (default: all CPUs)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", default=str(HERE.parent / "results"))
+    ap.add_argument("--into", default=None, help="replace the workloads run in this existing report (JSON; its "
+                    ".md is rewritten), each recording when and how it was measured")
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     ap.add_argument("--_data", help=argparse.SUPPRESS)
     ap.add_argument("--_k", type=int, help=argparse.SUPPRESS)
@@ -768,9 +773,19 @@ def main() -> None:
         if "W3" in wl:
             report["W3"] = run_w3(SIZES[size]["W3"], args, tmp)
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    out = Path(args.out_dir)
+    if args.into:
+        into = Path(args.into)
+        whole = json.loads(into.read_text())
+        if whole.get("size") != size:
+            ap.error(f"--into {into} holds a {whole.get('size')!r} report, this run is {size!r}")
+        for w in wl:
+            whole[w] = {**report[w], "measured": {"started": report["started"], "finished": report["finished"],
+                                                  "command": report["command"], "rates": report["rates"]}}
+        report, out, stem = whole, into.parent, into.stem
+    else:
+        out = Path(args.out_dir)
+        stem = f"select_bench_{size}" + ("" if wl == ["W1", "W2", "W3"] else "_" + "_".join(wl))
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"select_bench_{size}" + ("" if wl == ["W1", "W2", "W3"] else "_" + "_".join(wl))
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=float))
     md = markdown(report)
     (out / f"{stem}.md").write_text(md)
