@@ -1,8 +1,8 @@
 //! Property tests of the selection core (no Python).
 use grades_core::facility::{
     facility_location_batch, facility_location_batch_within, facility_location_dense, facility_location_on_demand,
-    facility_location_sparse, greedy, greedy_sweep, objective_dense, quality, use_sweep, DenseSource, Optimizer,
-    Params,
+    facility_location_sparse, greedy, greedy_sweep, objective_dense, quality, use_sweep, DenseSource, OnDemandSource,
+    Optimizer, Params, Source,
 };
 use grades_core::kernel::{cosine_gram, Csr, Kernel};
 use grades_core::pools::Pools;
@@ -511,4 +511,106 @@ fn every_pick_is_counted_for_progress() {
     assert_eq!(r.indices.len(), k);
     // other tests pick in parallel: the count grows by at least this selection's picks
     assert!(grades_core::progress::picks_made() >= before + k as u64);
+}
+
+/// A dense symmetric similarity whose gains are plain f64 sums and which lowers
+/// lazy greedy's bounds by exact drops: lazy greedy's handling of the drops,
+/// apart from any source's rounding.
+struct Tracked {
+    s: Vec<f32>,
+    n: usize,
+}
+
+impl Source for Tracked {
+    fn n(&self) -> usize {
+        self.n
+    }
+    fn gains(&mut self, js: &[usize], w: &[f64], c: &[f64], out: &mut [f64]) {
+        for (o, &j) in out.iter_mut().zip(js) {
+            *o = (0..self.n).map(|i| w[i] * (w[j] * self.s[i * self.n + j] as f64 - c[i]).max(0.0)).sum();
+        }
+    }
+    fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
+        for (i, ci) in c.iter_mut().enumerate() {
+            *ci = ci.max(w[j] * self.s[i * self.n + j] as f64);
+        }
+    }
+    fn tracks_drops(&self) -> bool {
+        true
+    }
+    fn gain_drops(&mut self, rows: &[usize], old: &[f64], c: &[f64], w: &[f64], drop: &mut [f64]) -> bool {
+        for (j, dj) in drop.iter_mut().enumerate() {
+            let full: f64 = rows
+                .iter()
+                .map(|&i| w[i] * (w[j] * self.s[i * self.n + j] as f64 - old[i]).max(0.0).min(c[i] - old[i]))
+                .sum();
+            // summed in another order than the gains: a lower bound by a margin
+            *dj = (full * (1.0 - 1e-9) - 1e-12).max(0.0);
+        }
+        true
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(80))]
+    /// Lazy greedy that lowers every stale bound by its gain's drop after each
+    /// pick picks what naive greedy (every gain evaluated at every step) picks,
+    /// gain for gain to the bit: repeated values (ties, zero gains), weights.
+    #[test]
+    fn lazy_greedy_with_lowered_bounds_equals_naive(
+        n in 2usize..60, k in 1usize..16,
+        vals in prop::collection::vec(prop_oneof![0f32..=1.0, Just(0.0), Just(0.5), Just(1.0)], 1..200),
+        rw in prop::collection::vec(-3f64..3.0, 60), alpha in prop::sample::select(vec![0.0, 0.5, 2.0]),
+    ) {
+        let s = sym(n, &vals);
+        let w = weights(&rw[..n], alpha);
+        let a = greedy(&mut Tracked { s: s.clone(), n }, &w, k, Optimizer::Naive);
+        let b = greedy(&mut Tracked { s, n }, &w, k, Optimizer::Lazy);
+        prop_assert_eq!(&a.indices, &b.indices);
+        let bits = |v: &[f64]| v.iter().map(|g| g.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&a.gains), bits(&b.gains));
+        prop_assert!(b.upper_bound >= b.objective);
+    }
+
+    /// The on-demand source's drops are lower bounds on the true drops (its
+    /// columns' dot products rounded in another order included), and close to
+    /// them.
+    #[test]
+    fn on_demand_gain_drops_are_lower_bounds(
+        n in 2usize..120, d in 1usize..40, picks in 1usize..6, seed in 0u64..1000, shift in any::<bool>(),
+        rw in prop::collection::vec(0.1f64..3.0, 120),
+    ) {
+        let h = |t: u64| {
+            let z = (t + 1).wrapping_mul(6364136223846793005).wrapping_add(seed.wrapping_mul(1442695040888963407));
+            ((z >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+        };
+        let mut x: Vec<f32> = (0..n * d).map(|t| h(t as u64) + if t % d == 0 { 0.3 } else { 0.0 }).collect();
+        for row in x.chunks_exact_mut(d) {
+            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|v| *v /= norm);
+        }
+        let kernel = if shift { Kernel::Shift } else { Kernel::Clip };
+        let w = &rw[..n];
+        // the true similarities in f64
+        let sim = |i: usize, j: usize| {
+            let dot: f64 = (0..d).map(|a| x[i * d + a] as f64 * x[j * d + a] as f64).sum();
+            kernel.apply(dot as f32) as f64
+        };
+        let mut src = OnDemandSource::new(x.clone(), n, d, kernel);
+        let mut c = vec![0f64; n];
+        for p in 0..picks {
+            let j = (seed as usize * 7 + p * 13) % n;
+            let old = c.clone();
+            src.cover(j, w, &mut c);
+            let rows: Vec<usize> = (0..n).filter(|&i| c[i] > old[i]).collect();
+            let mut drop = vec![0f64; n];
+            prop_assert!(src.gain_drops(&rows, &old, &c, w, &mut drop));
+            for (q, &dq) in drop.iter().enumerate() {
+                let truth: f64 = rows.iter().map(|&i| w[i] * (w[q] * sim(i, q) - old[i]).max(0.0).min(c[i] - old[i])).sum();
+                let scale = 1e-3 * w[q] * rows.iter().map(|&i| w[i]).sum::<f64>();
+                prop_assert!(dq <= truth + 1e-12, "drop {} above the true drop {}", dq, truth);
+                prop_assert!(dq >= truth - scale, "drop {} far below the true drop {}", dq, truth);
+            }
+        }
+    }
 }

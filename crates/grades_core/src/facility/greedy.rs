@@ -115,6 +115,14 @@ pub fn greedy_with<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Op
             let mut keep: Vec<Entry> = Vec::with_capacity(b_max);
             let mut held: Vec<Entry> = Vec::new();
             let mut vals = vec![0f64; b_max];
+            // a source whose gains are dear lowers every bound by its gain's
+            // drop after each pick, from the rows the pick's cover raised
+            let track = src.tracks_drops();
+            let (mut c_old, mut rows, mut drop) = (Vec::new(), Vec::new(), Vec::new());
+            if track {
+                c_old.resize(n, 0.0);
+                drop.resize(n, 0.0);
+            }
             for t in 0..k {
                 if t > 0 && certify_at(t, k, n) {
                     scratch.clear();
@@ -194,7 +202,28 @@ pub fn greedy_with<S: Source + ?Sized>(src: &mut S, w: &[f64], k: usize, opt: Op
                 heap.extend(held.drain(..));
                 chosen[best] = true;
                 f += gb;
+                if track {
+                    c_old.copy_from_slice(&c);
+                }
                 src.cover(best, w, &mut c);
+                if track && t + 1 < k {
+                    rows.clear();
+                    rows.extend((0..n).filter(|&i| c[i] > c_old[i]));
+                    if !rows.is_empty() && src.gain_drops(&rows, &c_old, &c, w, &mut drop) {
+                        // a bound stays above its gain: the drop is a lower bound, and the
+                        // margin covers the f64 rounding of gains summed in another order;
+                        // a bound of 0 stays 0 (exact), none other becomes 0
+                        let lowered: Vec<Entry> = heap
+                            .drain()
+                            .map(|e| {
+                                let g = e.g();
+                                let v = if g > 0.0 { (g - drop[e.j()]).max(0.0) + 1e-11 * g } else { 0.0 };
+                                Entry::new(v, e.j())
+                            })
+                            .collect();
+                        heap = BinaryHeap::from(lowered);
+                    }
+                }
                 pk.picked(best, gb, &chosen);
                 res.indices.push(best);
                 crate::progress::picked();

@@ -1,5 +1,7 @@
 //! Similarity columns recomputed on demand from embeddings (memory O(n d)),
-//! the recent ones kept in a bounded LRU cache.
+//! the recent ones kept in a bounded LRU cache; after each pick, the drop of
+//! every gain from the rows the pick covered better (lazy greedy's bounds
+//! lowered by it, so few gains are recomputed).
 
 use rayon::prelude::*;
 
@@ -196,6 +198,44 @@ impl Source for OnDemandSource {
     fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]) {
         self.ensure(&[j]);
         column_cover(self.cache.get(j).expect("column was just made resident"), w[j], c);
+    }
+    fn tracks_drops(&self) -> bool {
+        true
+    }
+    fn gain_drops(&mut self, rows: &[usize], old: &[f64], c: &[f64], w: &[f64], drop: &mut [f64]) -> bool {
+        // S is symmetric: the rows `rows` of S are the columns `rows`, a batch
+        // at a time in the batch buffer (the same memory as a batch of gains)
+        let n = self.n;
+        drop[..n].iter_mut().for_each(|v| *v = 0.0);
+        let mut blk = std::mem::take(&mut self.scratch);
+        let mut w_rows = 0.0f64;
+        for chunk in rows.chunks(self.batch.max(1)) {
+            self.columns_into(chunk, &mut blk);
+            let (blk, m) = (&blk[..], chunk.len());
+            w_rows += chunk.iter().map(|&i| w[i]).sum::<f64>();
+            drop[..n].par_chunks_mut(CHUNK).enumerate().for_each(|(ci, dj)| {
+                let j0 = ci * CHUNK;
+                let wj = &w[j0..j0 + dj.len()];
+                // row by row, each along its contiguous stretch of columns
+                for (r, &i) in chunk.iter().enumerate().take(m) {
+                    let (lo, rise, wi) = (old[i], c[i] - old[i], w[i]);
+                    let s = &blk[r * n + j0..r * n + j0 + dj.len()];
+                    for ((dst, &sv), &wjv) in dj.iter_mut().zip(s).zip(wj) {
+                        let v = (wjv * sv as f64 - lo).max(0.0).min(rise);
+                        *dst += wi * v;
+                    }
+                }
+            });
+        }
+        self.scratch = blk;
+        // the gains' columns are the same dot products in another operand
+        // order: each S_ij may differ from the gains' by the rounding of a
+        // d-term float32 sum, each term of a drop by w_i w_j times that
+        let delta = 1e-7 * (self.d as f64 + 16.0);
+        for (j, v) in drop[..n].iter_mut().enumerate() {
+            *v = (*v * (1.0 - 1e-9) - delta * w[j] * w_rows).max(0.0);
+        }
+        true
     }
     fn initial_bounds(&mut self, w: &[f64], out: &mut [f64]) {
         // Upper bounds on the empty-cover gains `w_j sum_i w_i S_ij`, computed

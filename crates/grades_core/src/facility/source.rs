@@ -27,4 +27,19 @@ pub trait Source {
     /// Called once with the weights before greedy starts (a source may
     /// specialise on them).
     fn prepare(&mut self, _w: &[f64]) {}
+    /// Whether [`Source::gain_drops`] is worth calling: a source whose gains
+    /// cost far more than the rows a pick changes (columns recomputed from
+    /// embeddings) says so, and lazy greedy then lowers every stale bound
+    /// after each pick instead of re-evaluating them one by one.
+    fn tracks_drops(&self) -> bool {
+        false
+    }
+    /// Lower bounds on how much every gain fell when the cover rose from
+    /// `old` to `c` on `rows` (the rows where it rose): `drop[j] <=
+    /// sum_{i in rows} w_i (max(0, w_j S_ij - old_i) - max(0, w_j S_ij - c_i))`,
+    /// for every `j`. Any lower bound keeps lazy greedy exact (its picks are
+    /// always re-evaluated by `gains`); false where the source does not.
+    fn gain_drops(&mut self, _rows: &[usize], _old: &[f64], _c: &[f64], _w: &[f64], _drop: &mut [f64]) -> bool {
+        false
+    }
 }
