@@ -152,7 +152,13 @@ proptest! {
         let off = [0u64, n as u64];
         let pools = Pools::new(&x, d, &off, None).unwrap();
         let c = facility_location_batch(&pools, None, &params(k, 0.0, Optimizer::Lazy), kernel).unwrap();
-        prop_assert!((c[0].objective - b.objective).abs() <= 1e-4 * (1.0 + b.objective.abs()));
+        // the two paths' similarities round apart in float32: where two gains tie within that rounding
+        // they may part ways, each pick then within rounding of the other's best
+        match c[0].indices.iter().zip(&b.indices).position(|(x, y)| x != y) {
+            Some(t) => prop_assert!((c[0].gains[t] - b.gains[t]).abs() <= 1e-6 * (1.0 + b.gains[t].abs()),
+                                    "step {}: dense gain {} against {} on demand", t, c[0].gains[t], b.gains[t]),
+            None => prop_assert!((c[0].objective - b.objective).abs() <= 1e-4 * (1.0 + b.objective.abs())),
+        }
     }
 
     #[test]
@@ -487,7 +493,8 @@ proptest! {
         budget in prop_oneof![Just(0usize), 1usize..4096, 4096usize..200_000], shift in any::<bool>(),
     ) {
         let x: Vec<f32> = (0..n * d)
-            .map(|i| (((i as u64).wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 997) as f32 / 498.0 - 1.0)
+            // never exactly 0: a row of d = 1 would have no direction
+            .map(|i| (((i as u64).wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 997) as f32 / 498.0 - 0.999)
             .collect();
         let off = [0u64, n as u64];
         let pools = Pools::new(&x, d, &off, None).unwrap();
@@ -612,5 +619,28 @@ proptest! {
                 prop_assert!(dq >= truth - scale, "drop {} far below the true drop {}", dq, truth);
             }
         }
+    }
+}
+
+/// A pool where two candidates' first gains tie within float32 rounding (3e-8 apart): the dense and
+/// on-demand paths may take one each, each pick then within rounding of the other's.
+#[test]
+fn dense_and_on_demand_may_part_ways_only_within_rounding() {
+    let (n, d, k, seed) = (27usize, 6usize, 2usize, 698u64);
+    let x: Vec<f32> = (0..n * d)
+        .map(|t| {
+            let z =
+                (t as u64 + 1).wrapping_mul(6364136223846793005).wrapping_add(seed.wrapping_mul(1442695040888963407));
+            ((z >> 33) as f32 / (1u64 << 31) as f32) - 0.5 + if t % d == 0 { 1e-3 } else { 0.0 }
+        })
+        .collect();
+    let p = params(k, 0.0, Optimizer::Lazy);
+    let b = facility_location_on_demand(&x, n, d, None, &p, Kernel::Shift).unwrap();
+    let off = [0u64, n as u64];
+    let c = facility_location_batch(&Pools::new(&x, d, &off, None).unwrap(), None, &p, Kernel::Shift).unwrap();
+    // on this machine's GEMM they part at the first pick; elsewhere the rounding may fall either way
+    match c[0].indices.iter().zip(&b.indices).position(|(x, y)| x != y) {
+        Some(t) => assert!((c[0].gains[t] - b.gains[t]).abs() <= 1e-6 * (1.0 + b.gains[t].abs())),
+        None => assert!((c[0].objective - b.objective).abs() <= 1e-4 * (1.0 + b.objective.abs())),
     }
 }
