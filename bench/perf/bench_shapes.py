@@ -8,6 +8,7 @@ files. Every shape's rows go to ``bench/results/limits_shapes.json``; ``limits_d
 
     python bench/perf/bench_shapes.py                       # 2M candidates a shape (384-d: 500k)
     python bench/perf/bench_shapes.py --size 2e5 --out /tmp/s.json
+    python bench/perf/bench_shapes.py --shapes 3             # rerun one shape into the existing results
 """
 
 from __future__ import annotations
@@ -61,9 +62,17 @@ def main(argv: list[str] | None = None) -> int:
             doc = json.loads(out.read_text())
             rows.append({"shape": name, **{k: doc[k] for k in ("candidates", "files", "dim", "dtype", "pool_sizes",
                                                               "ids", "input_bytes", "least_limit_bytes")},
-                         "floor": doc["floor"], "results": doc["results"], "machine": doc["machine"]})
+                         "floor": doc["floor"], "results": doc["results"], "machine": doc["machine"],
+                         "date": doc["date"]})
             shutil.rmtree(Path(tmp) / "data", ignore_errors=True)  # one shape's data on disk at a time
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    out_path = Path(a.out)
+    if a.shapes is not None and out_path.exists():
+        # some shapes rerun: they replace their rows of the existing results, the others are kept (each row
+        # records its own date and machine)
+        new = {r["shape"]: r for r in rows}
+        old_rows = json.loads(out_path.read_text())["shapes"]
+        rows = [new.pop(r["shape"], r) for r in old_rows] + list(new.values())
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"what": "mrt select (GRADES, K = 4) under memory limits, shape by shape, "
                                                "against the polars spilling floor in the same run",
                                        "repeats": a.repeats, "seconds_total": time.perf_counter() - t0,
