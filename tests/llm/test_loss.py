@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mrt_fast import MrtInputError
 
@@ -188,3 +190,80 @@ def test_a_gguf_s_own_special_tokens_replace_the_ones_transformers_mapped(tiny_p
     assert tok.eos_token_id == wrong
     _gguf_special_tokens(tok, path)
     assert tok.eos_token_id == right and tok.bos_token_id == wrong
+
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "Paris", "is", "capital", "of", "France"]
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tok):
+    from mrt_fast.llm.testing import tiny_causal_lm
+
+    return tiny_causal_lm(tok)
+
+
+def _batch(tok, pairs):
+    from mrt_fast.llm.loss import build_example, collate
+
+    ex = [build_example(tok, " ".join(p), " " + " ".join(r), None) for p, r in pairs]
+    return collate(ex, tok.pad_token_id)
+
+
+phrases = st.lists(st.sampled_from(WORDS), min_size=1, max_size=8)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pairs=st.lists(st.tuples(phrases, phrases), min_size=1, max_size=5))
+def test_scored_window_losses_and_gradients_equal_the_whole_sequence(tok, tiny_lm, pairs):
+    """The projection over the scored window only gives every pair's loss, and every gradient, of the projection
+    over all positions."""
+    import torch
+
+    from mrt_fast.llm.loss import IGNORE, scored_losses, scored_window
+
+    ids, mask, labels = _batch(tok, pairs)
+    keep = scored_window(labels)
+    first = min(row.tolist().index(next(x for x in row.tolist() if x != IGNORE)) for row in labels)
+    assert keep == max(2, labels.shape[1] - first + 1)
+    got = []
+    for trim in (False, True):
+        tiny_lm.zero_grad()
+        losses, counts, out = scored_losses(tiny_lm, ids, mask, labels, trim=trim)
+        losses.sum().backward()
+        assert out.logits.shape[1] == (keep if trim else ids.shape[1])
+        got.append((losses.detach(), counts, [p.grad.clone() for p in tiny_lm.parameters() if p.grad is not None]))
+    (l0, c0, g0), (l1, c1, g1) = got
+    torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-6)
+    assert c1.tolist() == c0.tolist()
+    assert len(g1) == len(g0)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_model_without_logits_to_keep_scores_every_position(tok, tiny_lm):
+    """A forward that does not take ``logits_to_keep`` (a wrapper, an older model) is run whole, same losses."""
+    import torch
+
+    from mrt_fast.llm.loss import keeps_logits, pair_losses
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    assert keeps_logits(tiny_lm) and not keeps_logits(Wrapped(tiny_lm))
+    prompts, responses = PAIRS["prompt"].to_list(), PAIRS["response"].to_list()
+    np.testing.assert_allclose(pair_losses(Wrapped(tiny_lm), tok, prompts, responses, batch_size=3),
+                               pair_losses(tiny_lm, tok, prompts, responses, batch_size=3), rtol=1e-5)
+
+
+def test_a_batch_with_nothing_to_score_is_refused(tok):
+    import torch
+
+    from mrt_fast.llm.loss import scored_window
+
+    with pytest.raises(MrtInputError, match="no response token"):
+        scored_window(torch.full((2, 5), -100))

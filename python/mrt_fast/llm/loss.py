@@ -17,6 +17,12 @@ A (prompt, response) pair becomes one example:
 `mrt_fast.llm.nll.response_nll` (the losses `variance_budget` diagnoses),
 `mrt_fast.llm.train` (the losses it minimises) and `mrt_fast.llm.evaluate` (the
 reference loss) all go through `build_example` and `sequence_losses` here.
+
+`scored_losses` runs the model on a batch and computes the vocabulary
+projection only over the batch's scored window (from the earliest response
+start to the end, the model's ``logits_to_keep``): with long prompts and short
+responses the projection and its softmax over the whole prompt are most of a
+small model's step, and the prompt positions' logits are never scored.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import numpy as np
 from mrt_fast.llm.models import prompt_ids, response_ids
 from mrt_fast.errors import MrtInputError
 
-__all__ = ["build_example", "collate", "sequence_losses", "pair_losses", "IGNORE"]
+__all__ = ["build_example", "collate", "sequence_losses", "scored_losses", "pair_losses", "IGNORE"]
 
 #: label of positions that are not scored
 IGNORE = -100
@@ -93,6 +99,46 @@ def sequence_losses(logits, labels):
     return tok.sum(dim=1) / counts, counts
 
 
+def scored_window(labels) -> int:
+    """How many trailing positions' logits score every label of a right-padded batch: from the position before
+    the earliest scored label to the end (at least 2, so one prediction is made)."""
+    import torch
+
+    scored = labels != IGNORE
+    if not bool(scored.any()):
+        raise MrtInputError("a pair has no response token to score")
+    first = int(torch.argmax(scored.to(torch.int8), dim=1)[scored.any(dim=1)].min())
+    return max(2, labels.shape[1] - first + 1)
+
+
+def keeps_logits(model: Any) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs do; a PEFT model passes it
+    on to its base model)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def scored_losses(model: Any, input_ids, attention_mask, labels, *, trim: bool | None = None):
+    """``sequence_losses`` of ``model`` on a right-padded batch, the logits computed only over the scored window
+    (`scored_window`) where the model takes ``logits_to_keep`` (``trim=None``: when it does; ``False``: every
+    position). Returns (losses (B,), token counts (B,), the model's output)."""
+    if trim is None:
+        trim = keeps_logits(model)
+    if not trim:
+        out = model(input_ids=input_ids, attention_mask=attention_mask)
+        losses, counts = sequence_losses(out.logits, labels.to(out.logits.device))
+        return losses, counts, out
+    keep = scored_window(labels)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep)
+    losses, counts = sequence_losses(out.logits, labels[:, -keep:].to(out.logits.device))
+    return losses, counts, out
+
+
 def pair_losses(
     model: Any,
     tokenizer: Any,
@@ -135,6 +181,7 @@ def pair_losses(
             raise MrtInputError(f"the model is on {on} but device={str(device)!r} was asked: move the model "
                                 f"there (model.to({str(device)!r})) or leave device unset")
         order = np.argsort([len(e["input_ids"]) for e in ex], kind="stable") if sort_by_length else np.arange(n)
+        trim = keeps_logits(model)
         was_training = model.training
         model.eval()
         try:
@@ -142,8 +189,7 @@ def pair_losses(
                 for b0 in tqdm(range(0, n, batch_size), disable=not progress, desc="response loss", unit="batch"):
                     idx = order[b0 : b0 + batch_size]
                     ids, mask, labels = collate([ex[i] for i in idx], pad)
-                    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-                    loss, cnt = sequence_losses(logits, labels.to(logits.device))
+                    loss, cnt, _ = scored_losses(model, ids.to(device), mask.to(device), labels, trim=trim)
                     out[idx] = loss.double().cpu().numpy()
                     counts[idx] = cnt.cpu().numpy()
                     if callback is not None:

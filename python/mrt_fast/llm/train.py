@@ -47,7 +47,7 @@ import polars as pl
 from mrt_fast._util.device import resolve_device
 
 from mrt_fast.llm.models import load_causal_lm, load_tokenizer
-from mrt_fast.llm.loss import build_example, collate, sequence_losses  # noqa: F401  (the one definition of l_ij)
+from mrt_fast.llm.loss import build_example, collate, keeps_logits, scored_losses, sequence_losses  # noqa: F401  (the one definition of l_ij)
 from mrt_fast.datasets.formats import as_polars
 from mrt_fast.tables.arrays import require_columns
 from mrt_fast.tables.layouts import GROUPED, detect, explode
@@ -371,6 +371,7 @@ def _trainer_class():
             self._cfg, self._n_pairs, self._log_f = cfg, n_pairs, log_f
             self.model_accepts_loss_kwargs = False  # older transformers: divide by the accumulation steps too
             self._step_of, self._step_loss, self._step_lr, self._pair_log = -1, 0.0, 0.0, {}
+            self._trim = keeps_logits(self.model)  # the vocabulary projection over the scored window only
             self.add_callback(_Log(self))
 
         def pairs_seen(self, steps: int) -> int:
@@ -384,8 +385,8 @@ def _trainer_class():
             w = inputs.pop("weight")
             idx = inputs.pop("index")
             labels = inputs.pop("labels")
-            outputs = model(**inputs)
-            losses, _ = sequence_losses(outputs.logits, labels)
+            losses, _, outputs = scored_losses(model, inputs["input_ids"], inputs["attention_mask"], labels,
+                                               trim=self._trim)
             loss = (losses * w.to(losses.device)).sum() / self._cfg.batch_size
             if self._step_of != self.state.global_step:  # first micro-batch of a new optimizer step
                 self._step_of, self._step_loss, self._pair_log = self.state.global_step, 0.0, {}
