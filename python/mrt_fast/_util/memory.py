@@ -127,10 +127,54 @@ def peak_rss() -> int:
 
 
 def release_unused() -> None:
-    """Hand the memory Arrow's allocator keeps for reuse back to the system (between phases)."""
+    """Hand the memory Arrow's allocator and the C allocator keep for reuse back to the system (between
+    phases)."""
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+#: blocks of at least this size are mapped on their own by the C allocator, and unmapped when freed
+MMAP_THRESHOLD = 1 * MiB
+#: glibc's mallopt parameter of the mmap threshold
+_M_MMAP_THRESHOLD = -3
+_pinned = [False]
+
+
+def hold_to_limit() -> bool:
+    """Fix the C allocator's mmap threshold at :data:`MMAP_THRESHOLD` for this process (glibc only; once).
+
+    glibc raises its threshold to the size of each large block freed (up to 32 MiB), so later blocks of
+    that size come from its heaps, which keep freed memory resident: a job whose pools and buckets
+    vary in size then holds freed blocks it counted as returned, and goes over its limit. A fixed
+    threshold maps every large block on its own and returns it when freed. A job with a memory limit
+    calls this before any work; returns whether the threshold is set."""
+    if _pinned[0]:
+        return True
+    libc = _glibc()
+    if libc is None:
+        return False
+    _pinned[0] = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    return _pinned[0]
+
+
+def _glibc():
+    """The process's C library when it is glibc (mallopt and malloc_trim), else None."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
 
 
 def size_text(n: float) -> str:

@@ -30,7 +30,8 @@ import polars as pl
 
 from mrt_fast._util import messages as _messages
 from mrt_fast._util.disk_space import is_no_space, no_space_error
-from mrt_fast._util.memory import Budget, default_memory_limit, parse_memory, peak_rss, release_unused, size_text
+from mrt_fast._util.memory import (Budget, default_memory_limit, hold_to_limit, parse_memory, peak_rss, release_unused,
+                                   size_text)
 from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.executors.local_fold import variance_budget_files
@@ -133,6 +134,7 @@ def run_select(job: Job, rep: Any, *, opts: Any, layout: str, lists: list[str] |
     from mrt_fast.selection.facility import dense_limit_within
 
     limit, workers = settings["limit"], settings["workers"]
+    hold_to_limit()  # freed blocks go back to the system, so the peak is what the plan counts
     prof = profile if profile is not None else Profile()
     ds = job.ds
     if rows_per_part is not None:
