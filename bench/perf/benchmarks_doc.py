@@ -76,6 +76,10 @@ SECTIONS = [
     ("nll_bench", "`mrt nll` and `mrt score` against a raw batched forward pass",
      "`python bench/perf/bench_nll.py` (see its `--help`): the same pairs, batch size, device and dtype; "
      "`*_ratio` is mrt / raw (target <= 1.2)."),
+    ("train_bench", "LoRA training steps: the scored window against every position's logits",
+     "`python bench/perf/bench_train.py` (see its `--help`): `mrt_fast.llm.train.train` on the same rows and seed, "
+     "alternating arms, one thread; `*_step_s` is the median seconds per optimizer step after the first, "
+     "`ratio` is window / whole."),
     ("logprob_vs_nll", "Generation log-probabilities as the pilot loss, against `mrt nll`",
      "`nice python bench/experiments/logprob_vs_nll.py` (see docs/guides/llm_pipeline.md): the correlation of "
      "`-logprob/n_tokens` with the NLL on the same pairs, and the advice from each."),
