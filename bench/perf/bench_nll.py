@@ -50,6 +50,13 @@ def pairs(n: int) -> pl.DataFrame:
     return pl.concat([ex] * reps).head(n)
 
 
+def fresh(path: Path) -> Path:
+    """``path`` with no output there: a job's finished output is kept as it is (resume), so each timed run
+    starts from none."""
+    path.unlink(missing_ok=True)
+    return path
+
+
 def best(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -122,7 +129,7 @@ def main() -> None:
         res["nll"] = {
             "raw_s": best(lambda: raw_nll(model, tok, prompts, responses, a.batch_size, a.device), a.repeat),
             "nll_table_s": best(lambda: nll_table(df, model, tok, progress=False, **kw), a.repeat),
-            "nll_dataset_s": best(lambda: nll_dataset(src, Path(d) / "out.parquet", model, tok, overwrite=True,
+            "nll_dataset_s": best(lambda: nll_dataset(src, fresh(Path(d) / "out.parquet"), model, tok, overwrite=True,
                                                       **kw), a.repeat),
         }
         if not a.no_score:
@@ -135,7 +142,7 @@ def main() -> None:
             res["score"] = {
                 "raw_s": best(lambda: raw_score(rm_net, rm_tok, prompts, responses, a.batch_size, a.device), a.repeat),
                 "score_s": best(lambda: score(df, rm, progress=False), a.repeat),
-                "score_dataset_s": best(lambda: score_dataset(src, Path(d) / "scored.parquet", rm, overwrite=True),
+                "score_dataset_s": best(lambda: score_dataset(src, fresh(Path(d) / "scored.parquet"), rm, overwrite=True),
                                         a.repeat),
             }
     for stage, t in ((k, res[k]) for k in ("nll", "score") if k in res):
