@@ -6,8 +6,8 @@ same rows with the same seed, in one process, alternating arm by arm:
 * ``window``: the library's path: the model's ``logits_to_keep`` keeps the
   positions from the batch's earliest response start to the end, so the
   projection onto the vocabulary (and its softmax) skips the prompt;
-* ``whole``: the logits of every position, as transformers' and TRL's trainers
-  compute them, with the same masked loss.
+* ``whole``: the logits of every position, as transformers' `Trainer`
+  computes them, with the same masked loss.
 
 Shapes: ``short`` (the evidence runs' shape: a chat prompt of about 55 tokens,
 an answer of 2-4, batches of ``--batch-size``) and ``mosaic`` (the bundled
