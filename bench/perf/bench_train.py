@@ -74,7 +74,7 @@ def step_clock():
 
 def step_times(rows: pl.DataFrame, model: str, out: Path, *, whole: bool, steps: int, batch_size: int,
                max_length: int) -> tuple[list[float], list[float]]:
-    """Seconds of each optimizer step (from the trainer's log timestamps) and each step's loss."""
+    """Seconds of each optimizer step (`step_clock`) and each step's loss."""
     import mrt_fast.llm.train as train_mod
     from mrt_fast.llm.train import TrainConfig, train
 

@@ -39,17 +39,15 @@ def generate_answers(net: Any, tok: Any, prompts: Sequence[str], *, n_samples: i
                      seed: int, prompt_format: str, batch_size: int = 16) -> tuple[list[str], list[list[str]]]:
     """One greedy answer and ``n_samples`` samples (temperature 1) per prompt, decoded without special tokens up
     to the first EOS. Each prompt runs once: its key-value cache is repeated for its 1 + n_samples answers."""
-    import inspect
-
     import torch
 
+    from mrt_fast.llm.loss import forward_takes
     from mrt_fast.llm.models import prompt_ids
 
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = tok.eos_token_id
     dev = next(net.parameters()).device
-    base = net.get_base_model() if hasattr(net, "get_base_model") else net
-    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    cache_kw = "cache" if forward_takes(net, "cache") else "past_key_values"
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rows = 1 + n_samples
     greedy: list[str] = []

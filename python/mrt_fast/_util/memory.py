@@ -21,6 +21,7 @@ line naming the smallest limit that would do (:meth:`Budget.refusal`).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -161,6 +162,7 @@ def hold_to_limit() -> bool:
     return _pinned[0]
 
 
+@functools.lru_cache(maxsize=1)
 def _glibc():
     """The process's C library when it is glibc (mallopt and malloc_trim), else None."""
     import ctypes

@@ -111,16 +111,21 @@ def scored_window(labels) -> int:
     return max(2, labels.shape[1] - first + 1)
 
 
-def keeps_logits(model: Any) -> bool:
-    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs do; a PEFT model passes it
-    on to its base model)."""
+def forward_takes(model: Any, name: str) -> bool:
+    """Whether ``model``'s forward (a PEFT model's: its base model's, which it passes keywords on to) takes the
+    keyword ``name``."""
     import inspect
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     try:
-        return "logits_to_keep" in inspect.signature(base.forward).parameters
+        return name in inspect.signature(base.forward).parameters
     except (TypeError, ValueError):
         return False
+
+
+def keeps_logits(model: Any) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (transformers' causal LMs do)."""
+    return forward_takes(model, "logits_to_keep")
 
 
 def scored_losses(model: Any, input_ids, attention_mask, labels, *, trim: bool | None = None):

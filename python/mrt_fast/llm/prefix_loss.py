@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from mrt_fast.errors import MrtInputError
-from mrt_fast.llm.loss import IGNORE, build_example, check_pairs
+from mrt_fast.llm.loss import IGNORE, build_example, check_pairs, forward_takes
 
 __all__ = ["prefix_pair_losses"]
 
@@ -114,7 +114,4 @@ def _layers(cache) -> list[tuple[Any, Any]]:
 
 def _cache_argument(model) -> str:
     """The keyword a model's forward takes its key-value cache by (``cache``, formerly ``past_key_values``)."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    return "cache" if forward_takes(model, "cache") else "past_key_values"
