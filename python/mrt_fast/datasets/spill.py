@@ -40,7 +40,7 @@ from mrt_fast._util.disk_space import is_no_space
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets import storage
 from mrt_fast.errors import MrtInputError
-from mrt_fast.tables.arrays import arrow_of, pool_keys
+from mrt_fast.tables.arrays import arrow_of, pool_keys, series_of
 
 ROW = "__row"  # global row index of the input (file order, then row order)
 #: the exchange inside a directory output (removed when the job is done)
@@ -64,6 +64,19 @@ def bucket_of(prompt_ids: pl.Series, n_buckets: int) -> np.ndarray:
         return out
     return (pool_keys(s) % np.uint64(n)).astype(np.uint32)
 
+
+
+def load_spill_modules() -> None:
+    """Import what a spilled job loads on its way: Arrow's compute functions (the exchange's take and
+    cast, 14 MiB resident), NumPy's masked arrays (polars' conversion of NumPy arrays) and the
+    exchange's own modules. A job calls this before it plans its buckets, so that the memory it
+    counts as held already holds them."""
+    import numpy.ma  # noqa: F401
+    import pyarrow.compute  # noqa: F401
+
+    import mrt_fast._util.read_ahead  # noqa: F401
+    import mrt_fast.datasets.direct_io  # noqa: F401
+    import mrt_fast.datasets.row_origin  # noqa: F401
 
 
 def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
@@ -149,7 +162,7 @@ def spill_run(run: list, spill_dir: Path, n_buckets: int, by: str, tag: int, bat
         for pos, b in read_ahead(iter_run(run, None, batch_rows, chunk_rows, schema), ahead):
             row = arrow_of(np.arange(pos, pos + b.num_rows, dtype=idx))
             rb = pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
-            w.add(rb, pl.Series(by, b.column(b.schema.get_field_index(by))))
+            w.add(rb, series_of(by, b.column(b.schema.get_field_index(by))))
             if on_rows is not None:
                 on_rows(b.num_rows)
         return w.nulls

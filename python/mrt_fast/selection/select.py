@@ -403,7 +403,7 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
         n_candidates=df.height,
         n_kept=0,
         n_small_pools=int(small.sum()),
-        small_pool_ids=g.keys.filter(small).head(20).to_list(),
+        small_pool_ids=g.keys.gather(np.flatnonzero(small)[:20].tolist()).to_list(),  # no numpy.ma
         n_near_duplicates_removed=n_removed,
     )
     try:

@@ -35,15 +35,15 @@ from mrt_fast._util.memory import (Budget, default_memory_limit, hold_to_limit, 
 from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.executors.local_fold import variance_budget_files
-from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, dense_left, grouped_size, plan_grouped,
-                                                    plan_memory)
+from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, dense_left, fits_in_memory,
+                                                    grouped_size, plan_grouped, plan_memory)
 from mrt_fast.datasets.job import Job, run_all, start_row_parts
 from mrt_fast.datasets.pick_progress import picks_shown
 from mrt_fast.datasets.profile import Profile
 from mrt_fast.datasets.select_stage import (SelectRows, counts_into, finish_select, select_counts,
                                             select_rows)
-from mrt_fast.datasets.spill import (ROW, SPILL_DIR, drop_bucket, holds_buckets, null_ids_error, read_bucket, spill,
-                                     spill_area)
+from mrt_fast.datasets.spill import (ROW, SPILL_DIR, drop_bucket, holds_buckets, load_spill_modules, null_ids_error,
+                                     read_bucket, spill, spill_area)
 from mrt_fast.datasets.stage import Counts, as_stage, split_result
 from mrt_fast.errors import MrtInputError
 
@@ -156,8 +156,10 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
 
     ds = job.ds
     total_bytes = ds.memory_bytes()
-    budget = Budget.now(limit)
     fixed = job.n_parts if job.n_parts is not None else None if parts is None else int(parts)
+    if not fits_in_memory(total_bytes, n_rows, Budget.now(limit), fixed):
+        load_spill_modules()  # counted in what the process holds before the buckets are planned
+    budget = Budget.now(limit)
     if parts is not None:
         workers = max(1, int(workers or 1))
     n_buckets, w, sp = plan_memory(ds, total_bytes, n_rows, budget, workers, fixed)
