@@ -48,3 +48,18 @@ def test_the_huge_pool_table_has_a_row_per_method():
                     "on_demand_over_this": 0.5, "same_set_as_on_demand": True}}}]}
     rows = benchmarks_doc._render_huge_pool(doc).splitlines()[2:]
     assert len(rows) == 2 and "limit 512 MB (peak 52%)" in rows[0] and "| 0.50 | True |" in rows[1]
+
+
+def test_the_bucket_counts_run_and_are_tabled(tmp_path):
+    import bench_buckets
+
+    out = tmp_path / "b.json"
+    assert bench_buckets.main(["--size", "4000", "--limit", "2GB", "--parts-list", "plan,3", "--repeats", "1",
+                               "--workdir", str(tmp_path / "w"), "--out", str(out)]) == 0
+    bk = json.loads(out.read_text())
+    planned, forced = bk["results"]
+    assert planned["asked"] == "plan" and planned["parts"] == 1 and planned["ratio_to_planned"] == 1.0
+    assert forced["asked"] == "3" and forced["parts"] == 3 and forced["ratio_to_planned"] > 0
+    rows = "\n".join(limits_doc.buckets_section(bk)).splitlines()
+    assert sum(line.startswith("| 1 | the plan |") for line in rows) == 1
+    assert sum(line.startswith("| 3 | --parts 3 |") for line in rows) == 1

@@ -1,0 +1,109 @@
+"""How the number of buckets a spilled `mrt select` cuts changes its time and peak memory, under one limit.
+
+Builds one dataset as ``bench_limits.py`` does (pools of 8 to 128, rows shuffled over ``--files`` Parquet
+files, int64 prompt ids, a float64 reward, ``--dim``-d embeddings of ``--dtype``), then runs in the same
+run, each in its own process, ``--repeats`` interleaved rounds of `mrt select` (GRADES, K = 4) under
+``--limit`` with ``--parts`` set to each of ``--parts-list`` (``plan``: the count the job plans itself)
+and ``--workers`` as planned. Records each count's median wall and CPU seconds, peak RSS against the
+limit, and the ratio of its time to the planned count's, in ``bench/results/buckets_bench.json``;
+``python bench/perf/limits_doc.py`` puts it in ``docs/results/limits.md``.
+
+    python bench/perf/bench_buckets.py                                  # 10M candidates, 32-d float16, 2GB
+    python bench/perf/bench_buckets.py --size 2e6 --out /tmp/b.json     # a quick one
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_batch import available, compile_package, folder_bytes, machine, measure, parse_size, warm  # noqa: E402
+from bench_scale import make_dataset, profile  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="10e6", help="candidates")
+    ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--dtype", choices=["float16", "float32"], default="float16")
+    ap.add_argument("--limit", default="2GB")
+    ap.add_argument("--parts-list", default="plan,3,6,20,40", help="bucket counts; 'plan' is the job's own")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workdir", default=None, help="where the dataset goes (default bench/.buckets_data, removed)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "buckets_bench.json"))
+    a = ap.parse_args(argv)
+    compile_package()
+    sys.path.insert(0, str(ROOT / "python"))
+    from mrt_fast.datasets import Manifest
+    from mrt_fast.datasets.local import parse_memory
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    work = Path(a.workdir) if a.workdir else ROOT / "bench" / ".buckets_data"
+    work.mkdir(parents=True, exist_ok=True)
+    size, limit = parse_size(a.size), parse_memory(a.limit)
+    d = work / f"in_{size}_{a.files}_{a.dim}_{a.dtype}"
+    counts = [x.strip() for x in a.parts_list.split(",") if x.strip()]
+    try:
+        if not d.exists():
+            make_dataset(d, size, a.files, a.dim, a.dtype)
+        warm(d)
+        print(f"== {size:,} candidates, {folder_bytes(d) / 1e9:.2f} GB, limit {a.limit}", flush=True)
+        runs: dict[str, list] = {c: [] for c in counts}
+        for _ in range(a.repeats):
+            for c in counts:
+                out = work / "out"
+                shutil.rmtree(out, ignore_errors=True)
+                cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(a.k),
+                       "--memory-limit", str(limit), "--profile"]
+                if c != "plan":
+                    cmd += ["--parts", c]
+                r = measure(cmd, env, [out])
+                man = json.loads(Manifest.read(out).to_json())
+                r.update(parts=man["n_parts"], profile=profile(r["output_tail"]))
+                runs[c].append(r)
+                shutil.rmtree(out, ignore_errors=True)
+                print(f"   {c} -> {r['parts']} bucket(s): {r['seconds']:.1f} s ({r['cpu_seconds']:.1f} s CPU), "
+                      f"peak RSS {r['peak_rss_bytes'] / limit:.2f} of the limit", flush=True)
+        med = lambda rs, k: float(np.median([x[k] for x in rs]))  # noqa: E731
+        planned = med(runs["plan"], "seconds") if "plan" in runs else None
+        rows = []
+        for c in counts:
+            rs = runs[c]
+            s = {"asked": c, "parts": rs[0]["parts"], "seconds": med(rs, "seconds"),
+                 "cpu_seconds": med(rs, "cpu_seconds"), "runs_seconds": [x["seconds"] for x in rs],
+                 "peak_rss_bytes": max(x["peak_rss_bytes"] for x in rs), "profile": rs[-1]["profile"]}
+            s["peak_rss_over_limit"] = s["peak_rss_bytes"] / limit
+            # each round's pair against the planned count's run of the same round, then their median
+            if planned is not None:
+                s["ratio_to_planned"] = float(np.median([x["seconds"] / p["seconds"]
+                                                         for x, p in zip(rs, runs["plan"])]))
+            rows.append(s)
+        doc = {"what": "mrt select (GRADES) under one memory limit with the spill cut into several bucket counts, "
+                       "in one run",
+               "candidates": size, "files": a.files, "dim": a.dim, "dtype": a.dtype, "k": a.k,
+               "limit_bytes": limit, "input_bytes": folder_bytes(d), "repeats": a.repeats,
+               "machine": machine(mem_available_bytes=available(), load_avg_at_end=os.getloadavg()),
+               "results": rows, "date": time.strftime("%Y-%m-%d")}
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {a.out}")
+    finally:
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
