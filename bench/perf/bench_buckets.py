@@ -3,8 +3,9 @@
 Builds one dataset as ``bench_limits.py`` does (pools of 8 to 128, rows shuffled over ``--files`` Parquet
 files, int64 prompt ids, a float64 reward, ``--dim``-d embeddings of ``--dtype``), then runs in the same
 run, each in its own process, ``--repeats`` interleaved rounds of `mrt select` (GRADES, K = 4) under
-``--limit`` with ``--parts`` set to each of ``--parts-list`` (``plan``: the count the job plans itself)
-and ``--workers`` as planned. Records each count's median wall and CPU seconds, peak RSS against the
+``--limit`` with ``--parts`` set to each of ``--parts-list`` (``plan``: the count the job plans itself),
+and for a forced count ``--workers`` set to what the job plans on this machine (one more than the cores, at
+most 4), fewer where the buckets do not fit that many at once. Records each count's median wall and CPU seconds, peak RSS against the
 limit, and the ratio of its time to the planned count's, in ``bench/results/buckets_bench.json``;
 ``python bench/perf/limits_doc.py`` puts it in ``docs/results/limits.md``.
 
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     size, limit = parse_size(a.size), parse_memory(a.limit)
     d = work / f"in_{size}_{a.files}_{a.dim}_{a.dtype}"
     counts = [x.strip() for x in a.parts_list.split(",") if x.strip()]
+    cpus = os.cpu_count() or 1
+    workers = max(1, min(cpus + (cpus > 1), 4))  # the local executor's own count (plan_buckets)
     try:
         if not d.exists():
             make_dataset(d, size, a.files, a.dim, a.dtype)
@@ -68,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(a.k),
                        "--memory-limit", str(limit), "--profile"]
                 if c != "plan":
-                    cmd += ["--parts", c]
+                    cmd += ["--parts", c, "--workers", str(workers)]
                 r = measure(cmd, env, [out])
                 man = json.loads(Manifest.read(out).to_json())
                 r.update(parts=man["n_parts"], profile=profile(r["output_tail"]))
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"what": "mrt select (GRADES) under one memory limit with the spill cut into several bucket counts, "
                        "in one run",
                "candidates": size, "files": a.files, "dim": a.dim, "dtype": a.dtype, "k": a.k,
-               "limit_bytes": limit, "input_bytes": folder_bytes(d), "repeats": a.repeats,
+               "limit_bytes": limit, "input_bytes": folder_bytes(d), "repeats": a.repeats, "forced_workers": workers,
                "machine": machine(mem_available_bytes=available(), load_avg_at_end=os.getloadavg()),
                "results": rows, "date": time.strftime("%Y-%m-%d")}
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

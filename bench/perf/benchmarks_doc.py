@@ -40,6 +40,9 @@ SECTIONS = [
     ("limits_bench", "One dataset under memory limits from the refused minimum up",
      "`python bench/perf/bench_limits.py`; the page with its plot: docs/results/limits.md "
      "(`python bench/perf/limits_doc.py`)."),
+    ("buckets_bench", "One dataset under one limit, cut into several bucket counts",
+     "`python bench/perf/bench_buckets.py`; its table: docs/results/limits.md#bucket-count-under-one-limit "
+     "(`python bench/perf/limits_doc.py`)."),
     ("ray_bench", "The Ray engine against the local engine",
      "`python bench/perf/bench_ray.py` (see docs/guides/distributed.md): job = the job's own time (imports and Ray's "
      "start apart); `job_vs_local_spill` = a Ray job over the local engine with the spill forced into "

@@ -95,13 +95,20 @@ def buckets_section(bk: dict) -> list[str]:
            f"`python bench/perf/bench_buckets.py` runs `mrt select` on {bk['candidates'] / 1e6:,.0f}M candidates of "
            f"the same kind ({bk['dim']}-d {bk['dtype']}, {bk['files']} files, {bk['input_bytes'] / 1e9:.2f} GB) under "
            f"{mib(bk['limit_bytes'])}, with the spill cut into the count the job plans and into counts forced with "
-           f"`--parts` ({bk['repeats']} interleaved rounds, medians; the ratio is the median of each round's pair).",
+           f"`--parts` and `--workers {bk.get('forced_workers', 1)}` ({bk['repeats']} interleaved rounds, medians; the ratio is the median of each round's pair).",
            "", "| buckets | asked | select s | CPU s | × planned count | peak / limit |", "|---|---|---|---|---|---|"]
     for r in sorted(bk["results"], key=lambda r: r["parts"]):
         ratio = r.get("ratio_to_planned")
         out.append(f"| {r['parts']} | {'the plan' if r['asked'] == 'plan' else '--parts ' + r['asked']} | "
                    f"{r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {'-' if ratio is None else f'{ratio:.2f}'} | "
                    f"{r['peak_rss_over_limit']:.2f} |")
+    forced = [r for r in bk["results"] if r["asked"] != "plan" and r.get("ratio_to_planned") is not None]
+    if forced:
+        fast = min(forced, key=lambda r: r["ratio_to_planned"])
+        full = max(forced, key=lambda r: r["peak_rss_over_limit"])
+        out += ["", f"Of the forced counts, the fastest ({fast['parts']} buckets) took {fast['ratio_to_planned']:.2f}x "
+                f"the planned count's time; the one that used the most of the limit ({full['parts']} buckets, "
+                f"{full['peak_rss_over_limit']:.0%}) took {full['ratio_to_planned']:.2f}x."]
     return out + ["", "Reproduce: `python bench/perf/bench_buckets.py`, then `python bench/perf/limits_doc.py`.", ""]
 
 

@@ -1,6 +1,7 @@
 """What a select job imports is held before it plans its memory: a spilled job loads the exchange's
 modules (Arrow's compute functions, 14 MiB resident) before its buckets are planned, so the plan counts
-them, and nothing heavy arrives afterwards; a job selected in memory does not load them at all."""
+them, and nothing heavy arrives afterwards (a job selected in memory loads none of them:
+tests/cli/test_cli_start.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ local.plan_memory = recording
 select_dataset(d + "/in.parquet", d + "/out", 2, "grades", memory_limit="2GB", parts=parts if parts > 1 else None)
 after = sorted(m for m in set(sys.modules) - at_plan[0] if m.split(".")[0] in ("pyarrow", "numpy", "polars"))
 print("compute at plan:", "pyarrow.compute" in at_plan[0])
-print("compute at end:", "pyarrow.compute" in sys.modules)
 print("heavy after plan:", ",".join(after))
 """
 
@@ -45,7 +45,3 @@ def test_a_spilled_job_holds_the_exchange_modules_before_it_plans(tmp_path):
     assert got["compute at plan"] == "True", got
     assert got["heavy after plan"] == "", f"imported after the plan, so not counted: {got['heavy after plan']}"
 
-
-def test_a_job_selected_in_memory_does_not_load_arrow_compute(tmp_path):
-    got = _run(tmp_path, parts=1)
-    assert got["compute at end"] == "False", got
