@@ -113,6 +113,19 @@ def compile_package() -> None:
     compileall.compile_dir(str(ROOT / "python" / "mrt_fast"), quiet=1)
 
 
+def package_env() -> dict[str, str]:
+    """This process's environment with this checkout's package first on ``PYTHONPATH``: what each
+    timed command runs under."""
+    return {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def write_result(out: str | Path, doc: dict) -> None:
+    """Write a benchmark's results as indented JSON to ``out`` (its folder made) and say where."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 def folder_bytes(d: Path) -> int:
     total = 0
     for root, _, files in os.walk(d):
@@ -221,7 +234,7 @@ def main() -> None:
     args = ap.parse_args()
     compile_package()
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = package_env()
     work = Path(args.workdir) if args.workdir else ROOT / "bench" / ".batch_data"
     work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT / "python"))

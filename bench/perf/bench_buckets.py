@@ -28,7 +28,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import available, compile_package, folder_bytes, machine, measure, parse_size, warm  # noqa: E402
+from bench_batch import (available, compile_package, folder_bytes, machine,  # noqa: E402
+                         measure, package_env, parse_size, warm, write_result)
 from bench_scale import make_dataset, profile  # noqa: E402
 
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from mrt_fast.datasets import Manifest
     from mrt_fast.datasets.local import parse_memory
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = package_env()
     work = Path(a.workdir) if a.workdir else ROOT / "bench" / ".buckets_data"
     work.mkdir(parents=True, exist_ok=True)
     size, limit = parse_size(a.size), parse_memory(a.limit)
@@ -99,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                "limit_bytes": limit, "input_bytes": folder_bytes(d), "repeats": a.repeats, "forced_workers": workers,
                "machine": machine(mem_available_bytes=available(), load_avg_at_end=os.getloadavg()),
                "results": rows, "date": time.strftime("%Y-%m-%d")}
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {a.out}")
+        write_result(a.out, doc)
     finally:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)

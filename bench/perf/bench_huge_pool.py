@@ -24,7 +24,6 @@ to ``bench/results/huge_pool_bench.json``; ``benchmarks_doc.py`` puts them in ``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -36,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import available, compile_package, machine, measure  # noqa: E402
+from bench_batch import available, compile_package, machine, measure, write_result  # noqa: E402
 
 #: apricot on the same objective: clipped cosine similarity, float64 (apricot's own dtype), lazy greedy
 APRICOT = """
@@ -166,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                        "path and apricot (lazy greedy on the same float64 clipped-cosine matrix), in one run",
                "repeats": a.repeats, "big_repeats": a.big_repeats, "results": rows, "date": time.strftime("%Y-%m-%d"),
                "machine": machine(mem_available_bytes=available(), load_avg_at_end=os.getloadavg())}
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {a.out}")
+        write_result(a.out, doc)
     finally:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)

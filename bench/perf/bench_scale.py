@@ -38,7 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import available, compile_package, folder_bytes, machine, measure, parse_size, warm  # noqa: E402
+from bench_batch import (available, compile_package, folder_bytes, machine,  # noqa: E402
+                         measure, package_env, parse_size, warm)
 from bench_batch import make_dataset as batch_dataset  # noqa: E402
 
 FLOOR = """
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "python"))
     from mrt_fast.datasets.local import parse_memory
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = package_env()
     limit = parse_memory(a.memory_limit)
     work = Path(a.workdir) if a.workdir else ROOT / "bench" / ".scale_data"
     work.mkdir(parents=True, exist_ok=True)

@@ -42,10 +42,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE.parent / "results" / "startup_bench.json"))
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    from bench_batch import compile_package
+    from bench_batch import compile_package, package_env
 
     compile_package()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = package_env()
     missing = Path(tempfile.gettempdir()) / "mrt-startup-missing.parquet"
     cases = {"mrt --help": ["--help"],
              "mrt select (input error)": ["select", str(missing), str(missing.with_name("o.parquet")), "--k", "2"]}
