@@ -8,7 +8,7 @@ The defaults of selection (kernel, alpha, eps) live in Python
 (mrt_fast.selection.options): the core has none and takes them from every caller.
 """
 
-from typing import Any, Optional, TypedDict
+from typing import Any, Optional, TypedDict, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -59,7 +59,8 @@ class FlParams:
     ) -> None: ...
 
 def fl_batch(
-    data: npt.NDArray[np.float32],
+    data: Union[npt.NDArray[np.float32], npt.NDArray[np.float16],
+                list[npt.NDArray[np.float32]], list[npt.NDArray[np.float16]]],
     offsets: npt.NDArray[np.uint64],
     params: FlParams,
     *,
@@ -70,7 +71,10 @@ def fl_batch(
     text: Optional[npt.NDArray[np.uint64]] = None,
     ordered: bool = False,
 ) -> FlBatch:
-    """A pool whose n x n block exceeds dense_limit bytes (default DENSE_LIMIT_BYTES) runs on demand."""
+    """`data`: one C-contiguous (n, d) float32 or float16 matrix, or a list of such row blocks of one
+    dtype (rows numbered across them in order), read in place; float16 rows are widened as each pool's
+    rows are gathered. A pool whose n x n block exceeds dense_limit bytes (default DENSE_LIMIT_BYTES)
+    runs on demand."""
 def fl_dense(
     sim: npt.NDArray[np.float32],
     params: FlParams,

@@ -62,7 +62,7 @@ pub unsafe fn gemm_abt_raw(a: &[f32], m: usize, b: &[f32], n: usize, d: usize, c
 /// `next` is memory the caller reads next (the following pool's rows): it is
 /// prefetched into L2 a little per tile while this product computes, so that
 /// the next call does not start by waiting on DRAM. A hint only.
-pub fn syrk(x: &[f32], n: usize, d: usize, out: &mut [f32], next: &[f32]) {
+pub fn syrk(x: &[f32], n: usize, d: usize, out: &mut [f32], next: &[u8]) {
     assert!(x.len() >= n * d && out.len() >= n * n, "syrk: buffers too small");
     #[cfg(target_arch = "x86_64")]
     {
@@ -121,7 +121,7 @@ unsafe fn hsum4(v: [std::arch::x86_64::__m256; 4]) -> std::arch::x86_64::__m128 
 /// in 8-wide FMA lanes, the tail in scalar.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn syrk_avx2(x: &[f32], n: usize, d: usize, out: &mut [f32], next: &[f32]) {
+unsafe fn syrk_avx2(x: &[f32], n: usize, d: usize, out: &mut [f32], next: &[u8]) {
     use std::arch::x86_64::*;
     const TI: usize = 3;
     const TJ: usize = 4;

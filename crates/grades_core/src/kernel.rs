@@ -111,7 +111,7 @@ pub fn gather_rows(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f
     out.clear();
     out.reserve(which.len() * d);
     for &i in which {
-        out.extend_from_slice(pools.row_slice(pools.layout.row(p, i)));
+        pools.extend_row(pools.layout.row(p, i), out);
     }
 }
 
@@ -133,7 +133,7 @@ pub fn cosine_gram(
     out: &mut Vec<f32>,
     inv: &mut Vec<f32>,
     name: &RowName<'_>,
-    next: &[f32],
+    next: &[u8],
 ) -> Result<()> {
     // every entry is written below: a reused buffer is not cleared; a new
     // one is allocated fallibly (a failure is an error, not an abort)

@@ -16,6 +16,12 @@ use crate::error::{invalid, Result};
 /// 0.0), then its reward's and its text key's, where given. Rows with the
 /// same content have the same key wherever they sit.
 pub fn content_key(row: &[f32], reward: Option<f64>, text: Option<u64>) -> u64 {
+    content_key_of(row.iter().copied(), reward, text)
+}
+
+/// [`content_key`] of a row given as its values in order.
+#[inline]
+pub fn content_key_of(row: impl Iterator<Item = f32>, reward: Option<f64>, text: Option<u64>) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     for v in row {
         h.update(&(v + 0.0).to_bits().to_le_bytes());

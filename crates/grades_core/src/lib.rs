@@ -4,8 +4,9 @@
 //! `python` cargo feature.
 //!
 //! * [`convert`]: float16 embeddings widened to f32.
+//! * [`embeddings`]: the caller's embedding matrix read in place (float32 or float16, in blocks).
 //! * [`error`]: the one error type, carrying pool / argument / row where known.
-//! * [`pools`]: a ragged batch of pools (offsets into one contiguous f32 matrix).
+//! * [`pools`]: a ragged batch of pools (offsets into one embedding matrix).
 //! * [`gram`]: the symmetric Gram product `X X^T` (AVX2/FMA with a portable path)
 //!   and the general product `A B^T`.
 //! * [`kernel`]: cosine similarity mapped into [0, 1]; dense Gram blocks and CSR graphs.
@@ -19,6 +20,7 @@
 //! * [`variance`]: streaming, mergeable prompt/response variance accumulators.
 
 pub mod convert;
+pub mod embeddings;
 pub mod error;
 pub mod facility;
 pub mod gram;

@@ -1,10 +1,11 @@
 //! A ragged batch of pools: one prompt's candidates form a pool; many pools are
-//! passed at once as one row-major f32 matrix plus offsets.
+//! passed at once as one embedding matrix plus offsets.
 //!
 //! Pool `p` holds the positions `offsets[p]..offsets[p+1]`. A position maps to a
 //! row of the matrix either directly or through `rows` (a permutation or any
 //! gather list), so a table whose groups are not contiguous is never copied.
 
+use crate::embeddings::Embeddings;
 use crate::error::{invalid, Result};
 
 /// Offsets (and an optional row gather list) describing many pools.
@@ -97,15 +98,17 @@ impl<'a> Layout<'a> {
     }
 }
 
-/// A ragged batch of pools over one row-major `n_rows x dim` f32 matrix.
-#[derive(Debug, Clone, Copy)]
+/// A ragged batch of pools over an `n_rows x dim` embedding matrix (float32
+/// or float16, in one block or several: see [`Embeddings`]).
+#[derive(Debug, Clone)]
 pub struct Pools<'a> {
-    pub data: &'a [f32],
+    pub data: Embeddings<'a>,
     pub dim: usize,
     pub layout: Layout<'a>,
 }
 
 impl<'a> Pools<'a> {
+    /// Pools over one row-major f32 matrix of `dim` columns.
     pub fn new(data: &'a [f32], dim: usize, offsets: &'a [u64], rows: Option<&'a [u64]>) -> Result<Self> {
         if dim == 0 {
             return invalid("embedding dimension must be >= 1");
@@ -113,12 +116,18 @@ impl<'a> Pools<'a> {
         if !data.len().is_multiple_of(dim) {
             return invalid(format!("embedding buffer of {} floats is not a multiple of dim = {}", data.len(), dim));
         }
-        let layout = Layout::new(offsets, rows, data.len() / dim)?;
-        Ok(Self { data, dim, layout })
+        Self::over(Embeddings::f32(data, dim)?, offsets, rows)
     }
 
+    /// Pools over any [`Embeddings`].
+    pub fn over(data: Embeddings<'a>, offsets: &'a [u64], rows: Option<&'a [u64]>) -> Result<Self> {
+        let layout = Layout::new(offsets, rows, data.n_rows())?;
+        Ok(Self { dim: data.dim(), data, layout })
+    }
+
+    /// Append row `row` of the matrix, as f32, to `out`.
     #[inline]
-    pub fn row_slice(&self, row: usize) -> &'a [f32] {
-        &self.data[row * self.dim..(row + 1) * self.dim]
+    pub fn extend_row(&self, row: usize, out: &mut Vec<f32>) {
+        self.data.extend_row(row, out)
     }
 }

@@ -23,6 +23,7 @@ import polars as pl
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
 from mrt_fast.tables.arrays import columns_of, embeddings as _embeddings, pool_keys, take, to_polars
+from mrt_fast.tables.embedding_blocks import EmbeddingBlocks
 
 
 def text_keys(df: pl.DataFrame, text: str) -> np.ndarray:
@@ -92,7 +93,7 @@ def table_content_keys(table: Any, kind: str, leave_out: tuple[str, ...], added_
     return content_keys(to_polars(table, kind, once), leave_out, text_key)
 
 
-def content_ordered(g, x: np.ndarray, rewards: np.ndarray | None, text_key: np.ndarray | None, content_of) -> Any:
+def content_ordered(g, x: EmbeddingBlocks, rewards: np.ndarray | None, text_key: np.ndarray | None, content_of) -> Any:
     """`g` with the rows of each pool that are equal in embedding, reward and text
     (what facility location's tie rule reads) put in content order among themselves
     (`content_of(rows)`: their content keys), so that the rule's last resort, the
@@ -101,9 +102,8 @@ def content_ordered(g, x: np.ndarray, rewards: np.ndarray | None, text_key: np.n
     at = g.rows.astype(np.int64)
     pool = np.repeat(np.arange(g.n_pools, dtype=np.uint64), g.sizes())
     # a quick superset of the rows in question: equal in pool, reward, text and first coordinate
-    x = x.reshape(len(x), -1)
     quick = pool * np.uint64(0x9E3779B97F4A7C15)
-    quick ^= (x[at, 0] + np.float32(0.0)).view(np.uint32).astype(np.uint64)
+    quick ^= (x.rows(at)[:, 0] + np.float32(0.0)).view(np.uint32).astype(np.uint64)
     if rewards is not None:
         quick ^= (rewards[at] + 0.0).view(np.uint64) * np.uint64(0x94D049BB133111EB)
     if text_key is not None:
@@ -114,9 +114,10 @@ def content_ordered(g, x: np.ndarray, rewards: np.ndarray | None, text_key: np.n
         return g
     cand = np.flatnonzero(np.isin(quick, repeated))
     rows = at[cand]
-    if not np.all(np.isfinite(x[rows])):
+    xr = x.rows(rows)
+    if not np.all(np.isfinite(xr)):
         return g  # the core names the bad row
-    exact = core.content_keys(np.ascontiguousarray(x[rows]), rewards=None if rewards is None else rewards[rows] + 0.0,
+    exact = core.content_keys(xr, rewards=None if rewards is None else rewards[rows] + 0.0,
                               text=None if text_key is None else np.ascontiguousarray(text_key[rows]))
     t = pl.DataFrame({"pos": cand, "p": pool[cand], "e": exact, "r": rows})
     t = t.filter(pl.struct("p", "e").is_duplicated())

@@ -32,6 +32,7 @@ from mrt_fast.tables.arrays import (
     take,
     to_polars,
 )
+from mrt_fast.tables.embedding_blocks import EmbeddingBlocks, embedding_blocks
 from mrt_fast.errors import SmallPoolWarning
 from mrt_fast.selection.report import SelectionReport
 from mrt_fast.selection.options import DEFAULT_KERNEL, FACILITY_METHODS, SelectOptions
@@ -260,7 +261,7 @@ def select_table(table: Any, opts: SelectOptions, *, return_report: bool = False
     return select_one_k(table, opts, return_report=return_report, added_columns=added_columns)
 
 
-def _by_content(res: dict, g, x, rew, text_key, params, kernel, content_of):
+def _by_content(res: dict, g, x: EmbeddingBlocks, rew, text_key, params, kernel, content_of):
     """Facility location's picks `res` over the pools of `g`, with the pools where
     the row order could have decided a pick selected again with their rows equal in
     embedding, reward and text put in content order (`content_of`); the groups and
@@ -275,7 +276,7 @@ def _by_content(res: dict, g, x, rew, text_key, params, kernel, content_of):
     pool_of_pick = np.repeat(np.arange(g.n_pools), np.diff(res_off))
     picked = g.rows[off[pool_of_pick] + res["indices"].astype(np.int64)].astype(np.int64)
     quick = pool_of_pick.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    quick ^= (x.reshape(len(x), -1)[picked, 0] + np.float32(0.0)).view(np.uint32).astype(np.uint64)
+    quick ^= (x.rows(picked)[:, 0] + np.float32(0.0)).view(np.uint32).astype(np.uint64)
     if rew is not None:
         quick ^= (rew[picked] + 0.0).view(np.uint64) * np.uint64(0x94D049BB133111EB)
     if text_key is not None:
@@ -296,7 +297,7 @@ def _by_content(res: dict, g, x, rew, text_key, params, kernel, content_of):
     ordered = content_ordered(sub, x, rew, text_key, content_of)
     if ordered is sub:
         return g, res
-    again = core.fl_batch(x, ordered.offsets, params, rows=ordered.rows, rewards=rew, kernel=kernel,
+    again = core.fl_batch(x.blocks, ordered.offsets, params, rows=ordered.rows, rewards=rew, kernel=kernel,
                           dense_limit=dense_limit_bytes(), text=text_key)
     rows = g.rows.copy()
     rows[pos] = ordered.rows
@@ -376,10 +377,10 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
         require(cols, text, "text")
         need.append(text)
     if kind == "polars" and embedding in need and table[embedding].n_chunks() > 1 \
-            and _inner(table[embedding].dtype) == pl.Float32:
+            and _inner(table[embedding].dtype) == pl.Float32 and (m not in FACILITY_METHODS or dedup is not None):
         # one contiguous copy of the embeddings (a table read from several files
-        # comes in chunks): the core reads it in place and the kept rows are
-        # gathered from it without another copy of the whole column
+        # comes in chunks) for the steps that read them as one matrix (facility
+        # location alone reads the chunks in place)
         table = table.with_columns(table[embedding].rechunk())
     df = to_polars(table, kind, list(dict.fromkeys(need)))
     if candidate_key is not None:
@@ -424,11 +425,11 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
                     ck[at] ^= core.content_keys(_embeddings(df, embedding)[at]) * np.uint64(0x9E3779B97F4A7C15)
             content = ck if candidate_key is None else None
         if m in FACILITY_METHODS:
-            x = _embeddings(df, embedding)
+            x = embedding_blocks(df, embedding)  # the column's chunks, read in place by the core
             rew = numeric(df, reward, "reward") if reward in df.columns else None
             params = core.FlParams(k, alpha=alpha, eps=eps, k_max=k_max, optimizer=optimizer)
             res = core.fl_batch(
-                x, g.offsets, params, rows=rows, rewards=rew, kernel=kernel, dense_limit=dense_limit_bytes(),
+                x.blocks, g.offsets, params, rows=rows, rewards=rew, kernel=kernel, dense_limit=dense_limit_bytes(),
                 text=text_key, ordered=candidate_key is not None,
             )
             if candidate_key is None:

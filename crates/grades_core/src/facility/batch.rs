@@ -97,6 +97,17 @@ pub fn facility_location_batch_keyed(
     out.into_iter().collect()
 }
 
+/// Prefetch the rows (and rewards) of pool `p` (a hint).
+fn prefetch_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>) {
+    for i in 0..pools.layout.len(p) {
+        let row = pools.layout.row(p, i);
+        pools.data.prefetch_row(row);
+        if let Some(r) = rewards {
+            crate::embeddings::prefetch(&r[row..row + 1]);
+        }
+    }
+}
+
 /// Per-thread buffers for the batched path.
 #[derive(Default)]
 struct Scratch {
@@ -133,18 +144,10 @@ fn run_pool(
     let (q, u) = ground_set(p, &|i| pools.layout.row(p, i), n, pool_rewards, params)?;
     let m = u.len();
     let d = pools.dim;
-    let ties = Ties {
-        quality: q.as_ref().map(|q| u.iter().map(|&i| q[i]).collect()),
-        content: Content::new(
-            pools.data,
-            d,
-            u.iter().map(|&i| pools.layout.row(p, i)).collect(),
-            rewards,
-            text,
-            ordered,
-        ),
-    };
+    let quality = q.as_ref().map(|q| u.iter().map(|&i| q[i]).collect());
+    let rows_of_u = || u.iter().map(|&i| pools.layout.row(p, i)).collect();
     if dense_bytes(m) > dense_limit {
+        let ties = Ties { quality, content: Content::new(&pools.data, rows_of_u(), rewards, text, ordered) };
         // too large for its n x n block: similarity columns on demand
         let mut xn = Vec::new();
         gather_normalized(pools, p, &u, &mut xn)?;
@@ -157,22 +160,29 @@ fn run_pool(
     // contiguous and all in the ground set; a gathered copy otherwise
     let first = pools.layout.row(p, 0);
     let contiguous = m == n && (0..n).all(|i| pools.layout.row(p, i) == first + i);
-    let x: &[f32] = if contiguous {
-        &pools.data[first * d..(first + n) * d]
-    } else {
-        gather_rows(pools, p, &u, &mut sc.x);
-        &sc.x
+    let x: &[f32] = match pools.data.f32_span(first, n) {
+        Some(x) if contiguous => x,
+        _ => {
+            gather_rows(pools, p, &u, &mut sc.x);
+            &sc.x
+        }
     };
+    // ties read the pool's own rows, which are in cache now
+    let ties = Ties { quality, content: Content::of_block(x, d, rows_of_u(), rewards, text, ordered) };
     let name = |i: usize| {
         let row = pools.layout.row(p, u[i]);
         (p, row, format!("candidate {} (row {row})", u[i]))
     };
     // the next pool's rows (when contiguous), prefetched while this one computes
-    let next: &[f32] = if p + 1 < pools.layout.n_pools() && pools.layout.len(p + 1) > 0 {
+    let next: &[u8] = if p + 1 < pools.layout.n_pools() && pools.layout.len(p + 1) > 0 {
         let (f, len) = (pools.layout.row(p + 1, 0), pools.layout.len(p + 1));
         if pools.layout.row(p + 1, len - 1) == f + len - 1 {
-            &pools.data[f * d..(f + len) * d]
+            pools.data.bytes_of(f, len)
         } else {
+            // rows spread over the matrix (a table not ordered by prompt): each row
+            // and reward asked for now, while this pool's block computes, so the
+            // next pool's gather finds them in cache
+            prefetch_pool(pools, p + 1, rewards);
             &[]
         }
     } else {

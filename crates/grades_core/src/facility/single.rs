@@ -10,6 +10,7 @@ use super::params::{need_rewards_error, FlResult, Params};
 use super::sparse::SparseSource;
 use super::ties::{Content, Ties};
 use super::weights::{ground_set, remap, weights_for};
+use crate::embeddings::Embeddings;
 use crate::error::{invalid, try_zeroed, Result};
 use crate::kernel::{gather_normalized, Csr, CsrRef, Idx, Kernel};
 use crate::pools::Pools;
@@ -140,10 +141,11 @@ pub fn facility_location_on_demand(
         return invalid(format!("embeddings have {} floats, expected n * d = {} * {}", x.len(), n, d));
     }
     let (q, u, w) = single_pool_setup(n, rewards, params)?;
-    let ties = ties_of(q, &u, Content::new(x, d, u.clone(), rewards, None, false));
+    let emb = Embeddings::f32(x, d)?;
+    let ties = ties_of(q, &u, Content::new(&emb, u.clone(), rewards, None, false));
     let offsets = [0u64, n as u64];
     let layout = crate::pools::Layout::single(&offsets);
-    let pools = Pools { data: x, dim: d, layout };
+    let pools = Pools { data: emb.clone(), dim: d, layout };
     let mut xn = Vec::new();
     gather_normalized(&pools, 0, &u, &mut xn)?;
     let mut src = OnDemandSource::new(xn, u.len(), d, kernel);

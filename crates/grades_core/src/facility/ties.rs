@@ -31,12 +31,22 @@
 /// pool's first, and largest, gain).
 pub const TIE_RTOL: f64 = 1e-9;
 
+use crate::embeddings::Embeddings;
+
+/// Where a candidate's embedding is read.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// the caller's matrix, at the candidate's row
+    Matrix(&'a Embeddings<'a>),
+    /// the pool's own rows gathered in ground-set order (`d` columns)
+    Block(&'a [f32], usize),
+}
+
 /// What greedy knows of the candidates' content, by ground-set position.
 #[derive(Default)]
 pub struct Content<'a> {
-    /// the caller's embedding matrix (row-major, `d` columns)
-    data: &'a [f32],
-    d: usize,
+    /// the candidates' embeddings
+    data: Option<Rows<'a>>,
     /// matrix row of each ground-set element (empty: no content known)
     rows: Vec<usize>,
     /// rewards and text keys, by matrix row
@@ -52,34 +62,46 @@ impl<'a> Content<'a> {
         Content::default()
     }
 
-    /// The rows `rows` (by ground-set position) of `data` (`d` columns).
+    /// The rows `rows` (by ground-set position) of `data`.
     pub fn new(
-        data: &'a [f32],
+        data: &'a Embeddings<'a>,
+        rows: Vec<usize>,
+        rewards: Option<&'a [f64]>,
+        text: Option<&'a [u64]>,
+        ordered: bool,
+    ) -> Self {
+        Content { data: Some(Rows::Matrix(data)), rows, rewards, text, ordered }
+    }
+
+    /// As [`Content::new`], with the embeddings read from `block` (row `j`
+    /// holds ground-set element `j`, `d` columns) rather than the matrix.
+    pub fn of_block(
+        block: &'a [f32],
         d: usize,
         rows: Vec<usize>,
         rewards: Option<&'a [f64]>,
         text: Option<&'a [u64]>,
         ordered: bool,
     ) -> Self {
-        Content { data, d, rows, rewards, text, ordered }
+        Content { data: Some(Rows::Block(block, d)), rows, rewards, text, ordered }
     }
 
     fn known(&self) -> bool {
-        !self.rows.is_empty()
-    }
-
-    fn row(&self, j: usize) -> &[f32] {
-        let r = self.rows[j];
-        &self.data[r * self.d..(r + 1) * self.d]
+        !self.rows.is_empty() && self.data.is_some()
     }
 
     /// The content key of element `j` (rule 3).
     pub fn key(&self, j: usize) -> u64 {
-        if !self.known() || self.ordered {
+        if self.rows.is_empty() || self.ordered {
             return j as u64;
         }
         let r = self.rows[j];
-        crate::keys::content_key(self.row(j), None, self.text.map(|t| t[r]))
+        let text = self.text.map(|t| t[r]);
+        match self.data {
+            Some(Rows::Matrix(m)) => m.content_key(r, None, text),
+            Some(Rows::Block(x, d)) => crate::keys::content_key(&x[j * d..(j + 1) * d], None, text),
+            None => j as u64,
+        }
     }
 
     /// Whether `a` and `b` are duplicates: the same text key, or the same
@@ -93,8 +115,11 @@ impl<'a> Content<'a> {
                 return true;
             }
         }
-        let (x, y) = (self.row(a), self.row(b));
-        x.iter().zip(y).all(|(p, q)| p == q)
+        match self.data {
+            Some(Rows::Matrix(m)) => m.same_rows(self.rows[a], self.rows[b]),
+            Some(Rows::Block(x, d)) => x[a * d..(a + 1) * d] == x[b * d..(b + 1) * d],
+            None => false,
+        }
     }
 }
 

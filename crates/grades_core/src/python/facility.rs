@@ -6,6 +6,7 @@ use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::embeddings::Held;
 use super::{input_error, run, slice1, slice2, to_py};
 use crate::facility::{self, FlResult, Optimizer, Params};
 use crate::kernel::{self, Kernel};
@@ -56,7 +57,7 @@ fn opt1<'a, T: numpy::Element>(a: &'a Option<PyReadonlyArray1<'_, T>>, name: &st
 #[allow(clippy::too_many_arguments)]
 fn fl_batch<'py>(
     py: Python<'py>,
-    data: PyReadonlyArray2<'py, f32>,
+    data: &Bound<'py, PyAny>,
     offsets: PyReadonlyArray1<'py, u64>,
     params: PyRef<'py, PyFlParams>,
     rows: Option<PyReadonlyArray1<'py, u64>>,
@@ -66,7 +67,8 @@ fn fl_batch<'py>(
     text: Option<PyReadonlyArray1<'py, u64>>,
     ordered: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (x, _, d) = slice2(&data, "embeddings")?;
+    let held = Held::of(data)?;
+    let x = held.view()?;
     let text_s = opt1(&text, "text")?;
     let off = slice1(&offsets, "offsets")?;
     let rows_s = opt1(&rows, "rows")?;
@@ -75,7 +77,7 @@ fn fl_batch<'py>(
     let kern = Kernel::parse(kernel).map_err(to_py)?;
     let limit = dense_limit.unwrap_or(facility::DENSE_LIMIT_BYTES);
     let res = run(py, || {
-        let pools = Pools::new(x, d, off, rows_s)?;
+        let pools = Pools::over(x, off, rows_s)?;
         facility::facility_location_batch_keyed(&pools, rew, text_s, ordered, &p, kern, limit)
     })?;
     let mut out_off = Vec::with_capacity(res.len() + 1);

@@ -7,6 +7,7 @@
 //! so nothing unwinds into the interpreter.
 //!
 //! * `convert`: float16 embeddings widened to f32.
+//! * `embeddings`: the embeddings argument, one array or a list of row blocks.
 //! * `facility`: facility location over a batch, a dense, a sparse or an
 //!   on-demand similarity.
 //! * `gram`: the similarity matrix of one pool.
@@ -27,6 +28,7 @@ use pyo3::types::PyDict;
 use crate::error::Error;
 
 mod convert;
+mod embeddings;
 mod facility;
 mod gram;
 mod keys;
