@@ -422,7 +422,7 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
                 if same.any():
                     at = g.rows.astype(np.int64)[same]
                     ck = ck.copy()
-                    ck[at] ^= core.content_keys(_embeddings(df, embedding)[at]) * np.uint64(0x9E3779B97F4A7C15)
+                    ck[at] ^= core.content_keys(embedding_blocks(df, embedding).rows(at)) * np.uint64(0x9E3779B97F4A7C15)
             content = ck if candidate_key is None else None
         if m in FACILITY_METHODS:
             x = embedding_blocks(df, embedding)  # the column's chunks, read in place by the core
