@@ -1027,22 +1027,33 @@ def test_the_spill_decodes_row_groups_that_fit_with_polars(tmp_path, monkeypatch
         assert batch.read_bucket(tmp_path / "polars", i, schema).equals(batch.read_bucket(tmp_path / "arrow", i, schema))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(work=st.integers(1 << 20, 8 << 30), row_bytes=st.floats(8, 20_000), n_buckets=st.integers(2, 2000),
-       threads=st.integers(1, 8))
-def test_spill_plan_with_its_decoded_chunks_stays_within_the_work(work, row_bytes, n_buckets, threads):
+       threads=st.integers(1, 8), group_rows=st.sampled_from([0, 1000, 65_536, 124_000, 1_000_000]))
+def test_spill_plan_with_its_decoded_chunks_stays_within_the_work(work, row_bytes, n_buckets, threads, group_rows):
     """Each spill thread's batch, staging blocks and decoded chunk of row groups together fit its
-    share of the work."""
-    from mrt_fast._util.memory import CHUNK_COPIES, Budget, plan_spill, spill_thread_bytes
+    share of the work; the staging blocks take at most a quarter of what the thread has beyond its
+    fixed cost and smallest batch (or are the smallest block); and where one thread's share decodes
+    the largest row group whole, the plan's threads do too."""
+    from mrt_fast._util.memory import (CHUNK_COPIES, MIN_BATCH_ROWS, MIN_STAGING, Budget, plan_spill,
+                                       spill_thread_bytes)
 
     b = Budget(0, 0).with_work(work)
-    sp = plan_spill(b, row_bytes, n_buckets, threads, 10**9)
+    sp = plan_spill(b, row_bytes, n_buckets, threads, 10**9, group_rows)
     if sp is None:
+        assert plan_spill(b, row_bytes, n_buckets, 1, 10**9) is None
         return
+    assert 1 <= sp.threads <= threads
     per = b.work / sp.threads
     used = spill_thread_bytes(sp.batch_rows, row_bytes, n_buckets + 1, sp.staging)
     assert sp.chunk_rows >= 0 and sp.batch_rows >= 1
     assert used + CHUNK_COPIES * sp.chunk_rows * max(1.0, row_bytes) <= per + 1
+    spare = per - spill_thread_bytes(MIN_BATCH_ROWS, row_bytes, n_buckets + 1, 0)
+    assert sp.staging == MIN_STAGING or 4 * (n_buckets + 1) * sp.staging <= spare
+    assert 4 * (n_buckets + 1) * 2 * sp.staging > spare or sp.staging == 1 << 20  # the largest that fits
+    alone = plan_spill(b, row_bytes, n_buckets, 1, 10**9)
+    if group_rows and alone.chunk_rows >= group_rows:
+        assert sp.chunk_rows >= group_rows
 
 
 def test_polars_decodes_the_spill_only_where_it_is_the_faster(tmp_path, monkeypatch):
@@ -1064,3 +1075,19 @@ def test_polars_decodes_the_spill_only_where_it_is_the_faster(tmp_path, monkeypa
     batch.spill(mrt_fast.datasets.sources.discover(tmp_path / "in"), tmp_path / "s", 3, "prompt_id",
                 batch_rows=10, threads=2, chunk_rows=1000)
     assert not calls  # float32 vectors: Arrow
+
+
+def test_the_plan_knows_the_largest_row_group_only_where_polars_decodes_it(tmp_path):
+    """`whole_group_rows`: the rows of the largest row group of local float16-vector files (whose
+    groups the spill decodes whole), 0 for float32 vectors (Arrow decodes them a batch at a time)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for dt, want in ((pa.float16(), 40), (pa.float32(), 0)):
+        d = tmp_path / str(dt)
+        d.mkdir()
+        for f, n in (("a", 100), ("b", 30)):
+            vecs = pa.array([[1.0, 2.0]] * n, type=pa.list_(dt))
+            pq.write_table(pa.table({"prompt_id": list(range(n)), "embedding": vecs}), d / f"{f}.parquet",
+                           row_group_size=40)
+        assert local_plan.whole_group_rows(mrt_fast.datasets.sources.discover(d)) == want

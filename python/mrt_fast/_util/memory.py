@@ -251,26 +251,38 @@ def spill_batch_rows(n_buckets: int) -> int:
 
 
 def plan_spill(budget: Budget, row_bytes: float, n_buckets: int, threads: int,
-               n_rows: int | None) -> SpillPlan | None:
+               n_rows: int | None, group_rows: int = 0) -> SpillPlan | None:
     """The spill pass within the budget: as many of ``threads`` as fit, batches of
     about 4096 rows per bucket (fewer, larger record batches; at most 200,000
-    rows), a 1 MiB staging block per bucket file where it fits, and what is left
-    of the thread's share for decoding row groups whole (``chunk_rows``). None
-    when one thread with the smallest batch does not fit."""
+    rows), a staging block per bucket file of up to 1 MiB (the blocks together
+    take at most a quarter of what a thread has beyond its fixed cost: a small
+    block makes many small writes, which a disk does slowly), and what is left
+    of the thread's share for decoding row groups whole (``chunk_rows``). With
+    ``group_rows`` (the largest row group, where whole row groups decode faster
+    than a batch at a time), the most threads whose share decodes such a group
+    whole, where fewer threads than fit do; otherwise the thread count with the
+    most rows in its batches at once. None when one thread with the smallest
+    batch does not fit."""
     n_files = n_buckets + 1
     want = spill_batch_rows(n_buckets) if n_rows else 100_000
+    plans = []
     for t in range(max(1, threads), 0, -1):
         per = budget.work / t
+        spare = per - spill_thread_bytes(MIN_BATCH_ROWS, row_bytes, n_files, 0)
         staging = STAGING
-        while staging > MIN_STAGING and spill_thread_bytes(MIN_BATCH_ROWS, row_bytes, n_files, staging) * 4 > per:
+        while staging > MIN_STAGING and 4 * n_files * staging > spare:
             staging //= 2
         fixed = spill_thread_bytes(0, row_bytes, n_files, staging)
         rows = int((per - fixed) / (SPILL_COPIES * max(1.0, row_bytes)))
         if rows >= MIN_BATCH_ROWS:
             batch = min(want, rows)
             left = per - fixed - SPILL_COPIES * batch * max(1.0, row_bytes)
-            return SpillPlan(t, batch, staging, max(0, int(left / (CHUNK_COPIES * max(1.0, row_bytes)))))
-    return None
+            plan = SpillPlan(t, batch, staging, max(0, int(left / (CHUNK_COPIES * max(1.0, row_bytes)))))
+            if plan.chunk_rows >= group_rows:
+                return plan
+            plans.append(plan)
+    # else the most rows in flight: more threads of tiny batches spend their time on batches
+    return max(plans, key=lambda p: p.threads * p.batch_rows, default=None)
 
 
 def whole_read_bytes(total_bytes: int, row_bytes: float, batch_rows: int) -> int:

@@ -43,6 +43,8 @@ from mrt_fast.errors import MrtInputError
 from mrt_fast.tables.arrays import arrow_of, pool_keys, series_of
 
 ROW = "__row"  # global row index of the input (file order, then row order)
+#: record batches of a bucket averaging fewer rows than this are joined into one when read back
+SMALL_BATCH_ROWS = 16_384
 #: the exchange inside a directory output (removed when the job is done)
 SPILL_DIR = "_spill"
 
@@ -293,6 +295,10 @@ def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None, embedd
         r = ipc.open_file(pa.py_buffer(mv))
         batches.extend(r.get_batch(j) for j in range(r.num_record_batches))
     t = pa.Table.from_batches(batches)
+    if len(batches) > 1 and t.num_rows < SMALL_BATCH_ROWS * len(batches):
+        # a spill under a tight limit writes many small record batches: one copy of the bucket
+        # (small then too) costs less than carrying hundreds of chunks through polars and the core
+        t = t.combine_chunks()
     df = None
     if embedding is not None and embedding in t.column_names and t.num_rows:
         df = _with_contiguous(t, embedding, schema, buffers[1])

@@ -96,11 +96,11 @@ def plan_memory(ds: _sources.Dataset, total_bytes: int, n_rows: int | None, budg
     """(n_buckets, workers, how to spill) within the budget (``n_buckets`` given:
     a resumed job's or the caller's). A limit no plan fits is refused in one
     line naming the smallest limit that does."""
-    reading = -1
+    reading = groups = -1
     row_bytes = total_bytes / n_rows if n_rows else 1024.0
 
     def attempt(b: Budget) -> tuple[int, int, SpillPlan | None] | None:
-        nonlocal reading
+        nonlocal reading, groups
         if fits_in_memory(total_bytes, n_rows, b, n_buckets):
             return 1, 1, None
         # spilling: each phase gets half the work (the spill pass leaves some of its memory resident)
@@ -111,7 +111,8 @@ def plan_memory(ds: _sources.Dataset, total_bytes: int, n_rows: int | None, budg
             return None
         if reading < 0:
             reading = spill_read_bytes(ds, total_bytes)
-        sp = plan_spill(half, row_bytes, n, w, n_rows) if reading <= half.work else None
+            groups = whole_group_rows(ds)
+        sp = plan_spill(half, row_bytes, n, w, n_rows, groups) if reading <= half.work else None
         return None if sp is None else (n, w, sp)
 
     got = attempt(budget)
@@ -136,6 +137,24 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
         raise budget.refusal(budget.base + HEADROOM + int(need),
                              f"bucket {i} of the spill ({size_text(largest)} of pools, which are never split)")
     return max(1, min(workers, int(budget.work // need)))
+
+
+def whole_group_rows(ds: _sources.Dataset) -> int:
+    """Rows of the dataset's largest row group where the spill decodes row groups whole faster than
+    Arrow a batch at a time (local Parquet of float16 vectors,
+    :func:`mrt_fast.datasets.arrow_runs.polars_decodes_faster`); 0 elsewhere."""
+    from mrt_fast.datasets.arrow_runs import arrow_schema, polars_decodes_faster
+
+    schema = arrow_schema(ds)
+    if not polars_decodes_faster(schema) or any(storage.is_url(f) for f in ds.files):
+        return 0
+    import pyarrow.parquet as pq
+
+    largest = 0
+    for f in ds.files:
+        md = pq.ParquetFile(storage.open_input(f)).metadata
+        largest = max([largest, *(md.row_group(g).num_rows for g in range(md.num_row_groups))])
+    return largest
 
 
 def spill_read_bytes(ds: _sources.Dataset, total_bytes: int) -> int:
