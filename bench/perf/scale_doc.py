@@ -23,6 +23,12 @@ CORE_HOUR_USD = 0.04
 NODE_CORES = 32
 
 
+
+def span(xs: list[float]) -> str:
+    """The range of fractions ``xs`` as percentages (one figure when they round alike)."""
+    lo, hi = f"{min(xs):.0%}", f"{max(xs):.0%}"
+    return lo if lo == hi else f"{lo}–{hi}"
+
 def size_label(n: int) -> str:
     """1000000 -> "1M"; sizes below a million in full."""
     return f"{n / 1e6:,.0f}M" if n >= 1e6 and n % 1_000_000 == 0 else f"{n:,}"
@@ -150,7 +156,7 @@ def render(scale: dict, embed: dict, ray: dict | None = None, nodes: dict | None
         names = ", ".join(f"{r['candidates'] / 1e6:,.0f}M" for r in spilled)
         out += [f"Where the job spills ({names}), it takes "
                 f"{min(ratios):.2f}–{max(ratios):.2f}x its spilling floor's wall time and peaks at "
-                f"{min(use):.0%}–{max(use):.0%} of the limit. Where its time went (`mrt select --profile`; the "
+                f"{span(use)} of the limit. Where its time went (`mrt select --profile`; the "
                 "bucket steps are summed over the buckets, which run on both cores at once, so they can exceed "
                 "the step's wall time):", "", *breakdown(scale), ""]
         last = spilled[-1]
