@@ -79,6 +79,12 @@ class DirectWriter:
         self.closed = False
 
     def write(self, data) -> int:
+        n = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        if n < len(self.buf) - self.fill:  # most writes: a header, padding or a narrow buffer
+            self.buf[self.fill:self.fill + n] = memoryview(data).cast("B")
+            self.fill += n
+            self.size += n
+            return n
         mv = np.frombuffer(data, dtype=np.uint8)
         n, pos, cap = len(mv), 0, len(self.buf)
         while pos < n:
