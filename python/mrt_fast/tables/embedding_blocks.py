@@ -54,7 +54,7 @@ def embedding_blocks(df: pl.DataFrame, name: str) -> EmbeddingBlocks:
     if views is not None:
         return EmbeddingBlocks(*views)
     x = embeddings(df, name)
-    return EmbeddingBlocks([x], x.shape[1] if x.ndim == 2 else 0)
+    return EmbeddingBlocks([x], x.shape[1])
 
 
 def _views(s: pl.Series) -> tuple[list[np.ndarray], int] | None:
@@ -98,8 +98,4 @@ def _views(s: pl.Series) -> tuple[list[np.ndarray], int] | None:
         size = np.dtype(dtype).itemsize
         blocks.append(np.frombuffer(vals.buffers()[1], dtype=dtype, count=m * d,
                                     offset=vals.offset * size).reshape(m, d))
-    if not blocks:
-        return None
-    if len({b.dtype for b in blocks}) != 1:
-        return None
-    return blocks, d
+    return (blocks, d) if blocks else None
