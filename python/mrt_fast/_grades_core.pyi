@@ -136,6 +136,11 @@ def stratified_k(
 def largest_remainder(counts: list[int], k: int) -> list[int]: ...
 def keys_from_strings(offsets: npt.NDArray[np.int64], data: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]: ...
 def keys_from_ints(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]: ...
+def group_ints(
+    ids: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64], bool]:
+    """Rows grouped by integer id, pools in order of first appearance: (first row of each pool,
+    offsets, rows, whether rows is 0..n)."""
 def picks_made() -> int:
     """Facility-location picks made by this process so far (it only grows)."""
 def widen_f16(bits: npt.NDArray[np.uint16], out: npt.NDArray[np.float32]) -> None:

@@ -53,6 +53,8 @@ def test_blocks_are_views_that_read_as_the_cast_matrix(n, d, cuts, dt, kind, see
     idx = rng.integers(0, n, size=3 * n)
     want = embeddings(df, "e")
     assert np.array_equal(b.rows(idx).view(np.uint32), want[idx].view(np.uint32))
+    j = int(rng.integers(0, d))
+    assert np.array_equal(b.column(idx, j).view(np.uint32), want[idx, j].view(np.uint32))
 
 
 def test_other_columns_become_one_float32_matrix_or_are_refused():

@@ -13,6 +13,7 @@
 //! * [`facility`]: the (quality-weighted) facility-location objective, naive and
 //!   lazy greedy, and a certified upper bound on the optimum.
 //! * [`keys`]: stable 64-bit keys of prompt ids (by value).
+//! * [`grouping`]: rows grouped by integer prompt id, in order of first appearance.
 //! * [`pooling`]: static (model2vec-style) sentence embeddings from token ids.
 //! * [`progress`]: a count of picks made, for progress displays.
 //! * [`sampling`]: random-K, top-K and mode-stratified selection.
@@ -24,6 +25,7 @@ pub mod embeddings;
 pub mod error;
 pub mod facility;
 pub mod gram;
+pub mod grouping;
 pub mod kernel;
 pub mod keys;
 pub mod kmeans;

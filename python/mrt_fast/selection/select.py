@@ -276,7 +276,7 @@ def _by_content(res: dict, g, x: EmbeddingBlocks, rew, text_key, params, kernel,
     pool_of_pick = np.repeat(np.arange(g.n_pools), np.diff(res_off))
     picked = g.rows[off[pool_of_pick] + res["indices"].astype(np.int64)].astype(np.int64)
     quick = pool_of_pick.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    quick ^= (x.rows(picked)[:, 0] + np.float32(0.0)).view(np.uint32).astype(np.uint64)
+    quick ^= (x.column(picked) + np.float32(0.0)).view(np.uint32).astype(np.uint64)
     if rew is not None:
         quick ^= (rew[picked] + 0.0).view(np.uint64) * np.uint64(0x94D049BB133111EB)
     if text_key is not None:

@@ -216,6 +216,26 @@ def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups
             offsets[-1] = df.height
             rows = np.arange(df.height, dtype=np.uint64)
             return Groups(keys=run_keys, offsets=offsets, rows=rows, identity=True)
+    if candidate_key is None:
+        ints = _int64_ids(df[by])
+        if ints is not None:
+            firsts, offsets, rows, identity = core.group_ints(ints)
+            return Groups(keys=df[by].gather(firsts), offsets=offsets, rows=rows, identity=identity)
+    return group_by_polars(df, by, candidate_key)
+
+
+def _int64_ids(s: pl.Series) -> np.ndarray | None:
+    """Integer prompt ids as a contiguous int64 array, equal ids equal values; None for any other
+    ids (unsigned ids past the int64 range included)."""
+    if not s.dtype.is_integer() or s.dtype in _WIDE_INTS:
+        return None
+    if s.dtype == pl.UInt64 and (s.max() or 0) >= 2**63:  # type: ignore[operator]
+        return None
+    return np.ascontiguousarray(s.cast(pl.Int64).to_numpy())
+
+
+def group_by_polars(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups:
+    """`group` by polars' order-keeping group-by (any id type; rows by ``candidate_key`` within a pool)."""
     # only the key columns: adding the row index to the whole frame would copy
     # every column of a frame read in several chunks (the embeddings included)
     keys = df.select([by] if candidate_key is None else [by, candidate_key])

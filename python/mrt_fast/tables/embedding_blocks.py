@@ -45,6 +45,21 @@ class EmbeddingBlocks:
         return out
 
 
+    def column(self, idx: np.ndarray, j: int = 0) -> np.ndarray:
+        """Coordinate ``j`` of rows ``idx`` as float32 (no whole rows gathered)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        if len(self.blocks) == 1:
+            return self.blocks[0][idx, j].astype(np.float32)
+        out = np.empty(len(idx), dtype=np.float32)
+        order = np.argsort(idx)
+        cuts = np.searchsorted(idx[order], self.starts)  # each block's run of the sorted rows
+        for b, block in enumerate(self.blocks):
+            at = order[cuts[b]:cuts[b + 1]]
+            if len(at):
+                out[at] = block[idx[at] - self.starts[b], j]
+        return out
+
+
 def embedding_blocks(df: pl.DataFrame, name: str) -> EmbeddingBlocks:
     """Column ``name`` of ``df`` as `EmbeddingBlocks`: views of its chunks when it holds
     float16 or float32 vectors of one length with no nulls, else one float32 matrix

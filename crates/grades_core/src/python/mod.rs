@@ -13,6 +13,7 @@
 //! * `gram`: the similarity matrix of one pool.
 //! * `sampling`: random-K, top-K and mode-stratified K.
 //! * `keys`: 64-bit keys of prompt ids.
+//! * `grouping`: rows grouped by integer prompt id.
 //! * `pooling`: a static model's sentence embeddings from token ids.
 //! * `progress`: the count of picks made.
 //! * `kmeans`: modes of every pool by k-means.
@@ -31,6 +32,7 @@ mod convert;
 mod embeddings;
 mod facility;
 mod gram;
+mod grouping;
 mod keys;
 mod kmeans;
 mod pooling;
@@ -96,6 +98,7 @@ fn _grades_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     facility::register(m)?;
     progress::register(m)?;
     gram::register(m)?;
+    grouping::register(m)?;
     sampling::register(m)?;
     keys::register(m)?;
     kmeans::register(m)?;
