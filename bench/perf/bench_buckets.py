@@ -16,9 +16,7 @@ limit, and the ratio of its time to the planned count's, in ``bench/results/buck
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,38 +26,28 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import (available, compile_package, folder_bytes, machine,  # noqa: E402
-                         measure, package_env, parse_size, warm, write_result)
-from bench_scale import make_dataset, profile  # noqa: E402
+from bench_batch import compile_package, folder_bytes, package_env, parse_size, warm  # noqa: E402
+from bench_scale import make_dataset  # noqa: E402
+from one_dataset import dataset_arguments, finish, median_of, select_once, work_area  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="10e6", help="candidates")
-    ap.add_argument("--files", type=int, default=8)
-    ap.add_argument("--dim", type=int, default=32)
-    ap.add_argument("--dtype", choices=["float16", "float32"], default="float16")
+    dataset_arguments(ap, name="buckets", out=ROOT / "bench" / "results" / "buckets_bench.json", repeats=3)
     ap.add_argument("--limit", default="2GB")
     ap.add_argument("--parts-list", default="plan,3,6,20,40", help="bucket counts; 'plan' is the job's own")
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--workdir", default=None, help="where the dataset goes (default bench/.buckets_data, removed)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "buckets_bench.json"))
     a = ap.parse_args(argv)
     compile_package()
     sys.path.insert(0, str(ROOT / "python"))
-    from mrt_fast.datasets import Manifest
     from mrt_fast.datasets.local import parse_memory
 
     env = package_env()
-    work = Path(a.workdir) if a.workdir else ROOT / "bench" / ".buckets_data"
-    work.mkdir(parents=True, exist_ok=True)
     size, limit = parse_size(a.size), parse_memory(a.limit)
-    d = work / f"in_{size}_{a.files}_{a.dim}_{a.dtype}"
     counts = [x.strip() for x in a.parts_list.split(",") if x.strip()]
     cpus = os.cpu_count() or 1
     workers = max(1, min(cpus + (cpus > 1), 4))  # the local executor's own count (plan_buckets)
-    try:
+    with work_area(a.workdir, ROOT / "bench" / ".buckets_data") as work:
+        d = work / f"in_{size}_{a.files}_{a.dim}_{a.dtype}"
         if not d.exists():
             make_dataset(d, size, a.files, a.dim, a.dtype)
         warm(d)
@@ -67,26 +55,17 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list] = {c: [] for c in counts}
         for _ in range(a.repeats):
             for c in counts:
-                out = work / "out"
-                shutil.rmtree(out, ignore_errors=True)
-                cmd = [sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(a.k),
-                       "--memory-limit", str(limit), "--profile"]
-                if c != "plan":
-                    cmd += ["--parts", c, "--workers", str(workers)]
-                r = measure(cmd, env, [out])
-                man = json.loads(Manifest.read(out).to_json())
-                r.update(parts=man["n_parts"], profile=profile(r["output_tail"]))
+                r = select_once(d, work / "out", env, a.k, limit,
+                                ["--parts", c, "--workers", str(workers)] if c != "plan" else [])
                 runs[c].append(r)
-                shutil.rmtree(out, ignore_errors=True)
                 print(f"   {c} -> {r['parts']} bucket(s): {r['seconds']:.1f} s ({r['cpu_seconds']:.1f} s CPU), "
                       f"peak RSS {r['peak_rss_bytes'] / limit:.2f} of the limit", flush=True)
-        med = lambda rs, k: float(np.median([x[k] for x in rs]))  # noqa: E731
-        planned = med(runs["plan"], "seconds") if "plan" in runs else None
+        planned = median_of(runs["plan"], "seconds") if "plan" in runs else None
         rows = []
         for c in counts:
             rs = runs[c]
-            s = {"asked": c, "parts": rs[0]["parts"], "seconds": med(rs, "seconds"),
-                 "cpu_seconds": med(rs, "cpu_seconds"), "runs_seconds": [x["seconds"] for x in rs],
+            s = {"asked": c, "parts": rs[0]["parts"], "seconds": median_of(rs, "seconds"),
+                 "cpu_seconds": median_of(rs, "cpu_seconds"), "runs_seconds": [x["seconds"] for x in rs],
                  "peak_rss_bytes": max(x["peak_rss_bytes"] for x in rs), "profile": rs[-1]["profile"]}
             s["peak_rss_over_limit"] = s["peak_rss_bytes"] / limit
             # each round's pair against the planned count's run of the same round, then their median
@@ -98,12 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                        "in one run",
                "candidates": size, "files": a.files, "dim": a.dim, "dtype": a.dtype, "k": a.k,
                "limit_bytes": limit, "input_bytes": folder_bytes(d), "repeats": a.repeats, "forced_workers": workers,
-               "machine": machine(mem_available_bytes=available(), load_avg_at_end=os.getloadavg()),
                "results": rows, "date": time.strftime("%Y-%m-%d")}
-        write_result(a.out, doc)
-    finally:
-        if not a.workdir:
-            shutil.rmtree(work, ignore_errors=True)
+        finish(a.out, doc)
     return 0
 
 

@@ -35,7 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import available, compile_package, machine, measure, write_result  # noqa: E402
+from bench_batch import compile_package, measure  # noqa: E402
+from one_dataset import finish, work_area  # noqa: E402
 
 #: apricot on the same objective: clipped cosine similarity, float64 (apricot's own dtype), lazy greedy
 APRICOT = """
@@ -111,11 +112,9 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "MRT_PROGRESS_INTERVAL": "5", "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
-    work = Path(a.workdir) if a.workdir else ROOT / "bench" / ".huge_pool_data"
-    work.mkdir(parents=True, exist_ok=True)
     limit, dense_limit = parse_memory(a.limit), parse_memory(a.dense_limit)
     rows = []
-    try:
+    with work_area(a.workdir, ROOT / "bench" / ".huge_pool_data") as work:
         for n in (int(float(s)) for s in a.sizes.split(",")):
             src = work / f"pool_{n}.parquet"
             make_pool(src, n, a.dim, a.per_cluster, a.seed)
@@ -163,12 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             src.unlink()
         doc = {"what": "one pool through mrt select --method diverse: on demand under a small limit, the dense "
                        "path and apricot (lazy greedy on the same float64 clipped-cosine matrix), in one run",
-               "repeats": a.repeats, "big_repeats": a.big_repeats, "results": rows, "date": time.strftime("%Y-%m-%d"),
-               "machine": machine(mem_available_bytes=available(), load_avg_at_end=os.getloadavg())}
-        write_result(a.out, doc)
-    finally:
-        if not a.workdir:
-            shutil.rmtree(work, ignore_errors=True)
+               "repeats": a.repeats, "big_repeats": a.big_repeats, "results": rows, "date": time.strftime("%Y-%m-%d")}
+        finish(a.out, doc)
     return 0
 
 

@@ -20,8 +20,6 @@ of ``docs/results/limits.md``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import shutil
 import subprocess
@@ -29,14 +27,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import (available, compile_package, folder_bytes, machine,  # noqa: E402
-                         measure, package_env, parse_size, warm, write_result)
-from bench_scale import FLOOR, make_dataset, profile  # noqa: E402
+from bench_batch import compile_package, folder_bytes, measure, package_env, parse_size, warm  # noqa: E402
+from bench_scale import FLOOR, make_dataset  # noqa: E402
+from one_dataset import dataset_arguments, finish, median_of, select_once, work_area  # noqa: E402
 
 
 def least_limit(d: Path, env: dict) -> int:
@@ -53,30 +50,20 @@ def least_limit(d: Path, env: dict) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="10e6", help="candidates")
-    ap.add_argument("--files", type=int, default=8)
-    ap.add_argument("--dim", type=int, default=32)
-    ap.add_argument("--dtype", choices=["float16", "float32"], default="float16")
+    dataset_arguments(ap, name="limits", out=ROOT / "bench" / "results" / "limits_bench.json", repeats=2)
     ap.add_argument("--pool-sizes", default="8-128", help="smallest-largest pool, e.g. 1000-10000")
     ap.add_argument("--ids", choices=["int", "string"], default="int", help="prompt ids: int64 or strings")
     ap.add_argument("--limits", default="1GB,2GB,4GB,8GB", help="limits beside the minimum and 1.5x it")
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--workdir", default=None, help="where the dataset goes (default bench/.limits_data, removed)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "limits_bench.json"))
     a = ap.parse_args(argv)
     compile_package()
     sys.path.insert(0, str(ROOT / "python"))
-    from mrt_fast.datasets import Manifest
     from mrt_fast.datasets.local import parse_memory
 
     env = package_env()
-    work = Path(a.workdir) if a.workdir else ROOT / "bench" / ".limits_data"
-    work.mkdir(parents=True, exist_ok=True)
     size = parse_size(a.size)
     lo, hi = (int(x) for x in a.pool_sizes.split("-"))
-    d = work / f"in_{size}_{a.files}_{a.dim}_{a.dtype}_{lo}-{hi}_{a.ids}"
-    try:
+    with work_area(a.workdir, ROOT / "bench" / ".limits_data") as work:
+        d = work / f"in_{size}_{a.files}_{a.dim}_{a.dtype}_{lo}-{hi}_{a.ids}"
         if not d.exists():
             make_dataset(d, size, a.files, a.dim, a.dtype, pool_sizes=(lo, hi), ids=a.ids)
         warm(d)
@@ -87,14 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         floors = []
         for _ in range(a.repeats):
             for lim in limits:
-                out = work / "out"
-                shutil.rmtree(out, ignore_errors=True)
-                r = measure([sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(a.k),
-                             "--memory-limit", str(lim), "--profile"], env, [out])
-                man = json.loads(Manifest.read(out).to_json())
-                r.update(parts=man["n_parts"], kept=sum(man["parts"].values()), profile=profile(r["output_tail"]))
+                r = select_once(d, work / "out", env, a.k, lim)
                 runs[lim].append(r)
-                shutil.rmtree(out, ignore_errors=True)
                 print(f"   limit {lim / 2**20:,.0f} MiB: {r['seconds']:.1f} s ({r['cpu_seconds']:.1f} s CPU), peak RSS "
                       f"{r['peak_rss_bytes'] / lim:.2f} of the limit, {r['parts']} bucket(s)", flush=True)
             kept = runs[limits[0]][-1]["kept"]
@@ -105,14 +86,13 @@ def main(argv: list[str] | None = None) -> int:
             fo.unlink(missing_ok=True)
             floors.append(f)
             print(f"   floor: {f['seconds']:.1f} s ({f['cpu_seconds']:.1f} s CPU)", flush=True)
-        med = lambda rs, k: float(np.median([x[k] for x in rs]))  # noqa: E731
-        floor = {"seconds": med(floors, "seconds"), "cpu_seconds": med(floors, "cpu_seconds"),
+        floor = {"seconds": median_of(floors, "seconds"), "cpu_seconds": median_of(floors, "cpu_seconds"),
                  "runs_seconds": [x["seconds"] for x in floors],
                  "peak_rss_bytes": max(x["peak_rss_bytes"] for x in floors)}
         rows = []
         for lim in limits:
             rs = runs[lim]
-            s = {"limit_bytes": lim, "seconds": med(rs, "seconds"), "cpu_seconds": med(rs, "cpu_seconds"),
+            s = {"limit_bytes": lim, "seconds": median_of(rs, "seconds"), "cpu_seconds": median_of(rs, "cpu_seconds"),
                  "runs_seconds": [x["seconds"] for x in rs], "peak_rss_bytes": max(x["peak_rss_bytes"] for x in rs),
                  "peak_disk_bytes": max(x["peak_disk_bytes"] for x in rs), "parts": rs[0]["parts"],
                  "profile": rs[-1]["profile"]}
@@ -124,12 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                "candidates": size, "files": a.files, "dim": a.dim, "dtype": a.dtype, "k": a.k,
                "pool_sizes": [lo, hi], "ids": a.ids,
                "input_bytes": folder_bytes(d), "least_limit_bytes": least, "repeats": a.repeats,
-               "machine": machine(mem_available_bytes=available(), load_avg_at_end=os.getloadavg()),
                "floor": floor, "results": rows, "date": time.strftime("%Y-%m-%d")}
-        write_result(a.out, doc)
-    finally:
-        if not a.workdir:
-            shutil.rmtree(work, ignore_errors=True)
+        finish(a.out, doc)
     return 0
 
 
