@@ -44,7 +44,6 @@ class EmbeddingBlocks:
                 out[at] = block[idx[at] - self.starts[b]]
         return out
 
-
     def column(self, idx: np.ndarray, j: int = 0) -> np.ndarray:
         """Coordinate ``j`` of rows ``idx`` as float32 (no whole rows gathered)."""
         idx = np.asarray(idx, dtype=np.int64)
