@@ -32,30 +32,25 @@ class EmbeddingBlocks:
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` as a C-contiguous (len(idx), d) float32 matrix."""
+        return self._gather(idx, (len(idx), self.dim), lambda block, local: block[local])
+
+    def column(self, idx: np.ndarray, j: int = 0) -> np.ndarray:
+        """Coordinate ``j`` of rows ``idx`` as float32 (no whole rows gathered)."""
+        return self._gather(idx, (len(idx),), lambda block, local: block[local, j])
+
+    def _gather(self, idx, shape: tuple, read) -> np.ndarray:
+        """``read(block, rows of that block)`` for every block that rows ``idx`` fall in, placed in a
+        float32 array of ``shape`` in the order of ``idx``."""
         idx = np.asarray(idx, dtype=np.int64)
         if len(self.blocks) == 1:
-            return np.ascontiguousarray(self.blocks[0][idx], dtype=np.float32)
-        out = np.empty((len(idx), self.dim), dtype=np.float32)
+            return np.ascontiguousarray(read(self.blocks[0], idx), dtype=np.float32)
+        out = np.empty(shape, dtype=np.float32)
         order = np.argsort(idx, kind="stable")
         cuts = np.searchsorted(idx[order], self.starts)  # each block's run of the sorted rows
         for b, block in enumerate(self.blocks):
             at = order[cuts[b]:cuts[b + 1]]
             if len(at):
-                out[at] = block[idx[at] - self.starts[b]]
-        return out
-
-    def column(self, idx: np.ndarray, j: int = 0) -> np.ndarray:
-        """Coordinate ``j`` of rows ``idx`` as float32 (no whole rows gathered)."""
-        idx = np.asarray(idx, dtype=np.int64)
-        if len(self.blocks) == 1:
-            return self.blocks[0][idx, j].astype(np.float32)
-        out = np.empty(len(idx), dtype=np.float32)
-        order = np.argsort(idx)
-        cuts = np.searchsorted(idx[order], self.starts)  # each block's run of the sorted rows
-        for b, block in enumerate(self.blocks):
-            at = order[cuts[b]:cuts[b + 1]]
-            if len(at):
-                out[at] = block[idx[at] - self.starts[b], j]
+                out[at] = read(block, idx[at] - self.starts[b])
         return out
 
 
