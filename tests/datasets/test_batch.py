@@ -1029,33 +1029,45 @@ def test_the_spill_decodes_row_groups_that_fit_with_polars(tmp_path, monkeypatch
         assert batch.read_bucket(tmp_path / "polars", i, schema).equals(batch.read_bucket(tmp_path / "arrow", i, schema))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(work=st.integers(1 << 20, 8 << 30), row_bytes=st.floats(8, 20_000), n_buckets=st.integers(2, 2000),
-       threads=st.integers(1, 8), group_rows=st.sampled_from([0, 1000, 65_536, 124_000, 1_000_000]))
-def test_spill_plan_with_its_decoded_chunks_stays_within_the_work(work, row_bytes, n_buckets, threads, group_rows):
-    """Each spill thread's batch, staging blocks and decoded chunk of row groups together fit its
-    share of the work; the staging blocks take at most a quarter of what the thread has beyond its
-    fixed cost and smallest batch (or are the smallest block); and where one thread's share decodes
-    the largest row group whole, the plan's threads do too."""
-    from mrt_fast._util.memory import (CHUNK_COPIES, MIN_BATCH_ROWS, MIN_STAGING, Budget, plan_spill,
-                                       spill_thread_bytes)
+       threads=st.integers(1, 8), group_rows=st.sampled_from([0, 1000, 65_536, 124_000, 1_000_000]),
+       lent=st.sampled_from([0.0, 0.5, 1.0, 3.0]))
+def test_spill_plan_with_its_decoded_chunks_stays_within_the_work(work, row_bytes, n_buckets, threads, group_rows,
+                                                                   lent):
+    """Each spill thread's batch, decoded chunk of row groups and the part of its staging blocks
+    not lent together fit its share of the work; the staging blocks take at most a quarter of what
+    the thread has beyond its fixed cost and smallest batch plus its share of half the lent memory
+    (or are the smallest block), and are the largest such; and where one thread with a batch of
+    16,384 rows (or its planned batch, if smaller) decodes the largest row group whole, the plan's
+    threads do too."""
+    from mrt_fast._util.memory import (CHUNK_COPIES, MIN_BATCH_ROWS, MIN_STAGING, MIN_WHOLE_BATCH_ROWS,
+                                       SPILL_COPIES, Budget, plan_spill, spill_thread_bytes)
 
     b = Budget(0, 0).with_work(work)
-    sp = plan_spill(b, row_bytes, n_buckets, threads, 10**9, group_rows)
+    lent_bytes = int(lent * work)
+    sp = plan_spill(b, row_bytes, n_buckets, threads, 10**9, group_rows, lent=lent_bytes)
     if sp is None:
-        assert plan_spill(b, row_bytes, n_buckets, 1, 10**9) is None
+        assert plan_spill(b, row_bytes, n_buckets, 1, 10**9, lent=lent_bytes) is None
         return
     assert 1 <= sp.threads <= threads
+    n_files = n_buckets + 1
     per = b.work / sp.threads
-    used = spill_thread_bytes(sp.batch_rows, row_bytes, n_buckets + 1, sp.staging)
+    borrowed = lent_bytes / (2 * sp.threads)
+    own_staging = max(0.0, n_files * sp.staging - borrowed)
+    used = spill_thread_bytes(sp.batch_rows, row_bytes, n_files, 0) + own_staging
     assert sp.chunk_rows >= 0 and sp.batch_rows >= 1
     assert used + CHUNK_COPIES * sp.chunk_rows * max(1.0, row_bytes) <= per + 1
-    spare = per - spill_thread_bytes(MIN_BATCH_ROWS, row_bytes, n_buckets + 1, 0)
-    assert sp.staging == MIN_STAGING or 4 * (n_buckets + 1) * sp.staging <= spare
-    assert 4 * (n_buckets + 1) * 2 * sp.staging > spare or sp.staging == 1 << 20  # the largest that fits
-    alone = plan_spill(b, row_bytes, n_buckets, 1, 10**9)
-    if group_rows and alone.chunk_rows >= group_rows:
-        assert sp.chunk_rows >= group_rows
+    spare = per - spill_thread_bytes(MIN_BATCH_ROWS, row_bytes, n_files, 0)
+    assert sp.staging == MIN_STAGING or n_files * sp.staging <= spare / 4 + borrowed
+    assert n_files * 2 * sp.staging > spare / 4 + borrowed or sp.staging == 1 << 20  # the largest that fits
+    alone = plan_spill(b, row_bytes, n_buckets, 1, 10**9, lent=lent_bytes)
+    if group_rows:
+        fixed1 = spill_thread_bytes(0, row_bytes, n_files, 0) + max(0.0, n_files * alone.staging - lent_bytes / 2)
+        small = min(alone.batch_rows, MIN_WHOLE_BATCH_ROWS)
+        rb = max(1.0, row_bytes)
+        if fixed1 + SPILL_COPIES * small * rb + CHUNK_COPIES * group_rows * rb <= b.work:
+            assert sp.chunk_rows >= group_rows
 
 
 def test_polars_decodes_the_spill_only_where_it_is_the_faster(tmp_path, monkeypatch):

@@ -50,6 +50,8 @@ SELECT_WORKER = 24 * MiB
 WHOLE_READ_COPIES = 5
 #: smallest batch of the spill pass
 MIN_BATCH_ROWS = 1024
+#: smallest batch of a spill thread that decodes whole row groups (smaller batches, if that lets it)
+MIN_WHOLE_BATCH_ROWS = 16_384
 #: staging block of an open bucket file: preferred, and the least a tight budget gets
 STAGING = 1 << 20
 MIN_STAGING = 16 << 10
@@ -251,33 +253,45 @@ def spill_batch_rows(n_buckets: int) -> int:
 
 
 def plan_spill(budget: Budget, row_bytes: float, n_buckets: int, threads: int,
-               n_rows: int | None, group_rows: int = 0) -> SpillPlan | None:
+               n_rows: int | None, group_rows: int = 0, lent: int = 0) -> SpillPlan | None:
     """The spill pass within the budget: as many of ``threads`` as fit, batches of
     about 4096 rows per bucket (fewer, larger record batches; at most 200,000
-    rows), a staging block per bucket file of up to 1 MiB (the blocks together
-    take at most a quarter of what a thread has beyond its fixed cost: a small
-    block makes many small writes, which a disk does slowly), and what is left
-    of the thread's share for decoding row groups whole (``chunk_rows``). With
-    ``group_rows`` (the largest row group, where whole row groups decode faster
-    than a batch at a time), the most threads whose share decodes such a group
-    whole, where fewer threads than fit do; otherwise the thread count with the
-    most rows in its batches at once. None when one thread with the smallest
-    batch does not fit."""
+    rows), a staging block per bucket file of up to 1 MiB, and what is left
+    of the thread's share for decoding row groups whole (``chunk_rows``).
+
+    The staging blocks of a thread take at most a quarter of what it has beyond
+    its fixed cost, plus its share of half of ``lent``: memory the pass may
+    borrow because nothing else holds it while the pass runs (the selection's
+    share; a block is its own mapping, gone when its file is closed). A small
+    block makes many small writes, which a disk does slowly.
+
+    With ``group_rows`` (the largest row group, where whole row groups decode
+    faster than a batch at a time), the most threads whose share decodes such a
+    group whole, with batches made smaller for it down to 16,384 rows, where
+    fewer threads than fit do; otherwise the thread count with the most rows
+    in its batches at once. None when one thread with the smallest batch does
+    not fit."""
     n_files = n_buckets + 1
     want = spill_batch_rows(n_buckets) if n_rows else 100_000
+    rb = max(1.0, row_bytes)
     plans = []
     for t in range(max(1, threads), 0, -1):
         per = budget.work / t
+        borrowed = max(0, int(lent)) / (2 * t)
         spare = per - spill_thread_bytes(MIN_BATCH_ROWS, row_bytes, n_files, 0)
         staging = STAGING
-        while staging > MIN_STAGING and 4 * n_files * staging > spare:
+        while staging > MIN_STAGING and n_files * staging > spare / 4 + borrowed:
             staging //= 2
-        fixed = spill_thread_bytes(0, row_bytes, n_files, staging)
-        rows = int((per - fixed) / (SPILL_COPIES * max(1.0, row_bytes)))
+        fixed = spill_thread_bytes(0, row_bytes, n_files, 0) + max(0.0, n_files * staging - borrowed)
+        rows = int((per - fixed) / (SPILL_COPIES * rb))
         if rows >= MIN_BATCH_ROWS:
             batch = min(want, rows)
-            left = per - fixed - SPILL_COPIES * batch * max(1.0, row_bytes)
-            plan = SpillPlan(t, batch, staging, max(0, int(left / (CHUNK_COPIES * max(1.0, row_bytes)))))
+            if group_rows:  # a smaller batch, if that lets the thread decode a whole row group
+                fit = int((per - fixed - CHUNK_COPIES * group_rows * rb) / (SPILL_COPIES * rb))
+                if fit >= min(batch, MIN_WHOLE_BATCH_ROWS):
+                    batch = min(batch, fit)
+            left = per - fixed - SPILL_COPIES * batch * rb
+            plan = SpillPlan(t, batch, staging, max(0, int(left / (CHUNK_COPIES * rb))))
             if plan.chunk_rows >= group_rows:
                 return plan
             plans.append(plan)

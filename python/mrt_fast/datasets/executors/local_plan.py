@@ -112,7 +112,8 @@ def plan_memory(ds: _sources.Dataset, total_bytes: int, n_rows: int | None, budg
         if reading < 0:
             reading = spill_read_bytes(ds, total_bytes)
             groups = whole_group_rows(ds)
-        sp = plan_spill(half, row_bytes, n, w, n_rows, groups) if reading <= half.work else None
+        sp = plan_spill(half, row_bytes, n, w, n_rows, groups, lent=b.work - half.work) \
+            if reading <= half.work else None
         return None if sp is None else (n, w, sp)
 
     got = attempt(budget)
