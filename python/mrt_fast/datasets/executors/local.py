@@ -224,10 +224,11 @@ def _select_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int |
                 n = df.height
                 if n == 0:  # no row went there: its empty part is committed with the job's end
                     return
-                with prof.piece("bucket select"):
-                    kept, r = select_rows(df, opts, ds, first=not to_dir)
+                with selecting:  # a bucket read ahead waits here for a selecting worker
+                    with prof.piece("bucket select"):
+                        kept, r = select_rows(df, opts, ds, first=not to_dir)
+                    del df
                 counts.add(select_counts(r))
-                del df
                 with prof.piece("bucket write"):
                     if to_dir:
                         job.commit(i, kept)
@@ -237,10 +238,11 @@ def _select_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int |
                 drop_bucket(spill_dir, i)
                 bar.advance(n)
 
-            w = bucket_workers(spill_dir, todo, limit, w)
+            w, readers = bucket_workers(spill_dir, todo, limit, w)
+            selecting = threading.Semaphore(w)
             rep.workers = w
             with prof.step("select by bucket"), picks_shown(bar):
-                run_all(one, todo, w)
+                run_all(one, todo, readers)
             rep.parts_done_now = len(todo)
             if not to_dir:
                 with prof.step("write"):

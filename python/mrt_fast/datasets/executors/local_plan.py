@@ -26,6 +26,9 @@ from mrt_fast.datasets.spill import bucket_files
 WORK_FACTOR = 3.0
 #: buckets are planned this much smaller than the budget (hash buckets differ in size)
 SLACK = 1.3
+#: memory of a bucket read and waiting for its selection, as a multiple of its size on disk
+#: (the file bytes and the frame made of them)
+READ_FACTOR = 2.0
 
 
 def core_threads() -> int:
@@ -123,12 +126,15 @@ def plan_memory(ds: _sources.Dataset, total_bytes: int, n_rows: int | None, budg
     return got
 
 
-def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -> int:
+def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -> tuple[int, int]:
     """How many of the spilled buckets ``todo`` to select at once within ``limit``,
     counting what the process holds now (the spill pass leaves some of its
     memory resident): ``workers``, fewer when the largest bucket's work times
     ``workers`` does not fit; a bucket that alone does not fit (pools are
-    never split) is refused."""
+    never split) is refused. Also how many to have read at once: one more
+    than that where the memory left holds one more bucket read
+    (``READ_FACTOR`` times the largest), so that the next bucket is read
+    from disk while another is selected."""
     budget = Budget.now(limit)
     sizes = [sum(f.stat().st_size for f in bucket_files(spill_dir, i)) for i in todo]
     largest = max(sizes, default=0)
@@ -137,7 +143,9 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
         i = todo[sizes.index(largest)]
         raise budget.refusal(budget.base + HEADROOM + int(need),
                              f"bucket {i} of the spill ({size_text(largest)} of pools, which are never split)")
-    return max(1, min(workers, int(budget.work // need)))
+    w = max(1, min(workers, int(budget.work // need)))
+    ahead = len(todo) > w and w * need + READ_FACTOR * largest <= budget.work
+    return w, w + 1 if ahead else w
 
 
 def whole_group_rows(ds: _sources.Dataset) -> int:
