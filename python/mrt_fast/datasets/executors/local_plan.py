@@ -132,7 +132,8 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
     memory resident): ``workers``, fewer when the largest bucket's work times
     ``workers`` does not fit; a bucket that alone does not fit (pools are
     never split) is refused. Also how many to have read at once: one more
-    than that where the memory left holds one more bucket read
+    than that where memory allowed fewer workers than :func:`plan_buckets`
+    plans (the cores and one more) and holds one more bucket read
     (``READ_FACTOR`` times the largest), so that the next bucket is read
     from disk while another is selected."""
     budget = Budget.now(limit)
@@ -144,7 +145,9 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
         raise budget.refusal(budget.base + HEADROOM + int(need),
                              f"bucket {i} of the spill ({size_text(largest)} of pools, which are never split)")
     w = max(1, min(workers, int(budget.work // need)))
-    ahead = len(todo) > w and w * need + READ_FACTOR * largest <= budget.work
+    cpus = os.cpu_count() or 1
+    # fewer workers than the cores and one more (memory cut them): one bucket read ahead keeps the cores busy
+    ahead = w < cpus + (cpus > 1) and len(todo) > w and w * need + READ_FACTOR * largest <= budget.work
     return w, w + 1 if ahead else w
 
 
