@@ -1,0 +1,73 @@
+"""How many spilled buckets are selected and read at once (`local_plan.bucket_workers`): the selecting
+workers and one bucket read ahead fit the work left; a bucket is read ahead wherever memory cut the
+workers below the cores and one more and still holds it; a bucket that alone does not fit is refused."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mrt_fast._util.memory import Budget
+from mrt_fast.datasets.executors import local_plan as lp
+from mrt_fast.errors import MrtInputError
+
+MiB = 1 << 20
+
+
+def spilled(tmp, sizes: list[int]) -> list[int]:
+    """A spill folder whose bucket ``i`` is one file of ``sizes[i]`` bytes (sparse); returns the buckets."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    for f in tmp.glob("bucket-*"):
+        f.unlink()
+    for i, n in enumerate(sizes):
+        with open(tmp / f"bucket-{i:05d}.0.arrow", "wb") as f:
+            f.truncate(n)
+    return list(range(len(sizes)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(0, 64 * MiB), min_size=1, max_size=6), work=st.integers(1 * MiB, 1 << 30),
+       workers=st.integers(1, 6))
+def test_workers_and_the_bucket_read_ahead_fit_the_work(tmp_path_factory, sizes, work, workers):
+    base = 100 * MiB
+    b = Budget(0, base).with_work(work)
+    d = tmp_path_factory.mktemp("spill")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lp.Budget, "now", classmethod(lambda cls, limit: Budget(limit, base)))
+        check(d, sizes, b, workers)
+
+
+def check(d, sizes: list[int], b: Budget, workers: int) -> None:
+    todo = spilled(d, sizes)
+    largest = max(sizes)
+    need = lp.WORK_FACTOR * largest + lp.SELECT_WORKER
+    if need > b.work:
+        with pytest.raises(MrtInputError, match="never split"):
+            lp.bucket_workers(d, todo, b.limit, workers)
+        return
+    w, readers = lp.bucket_workers(d, todo, b.limit, workers)
+    assert 1 <= w <= workers
+    assert w * need <= b.work
+    assert w == workers or (w + 1) * need > b.work  # the most that fit
+    assert readers in (w, w + 1)
+    held = w * need + (readers - w) * lp.READ_FACTOR * largest
+    assert held <= b.work
+    cpus = os.cpu_count() or 1
+    could = w < cpus + (cpus > 1) and len(todo) > w and w * need + lp.READ_FACTOR * largest <= b.work
+    assert (readers == w + 1) == could
+
+
+def test_a_tight_limit_selects_one_bucket_and_reads_the_next(tmp_path, monkeypatch):
+    base = 100 * MiB
+    monkeypatch.setattr(lp.Budget, "now", classmethod(lambda cls, limit: Budget(limit, base)))
+    todo = spilled(tmp_path, [8 * MiB] * 10)
+    need = lp.WORK_FACTOR * 8 * MiB + lp.SELECT_WORKER
+    room = Budget(0, base).with_work(int(need + lp.READ_FACTOR * 8 * MiB))
+    assert lp.bucket_workers(tmp_path, todo, room.limit, 3) == (1, 2)
+    less = Budget(0, base).with_work(int(need + lp.READ_FACTOR * 8 * MiB) - 1)
+    assert lp.bucket_workers(tmp_path, todo, less.limit, 3) == (1, 1)
+    # a single bucket left: nothing to read ahead
+    assert lp.bucket_workers(tmp_path, todo[:1], room.limit, 3) == (1, 1)
