@@ -127,8 +127,11 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
                 with lock:
                     on_rows(n)
 
-        # a core left over decodes each thread's next batch while the thread cuts and writes this one
+        # a core left over decodes each thread's next batch while the thread cuts and writes this one;
+        # where polars decodes whole row groups, the next chunk of them while the thread cuts this one's batches
         ahead = 1 if len(runs) < (os.cpu_count() or 1) else 0
+        if ahead and chunk_rows:
+            ahead = max(1, -(-chunk_rows // max(1, batch_rows)))
 
         def one(t: int) -> int:
             return spill_run(runs[t], spill_dir, n_buckets, by, t, batch_rows, staging, counted,
