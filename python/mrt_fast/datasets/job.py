@@ -251,6 +251,7 @@ class Job:
         """Write part ``i`` atomically and record it (its rows, size and checksum);
         a part of no rows is recorded with no file. Returns its rows."""
         assert self.to_dir and self.man is not None
+        self._check_stop()
         if self.remote:
             rows, name, check = object_output.put_part(df, self.out, i)
             self._record(i, rows, check, name)
@@ -272,11 +273,18 @@ class Job:
 
     def _record(self, i: int, rows: int, check: dict, file: str | None = None) -> None:
         with self._lock:
+            self._check_stop()
             self.man.record(i, rows, check, file)
             self.man.write(self.out)
             self._committed += 1
             if self._stop is not None and self._committed >= self._stop:
                 raise StoppedForTest(f"stopped after {self._committed} part(s)")
+
+    def _check_stop(self) -> None:
+        """Once a test's stop has come (:func:`stop_after`), a worker still running writes and
+        records nothing more, as after a kill."""
+        if self._stop is not None and self._committed >= self._stop:
+            raise StoppedForTest(f"stopped after {self._committed} part(s)")
 
     def finish(self) -> int:
         """Mark a directory output done; returns the rows written."""

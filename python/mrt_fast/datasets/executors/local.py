@@ -228,13 +228,13 @@ def _select_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int |
                     with prof.piece("bucket select"):
                         kept, r = select_rows(df, opts, ds, first=not to_dir)
                     del df
-                counts.add(select_counts(r))
-                with prof.piece("bucket write"):
-                    if to_dir:
-                        job.commit(i, kept)
-                    else:
-                        _formats.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
-                del kept
+                    counts.add(select_counts(r))
+                    with prof.piece("bucket write"):
+                        if to_dir:
+                            job.commit(i, kept)
+                        else:
+                            _formats.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
+                    del kept
                 drop_bucket(spill_dir, i)
                 bar.advance(n)
 
