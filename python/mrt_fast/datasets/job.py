@@ -277,8 +277,7 @@ class Job:
             self.man.record(i, rows, check, file)
             self.man.write(self.out)
             self._committed += 1
-            if self._stop is not None and self._committed >= self._stop:
-                raise StoppedForTest(f"stopped after {self._committed} part(s)")
+            self._check_stop()
 
     def _check_stop(self) -> None:
         """Once a test's stop has come (:func:`stop_after`), a worker still running writes and
