@@ -1,6 +1,7 @@
 """How many spilled buckets are selected and read at once (`local_plan.bucket_workers`): the selecting
-workers and one bucket read ahead fit the work left; a bucket is read ahead wherever memory cut the
-workers below the cores and one more and still holds it; a bucket that alone does not fit is refused."""
+workers and one bucket read ahead, counted as a worker, fit the work left; a bucket is read ahead
+wherever the workers are fewer than the cores and one more and the memory holds another worker; a
+bucket that alone does not fit is refused."""
 
 from __future__ import annotations
 
@@ -53,21 +54,24 @@ def check(d, sizes: list[int], b: Budget, workers: int) -> None:
     assert w * need <= b.work
     assert w == workers or (w + 1) * need > b.work  # the most that fit
     assert readers in (w, w + 1)
-    held = w * need + (readers - w) * lp.READ_FACTOR * largest
-    assert held <= b.work
+    assert readers * need <= b.work
     cpus = os.cpu_count() or 1
-    could = w < cpus + (cpus > 1) and len(todo) > w and w * need + lp.READ_FACTOR * largest <= b.work
+    could = w < cpus + (cpus > 1) and len(todo) > w and (w + 1) * need <= b.work
     assert (readers == w + 1) == could
+    if w < workers:  # memory cut the workers: no room to read ahead
+        assert readers == w
 
 
-def test_a_tight_limit_selects_one_bucket_and_reads_the_next(tmp_path, monkeypatch):
+def test_a_bucket_is_read_ahead_only_with_room_for_another_worker(tmp_path, monkeypatch):
     base = 100 * MiB
     monkeypatch.setattr(lp.Budget, "now", classmethod(lambda cls, limit: Budget(limit, base)))
     todo = spilled(tmp_path, [8 * MiB] * 10)
     need = lp.WORK_FACTOR * 8 * MiB + lp.SELECT_WORKER
-    room = Budget(0, base).with_work(int(need + lp.READ_FACTOR * 8 * MiB))
-    assert lp.bucket_workers(tmp_path, todo, room.limit, 3) == (1, 2)
-    less = Budget(0, base).with_work(int(need + lp.READ_FACTOR * 8 * MiB) - 1)
-    assert lp.bucket_workers(tmp_path, todo, less.limit, 3) == (1, 1)
+    two = Budget(0, base).with_work(int(2 * need))
+    # one worker asked for (`--parts`), room for two: the second reads ahead
+    assert lp.bucket_workers(tmp_path, todo, two.limit, 1) == (1, 2)
+    # three asked for, room for one and a half: one selects, none reads ahead
+    tight = Budget(0, base).with_work(int(1.5 * need))
+    assert lp.bucket_workers(tmp_path, todo, tight.limit, 3) == (1, 1)
     # a single bucket left: nothing to read ahead
-    assert lp.bucket_workers(tmp_path, todo[:1], room.limit, 3) == (1, 1)
+    assert lp.bucket_workers(tmp_path, todo[:1], two.limit, 1) == (1, 1)

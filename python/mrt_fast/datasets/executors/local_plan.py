@@ -26,9 +26,6 @@ from mrt_fast.datasets.spill import bucket_files
 WORK_FACTOR = 3.0
 #: buckets are planned this much smaller than the budget (hash buckets differ in size)
 SLACK = 1.3
-#: memory of a bucket read and waiting for its selection, as a multiple of its size on disk
-#: (the file bytes and the frame made of them)
-READ_FACTOR = 2.0
 
 
 def core_threads() -> int:
@@ -132,10 +129,12 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
     memory resident): ``workers``, fewer when the largest bucket's work times
     ``workers`` does not fit; a bucket that alone does not fit (pools are
     never split) is refused. Also how many to have read at once: one more
-    than that where memory allowed fewer workers than :func:`plan_buckets`
-    plans (the cores and one more) and holds one more bucket read
-    (``READ_FACTOR`` times the largest), so that the next bucket is read
-    from disk while another is selected."""
+    than that where the workers are fewer than :func:`plan_buckets` plans
+    (the cores and one more; a caller fixed them) and the memory left holds
+    one more worker's work (a thread holding a bucket read costs what a
+    worker does: its own allocator heaps besides the bucket), so that the
+    next bucket is read from disk while another is selected. Where memory
+    cut the workers there is none to read ahead with."""
     budget = Budget.now(limit)
     sizes = [sum(f.stat().st_size for f in bucket_files(spill_dir, i)) for i in todo]
     largest = max(sizes, default=0)
@@ -146,8 +145,8 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
                              f"bucket {i} of the spill ({size_text(largest)} of pools, which are never split)")
     w = max(1, min(workers, int(budget.work // need)))
     cpus = os.cpu_count() or 1
-    # fewer workers than the cores and one more (memory cut them): one bucket read ahead keeps the cores busy
-    ahead = w < cpus + (cpus > 1) and len(todo) > w and w * need + READ_FACTOR * largest <= budget.work
+    # fewer workers than the cores and one more: one bucket read ahead keeps the cores busy
+    ahead = w < cpus + (cpus > 1) and len(todo) > w and (w + 1) * need <= budget.work
     return w, w + 1 if ahead else w
 
 
