@@ -1,7 +1,8 @@
 """How many spilled buckets are selected and read at once (`local_plan.bucket_workers`): the selecting
 workers and one bucket read ahead, counted as a worker, fit the work left; a bucket is read ahead
 wherever the workers are fewer than the cores and one more and the memory holds another worker; a
-bucket that alone does not fit is refused."""
+bucket that alone does not fit is refused. A lone worker overlaps its steps only with room for the
+next bucket besides its own (`local_plan.overlap_fits`)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,17 @@ def test_a_bucket_is_read_ahead_only_with_room_for_another_worker(tmp_path, monk
     assert lp.bucket_workers(tmp_path, todo, tight.limit, 3) == (1, 1)
     # a single bucket left: nothing to read ahead
     assert lp.bucket_workers(tmp_path, todo[:1], two.limit, 1) == (1, 1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(0, 64 * MiB), min_size=1, max_size=6), work=st.integers(1 * MiB, 1 << 30))
+def test_a_lone_worker_overlaps_only_with_room_for_the_next_bucket(tmp_path_factory, sizes, work):
+    base = 100 * MiB
+    b = Budget(0, base).with_work(work)
+    d = tmp_path_factory.mktemp("spill")
+    todo = spilled(d, sizes)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lp.Budget, "now", classmethod(lambda cls, limit: Budget(limit, base)))
+        fits = lp.overlap_fits(d, todo, b.limit)
+    room = (lp.WORK_FACTOR + lp.OVERLAP_FACTOR) * max(sizes) + lp.SELECT_WORKER <= b.work
+    assert fits == (len(sizes) > 1 and room)

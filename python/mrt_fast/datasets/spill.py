@@ -272,8 +272,18 @@ def bucket_files(spill_dir: Path, i: int) -> list[Path]:
     return sorted(fs, key=lambda f: int(f.name.split(".")[1]))
 
 
+def read_bucket_bytes(spill_dir: Path, i: int, buffer: list | None = None) -> list[memoryview]:
+    """The bytes of bucket ``i``'s files, in order, read straight into ``buffer`` (a one-item list
+    holding the buffer between calls, :func:`mrt_fast.datasets.direct_io.read_files`); what
+    :func:`read_bucket` decodes (its ``raw``)."""
+    from mrt_fast.datasets.direct_io import read_files
+
+    files = bucket_files(spill_dir, i)
+    return read_files(files, buffer) if files else []
+
+
 def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None, embedding: str | None = None,
-                buffers: list | None = None) -> pl.DataFrame:
+                buffers: list | None = None, raw: list[memoryview] | None = None) -> pl.DataFrame:
     """Bucket ``i`` of a spill (rows in input order); empty (with ``schema``) if no row went there.
 
     The files are read straight into one buffer (:mod:`mrt_fast.datasets.direct_io`)
@@ -282,17 +292,16 @@ def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None, embedd
     matrix (:mod:`mrt_fast.datasets.contiguous`) the selection core reads in place.
     ``buffers`` (``[[None], [None]]``, then kept by the caller) holds both
     buffers for the caller's next bucket, which must not come before the
-    caller is done with this frame."""
+    caller is done with this frame. ``raw``: the bucket's bytes, read already
+    (:func:`read_bucket_bytes`; ``buffers[0]`` is then not used)."""
     import pyarrow.ipc as ipc
 
-    from mrt_fast.datasets.direct_io import read_files
-
-    files = bucket_files(spill_dir, i)
-    if not files:
-        return pl.DataFrame(schema=schema) if schema is not None else pl.DataFrame()
     if buffers is None:
         buffers = [[None], [None]]
-    raw = read_files(files, buffers[0])
+    if raw is None:
+        raw = read_bucket_bytes(spill_dir, i, buffers[0])
+    if not raw:
+        return pl.DataFrame(schema=schema) if schema is not None else pl.DataFrame()
     batches = []
     for mv in raw:
         r = ipc.open_file(pa.py_buffer(mv))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import shutil
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,17 +36,18 @@ from mrt_fast._util.memory import (Budget, default_memory_limit, hold_to_limit, 
 from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.executors.local_fold import variance_budget_files
+from mrt_fast.datasets.executors.local_overlap import run_overlapped
 from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, dense_left, fits_in_memory,
-                                                    grouped_size, plan_grouped, plan_memory)
+                                                    grouped_size, overlap_fits, plan_grouped, plan_memory)
 from mrt_fast.datasets.job import Job, run_all, start_row_parts
 from mrt_fast.datasets.pick_progress import picks_shown
 from mrt_fast.datasets.profile import Profile
 from mrt_fast.datasets.select_stage import (SelectRows, counts_into, finish_select, select_counts,
                                             select_rows)
 from mrt_fast.datasets.spill import (ROW, SPILL_DIR, drop_bucket, holds_buckets, load_spill_modules, null_ids_error,
-                                     read_bucket, spill, spill_area)
+                                     read_bucket, read_bucket_bytes, spill, spill_area)
 from mrt_fast.datasets.stage import Counts, as_stage, split_result
-from mrt_fast.errors import MrtInputError
+from mrt_fast.errors import MrtInputError, SmallPoolWarning
 
 __all__ = ["prepare_select", "run_row_parts", "run_select", "variance_budget_files"]
 
@@ -216,33 +218,57 @@ def _select_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int |
                 parts_dir.mkdir(exist_ok=True)
             buffers = threading.local()  # each worker's buffers, reused bucket after bucket
 
+            def select_bucket(i: int, df: pl.DataFrame) -> tuple[pl.DataFrame, int] | None:
+                n = df.height
+                if n == 0:  # no row went there: its empty part is committed with the job's end
+                    return None
+                with prof.piece("bucket select"):
+                    kept, r = select_rows(df, opts, ds, first=not to_dir)
+                del df
+                counts.add(select_counts(r))
+                return kept, n
+
+            def write_bucket(i: int, kept_n: tuple[pl.DataFrame, int]) -> None:
+                kept, n = kept_n
+                with prof.piece("bucket write"):
+                    if to_dir:
+                        job.commit(i, kept)
+                    else:
+                        _formats.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
+                del kept, kept_n
+                drop_bucket(spill_dir, i)
+                bar.advance(n)
+
             def one(i: int) -> None:
                 if not hasattr(buffers, "b"):
                     buffers.b = [[None], [None]]
                 with prof.piece("bucket read"):
                     df = read_bucket(spill_dir, i, empty.schema, emb, buffers.b)
-                n = df.height
-                if n == 0:  # no row went there: its empty part is committed with the job's end
+                if df.height == 0:
                     return
                 with selecting:  # a bucket read ahead waits here for a selecting worker
-                    with prof.piece("bucket select"):
-                        kept, r = select_rows(df, opts, ds, first=not to_dir)
+                    kept_n = select_bucket(i, df)
                     del df
-                    counts.add(select_counts(r))
-                    with prof.piece("bucket write"):
-                        if to_dir:
-                            job.commit(i, kept)
-                        else:
-                            _formats.write_parquet_atomic(kept, parts_dir / f"{i:05d}.parquet")
-                    del kept
-                drop_bucket(spill_dir, i)
-                bar.advance(n)
+                    if kept_n is not None:
+                        write_bucket(i, kept_n)
+
+            slots = [[[None], [None]], [[None], [None]]]  # a lone overlapping worker's two buffer slots
+
+            def decode(i: int, raw: list, slot: int) -> pl.DataFrame:
+                with prof.piece("bucket read"):
+                    return read_bucket(spill_dir, i, empty.schema, emb, slots[slot], raw=raw)
 
             w, readers = bucket_workers(spill_dir, todo, limit, w)
             selecting = threading.Semaphore(w)
             rep.workers = w
             with prof.step("select by bucket"), picks_shown(bar):
-                run_all(one, todo, readers)
+                if w == readers == 1 and overlap_fits(spill_dir, todo, limit):
+                    with warnings.catch_warnings():  # process-wide, set before the helper threads start
+                        warnings.simplefilter("ignore", SmallPoolWarning)
+                        run_overlapped(todo, lambda i, slot: read_bucket_bytes(spill_dir, i, slots[slot][0]),
+                                       decode, select_bucket, write_bucket)
+                else:
+                    run_all(one, todo, readers)
             rep.parts_done_now = len(todo)
             if not to_dir:
                 with prof.step("write"):

@@ -2,7 +2,7 @@
 
 A flat input that fits is selected as one bucket in memory; one that does not
 is spilled into buckets small enough for the workers that select several at
-once (:func:`plan_memory`, :func:`bucket_workers`). A grouped input is cut
+once (:func:`plan_memory`, :func:`bucket_workers`, :func:`overlap_fits`). A grouped input is cut
 into parts of consecutive prompts (:func:`plan_grouped`). A limit no plan
 fits is refused in one line naming the smallest limit that does.
 """
@@ -26,6 +26,10 @@ from mrt_fast.datasets.spill import bucket_files
 WORK_FACTOR = 3.0
 #: buckets are planned this much smaller than the budget (hash buckets differ in size)
 SLACK = 1.3
+#: a lone worker overlapping its steps (:func:`overlap_fits`), besides its own work: the next bucket's
+#: bytes, its own decoded copy of the embeddings and the last bucket's kept rows being written, as a
+#: multiple of the largest bucket
+OVERLAP_FACTOR = 3.0
 
 
 def core_threads() -> int:
@@ -148,6 +152,17 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
     # fewer workers than the cores and one more: one bucket read ahead keeps the cores busy
     ahead = w < cpus + (cpus > 1) and len(todo) > w and (w + 1) * need <= budget.work
     return w, w + 1 if ahead else w
+
+
+def overlap_fits(spill_dir: Path, todo: list[int], limit: int) -> bool:
+    """Whether one selecting worker can overlap its steps
+    (:func:`mrt_fast.datasets.executors.local_overlap.run_overlapped`): more than one bucket to
+    do, and room for its work plus ``OVERLAP_FACTOR`` times the largest bucket."""
+    if len(todo) < 2:
+        return False
+    budget = Budget.now(limit)
+    largest = max(sum(f.stat().st_size for f in bucket_files(spill_dir, i)) for i in todo)
+    return (WORK_FACTOR + OVERLAP_FACTOR) * largest + SELECT_WORKER <= budget.work
 
 
 def whole_group_rows(ds: _sources.Dataset) -> int:
