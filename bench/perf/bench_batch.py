@@ -15,8 +15,9 @@ files so that every run finds them in the page cache:
   the input fits in (when the machine has that much memory), and with the
   spill limit (``--memory-limit``, default 2GB) that forces buckets on disk.
 
-Every case and the floor run ``--repeats`` (2) rounds, interleaved; means
-are reported. Results (ratios to the floor, seconds per million rows, peak RSS against the
+Every case and the floor run ``--repeats`` (5) rounds, interleaved; medians
+are reported, and each case's ratio to the floor is the median of its rounds'
+ratios to the floor of the same round (with their range). Results (ratios to the floor, seconds per million rows, peak RSS against the
 limit) go to ``bench/results/batch_bench.json``. The datasets are deleted
 afterwards unless ``--keep``.
 
@@ -229,7 +230,7 @@ def main() -> None:
     ap.add_argument("--method", default="grades")
     ap.add_argument("--workdir", default=None, help="where datasets go (default: a temp dir under bench/)")
     ap.add_argument("--keep", action="store_true", help="keep the datasets")
-    ap.add_argument("--repeats", type=int, default=2, help="rounds of every case and the floor (means reported)")
+    ap.add_argument("--repeats", type=int, default=5, help="rounds of every case and the floor (medians reported)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "batch_bench.json"))
     args = ap.parse_args()
     compile_package()
@@ -286,31 +287,34 @@ def main() -> None:
                     fo.unlink(missing_ok=True)
                     print(f"   floor, {kind} (read -> write of {size // stride:,} rows): {f['seconds']:.1f} s", flush=True)
             runs = {}
-            for name, rs in per_case.items():  # the mean of the rounds; the peak RSS of all
+            for name, rs in per_case.items():  # the median of the rounds; the peak RSS of all
                 r = dict(rs[0])
-                r["seconds"] = float(np.mean([x["seconds"] for x in rs]))
-                r["cpu_seconds"] = float(np.mean([x["cpu_seconds"] for x in rs]))
+                r["seconds"] = float(np.median([x["seconds"] for x in rs]))
+                r["cpu_seconds"] = float(np.median([x["cpu_seconds"] for x in rs]))
                 r["peak_rss_bytes"] = max(x["peak_rss_bytes"] for x in rs)
                 r["runs_seconds"] = [x["seconds"] for x in rs]
                 r["rss_over_limit_bytes"] = r["peak_rss_bytes"] - r["limit_bytes"]
                 runs[name] = r
-            # the faster way of the two, by its mean over the rounds
+            # the faster way of the two, by its median over the rounds
             by_kind = {k: [f for f in floors if f["kind"] == k] for k in FLOORS}
-            means = {k: float(np.mean([f["seconds"] for f in fs])) for k, fs in by_kind.items()}
-            kind = min(means, key=means.get)
-            row["floor_kinds_seconds"] = means
+            medians = {k: float(np.median([f["seconds"] for f in fs])) for k, fs in by_kind.items()}
+            kind = min(medians, key=medians.get)
+            row["floor_kinds_seconds"] = medians
             row["floor_kind"] = kind
             floors = by_kind[kind]
-            floor = means[kind]
-            floor_cpu = float(np.mean([f["cpu_seconds"] for f in floors]))
-            print(f"   mean: floor {floor:.1f} s; " + ", ".join(f"{n} {np.mean(r['runs_seconds']):.1f} s"
-                                                            for n, r in runs.items()), flush=True)
+            floor = medians[kind]
+            floor_cpu = float(np.median([f["cpu_seconds"] for f in floors]))
+            print(f"   median: floor {floor:.1f} s; " + ", ".join(f"{n} {r['seconds']:.1f} s"
+                                                              for n, r in runs.items()), flush=True)
             row["floor_seconds"] = floor
             row["floor_runs"] = [f["seconds"] for f in floors]
             row["floor_cpu_seconds"] = floor_cpu
             row["floor_peak_rss_bytes"] = max(f["peak_rss_bytes"] for f in floors)
             for name, r in runs.items():
-                r["ratio_to_floor"] = r["seconds"] / floor
+                # paired: each round's wall over the floor's wall in the same round
+                paired = [a / b["seconds"] for a, b in zip(r["runs_seconds"], floors)]
+                r["ratio_runs"] = paired
+                r["ratio_to_floor"] = float(np.median(paired))
                 r["cpu_ratio_to_floor"] = r["cpu_seconds"] / floor_cpu
                 r["seconds_per_million_rows"] = r["seconds"] / size * 1e6
                 r.pop("output_tail", None)

@@ -168,16 +168,20 @@ def _render_batch(doc: dict) -> str:
             f"{_cell((m.get('load_avg_at_start') or [None])[0])}, at end {_cell((m.get('load_avg_at_end') or [None])[0])}",
             "- ratio = wall / floor (floor: polars reading the same files and writing as many rows as the "
             "selection keeps, the faster of `read_parquet` + `write_parquet` and `scan_parquet` + `sink_parquet`; "
-            "the mean of the rounds); targets: <= 1.5 (fit), "
+            "the median of the rounds); ratio: the median over the rounds of each round's wall over the "
+            "floor's in the same round, with its range; targets: <= 1.5 (fit), "
             "<= 2.5 (spill); s per M rows at the largest size within 1.2x of the smallest (per-row vs smallest); "
             "peak RSS <= limit + 300 MB", ""]
-    cols = ["candidates", "case", "input GB", "wall s", "floor s", "ratio", "parts", "peak RSS GB", "limit GB",
+    cols = ["candidates", "case", "input GB", "wall s", "floor s", "ratio", "ratio range", "parts", "peak RSS GB",
+            "limit GB",
             "RSS - limit GB", "s per M rows", "per-row vs smallest"]
     lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     for row in doc.get("results", []):
         for case, r in row.get("runs", {}).items():
             vals = [f"{row['candidates']:,}", case, f"{row.get('input_bytes', 0) / 1e9:.2f}", f"{r['seconds']:.2f}",
-                    f"{row['floor_seconds']:.2f}", f"{r['ratio_to_floor']:.2f}", str(r.get("parts", "")),
+                    f"{row['floor_seconds']:.2f}", f"{r['ratio_to_floor']:.2f}",
+                    (f"{min(r['ratio_runs']):.2f}-{max(r['ratio_runs']):.2f}" if r.get("ratio_runs") else "-"),
+                    str(r.get("parts", "")),
                     f"{r['peak_rss_bytes'] / 1e9:.2f}", f"{r['limit_bytes'] / 1e9:.2f}",
                     f"{r['rss_over_limit_bytes'] / 1e9:+.2f}", f"{r['seconds_per_million_rows']:.2f}",
                     f"{r['per_row_vs_smallest']:.2f}" if "per_row_vs_smallest" in r else "-"]
