@@ -24,6 +24,8 @@ def test_a_miniature_run_starts_at_the_refused_minimum_and_makes_its_page(tmp_pa
     assert limits[1] == int(1.5 * limits[0]) and 900_000_000 in limits
     for r in b["results"]:
         assert r["seconds"] > 0 and r["parts"] >= 1 and r["peak_rss_over_limit"] < 1.0
+        # one round: the ratio is that round's wall over the floor's
+        assert r["ratio_runs"] == [r["runs_seconds"][0] / b["floor"]["runs_seconds"][0]]
         assert abs(r["ratio_to_floor"] - r["seconds"] / b["floor"]["seconds"]) < 1e-9
     text = limits_doc.render(b)
     assert "](limits.png)" in text and text.count("\n| ") == len(limits) + 1

@@ -41,7 +41,8 @@ def render(b: dict) -> str:
         f"(GRADES, K = {b['k']}) under limits from the smallest it accepts ({mib(b['least_limit_bytes'])}, "
         "named by its refusal of a smaller one) up, and the spilling floor in the same run: polars reading "
         "the files, spilling them to Arrow IPC with `sink_ipc`, scanning them back and writing as many rows "
-        f"as the selection keeps. {b['repeats']} interleaved rounds, medians; {b['machine']['cpus']} cores.",
+        f"as the selection keeps. {b['repeats']} interleaved rounds, medians; the ratio is the median of each round's "
+        f"ratio to the floor of the same round; {b['machine']['cpus']} cores.",
         "",
         "![time and peak memory against the limit](limits.png)",
         "",
