@@ -190,6 +190,31 @@ def test_memory_limit_holds_or_is_refused_in_one_line(tmp_path):
         read_dir(tmp_path / "o1").sort("prompt_id", "pick_rank"))
 
 
+def test_a_text_column_holds_the_limit_at_every_step(tmp_path):
+    """Responses as text beside float16 vectors (the shape of a real candidate pool): from the
+    smallest limit the job accepts up to where it reads a bucket ahead, the peak stays under the
+    limit (the selection touches memory the plan cannot size; what it holds back covers it)."""
+    rng = np.random.default_rng(1)
+    n = 300_000
+    ids = np.repeat(np.arange(n // 40), rng.integers(8, 73, n // 40))[:n]
+    words = np.array(["alpha", "beta", "gamma", "answer", "because", "therefore", "the", "is", "x", "=", "42"])
+    texts = np.array([" ".join(words[rng.integers(0, len(words), m)]) for m in rng.integers(20, 120, 500)])
+    df = pl.DataFrame({"prompt_id": ids, "reward": rng.standard_normal(len(ids)),
+                       "response": texts[rng.integers(0, len(texts), len(ids))],
+                       "embedding": rng.standard_normal((len(ids), 32)).astype(np.float16)})
+    df = df.with_columns(pl.col("embedding").cast(pl.List(pl.Float16))).sample(fraction=1.0, shuffle=True, seed=2)
+    src = tmp_path / "in"
+    cut(df, src, 4)
+    rc, err, _ = _select_in_child(src, tmp_path / "refused", "64MiB")
+    assert rc == 2 and "use a limit of at least" in err, err
+    least = parse_memory(err.strip().splitlines()[-1].rsplit("at least ", 1)[1].replace(" ", ""))
+    for i, f in enumerate([1.0, 1.1, 1.2, 1.3, 1.45, 1.6]):
+        limit = int(least * f)
+        rc, err, peak = _select_in_child(src, tmp_path / f"o{i}", str(limit))
+        assert rc == 0, err
+        assert peak <= limit, (f, limit, peak)
+
+
 def test_stratified_with_computed_modes(tmp_path):
     from mrt_fast.selection.modes import pool_modes
 

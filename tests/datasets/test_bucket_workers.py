@@ -1,5 +1,5 @@
 """How many spilled buckets are selected and read at once (`local_plan.bucket_workers`): the selecting
-workers and one bucket read ahead, counted as a worker, fit the work left; a bucket is read ahead
+workers and one bucket read ahead, counted as a worker and a reserve, fit the work left; a bucket is read ahead
 wherever the workers are fewer than the cores and one more and the memory holds another worker; a
 bucket that alone does not fit is refused. A lone worker overlaps its steps only with room for the
 next bucket besides its own (`local_plan.overlap_fits`)."""
@@ -56,8 +56,10 @@ def check(d, sizes: list[int], b: Budget, workers: int) -> None:
     assert w == workers or (w + 1) * need > b.work  # the most that fit
     assert readers in (w, w + 1)
     assert readers * need <= b.work
+    if readers > w:  # with room to spare for what the selection touches that the plan does not size
+        assert readers * need + lp.AHEAD_RESERVE <= b.work
     cpus = os.cpu_count() or 1
-    could = w < cpus + (cpus > 1) and len(todo) > w and (w + 1) * need <= b.work
+    could = w < cpus + (cpus > 1) and len(todo) > w and (w + 1) * need + lp.AHEAD_RESERVE <= b.work
     assert (readers == w + 1) == could
     if w < workers:  # memory cut the workers: no room to read ahead
         assert readers == w
@@ -68,9 +70,11 @@ def test_a_bucket_is_read_ahead_only_with_room_for_another_worker(tmp_path, monk
     monkeypatch.setattr(lp.Budget, "now", classmethod(lambda cls, limit: Budget(limit, base)))
     todo = spilled(tmp_path, [8 * MiB] * 10)
     need = lp.WORK_FACTOR * 8 * MiB + lp.SELECT_WORKER
-    two = Budget(0, base).with_work(int(2 * need))
+    two = Budget(0, base).with_work(int(2 * need + lp.AHEAD_RESERVE))
     # one worker asked for (`--parts`), room for two: the second reads ahead
     assert lp.bucket_workers(tmp_path, todo, two.limit, 1) == (1, 2)
+    # room for two workers but not the reserve besides: none reads ahead
+    assert lp.bucket_workers(tmp_path, todo, Budget(0, base).with_work(int(2 * need)).limit, 1) == (1, 1)
     # three asked for, room for one and a half: one selects, none reads ahead
     tight = Budget(0, base).with_work(int(1.5 * need))
     assert lp.bucket_workers(tmp_path, todo, tight.limit, 3) == (1, 1)

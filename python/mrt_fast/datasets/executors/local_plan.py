@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from mrt_fast._util.memory import (HEADROOM, SELECT_WORKER, Budget, SpillPlan, least_work, plan_spill,
+from mrt_fast._util.memory import (HEADROOM, SELECT_WORKER, Budget, MiB, SpillPlan, least_work, plan_spill,
                                    polars_read_bytes, size_text, whole_read_bytes)
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets import storage
@@ -26,6 +26,9 @@ from mrt_fast.datasets.spill import bucket_files
 WORK_FACTOR = 3.0
 #: buckets are planned this much smaller than the budget (hash buckets differ in size)
 SLACK = 1.3
+#: room a bucket read ahead needs besides another worker's work: the selection phase touches code and
+#: allocator heaps the spill did not (10-20 MiB measured on a text column), which the plan cannot size
+AHEAD_RESERVE = 32 * MiB
 #: a lone worker overlapping its steps (:func:`overlap_fits`), besides its own work: the next bucket's
 #: bytes, its own decoded copy of the embeddings and the last bucket's kept rows being written, as a
 #: multiple of the largest bucket
@@ -136,7 +139,8 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
     than that where the workers are fewer than :func:`plan_buckets` plans
     (the cores and one more; a caller fixed them) and the memory left holds
     one more worker's work (a thread holding a bucket read costs what a
-    worker does: its own allocator heaps besides the bucket), so that the
+    worker does: its own allocator heaps besides the bucket) and
+    ``AHEAD_RESERVE`` more, so that the
     next bucket is read from disk while another is selected. Where memory
     cut the workers there is none to read ahead with."""
     budget = Budget.now(limit)
@@ -150,7 +154,7 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
     w = max(1, min(workers, int(budget.work // need)))
     cpus = os.cpu_count() or 1
     # fewer workers than the cores and one more: one bucket read ahead keeps the cores busy
-    ahead = w < cpus + (cpus > 1) and len(todo) > w and (w + 1) * need <= budget.work
+    ahead = w < cpus + (cpus > 1) and len(todo) > w and (w + 1) * need + AHEAD_RESERVE <= budget.work
     return w, w + 1 if ahead else w
 
 
