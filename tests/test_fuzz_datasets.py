@@ -403,6 +403,8 @@ def edge_inputs(draw):
         if big:
             return kind, write_mixed, None, ["f0" + sfx, str(first_big) if not within else "2^53"]
         mixed = pl.concat([ints.with_columns(pl.col("prompt_id").cast(pl.Float64)), floats], how="vertical_relaxed")
+        if within:  # the rows as the one file holds them (a gain is a sum over the pool's rows, in their order)
+            mixed = mixed[list(order)]
         return kind, write_mixed, mixed, None
 
     if kind == "hive_odd":

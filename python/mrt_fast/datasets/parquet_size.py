@@ -44,7 +44,10 @@ def arrow_bytes(pf: Any) -> int:
     cols = dictionary_text_columns(md) if md.num_rows else {}
     if not cols:
         return int(total)
-    batch = next(pf.iter_batches(batch_size=SAMPLE_ROWS, columns=list(cols), use_threads=False), None)
+    try:
+        batch = next(pf.iter_batches(batch_size=SAMPLE_ROWS, columns=list(cols), use_threads=False), None)
+    except Exception:  # noqa: BLE001 - a file that cannot be read is named where it is read
+        return int(total)
     if batch is None or not batch.num_rows:
         return int(total)
     decoded = batch.nbytes / batch.num_rows * md.num_rows

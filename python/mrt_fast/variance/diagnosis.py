@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from mrt_fast.variance.bootstrap import EXACT_BOOTSTRAP_DRAWS, accumulator_intervals
+from mrt_fast.variance.intervals import with_point
 from mrt_fast.variance.law import (
     bernstein_bound,
     best_integer_k,
@@ -111,6 +112,9 @@ def diagnose(acc: Any, options: VarianceOptions) -> VarianceReport:
             method=bootstrap,
             interval=interval,
         )
+        # the report's own figures (the core's sums) may differ from the resampling's in the last bit
+        reported = {"v_x": vx, "v_y_given_x": vy, "ratio": ratio, "k_star": ks, "k_best": float(kb)}
+        ci = {name: with_point(iv, reported[name]) if name in reported else iv for name, iv in ci.items()}
         if method == "normal":
             why = (
                 f"{p_used} prompts x {n_boot} resamples is above {EXACT_BOOTSTRAP_DRAWS:.0e} draws"

@@ -281,7 +281,7 @@ def _mapped(vx_iv, vy_iv, phi_iv, cp, cr, k_max):
             "k_best": (kb(r_lo), kb(r_hi))}
 
 
-def _with_point(iv, point):
+def with_point(iv, point):
     """The interval widened to hold the point estimate (nan points leave it as is)."""
     lo, hi = iv
     if math.isnan(point):
@@ -389,7 +389,7 @@ def bootstrap_intervals(count, mean, m2, *, n_boot: int, rng, cp: float, cr: flo
             mm = m
         else:
             raise ValueError(f"unknown interval method {m!r}")
-        out[m] = {name: _with_point(ci[name], points[name]) for name in NAMES}
+        out[m] = {name: with_point(ci[name], points[name]) for name in NAMES}
         used[m] = mm
     return out, frac_zero, used
 
