@@ -77,3 +77,23 @@ def test_a_dataset_of_repeated_prompts_is_sized_whole(tmp_path):
     arrow = pq.read_table(tmp_path / "in" / "p.parquet").nbytes
     assert footer_bytes(tmp_path / "in" / "p.parquet") < arrow / 3  # the footer alone misses most of it
     assert 0.8 * arrow <= est <= 1.25 * arrow
+
+
+def test_many_files_are_sized_from_a_few_samples(tmp_path, monkeypatch):
+    """Past SAMPLED_FILES files, only that many are decoded; the others are sized at their bytes per row."""
+    from mrt_fast.datasets import parquet_size
+
+    rng = np.random.default_rng(2)
+    (tmp_path / "in").mkdir()
+    texts = np.array([f"response {i} " + "text " * 40 for i in range(50)])
+    for j in range(40):
+        n = int(rng.integers(200, 2000))
+        pl.DataFrame({"prompt_id": np.arange(n) // 4, "response": texts[rng.integers(0, 50, n)]}).write_parquet(
+            tmp_path / "in" / f"f{j:03d}.parquet")
+    sampled = []
+    real = parquet_size.sampled_bytes_per_row
+    monkeypatch.setattr(parquet_size, "sampled_bytes_per_row", lambda pf, cols: sampled.append(1) or real(pf, cols))
+    est = sources.discover(tmp_path / "in").memory_bytes()
+    arrow = sum(pq.read_table(f).nbytes for f in sorted((tmp_path / "in").glob("*.parquet")))
+    assert len(sampled) <= parquet_size.SAMPLED_FILES
+    assert 0.8 * arrow <= est <= 1.25 * arrow

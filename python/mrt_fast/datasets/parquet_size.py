@@ -5,16 +5,21 @@ A row group's ``total_byte_size`` is the size of its pages after encoding, befor
 numbers and vectors close to their Arrow size, but for text stored with a dictionary (a prompt
 repeated on every one of its responses, a model name) only the dictionary and the row's small
 index into it, while Arrow (and polars) hold every row's text. Such a column is sized by decoding
-its first ``SAMPLE_ROWS`` rows and scaling their bytes to the file's rows. Memory plans that size
-buckets and decide whether an input fits start from this figure.
+the first ``SAMPLE_ROWS`` rows of a file and scaling their bytes to its rows; in a dataset of many
+files, ``SAMPLED_FILES`` of them spread over it are decoded and the others sized at their bytes per
+row. Memory plans that size buckets and decide whether an input fits start from this figure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-#: rows decoded to size a dictionary-encoded text column (per file)
+#: rows decoded to size a dictionary-encoded text column (per file sampled)
 SAMPLE_ROWS = 2048
+#: files of a dataset whose text columns are sampled (spread over the dataset); the others are sized
+#: at the sampled files' bytes per row
+SAMPLED_FILES = 16
 
 _DICTIONARY = ("PLAIN_DICTIONARY", "RLE_DICTIONARY")
 
@@ -35,21 +40,40 @@ def dictionary_text_columns(md: Any) -> dict[str, int]:
     return {c: leaves[c] for c in out}
 
 
-def arrow_bytes(pf: Any) -> int:
+def sampled_bytes_per_row(pf: Any, cols: list[str]) -> dict[str, float]:
+    """Decoded (Arrow) bytes per row of the columns ``cols`` of ``pf``, from its first rows; empty
+    where they cannot be read (the read that follows names the file)."""
+    try:
+        batch = next(pf.iter_batches(batch_size=SAMPLE_ROWS, columns=cols, use_threads=False), None)
+    except Exception:  # noqa: BLE001 - a file that cannot be read is named where it is read
+        return {}
+    if batch is None or not batch.num_rows:
+        return {}
+    return {c: batch.column(c).nbytes / batch.num_rows for c in cols}
+
+
+def arrow_bytes(pf: Any, rates: dict[str, list[float]] | None = None, sample: bool = True) -> int:
     """Estimated in-memory (Arrow) bytes of the Parquet file ``pf`` (a ``pyarrow.parquet.ParquetFile``):
-    the footer's row group sizes, with every dictionary-encoded text column sized by its first
-    rows decoded instead (never less than the footer says)."""
+    the footer's row group sizes, with every dictionary-encoded text column sized by decoded rows
+    instead (never less than the footer says): this file's first rows where ``sample``, else the
+    bytes per row sampled from other files (``rates``: column -> bytes per row of each file sampled,
+    which this file's sample joins)."""
     md = pf.metadata
     total = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
     cols = dictionary_text_columns(md) if md.num_rows else {}
     if not cols:
         return int(total)
-    try:
-        batch = next(pf.iter_batches(batch_size=SAMPLE_ROWS, columns=list(cols), use_threads=False), None)
-    except Exception:  # noqa: BLE001 - a file that cannot be read is named where it is read
-        return int(total)
-    if batch is None or not batch.num_rows:
-        return int(total)
-    decoded = batch.nbytes / batch.num_rows * md.num_rows
-    encoded = sum(cols.values())
-    return int(total + max(0.0, decoded - encoded))
+    rates = {} if rates is None else rates
+    if sample or any(c not in rates for c in cols):
+        for c, r in sampled_bytes_per_row(pf, list(cols)).items():
+            rates.setdefault(c, []).append(r)
+    decoded = sum(sum(rates[c]) / len(rates[c]) * md.num_rows if c in rates else cols[c] for c in cols)
+    return int(total + max(0.0, decoded - sum(cols.values())))
+
+
+def dataset_arrow_bytes(pfs: Iterable[Any], n_files: int) -> int:
+    """:func:`arrow_bytes` summed over a dataset's ``n_files`` Parquet files (``pfs``, opened one
+    at a time), the text columns sampled in at most ``SAMPLED_FILES`` of them, spread evenly."""
+    step = max(1, -(-n_files // SAMPLED_FILES))
+    rates: dict[str, list[float]] = {}
+    return sum(arrow_bytes(pf, rates, sample=j % step == 0) for j, pf in enumerate(pfs))

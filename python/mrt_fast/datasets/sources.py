@@ -218,9 +218,9 @@ class Dataset:
             return self.size_bytes()
         import pyarrow.parquet as pq
 
-        from mrt_fast.datasets.parquet_size import arrow_bytes
+        from mrt_fast.datasets.parquet_size import dataset_arrow_bytes
 
-        return sum(arrow_bytes(pq.ParquetFile(storage.open_input(f))) for f in self.files)
+        return dataset_arrow_bytes((pq.ParquetFile(storage.open_input(f)) for f in self.files), len(self.files))
 
     def locate(self, row: int) -> tuple[Path, int]:
         """The file holding global row ``row`` and the row's index in it."""
