@@ -55,9 +55,9 @@ def sampled_bytes_per_row(pf: Any, cols: list[str]) -> dict[str, float]:
 def arrow_bytes(pf: Any, rates: dict[str, list[float]] | None = None, sample: bool = True) -> int:
     """Estimated in-memory (Arrow) bytes of the Parquet file ``pf`` (a ``pyarrow.parquet.ParquetFile``):
     the footer's row group sizes, with every dictionary-encoded text column sized by decoded rows
-    instead (never less than the footer says): this file's first rows where ``sample``, else the
-    bytes per row sampled from other files (``rates``: column -> bytes per row of each file sampled,
-    which this file's sample joins)."""
+    instead (never less than the footer says), at the mean bytes per row of the files sampled so far
+    (``rates``: column -> bytes per row of each file sampled), which this file's first rows join where
+    ``sample`` (or where no file sampled so far has the column)."""
     md = pf.metadata
     total = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
     cols = dictionary_text_columns(md) if md.num_rows else {}
