@@ -144,7 +144,7 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
     next bucket is read from disk while another is selected. Where memory
     cut the workers there is none to read ahead with."""
     budget = Budget.now(limit)
-    sizes = [sum(f.stat().st_size for f in bucket_files(spill_dir, i)) for i in todo]
+    sizes = [_bucket_bytes(spill_dir, i) for i in todo]
     largest = max(sizes, default=0)
     need = WORK_FACTOR * largest + SELECT_WORKER
     if need > budget.work:
@@ -158,6 +158,11 @@ def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -
     return w, w + 1 if ahead else w
 
 
+def _bucket_bytes(spill_dir: Path, i: int) -> int:
+    """Bytes of bucket ``i``'s spill files."""
+    return sum(f.stat().st_size for f in bucket_files(spill_dir, i))
+
+
 def overlap_fits(spill_dir: Path, todo: list[int], limit: int) -> bool:
     """Whether one selecting worker can overlap its steps
     (:func:`mrt_fast.datasets.executors.local_overlap.run_overlapped`): more than one bucket to
@@ -165,7 +170,7 @@ def overlap_fits(spill_dir: Path, todo: list[int], limit: int) -> bool:
     if len(todo) < 2:
         return False
     budget = Budget.now(limit)
-    largest = max(sum(f.stat().st_size for f in bucket_files(spill_dir, i)) for i in todo)
+    largest = max(_bucket_bytes(spill_dir, i) for i in todo)
     return (WORK_FACTOR + OVERLAP_FACTOR) * largest + SELECT_WORKER <= budget.work
 
 
