@@ -28,6 +28,24 @@ fn bench_small_pools(c: &mut Criterion) {
     });
 }
 
+fn bench_ragged_pools(c: &mut Criterion) {
+    // the dataset benchmarks' shape: pools of 8 to 128 candidates, 32 dims, K = 4
+    let d = 32usize;
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let mut offsets = vec![0u64];
+    while offsets.len() <= 4096 {
+        offsets.push(offsets.last().unwrap() + rng.random_range(8..=128u64));
+    }
+    let rows = *offsets.last().unwrap() as usize;
+    let x = data(rows, d, 5);
+    let rewards: Vec<f64> = data(rows, 1, 6).iter().map(|&v| v as f64).collect();
+    let pl = Pools::new(&x, d, &offsets, None).unwrap();
+    let params = Params { k: 4, alpha: 0.75, eps: 1e-6, k_max: None, optimizer: Optimizer::Lazy };
+    c.bench_function("grades_4096x8-128x32_k4", |b| {
+        b.iter(|| facility_location_batch(&pl, Some(&rewards), &params, Kernel::Clip).unwrap())
+    });
+}
+
 fn bench_sweep(c: &mut Criterion) {
     // the sweep greedy alone on one cached 64 x 64 block, K = 4
     let (n, d, k) = (64usize, 384usize, 4usize);
@@ -98,6 +116,6 @@ fn bench_sparse(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = bench_small_pools, bench_sweep, bench_large_pool, bench_sparse
+    targets = bench_small_pools, bench_ragged_pools, bench_sweep, bench_large_pool, bench_sparse
 }
 criterion_main!(benches);

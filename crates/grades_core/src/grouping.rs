@@ -19,59 +19,193 @@ pub struct Grouping {
     pub identity: bool,
 }
 
-/// [`Grouping`] of rows by their integer id: one pass through a hash map of
-/// the ids (a row with the same id as the row before skips it), then every
-/// row placed in its pool.
-pub fn group_ints(ids: &[i64]) -> Result<Grouping> {
-    let n = ids.len();
-    let mut map: HashMap<i64, u32, BuildHasherDefault<KeyHasher>> = HashMap::default();
-    let mut pool_of: Vec<u32> = Vec::with_capacity(n);
-    let mut firsts: Vec<u64> = Vec::new();
-    let mut counts: Vec<u64> = Vec::new();
-    let mut identity = true;
+/// Rows at least this many are grouped by several threads at once
+/// ([`group_ints`]); fewer, by one.
+pub const PARALLEL_ROWS: usize = 1 << 20;
+
+type IdMap = HashMap<i64, u32, BuildHasherDefault<KeyHasher>>;
+
+/// The pools of one run of consecutive rows, as if it were the whole table:
+/// `pool_of` (by row of the run), and by pool in order of first appearance
+/// its id, first row (of the table: the run starts at `at`) and count.
+struct RunPools {
+    pool_of: Vec<u32>,
+    ids: Vec<i64>,
+    firsts: Vec<u64>,
+    counts: Vec<u64>,
+    identity: bool,
+}
+
+/// One pass through a hash map of the ids (a row with the same id as the
+/// row before skips it).
+fn run_pools(ids: &[i64], at: usize) -> Result<RunPools> {
+    let mut map = IdMap::default();
+    let mut r = RunPools {
+        pool_of: Vec::with_capacity(ids.len()),
+        ids: Vec::new(),
+        firsts: Vec::new(),
+        counts: Vec::new(),
+        identity: true,
+    };
     let mut last: Option<(i64, u32)> = None;
     for (i, &k) in ids.iter().enumerate() {
         let p = match last {
             Some((prev, p)) if prev == k => p,
             _ => {
-                let fresh = firsts.len();
+                let fresh = r.firsts.len();
                 let p = *map.entry(k).or_insert(fresh as u32);
                 if p as usize == fresh {
                     if fresh == u32::MAX as usize {
-                        return invalid(format!("more than {} distinct prompt ids in one table", u32::MAX - 1));
+                        return too_many();
                     }
-                    firsts.push(i as u64);
-                    counts.push(0);
+                    r.ids.push(k);
+                    r.firsts.push((at + i) as u64);
+                    r.counts.push(0);
                 } else {
-                    identity = false; // a pool seen before, after another: its rows are apart
+                    r.identity = false; // a pool seen before, after another: its rows are apart
                 }
                 last = Some((k, p));
                 p
             }
         };
-        counts[p as usize] += 1;
-        pool_of.push(p);
+        r.counts[p as usize] += 1;
+        r.pool_of.push(p);
     }
-    drop(map);
+    Ok(r)
+}
+
+fn too_many<T>() -> Result<T> {
+    invalid(format!("more than {} distinct prompt ids in one table", u32::MAX - 1))
+}
+
+fn offsets_of(counts: &[u64]) -> Vec<u64> {
     let mut offsets = Vec::with_capacity(counts.len() + 1);
     let mut at = 0u64;
     offsets.push(0);
-    for c in &counts {
+    for c in counts {
         at += c;
         offsets.push(at);
     }
-    let rows = if identity {
-        (0..n as u64).collect()
-    } else {
-        let mut next = offsets[..counts.len()].to_vec();
-        let mut rows = vec![0u64; n];
-        for (i, &p) in pool_of.iter().enumerate() {
-            let slot = &mut next[p as usize];
-            rows[*slot as usize] = i as u64;
+    offsets
+}
+
+/// A raw pointer to the rows being placed; every thread writes its own slots.
+#[derive(Clone, Copy)]
+struct Slots(*mut u64);
+// SAFETY: the threads of `group_ints` write disjoint slots of one buffer.
+unsafe impl Send for Slots {}
+unsafe impl Sync for Slots {}
+
+impl Slots {
+    /// Write `v` at slot `i`.
+    ///
+    /// # Safety
+    /// `i` is inside the buffer and no other thread writes slot `i`.
+    unsafe fn put(self, i: usize, v: u64) {
+        *self.0.add(i) = v;
+    }
+}
+
+/// [`Grouping`] of rows by their integer id. Up to [`PARALLEL_ROWS`] rows
+/// (or on one thread): [`run_pools`] over the table, then every row placed
+/// in its pool. More: the rows cut into one run per thread, each run's pools
+/// found at once, the runs' pools merged in run order (a pool's first
+/// appearance is in the first run that holds it, so the order of first
+/// appearance is kept), and every run's rows placed at once, each run's
+/// rows of a pool after those of the runs before: the same grouping.
+pub fn group_ints(ids: &[i64]) -> Result<Grouping> {
+    group_ints_from(ids, PARALLEL_ROWS)
+}
+
+/// [`group_ints`] on several threads from `parallel_rows` rows on.
+fn group_ints_from(ids: &[i64], parallel_rows: usize) -> Result<Grouping> {
+    use rayon::prelude::*;
+
+    let n = ids.len();
+    let threads = rayon::current_num_threads();
+    if n < parallel_rows.max(threads) || threads < 2 {
+        let r = run_pools(ids, 0)?;
+        let offsets = offsets_of(&r.counts);
+        let rows = if r.identity {
+            (0..n as u64).collect()
+        } else {
+            let mut next = offsets[..r.counts.len()].to_vec();
+            let mut rows = vec![0u64; n];
+            for (i, &p) in r.pool_of.iter().enumerate() {
+                let slot = &mut next[p as usize];
+                rows[*slot as usize] = i as u64;
+                *slot += 1;
+            }
+            rows
+        };
+        return Ok(Grouping { firsts: r.firsts, offsets, rows, identity: r.identity });
+    }
+    let per = n.div_ceil(threads);
+    let runs: Vec<RunPools> =
+        ids.par_chunks(per).enumerate().map(|(c, run)| run_pools(run, c * per)).collect::<Result<_>>()?;
+    // each run's pools as pools of the table, in order of first appearance
+    let mut map = IdMap::default();
+    let (mut firsts, mut counts) = (Vec::new(), Vec::new());
+    let mut identity = true;
+    let mut last_pool: Option<u32> = None;
+    let mut global: Vec<Vec<u32>> = Vec::with_capacity(runs.len());
+    for r in &runs {
+        identity &= r.identity;
+        let mut g = Vec::with_capacity(r.ids.len());
+        for (lp, &k) in r.ids.iter().enumerate() {
+            let fresh = firsts.len();
+            let p = *map.entry(k).or_insert(fresh as u32);
+            if p as usize == fresh {
+                if fresh == u32::MAX as usize {
+                    return too_many();
+                }
+                firsts.push(r.firsts[lp]);
+                counts.push(0u64);
+            } else if !(lp == 0 && last_pool == Some(p)) {
+                // seen in an earlier run, and not as the pool that run ended with
+                identity = false;
+            }
+            counts[p as usize] += r.counts[lp];
+            g.push(p);
+        }
+        if let Some(&p) = g.last() {
+            last_pool = Some(p);
+        }
+        global.push(g);
+    }
+    drop(map);
+    let offsets = offsets_of(&counts);
+    if identity {
+        return Ok(Grouping { firsts, offsets, rows: (0..n as u64).collect(), identity });
+    }
+    // where each run's rows of each of its pools start
+    let mut next = offsets[..counts.len()].to_vec();
+    let starts: Vec<Vec<u64>> = runs
+        .iter()
+        .zip(&global)
+        .map(|(r, g)| {
+            g.iter()
+                .zip(&r.counts)
+                .map(|(&p, &c)| {
+                    let s = next[p as usize];
+                    next[p as usize] += c;
+                    s
+                })
+                .collect()
+        })
+        .collect();
+    let mut rows = vec![0u64; n];
+    let out = Slots(rows.as_mut_ptr());
+    runs.par_iter().zip(starts.into_par_iter()).enumerate().for_each(|(c, (r, mut next))| {
+        for (i, &lp) in r.pool_of.iter().enumerate() {
+            let slot = &mut next[lp as usize];
+            // SAFETY: slot < n; the slots of this run's rows of a pool are its
+            // own range of that pool's (the starts above), written by no
+            // other thread
+            unsafe { out.put(*slot as usize, (c * per + i) as u64) };
             *slot += 1;
         }
-        rows
-    };
+    });
     Ok(Grouping { firsts, offsets, rows, identity })
 }
 
@@ -104,6 +238,20 @@ mod tests {
         #[test]
         fn equals_the_definition(ids in prop::collection::vec(prop_oneof![-3i64..4, any::<i64>()], 0..200)) {
             prop_assert_eq!(group_ints(&ids).unwrap(), reference(&ids));
+        }
+
+        #[test]
+        fn threads_group_by_the_definition(ids in prop::collection::vec(prop_oneof![-3i64..4, any::<i64>()], 0..200),
+                                           runs in prop::collection::vec(1usize..9, 0..40),
+                                           threads in 2usize..6) {
+            // shuffled ids, and runs of one id (the identity, or nearly:
+            // runs cut across the threads' rows, an id back after another)
+            let runs: Vec<i64> = runs.iter().enumerate()
+                .flat_map(|(p, &s)| std::iter::repeat_n((p % 13) as i64, s)).collect();
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            for ids in [ids, runs] {
+                prop_assert_eq!(pool.install(|| group_ints_from(&ids, 0)).unwrap(), reference(&ids));
+            }
         }
 
         #[test]

@@ -204,6 +204,10 @@ def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups
                             row=first)
     refuse_nan(df[by], by, "prompt id")
     if candidate_key is None:
+        ints = _int64_ids(df[by])
+        if ints is not None:  # the core also finds a table already in runs of one id (the identity)
+            firsts, offsets, rows, identity = core.group_ints(ints)
+            return Groups(keys=df[by].gather(firsts), offsets=offsets, rows=rows, identity=identity)
         # fast path: every prompt's rows already contiguous (the usual layout)
         s = df[by]
         starts = s.ne_missing(s.shift(1)).arg_true()
@@ -216,11 +220,6 @@ def group(df: pl.DataFrame, by: str, candidate_key: str | None = None) -> Groups
             offsets[-1] = df.height
             rows = np.arange(df.height, dtype=np.uint64)
             return Groups(keys=run_keys, offsets=offsets, rows=rows, identity=True)
-    if candidate_key is None:
-        ints = _int64_ids(df[by])
-        if ints is not None:
-            firsts, offsets, rows, identity = core.group_ints(ints)
-            return Groups(keys=df[by].gather(firsts), offsets=offsets, rows=rows, identity=identity)
     return group_by_polars(df, by, candidate_key)
 
 
