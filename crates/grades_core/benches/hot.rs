@@ -46,6 +46,24 @@ fn bench_ragged_pools(c: &mut Criterion) {
     });
 }
 
+fn bench_big_pools(c: &mut Criterion) {
+    // pools of 1,000-10,000 candidates (the dataset benchmarks' large-pool shape), 32 dims, K = 4
+    let d = 32usize;
+    let sizes = [1500u64, 5500, 9000];
+    let mut offsets = vec![0u64];
+    for s in sizes {
+        offsets.push(offsets.last().unwrap() + s);
+    }
+    let rows = *offsets.last().unwrap() as usize;
+    let x = data(rows, d, 7);
+    let rewards: Vec<f64> = data(rows, 1, 8).iter().map(|&v| v as f64).collect();
+    let pl = Pools::new(&x, d, &offsets, None).unwrap();
+    let params = Params { k: 4, alpha: 0.75, eps: 1e-6, k_max: None, optimizer: Optimizer::Lazy };
+    c.bench_function("grades_3_pools_1500-9000x32_k4", |b| {
+        b.iter(|| facility_location_batch(&pl, Some(&rewards), &params, Kernel::Clip).unwrap())
+    });
+}
+
 fn bench_sweep(c: &mut Criterion) {
     // the sweep greedy alone on one cached 64 x 64 block, K = 4
     let (n, d, k) = (64usize, 384usize, 4usize);
@@ -116,6 +134,6 @@ fn bench_sparse(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = bench_small_pools, bench_ragged_pools, bench_sweep, bench_large_pool, bench_sparse
+    targets = bench_small_pools, bench_ragged_pools, bench_big_pools, bench_sweep, bench_large_pool, bench_sparse
 }
 criterion_main!(benches);

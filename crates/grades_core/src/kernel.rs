@@ -37,6 +37,15 @@ impl Kernel {
             Kernel::Shift => 0.5 * (1.0 + c),
         }
     }
+
+    /// [`Kernel::apply`] to every value of `v`, one loop per kernel (so each
+    /// vectorises with no branch inside): the same values.
+    pub fn apply_all(self, v: &mut [f32]) {
+        match self {
+            Kernel::Clip => v.iter_mut().for_each(|x| *x = Kernel::Clip.apply(*x)),
+            Kernel::Shift => v.iter_mut().for_each(|x| *x = Kernel::Shift.apply(*x)),
+        }
+    }
 }
 
 /// Names row `i` of a block in errors: (pool, row of the caller's matrix,
@@ -213,7 +222,11 @@ fn scale_block_dispatch(out: &mut [f32], n: usize, inv: &[f32], kernel: Kernel) 
 fn cosine_gram_large(x: &[f32], n: usize, d: usize, kernel: Kernel, out: &mut [f32], name: &RowName<'_>) -> Result<()> {
     let mut xn = x[..n * d].to_vec();
     normalize_rows(&mut xn, n, d, name)?;
-    crate::gram::syrk_large(&xn, n, d, out, |c| kernel.apply(c));
+    // one closure per kernel, so the map over each block vectorises with no branch inside
+    match kernel {
+        Kernel::Clip => crate::gram::syrk_large(&xn, n, d, out, |c| Kernel::Clip.apply(c)),
+        Kernel::Shift => crate::gram::syrk_large(&xn, n, d, out, |c| Kernel::Shift.apply(c)),
+    }
     let one = kernel.apply(1.0);
     for i in 0..n {
         out[i * n + i] = one;
@@ -398,5 +411,24 @@ impl Csr {
 
     pub fn transpose(&self) -> Csr {
         self.as_ref().transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Kernel;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn apply_all_is_apply_on_every_value(v in prop::collection::vec(prop_oneof![
+            -2f32..2.0, Just(-1.0), Just(0.0), Just(-0.0), Just(1.0), Just(f32::NAN)], 0..80)) {
+            for kernel in [Kernel::Clip, Kernel::Shift] {
+                let mut got = v.clone();
+                kernel.apply_all(&mut got);
+                let want: Vec<u32> = v.iter().map(|&c| kernel.apply(c).to_bits()).collect();
+                prop_assert_eq!(got.iter().map(|c| c.to_bits()).collect::<Vec<_>>(), want);
+            }
+        }
     }
 }

@@ -142,9 +142,7 @@ impl OnDemandSource {
                 let p = dst.at(r0);
                 gemm_abt_raw(&xb, b, &self.x[r0 * d..(r0 + rows) * d], rows, d, p, n);
                 for r in 0..b {
-                    for v in std::slice::from_raw_parts_mut(p.add(r * n), rows) {
-                        *v = kernel.apply(*v);
-                    }
+                    kernel.apply_all(std::slice::from_raw_parts_mut(p.add(r * n), rows));
                 }
             }
         });
