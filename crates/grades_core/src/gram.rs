@@ -266,5 +266,22 @@ mod tests {
                 }
             }
         }
+
+        #[test]
+        fn syrk_large_is_x_xt_and_symmetric_to_the_bit(n in 1usize..700, d in 1usize..40, seed in 0u64..1000) {
+            // several stripes and column blocks, partial ones
+            let r = |t: usize| ((t as u64 + 1).wrapping_mul(6364136223846793005).wrapping_add(seed) >> 40) as f32
+                / (1u64 << 24) as f32 - 0.5;
+            let x: Vec<f32> = (0..n * d).map(r).collect();
+            let mut out = vec![f32::NAN; n * n];
+            super::syrk_large(&x, n, d, &mut out, |c| 2.0 * c);
+            for i in 0..n {
+                for j in 0..n {
+                    prop_assert_eq!(out[i * n + j].to_bits(), out[j * n + i].to_bits(), "({}, {})", i, j);
+                    let want: f64 = (0..d).map(|k| x[i * d + k] as f64 * x[j * d + k] as f64).sum();
+                    prop_assert!((out[i * n + j] as f64 / 2.0 - want).abs() <= 1e-5 * (1.0 + d as f64), "({i}, {j})");
+                }
+            }
+        }
     }
 }
