@@ -24,6 +24,11 @@ def seconds_of(step: str | None) -> str:
     return f"{float(step.split(' s')[0]):.1f} s"
 
 
+def least(r: dict, floor: dict, cores: int) -> float:
+    """A run's CPU seconds over the cores, against the floor's wall seconds."""
+    return r["cpu_seconds"] / cores / floor["seconds"]
+
+
 def render(b: dict) -> str:
     fl = b["floor"]
     rows = b["results"]
@@ -46,17 +51,28 @@ def render(b: dict) -> str:
         "",
         "![time and peak memory against the limit](limits.png)",
         "",
-        "| limit | buckets | select s | CPU s | × floor | peak RSS | peak / limit | spill | select by bucket |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| limit | buckets | select s | CPU s | × floor | CPU s / cores × floor | peak RSS | peak / limit | spill "
+        "| select by bucket |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    cores = b["machine"]["cpus"]
     for r in rows:
         p = r["profile"]
         lines.append(
             f"| {mib(r['limit_bytes'])} | {r['parts']}{'' if r['parts'] > 1 else ' (in memory)'} | "
-            f"{r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['ratio_to_floor']:.2f} | {mib(r['peak_rss_bytes'])} | "
-            f"{r['peak_rss_over_limit']:.2f} | {seconds_of(p.get('spill'))} | {seconds_of(p.get('select by bucket'))} |")
+            f"{r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['ratio_to_floor']:.2f} | {least(r, fl, cores):.2f} | "
+            f"{mib(r['peak_rss_bytes'])} | {r['peak_rss_over_limit']:.2f} | {seconds_of(p.get('spill'))} | "
+            f"{seconds_of(p.get('select by bucket'))} |")
     lines += ["", f"The floor: {fl['seconds']:.1f} s wall, {fl['cpu_seconds']:.1f} s CPU, peak RSS "
               f"{mib(fl['peak_rss_bytes'])} (polars' streaming engine, which no limit bounds)."]
+    over = [r for r in rows if least(r, fl, cores) > 1.5]
+    lines += ["", f"`CPU s / cores × floor` is the job's CPU time spread evenly over the {cores} cores, against the "
+              "floor's wall time: the least ratio any overlap of the job's steps could reach on this machine "
+              "without doing less work. "
+              + (f"It is above 1.5 at {len(over)} of the {len(rows)} limits "
+                 f"({', '.join(mib(r['limit_bytes']) for r in over)}): there only a cheaper spill or a cheaper "
+                 "selection, not more overlap, can bring the job to 1.5x its floor." if over else
+                 "It is at most 1.5 at every limit.")]
     if spilled:
         lo, hi = min(r["ratio_to_floor"] for r in spilled), max(r["ratio_to_floor"] for r in spilled)
         plo, phi = min(r["peak_rss_over_limit"] for r in spilled), max(r["peak_rss_over_limit"] for r in spilled)
