@@ -250,12 +250,20 @@ pub fn syrk_large<F: Fn(f32) -> f32 + Sync>(x: &[f32], n: usize, d: usize, out: 
 mod tests {
     use proptest::prelude::*;
 
+    /// `len` values in [-0.5, 0.5) from `seed`.
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        (0..len)
+            .map(|t| {
+                ((t as u64 + 1).wrapping_mul(6364136223846793005).wrapping_add(seed) >> 40) as f32 / (1u64 << 24) as f32
+                    - 0.5
+            })
+            .collect()
+    }
+
     proptest! {
         #[test]
         fn syrk_is_x_xt_and_symmetric_to_the_bit(n in 1usize..70, d in 1usize..60, seed in 0u64..1000) {
-            let r = |t: usize| ((t as u64 + 1).wrapping_mul(6364136223846793005).wrapping_add(seed) >> 40) as f32
-                / (1u64 << 24) as f32 - 0.5;
-            let x: Vec<f32> = (0..n * d).map(r).collect();
+            let x = values(n * d, seed);
             let mut out = vec![f32::NAN; n * n];
             super::syrk(&x, n, d, &mut out, &[]);
             for i in 0..n {
@@ -270,9 +278,7 @@ mod tests {
         #[test]
         fn syrk_large_is_x_xt_and_symmetric_to_the_bit(n in 1usize..700, d in 1usize..40, seed in 0u64..1000) {
             // several stripes and column blocks, partial ones
-            let r = |t: usize| ((t as u64 + 1).wrapping_mul(6364136223846793005).wrapping_add(seed) >> 40) as f32
-                / (1u64 << 24) as f32 - 0.5;
-            let x: Vec<f32> = (0..n * d).map(r).collect();
+            let x = values(n * d, seed);
             let mut out = vec![f32::NAN; n * n];
             super::syrk_large(&x, n, d, &mut out, |c| 2.0 * c);
             for i in 0..n {
