@@ -644,3 +644,43 @@ fn dense_and_on_demand_may_part_ways_only_within_rounding() {
         None => assert!((c[0].objective - b.objective).abs() <= 1e-4 * (1.0 + b.objective.abs())),
     }
 }
+
+#[test]
+fn a_batch_gives_each_pool_what_it_gives_alone_on_any_number_of_threads() {
+    // pools large enough for the nested parallel steps (column gains of pools
+    // of 4,096 and more, blocks above a stripe), small ones between them: the
+    // buffers each thread reuses, and those a pool stolen inside a nested step
+    // gets, change no pick
+    let d = 6usize;
+    let sizes = [5000usize, 3, 300, 4200, 70, 1, 600, 4100];
+    let mut offsets = vec![0u64];
+    for s in sizes {
+        offsets.push(offsets.last().unwrap() + s as u64);
+    }
+    let rows = *offsets.last().unwrap() as usize;
+    let x: Vec<f32> = (0..rows * d)
+        .map(|t| ((t as u64 + 7).wrapping_mul(6364136223846793005) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+        .collect();
+    let rewards: Vec<f64> = (0..rows).map(|i| ((i * 7919) % 1000) as f64 / 1000.0).collect();
+    let p = params(3, 0.75, Optimizer::Lazy);
+    let alone: Vec<_> = (0..sizes.len())
+        .map(|q| {
+            let (a, b) = (offsets[q] as usize, offsets[q + 1] as usize);
+            let off = [0u64, (b - a) as u64];
+            let one = Pools::new(&x[a * d..b * d], d, &off, None).unwrap();
+            facility_location_batch(&one, Some(&rewards[a..b]), &p, Kernel::Clip).unwrap().remove(0)
+        })
+        .collect();
+    let pools = Pools::new(&x, d, &offsets, None).unwrap();
+    for threads in 1..=4 {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let got = pool.install(|| facility_location_batch(&pools, Some(&rewards), &p, Kernel::Clip).unwrap());
+        for (g, a) in got.iter().zip(&alone) {
+            assert_eq!(g.indices, a.indices, "{threads} threads");
+            assert_eq!(
+                g.gains.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                a.gains.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+}

@@ -2,6 +2,8 @@
 //! pool's Gram block while it fits the dense size limit, similarity columns
 //! on demand above it.
 
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use super::dense::DenseSource;
@@ -87,10 +89,21 @@ pub fn facility_location_batch_keyed(
             ));
         }
     }
+    // one set of buffers per thread for the whole call (rayon's `map_init` makes
+    // new ones for every piece of work it splits off, and a large pool's
+    // block is then faulted in again); a pool run while its thread's set is
+    // in use (stolen inside a nested parallel step) gets its own
+    let sets: Vec<Mutex<Scratch>> = (0..rayon::current_num_threads()).map(|_| Mutex::default()).collect();
     let out: Vec<Result<FlResult>> = (0..pools.layout.n_pools())
         .into_par_iter()
-        .map_init(Scratch::default, |sc, p| {
-            run_pool(pools, p, rewards, (text, ordered), params, kernel, dense_limit, sc)
+        .map(|p| {
+            let own = rayon::current_thread_index().and_then(|t| sets.get(t)).and_then(|m| m.try_lock().ok());
+            match own {
+                Some(mut sc) => run_pool(pools, p, rewards, (text, ordered), params, kernel, dense_limit, &mut sc),
+                None => {
+                    run_pool(pools, p, rewards, (text, ordered), params, kernel, dense_limit, &mut Scratch::default())
+                }
+            }
         })
         .collect();
     // the first failing pool, deterministically
