@@ -106,50 +106,18 @@ impl Slots {
     }
 }
 
-/// [`Grouping`] of rows by their integer id. Up to [`PARALLEL_ROWS`] rows
-/// (or on one thread): [`run_pools`] over the table, then every row placed
-/// in its pool. More: the rows cut into one run per thread, each run's pools
-/// found at once, the runs' pools merged in run order (a pool's first
-/// appearance is in the first run that holds it, so the order of first
-/// appearance is kept), and every run's rows placed at once, each run's
-/// rows of a pool after those of the runs before: the same grouping.
-pub fn group_ints(ids: &[i64]) -> Result<Grouping> {
-    group_ints_from(ids, PARALLEL_ROWS)
-}
+/// The pools of several runs (in row order) as pools of the table, in order
+/// of first appearance: their first rows, counts, whether the table is in
+/// runs of one id (the identity), and each run's pools' numbers in the table.
+type Merged = (Vec<u64>, Vec<u64>, bool, Vec<Vec<u32>>);
 
-/// [`group_ints`] on several threads from `parallel_rows` rows on.
-fn group_ints_from(ids: &[i64], parallel_rows: usize) -> Result<Grouping> {
-    use rayon::prelude::*;
-
-    let n = ids.len();
-    let threads = rayon::current_num_threads();
-    if n < parallel_rows.max(threads) || threads < 2 {
-        let r = run_pools(ids, 0)?;
-        let offsets = offsets_of(&r.counts);
-        let rows = if r.identity {
-            (0..n as u64).collect()
-        } else {
-            let mut next = offsets[..r.counts.len()].to_vec();
-            let mut rows = vec![0u64; n];
-            for (i, &p) in r.pool_of.iter().enumerate() {
-                let slot = &mut next[p as usize];
-                rows[*slot as usize] = i as u64;
-                *slot += 1;
-            }
-            rows
-        };
-        return Ok(Grouping { firsts: r.firsts, offsets, rows, identity: r.identity });
-    }
-    let per = n.div_ceil(threads);
-    let runs: Vec<RunPools> =
-        ids.par_chunks(per).enumerate().map(|(c, run)| run_pools(run, c * per)).collect::<Result<_>>()?;
-    // each run's pools as pools of the table, in order of first appearance
+fn merge_runs(runs: &[RunPools]) -> Result<Merged> {
     let mut map = IdMap::default();
     let (mut firsts, mut counts) = (Vec::new(), Vec::new());
     let mut identity = true;
     let mut last_pool: Option<u32> = None;
     let mut global: Vec<Vec<u32>> = Vec::with_capacity(runs.len());
-    for r in &runs {
+    for r in runs {
         identity &= r.identity;
         let mut g = Vec::with_capacity(r.ids.len());
         for (lp, &k) in r.ids.iter().enumerate() {
@@ -173,7 +141,39 @@ fn group_ints_from(ids: &[i64], parallel_rows: usize) -> Result<Grouping> {
         }
         global.push(g);
     }
-    drop(map);
+    Ok((firsts, counts, identity, global))
+}
+
+/// [`Grouping`] of rows by their integer id. Up to [`PARALLEL_ROWS`] rows
+/// (or on one thread): [`run_pools`] over the table, then every row placed
+/// in its pool. More: the rows cut into one run per thread, each run's pools
+/// found at once, the runs' pools merged in run order (a pool's first
+/// appearance is in the first run that holds it, so the order of first
+/// appearance is kept), and every run's rows placed at once, each run's
+/// rows of a pool after those of the runs before: the same grouping.
+pub fn group_ints(ids: &[i64]) -> Result<Grouping> {
+    group_ints_from(ids, PARALLEL_ROWS)
+}
+
+/// [`group_ints`] on several threads from `parallel_rows` rows on.
+fn group_ints_from(ids: &[i64], parallel_rows: usize) -> Result<Grouping> {
+    use rayon::prelude::*;
+
+    let n = ids.len();
+    let threads = rayon::current_num_threads();
+    let per = if n < parallel_rows.max(threads) || threads < 2 { n.max(1) } else { n.div_ceil(threads) };
+    let mut runs: Vec<RunPools> =
+        ids.par_chunks(per).enumerate().map(|(c, run)| run_pools(run, c * per)).collect::<Result<_>>()?;
+    if runs.is_empty() {
+        runs.push(run_pools(ids, 0)?);
+    }
+    let (firsts, counts, identity, global) = if runs.len() == 1 {
+        let r = &mut runs[0];
+        let pools = (0..r.ids.len() as u32).collect();
+        (std::mem::take(&mut r.firsts), r.counts.clone(), r.identity, vec![pools])
+    } else {
+        merge_runs(&runs)?
+    };
     let offsets = offsets_of(&counts);
     if identity {
         return Ok(Grouping { firsts, offsets, rows: (0..n as u64).collect(), identity });
