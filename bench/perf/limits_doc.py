@@ -66,12 +66,13 @@ def render(b: dict) -> str:
     lines += ["", f"The floor: {fl['seconds']:.1f} s wall, {fl['cpu_seconds']:.1f} s CPU, peak RSS "
               f"{mib(fl['peak_rss_bytes'])} (polars' streaming engine, which no limit bounds)."]
     over = [r for r in rows if least(r, fl, cores) > 1.5]
+    named = ", ".join(f"{mib(r['limit_bytes'])}: {least(r, fl, cores):.2f}" for r in over)
     lines += ["", f"`CPU s / cores × floor` is the job's CPU time spread evenly over the {cores} cores, against the "
               "floor's wall time: the least ratio any overlap of the job's steps could reach on this machine "
               "without doing less work. "
-              + (f"It is above 1.5 at {len(over)} of the {len(rows)} limits "
-                 f"({', '.join(mib(r['limit_bytes']) for r in over)}): there only a cheaper spill or a cheaper "
-                 "selection, not more overlap, can bring the job to 1.5x its floor." if over else
+              + (f"By this run's CPU medians it is above 1.5 at {len(over)} of the {len(rows)} limits "
+                 f"({named}): there more overlap alone would not bring the job to 1.5x its floor; less work "
+                 "(a cheaper spill or selection) is what could." if over else
                  "It is at most 1.5 at every limit.")]
     if spilled:
         lo, hi = min(r["ratio_to_floor"] for r in spilled), max(r["ratio_to_floor"] for r in spilled)
