@@ -249,6 +249,20 @@ def test_bucket_of_is_the_pool_key_digest():
     assert bucket_of(ints, 7).tolist() == (pool_keys(ints) % np.uint64(7)).tolist()
 
 
+@given(st.lists(st.integers(0, 70_000), max_size=300), st.sampled_from([np.uint32, np.int64]))
+@settings(max_examples=200, deadline=None)
+def test_bucket_order_is_a_stable_sort_by_bucket(buckets, dtype):
+    from mrt_fast.datasets.spill import bucket_order
+
+    b = np.array(buckets, dtype=dtype)
+    n = int(b.max()) + 1 if len(b) else 1
+    order, cuts = bucket_order(b, n)
+    assert order.tolist() == sorted(range(len(b)), key=lambda r: (buckets[r], r))
+    assert len(cuts) == n + 1 and cuts[0] == 0 and cuts[-1] == len(b)
+    for i in range(n):
+        assert all(buckets[r] == i for r in order[cuts[i]:cuts[i + 1]])
+
+
 @pytest.mark.parametrize("spec", ["2GB", "512MiB", "1.5g", 3_000_000_000])
 def test_parse_memory(spec):
     assert parse_memory(spec) >= 64 * 2**20
@@ -850,6 +864,43 @@ def test_spill_by_arrow_threads_equals_the_scan(tmp_path_factory, n_pools, seed,
         assert sorted(a["prompt_id"].to_list()) == sorted(df.filter(pl.Series(want))["prompt_id"].to_list())
         total += a.height
     assert total == df.height
+
+
+@pytest.mark.parametrize("dictionary", [False, True])
+def test_bucket_files_hold_every_slice_and_their_end(tmp_path, dictionary):
+    """Slices appended to the bucket files (Arrow IPC streams: encoded slice by slice, or by Arrow's
+    stream writer where a column carries a dictionary that changes between batches) read back as the
+    rows of each bucket in input order; a file cut short of its end marker is refused, not read short."""
+    import pyarrow as pa
+
+    from mrt_fast.datasets.spill import BucketWriters
+
+    rng = np.random.default_rng(3)
+    n, nb = 500, 4
+    ids = rng.integers(0, 30, n)
+    words = np.array(["a", "bb", "ccc", "dddd"])[rng.integers(0, 4, n)]
+    t = pa.table({batch.ROW: pa.array(np.arange(n, dtype=np.uint32)), "prompt_id": ids,
+                  "text": pa.array(words).dictionary_encode() if dictionary else pa.array(words)})
+    with BucketWriters(tmp_path, nb, 0, staging=4096) as w:
+        for a in range(0, n, 120):  # batches whose dictionaries differ
+            part = t.slice(a, 120)
+            if dictionary:
+                part = part.set_column(2, "text", pa.array(part["text"].to_pylist()).dictionary_encode())
+            w.add(part.combine_chunks().to_batches()[0], pl.Series(part["prompt_id"].to_numpy()))
+    whole = pl.DataFrame({batch.ROW: np.arange(n, dtype=np.uint32), "prompt_id": ids, "text": words})
+    want_bucket = bucket_of(whole["prompt_id"], nb)
+    total = 0
+    for i in range(nb):
+        got = batch.read_bucket(tmp_path, i)
+        got = got.with_columns(pl.col("text").cast(pl.String))
+        want = whole.filter(pl.Series(want_bucket == i))
+        assert got.select(want.columns).equals(want.with_columns(pl.col(batch.ROW).cast(got[batch.ROW].dtype)))
+        total += got.height
+    assert total == n
+    f = batch.bucket_files(tmp_path, 0)[0]
+    f.write_bytes(f.read_bytes()[:-8])
+    with pytest.raises(pa.ArrowInvalid, match="end-of-stream"):
+        batch.read_bucket(tmp_path, 0)
 
 
 def test_select_dataset_takes_a_k_column(tmp_path):

@@ -6,7 +6,7 @@ the rows of each bucket to files in one pass over the input, and a bucket is
 read back, rows in input order, where its part is selected. Two file forms:
 
 * **bucket files** (:func:`spill`, :func:`spill_run`, :func:`read_bucket`):
-  ``bucket-NNNNN.T.arrow`` Arrow IPC files, one per bucket and writer ``T``,
+  ``bucket-NNNNN.T.arrow`` Arrow IPC streams, one per bucket and writer ``T``,
   written and read around the page cache (:mod:`mrt_fast.datasets.direct_io`),
   every row with its global row index ``__row``; the local executor's threads
   and the Ray executor's read tasks over Parquet both write them;
@@ -67,6 +67,17 @@ def bucket_of(prompt_ids: pl.Series, n_buckets: int) -> np.ndarray:
     return (pool_keys(s) % np.uint64(n)).astype(np.uint32)
 
 
+def bucket_order(buckets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows sorted by bucket, keeping row order within a bucket (a stable sort), and
+    the cuts: bucket ``i`` (0 .. n - 1) holds rows ``order[cuts[i]:cuts[i + 1]]``. Buckets
+    below 65,536 are sorted as 16-bit keys, which NumPy's stable sort orders in linear
+    time (radix) rather than by merging."""
+    b = np.asarray(buckets)
+    if len(b) and int(b.max()) < 1 << 16:
+        b = b.astype(np.uint16, copy=False)
+    order = np.argsort(b, kind="stable")
+    return order, np.searchsorted(b[order], np.arange(n + 1))
+
 
 def load_spill_modules() -> None:
     """Import what a spilled job loads on its way: Arrow's compute functions (the exchange's take and
@@ -84,7 +95,7 @@ def load_spill_modules() -> None:
 def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
           on_rows: Callable[[int], None] | None = None, batch_rows: int = 200_000, threads: int = 1,
           staging: int | None = None, chunk_rows: int = 0) -> int:
-    """Partition the dataset into ``n_buckets`` buckets of Arrow IPC files
+    """Partition the dataset into ``n_buckets`` buckets of Arrow IPC streams
     ``spill_dir/bucket-NNNNN.T.arrow`` in one pass. Every row keeps its global
     row index ``__row``; each batch is cut by bucket with one stable sort.
     A Parquet dataset Arrow reads as polars would (:mod:`mrt_fast.datasets.arrow_runs`)
@@ -194,12 +205,18 @@ def pa_index_type() -> type:
 
 class BucketWriters:
     """One thread's bucket files: each batch cut by bucket (one stable sort), the slices appended
-    (Arrow IPC files written around the page cache, :mod:`mrt_fast.datasets.direct_io`)."""
+    as Arrow IPC streams written around the page cache (:mod:`mrt_fast.datasets.direct_io`).
+
+    A slice is encoded by Arrow in one call (:meth:`pyarrow.RecordBatch.serialize`) and copied
+    into its file's staging block in one write: under a tight limit a spill cuts each batch into
+    a slice per bucket, and the IPC writer's one Python call per buffer of every slice cost more
+    than the encoding. Columns with dictionaries (which the stream must carry besides the slices)
+    go through Arrow's stream writer."""
 
     def __init__(self, spill_dir: Path, n_buckets: int, tag: int, staging: int = 1 << 20):
         self.dir, self.n, self.tag, self.staging = spill_dir, n_buckets, tag, staging
-        self.writers: dict[int, Any] = {}
-        self.sinks: list[Any] = []
+        self.sinks: dict[int, Any] = {}
+        self.writers: dict[int, Any] = {}  # Arrow's stream writers (schemas with dictionaries)
         self.nulls = 0
 
     def add(self, t, ids: pl.Series) -> None:
@@ -207,30 +224,52 @@ class BucketWriters:
 
         b = bucket_of(ids, self.n)
         self.nulls += ids.null_count()
-        order = np.argsort(b, kind="stable")
-        cuts = np.searchsorted(b[order], np.arange(self.n + 2))
+        order, cuts = bucket_order(b, self.n + 1)
         t = take_rows(t, arrow_of(order))
+        by_writer = has_dictionaries(t.schema)
         for i in np.flatnonzero(np.diff(cuts)):
             sl = t.slice(int(cuts[i]), int(cuts[i + 1] - cuts[i]))
-            w = self.writers.get(int(i))
-            if w is None:
+            sink = self.sinks.get(int(i))
+            if sink is None:
                 from mrt_fast.datasets.direct_io import DirectWriter
 
-                sink = DirectWriter(self.dir / f"bucket-{int(i):05d}.{self.tag}.arrow", self.staging)
-                self.sinks.append(sink)
-                w = self.writers[int(i)] = ipc.new_file(sink, sl.schema)
-            w.write(sl)
+                sink = self.sinks[int(i)] = DirectWriter(self.dir / f"bucket-{int(i):05d}.{self.tag}.arrow",
+                                                         self.staging)
+                if by_writer:
+                    self.writers[int(i)] = ipc.new_stream(sink, sl.schema)
+                else:
+                    sink.write(sl.schema.serialize())
+            if by_writer:
+                self.writers[int(i)].write(sl)
+            else:
+                for rb in [sl] if isinstance(sl, pa.RecordBatch) else sl.to_batches():
+                    sink.write(rb.serialize())
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         try:
-            for w in self.writers.values():
-                w.close()
+            for i, sink in self.sinks.items():
+                if i in self.writers:
+                    self.writers[i].close()
+                else:
+                    sink.write(STREAM_END)
         finally:
-            for sink in self.sinks:
+            for sink in self.sinks.values():
                 sink.close()
+
+
+#: the end-of-stream marker of an Arrow IPC stream (a continuation and a zero length)
+STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def has_dictionaries(schema: pa.Schema) -> bool:
+    """Whether a column of the schema, or a field nested in one, is dictionary-encoded."""
+    def dictionary(t: pa.DataType) -> bool:
+        return pa.types.is_dictionary(t) or any(dictionary(t.field(j).type) for j in range(t.num_fields))
+
+    return any(dictionary(f.type) for f in schema)
 
 
 def take_rows(t, idx):
@@ -302,12 +341,14 @@ def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None, embedd
         raw = read_bucket_bytes(spill_dir, i, buffers[0])
     if not raw:
         return pl.DataFrame(schema=schema) if schema is not None else pl.DataFrame()
-    batches = []
+    tables = []
     for mv in raw:
-        r = ipc.open_file(pa.py_buffer(mv))
-        batches.extend(r.get_batch(j) for j in range(r.num_record_batches))
-    t = pa.Table.from_batches(batches)
-    if len(batches) > 1 and t.num_rows < SMALL_BATCH_ROWS * len(batches):
+        if mv.nbytes < len(STREAM_END) or bytes(mv[-len(STREAM_END):]) != STREAM_END:
+            raise pa.ArrowInvalid(f"a spill file of bucket {i} ends before its end-of-stream marker")
+        tables.append(ipc.open_stream(pa.py_buffer(mv)).read_all())
+    t = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    chunks = t.column(0).num_chunks if t.num_columns else 0
+    if chunks > 1 and t.num_rows < SMALL_BATCH_ROWS * chunks:
         # a spill under a tight limit writes many small record batches: one copy of the bucket
         # (small then too) costs less than carrying hundreds of chunks through polars and the core
         t = t.combine_chunks()
@@ -432,8 +473,7 @@ def write_pieces(t: pa.Table, buckets: np.ndarray, spill: str | Path, n_buckets:
     storage): a rerun of the block rewrites the same pieces."""
     import pyarrow.ipc as ipc
 
-    order = np.argsort(buckets, kind="stable")
-    cuts = np.searchsorted(buckets[order], np.arange(n_buckets + 1))
+    order, cuts = bucket_order(buckets, n_buckets)
     for i in np.flatnonzero(np.diff(cuts)):
         if todo is not None and int(i) not in todo:
             continue
