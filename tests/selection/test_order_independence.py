@@ -5,7 +5,7 @@ report that says what decided the picks."""
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from mrt_fast import MrtInputError, select
 from mrt_fast import _grades_core as core
@@ -195,3 +195,41 @@ def test_candidates_equal_in_embedding_and_reward_are_decided_by_their_content(d
     want = kept(df)
     assert kept(df.sample(fraction=1.0, shuffle=True, seed=seed)) == want
     assert kept(df.reverse()) == want
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4), d=st.integers(1, 9),
+       half=st.booleans(), array=st.booleans(), key_rows=st.integers(1, 50), seed=st.integers(0, 10_000))
+def test_embedding_keys_are_the_keys_of_the_float32_matrix(monkeypatch, sizes, d, half, array, key_rows, seed):
+    """The duplicate keys of an embedding column, read chunk by chunk where it lies (float16
+    widened a few rows at a time), are `core.content_keys` of the whole column as one float32
+    matrix, for float16 and float32, list and array columns, in any number of chunks."""
+    import mrt_fast.selection.content as content
+    from mrt_fast.tables.arrays import embeddings
+
+    assume(sum(sizes) > 0)
+    monkeypatch.setattr(content, "KEY_ROWS", key_rows)  # the same value in every example
+    rng = np.random.default_rng(seed)
+    dt = pl.Float16 if half else pl.Float32
+    typ = pl.Array(dt, d) if array else pl.List(dt)
+    parts = [pl.DataFrame({"e": rng.normal(size=(n, d)).round(1).tolist()}, schema={"e": typ}) for n in sizes]
+    df = pl.concat(parts, rechunk=False)
+    want = core.content_keys(embeddings(df, "e"))
+    assert content.embedding_keys(df, "e").tolist() == want.tolist()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 12), min_size=0, max_size=30), values=st.integers(1, 6),
+       step=st.integers(1, 40), seed=st.integers(0, 10_000))
+def test_keys_repeated_in_a_pool_are_found_pool_by_pool(monkeypatch, sizes, values, step, seed):
+    """Rows whose key repeats inside their pool, looked for a few whole pools at a time, are
+    those the whole table's (pool, key) pairs repeat on."""
+    import mrt_fast.selection.content as content
+
+    monkeypatch.setattr(content, "REPEAT_ROWS", step)  # the same value in every example
+    rng = np.random.default_rng(seed)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.uint64)
+    keys = rng.integers(0, values, int(offsets[-1])).astype(np.uint64)
+    pool = np.repeat(np.arange(len(sizes)), sizes)
+    want = pl.DataFrame({"p": pool, "c": keys}).is_duplicated().to_numpy() if len(keys) else np.zeros(0, bool)
+    assert content.repeated_in_pools(offsets, keys).tolist() == want.tolist()

@@ -22,8 +22,8 @@ import polars as pl
 
 from mrt_fast import _grades_core as core
 from mrt_fast.errors import MrtInputError
-from mrt_fast.tables.arrays import columns_of, embeddings as _embeddings, pool_keys, take, to_polars
-from mrt_fast.tables.embedding_blocks import EmbeddingBlocks
+from mrt_fast.tables.arrays import columns_of, pool_keys, take, to_polars
+from mrt_fast.tables.embedding_blocks import EmbeddingBlocks, embedding_blocks
 
 
 def text_keys(df: pl.DataFrame, text: str) -> np.ndarray:
@@ -61,13 +61,53 @@ def content_keys(full: pl.DataFrame, leave_out: tuple[str, ...], text_key: np.nd
     return np.ascontiguousarray(h)
 
 
+#: rows of a float16 embedding column widened to float32 at a time, for their keys
+KEY_ROWS = 1 << 16
+
+
+def embedding_keys(df: pl.DataFrame, embedding: str) -> np.ndarray:
+    """``core.content_keys`` of every row's embedding (as float32), read block by block where
+    the column lies (`embedding_blocks`): a float16 column is widened ``KEY_ROWS`` rows at a
+    time, never into a whole float32 matrix."""
+    x = embedding_blocks(df, embedding)
+    keys = []
+    for b in x.blocks:
+        if b.dtype == np.float32:
+            keys.append(core.content_keys(b))
+            continue
+        for a in range(0, len(b), KEY_ROWS):
+            keys.append(core.content_keys(np.ascontiguousarray(b[a:a + KEY_ROWS], dtype=np.float32)))
+    return np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
+
+
+#: rows whose repeated keys are looked for at once (whole pools, at least this many rows apart)
+REPEAT_ROWS = 1 << 20
+
+
+def repeated_in_pools(offsets: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Whether each row's key occurs more than once in its pool: rows in pool order, pool
+    ``i`` holding rows ``offsets[i]:offsets[i + 1]``. Whole pools of about ``REPEAT_ROWS``
+    rows are looked at a time, which bounds the hash table polars builds (a 10M-row table
+    at once held 2 GiB)."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n = len(keys)
+    out = np.zeros(n, dtype=bool)
+    cuts = np.unique(np.concatenate([[0, n], offsets[np.searchsorted(offsets, np.arange(REPEAT_ROWS, n,
+                                                                                        REPEAT_ROWS))]]))
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        first, last = np.searchsorted(offsets, [a, b])
+        pool = np.repeat(np.arange(first, last, dtype=np.int64), np.diff(offsets[first:last + 1]))
+        out[a:b] = pl.DataFrame({"p": pool, "c": keys[a:b]}).is_duplicated().to_numpy()
+    return out
+
+
 def duplicate_classes(df: pl.DataFrame, embedding: str, text_key: np.ndarray | None,
                       content: np.ndarray) -> np.ndarray:
     """A class per row: rows with the same embedding, or the same text where
     a text key is given, share a class (the union of both relations). Without
     an embedding column, rows equal in `content` (every column) do."""
     if embedding in df.columns:
-        e = core.content_keys(_embeddings(df, embedding))
+        e = embedding_keys(df, embedding)
     else:
         e = content
     if text_key is None:

@@ -39,8 +39,8 @@ from mrt_fast.selection.options import DEFAULT_KERNEL, FACILITY_METHODS, SelectO
 from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE
 from mrt_fast.selection.facility import dense_limit_bytes
 from mrt_fast.selection.table_errors import said_of_table as _said_of_table
-from mrt_fast.selection.content import (content_keys, content_ordered, duplicate_classes, table_content_keys,
-                                       text_keys)
+from mrt_fast.selection.content import (content_keys, content_ordered, duplicate_classes, repeated_in_pools,
+                                       table_content_keys, text_keys)
 from mrt_fast.selection.dedup import near_duplicate_mask
 
 
@@ -417,8 +417,7 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
             dups = duplicate_classes(df, embedding, text_key, ck)
             if embedding in df.columns:
                 # rows equal in every other column: the embedding tells them apart
-                same = pl.DataFrame({"p": np.repeat(np.arange(g.n_pools), g.sizes()),
-                                     "c": ck[g.rows.astype(np.int64)]}).is_duplicated().to_numpy()
+                same = repeated_in_pools(g.offsets, ck[g.rows.astype(np.int64)])
                 if same.any():
                     at = g.rows.astype(np.int64)[same]
                     ck = ck.copy()
