@@ -119,3 +119,26 @@ def test_one_mode_pools_are_one_mode(n, d, spread, seed):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=d) + spread * rng.normal(size=(n, d))
     assert kmeans(x, key=seed).max() == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 120), d=st.integers(1, 12), block=st.integers(1, 50), zeros=st.booleans(),
+       seed=st.integers(0, 10_000))
+def test_order_keys_by_blocks_are_those_of_the_whole_matrix(n, d, block, zeros, seed):
+    """The content order keys, computed a block of rows at a time (float64 temporaries of a
+    block, not of the matrix), are to the bit those of the whole matrix at once."""
+    import mrt_fast.selection.modes as modes
+
+    x = np.random.default_rng(seed).normal(size=(n, d)).astype(np.float32)
+    if zeros and n:
+        x[::3] = 0  # zero rows keep their (zero) projection
+    nrm = np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
+    u = np.where(nrm > 0, x / np.where(nrm > 0, nrm, 1), x)
+    p = u @ np.random.default_rng(0x6D6F646573).normal(size=(d, 2))
+    before = modes.ORDER_ROWS
+    try:
+        modes.ORDER_ROWS = block
+        got = modes._order_keys(x)
+    finally:
+        modes.ORDER_ROWS = before
+    assert got[0].tobytes() == p[:, 1].tobytes() and got[1].tobytes() == p[:, 0].tobytes()

@@ -109,6 +109,10 @@ def _faiss_modes(xs: np.ndarray, n_modes: int | None, m_max: int, min_silhouette
     return best
 
 
+#: rows whose order keys are computed at once (their float64 copies are the temporaries)
+ORDER_ROWS = 1 << 16
+
+
 def _order_keys(x: np.ndarray) -> list[np.ndarray]:
     """Sort keys of rows by content (for `np.lexsort`, most significant last):
     the unit-normalised rows projected on two fixed pseudo-random directions.
@@ -116,10 +120,13 @@ def _order_keys(x: np.ndarray) -> list[np.ndarray]:
     included, and a renormalisation moves one by rounding only, so the order
     survives it; identical rows tie and are interchangeable."""
     x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
-    nrm = np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
-    u = np.where(nrm > 0, x / np.where(nrm > 0, nrm, 1), x)
     r = np.random.default_rng(0x6D6F646573).normal(size=(x.shape[1], 2))
-    p = u @ r
+    p = np.empty((len(x), 2))
+    for a in range(0, len(x), ORDER_ROWS):  # float64 rows a block at a time, not the whole matrix
+        b = x[a:a + ORDER_ROWS]
+        nrm = np.linalg.norm(b.astype(np.float64), axis=1, keepdims=True)
+        u = np.where(nrm > 0, b / np.where(nrm > 0, nrm, 1), b)
+        p[a:a + ORDER_ROWS] = u @ r
     return [p[:, 1], p[:, 0]]
 
 
