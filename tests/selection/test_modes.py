@@ -124,21 +124,30 @@ def test_one_mode_pools_are_one_mode(n, d, spread, seed):
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 120), d=st.integers(1, 12), block=st.integers(1, 50), zeros=st.booleans(),
        seed=st.integers(0, 10_000))
-def test_order_keys_by_blocks_are_those_of_the_whole_matrix(n, d, block, zeros, seed):
-    """The content order keys, computed a block of rows at a time (float64 temporaries of a
-    block, not of the matrix), are to the bit those of the whole matrix at once."""
+def test_order_keys_of_a_row_depend_on_that_row_alone(n, d, block, zeros, seed):
+    """The content order keys of a row are the same to the bit whatever rows come with it and
+    however many are computed at once (identical rows always tie), and they are the rows'
+    unit vectors projected on two fixed directions."""
     import mrt_fast.selection.modes as modes
 
-    x = np.random.default_rng(seed).normal(size=(n, d)).astype(np.float32)
-    if zeros and n:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    if zeros:
         x[::3] = 0  # zero rows keep their (zero) projection
-    nrm = np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
-    u = np.where(nrm > 0, x / np.where(nrm > 0, nrm, 1), x)
-    p = u @ np.random.default_rng(0x6D6F646573).normal(size=(d, 2))
     before = modes.ORDER_ROWS
     try:
         modes.ORDER_ROWS = block
         got = modes._order_keys(x)
+        alone = [modes._order_keys(x[i:i + 1]) for i in range(n)]
+        perm = rng.permutation(n)
+        shuffled = modes._order_keys(x[perm])
     finally:
         modes.ORDER_ROWS = before
-    assert got[0].tobytes() == p[:, 1].tobytes() and got[1].tobytes() == p[:, 0].tobytes()
+    for k in range(2):
+        assert got[k].tobytes() == np.concatenate([a[k] for a in alone]).tobytes()
+        assert shuffled[k].tobytes() == got[k][perm].tobytes()
+    nrm = np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)
+    u = np.where(nrm > 0, x / np.where(nrm > 0, nrm, 1), x)
+    p = u @ np.random.default_rng(0x6D6F646573).normal(size=(d, 2))
+    assert np.allclose(got[0], p[:, 1], rtol=1e-12, atol=1e-12) and np.allclose(got[1], p[:, 0], rtol=1e-12,
+                                                                                   atol=1e-12)

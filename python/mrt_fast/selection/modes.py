@@ -118,16 +118,19 @@ def _order_keys(x: np.ndarray) -> list[np.ndarray]:
     the unit-normalised rows projected on two fixed pseudo-random directions.
     Distinct rows practically never share a projection, sparse embeddings
     included, and a renormalisation moves one by rounding only, so the order
-    survives it; identical rows tie and are interchangeable."""
+    survives it; identical rows tie and are interchangeable: each row's keys
+    are computed from that row alone (no matrix product, whose rounding can
+    depend on how many rows it is given)."""
     x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
     r = np.random.default_rng(0x6D6F646573).normal(size=(x.shape[1], 2))
-    p = np.empty((len(x), 2))
+    p = np.empty((2, len(x)))
     for a in range(0, len(x), ORDER_ROWS):  # float64 rows a block at a time, not the whole matrix
         b = x[a:a + ORDER_ROWS]
         nrm = np.linalg.norm(b.astype(np.float64), axis=1, keepdims=True)
         u = np.where(nrm > 0, b / np.where(nrm > 0, nrm, 1), b)
-        p[a:a + ORDER_ROWS] = u @ r
-    return [p[:, 1], p[:, 0]]
+        for j in range(2):  # a sum along each row: a row's key is the same wherever the row lies
+            p[j, a:a + ORDER_ROWS] = (u * r[:, j]).sum(axis=1)
+    return [p[1], p[0]]
 
 
 def _content_order(g, x: np.ndarray):
