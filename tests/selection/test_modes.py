@@ -122,8 +122,8 @@ def test_one_mode_pools_are_one_mode(n, d, spread, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 120), d=st.integers(1, 12), block=st.integers(1, 50), zeros=st.booleans(),
-       seed=st.integers(0, 10_000))
+@given(n=st.integers(1, 120), d=st.sampled_from([1, 2, 3, 5, 8, 9, 12, 17, 32, 33, 64, 129, 384]),
+       block=st.integers(1, 50), zeros=st.booleans(), seed=st.integers(0, 10_000))
 def test_order_keys_of_a_row_depend_on_that_row_alone(n, d, block, zeros, seed):
     """The content order keys of a row are the same to the bit whatever rows come with it and
     however many are computed at once (identical rows always tie), and they are the rows'
