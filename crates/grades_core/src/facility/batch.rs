@@ -97,13 +97,10 @@ pub fn facility_location_batch_keyed(
     let out: Vec<Result<FlResult>> = (0..pools.layout.n_pools())
         .into_par_iter()
         .map(|p| {
-            let own = rayon::current_thread_index().and_then(|t| sets.get(t)).and_then(|m| m.try_lock().ok());
-            match own {
-                Some(mut sc) => run_pool(pools, p, rewards, (text, ordered), params, kernel, dense_limit, &mut sc),
-                None => {
-                    run_pool(pools, p, rewards, (text, ordered), params, kernel, dense_limit, &mut Scratch::default())
-                }
-            }
+            let mut own = rayon::current_thread_index().and_then(|t| sets.get(t)).and_then(|m| m.try_lock().ok());
+            let mut fresh = Scratch::default(); // holds nothing until a pool grows it
+            let sc = own.as_deref_mut().unwrap_or(&mut fresh);
+            run_pool(pools, p, rewards, (text, ordered), params, kernel, dense_limit, sc)
         })
         .collect();
     // the first failing pool, deterministically
