@@ -163,7 +163,8 @@ def content_keys(
 ) -> npt.NDArray[np.uint64]:
     """xxh3 of each embedding row, its reward and its text key: the key ties and draws are decided by."""
 def kmeans_modes(
-    data: npt.NDArray[np.float32],
+    data: Union[npt.NDArray[np.float32], npt.NDArray[np.float16],
+                list[npt.NDArray[np.float32]], list[npt.NDArray[np.float16]]],
     offsets: npt.NDArray[np.uint64],
     keys: npt.NDArray[np.uint64],
     seed: int,

@@ -152,12 +152,12 @@ _CHILD = ("import runpy, sys\nsys.argv = ['mrt', *sys.argv[1:]]\ntry:\n"
           "    sys.stderr.write(f'\\npeak {int(hwm) * 1024}\\n')\n")
 
 
-def _select_in_child(src: Path, out: Path, limit: str) -> tuple[int, str, int]:
+def _select_in_child(src: Path, out: Path, limit: str, method: str = "grades") -> tuple[int, str, int]:
     """`mrt select` in a child process: (exit code, stderr, the child's own peak resident bytes)."""
     env = {**os.environ, "PYTHONPATH": str(Path(mrt_fast.__file__).parent.parent), "OMP_NUM_THREADS": "1"}
     p = subprocess.run([sys.executable, "-c", _CHILD, "select", str(src), str(out), "--k", "3",
-                        "--memory-limit", limit], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                       env=env)
+                        "--method", method, "--memory-limit", limit], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True, env=env)
     err, _, peak = p.stderr.rstrip().rpartition("\npeak ")
     return p.returncode, err, int(peak)
 
@@ -213,6 +213,33 @@ def test_a_text_column_holds_the_limit_at_every_step(tmp_path):
         rc, err, peak = _select_in_child(src, tmp_path / f"o{i}", str(limit))
         assert rc == 0, err
         assert peak <= limit, (f, limit, peak)
+
+
+@pytest.mark.parametrize("method", ["stratified", "top", "random", "diverse"])
+def test_every_method_holds_the_limit_from_the_least_one_up(tmp_path, method):
+    """Each method's own work (stratified finding modes from the embeddings: k-means, content
+    order, duplicate classes) stays within the limit from the smallest the job accepts up to
+    where it runs in memory: float16 vectors, as generated data comes."""
+    rng = np.random.default_rng(3)
+    n = 300_000
+    ids = np.repeat(np.arange(n // 40), rng.integers(8, 73, n // 40))[:n]
+    df = pl.DataFrame({"prompt_id": ids, "reward": rng.standard_normal(len(ids)),
+                       "embedding": rng.standard_normal((len(ids), 32)).astype(np.float16)})
+    src = tmp_path / "in"
+    cut(df.with_columns(pl.col("embedding").cast(pl.List(pl.Float16))).sample(fraction=1.0, shuffle=True, seed=4),
+        src, 4)
+    rc, err, _ = _select_in_child(src, tmp_path / "refused", "64MiB", method)
+    assert rc == 2 and "use a limit of at least" in err, err
+    least = parse_memory(err.strip().splitlines()[-1].rsplit("at least ", 1)[1].replace(" ", ""))
+    kept = None
+    for i, f in enumerate([1.0, 1.3, 1.6, 6.0]):
+        limit = int(least * f)
+        rc, err, peak = _select_in_child(src, tmp_path / f"o{i}", str(limit), method)
+        assert rc == 0, err
+        assert peak <= limit, (method, f, limit, peak)
+        got = read_dir(tmp_path / f"o{i}").sort("prompt_id", "pick_rank")
+        assert kept is None or got.equals(kept), (method, f)  # the same rows, spilled or not
+        kept = got
 
 
 def test_stratified_with_computed_modes(tmp_path):

@@ -151,3 +151,60 @@ def test_order_keys_of_a_row_depend_on_that_row_alone(n, d, block, zeros, seed):
     p = u @ np.random.default_rng(0x6D6F646573).normal(size=(d, 2))
     assert np.allclose(got[0], p[:, 1], rtol=1e-12, atol=1e-12) and np.allclose(got[1], p[:, 0], rtol=1e-12,
                                                                                    atol=1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(1, 12), min_size=1, max_size=15), width=st.sampled_from([1, 3, 40, 10_000]),
+       seed=st.integers(0, 10_000))
+def test_renumber_numbers_each_pools_labels_by_first_appearance(sizes, width, seed):
+    """Each pool's labels become 0, 1, ... in the order their first row comes along the ranks,
+    with a table of every (pool, label) pair or (many labels) a hash table."""
+    from mrt_fast.selection.modes import renumber
+    from mrt_fast.tables.arrays import group
+
+    rng = np.random.default_rng(seed)
+    ids = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    labels = rng.integers(0, width, len(ids))
+    position = rng.permutation(len(ids))
+    got = renumber(labels, group(pl.DataFrame({"p": ids}), "p"), position)
+    want = np.empty(len(ids), dtype=np.int64)
+    for p in range(len(sizes)):
+        rows = np.flatnonzero(ids == p)
+        seen: dict[int, int] = {}
+        for r in rows[np.argsort(position[rows])]:
+            want[r] = seen.setdefault(int(labels[r]), len(seen))
+    assert got.tolist() == want.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 10), min_size=1, max_size=12), kinds=st.integers(1, 6),
+       projections=st.integers(1, 6), seed=st.integers(0, 10_000))
+def test_first_copies_in_content_order_are_those_of_the_hash_table(sizes, kinds, projections, seed):
+    """Rows of each pool sorted by their order keys: the first copy of every row found from
+    neighbours equals the hash table's, also where distinct rows share their order keys
+    (few projections for the kinds of row: copies may then lie apart)."""
+    from mrt_fast.selection.modes import first_copies, first_copies_in_order
+
+    rng = np.random.default_rng(seed)
+    pool_of = np.repeat(np.arange(len(sizes)), sizes)
+    keys = rng.integers(0, kinds, len(pool_of)).astype(np.uint64)
+    proj = rng.integers(0, projections, (kinds, 2)).astype(np.float64)  # equal rows, equal keys
+    ok = [proj[keys.astype(np.int64), 1], proj[keys.astype(np.int64), 0]]
+    order = np.lexsort(ok + [pool_of])  # within a run of equal keys: any order of the rows
+    keys, ok = keys[order], [k[order] for k in ok]
+    got = first_copies_in_order(keys, pool_of, ok)
+    assert got.tolist() == first_copies(keys, pool_of).tolist()
+
+
+@settings(max_examples=25, deadline=None)
+@given(n_pools=st.integers(1, 6), per=st.integers(3, 40), m=st.integers(1, 4), seed=st.integers(0, 1000))
+def test_float16_embeddings_give_the_modes_of_their_float32_values(n_pools, per, m, seed):
+    """pool_modes reads float16 vectors in place (the core widens a pool at a time): the modes
+    are those of the same values as float32."""
+    df = planted(n_pools, per, m, d=8, noise=0.2, seed=seed)
+    half = df.with_columns(pl.col("embedding").cast(pl.List(pl.Float16)))
+    wide = half.with_columns(pl.col("embedding").cast(pl.List(pl.Float32)))
+    a, ia = pool_modes(half, seed=seed, return_info=True)
+    b, ib = pool_modes(wide, seed=seed, return_info=True)
+    assert a["mode"].to_list() == b["mode"].to_list()
+    assert ia.equals(ib)

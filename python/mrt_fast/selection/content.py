@@ -69,7 +69,11 @@ def embedding_keys(df: pl.DataFrame, embedding: str) -> np.ndarray:
     """``core.content_keys`` of every row's embedding (as float32), read block by block where
     the column lies (`embedding_blocks`): a float16 column is widened ``KEY_ROWS`` rows at a
     time, never into a whole float32 matrix."""
-    x = embedding_blocks(df, embedding)
+    return block_keys(embedding_blocks(df, embedding))
+
+
+def block_keys(x: EmbeddingBlocks) -> np.ndarray:
+    """:func:`embedding_keys` of the rows of ``x``."""
     keys = []
     for b in x.blocks:
         if b.dtype == np.float32:

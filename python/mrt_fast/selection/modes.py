@@ -30,14 +30,17 @@ sample of 2,000 rows, so memory stays linear in the set's size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from mrt_fast import _grades_core as core
-from mrt_fast.tables.arrays import columns_of, embeddings as _embeddings, group, pool_keys, require, table_kind, to_polars
+from mrt_fast.tables.arrays import columns_of, group, pool_keys, require, table_kind, to_polars
+from mrt_fast.tables.embedding_blocks import EmbeddingBlocks, embedding_blocks
 from mrt_fast.errors import MrtInputError
+from mrt_fast.selection.content import block_keys
 from mrt_fast.selection.knn import faiss_module, unit_rows
 from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE, check_max_mode_cosine, coarsen
 
@@ -109,52 +112,76 @@ def _faiss_modes(xs: np.ndarray, n_modes: int | None, m_max: int, min_silhouette
     return best
 
 
-#: rows whose order keys are computed at once (their float64 copies are the temporaries)
+#: rows whose order keys are computed at once (their float64 copies are the temporaries), at most
+#: ``ORDER_BYTES`` of float64 values
 ORDER_ROWS = 1 << 16
+ORDER_BYTES = 1 << 21
 
 
-def _order_keys(x: np.ndarray) -> list[np.ndarray]:
+def _order_keys(x: Any) -> list[np.ndarray]:
     """Sort keys of rows by content (for `np.lexsort`, most significant last):
     the unit-normalised rows projected on two fixed pseudo-random directions.
     Distinct rows practically never share a projection, sparse embeddings
     included, and a renormalisation moves one by rounding only, so the order
     survives it; identical rows tie and are interchangeable: each row's keys
     are computed from that row alone (no matrix product, whose rounding can
-    depend on how many rows it is given)."""
-    x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
-    r = np.random.default_rng(0x6D6F646573).normal(size=(x.shape[1], 2))
-    p = np.empty((2, len(x)))
-    for a in range(0, len(x), ORDER_ROWS):  # float64 rows a block at a time, not the whole matrix
-        b = x[a:a + ORDER_ROWS]
-        nrm = np.linalg.norm(b.astype(np.float64), axis=1, keepdims=True)
-        u = np.where(nrm > 0, b / np.where(nrm > 0, nrm, 1), b)
-        for j in range(2):  # a sum along each row: a row's key is the same wherever the row lies
-            p[j, a:a + ORDER_ROWS] = (u * r[:, j]).sum(axis=1)
+    depend on how many rows it is given). ``x``: a matrix or `EmbeddingBlocks`
+    (float16 rows are widened ``ORDER_ROWS`` at a time, exactly as float32)."""
+    blocks = x.blocks if isinstance(x, EmbeddingBlocks) else [np.asarray(x, dtype=np.float32).reshape(len(x), -1)]
+    d = blocks[0].shape[1] if blocks else 0
+    r = np.random.default_rng(0x6D6F646573).normal(size=(d, 2))
+    p = np.empty((2, sum(len(b) for b in blocks)))
+    step = max(1, min(ORDER_ROWS, ORDER_BYTES // (8 * max(d, 1))))
+    at = 0
+    for blk in blocks:
+        for a in range(0, len(blk), step):  # float64 rows a block at a time, not the whole matrix
+            b = blk[a:a + step].astype(np.float64)
+            nrm = np.linalg.norm(b, axis=1, keepdims=True)
+            u = np.where(nrm > 0, b / np.where(nrm > 0, nrm, 1), b)
+            for j in range(2):  # a sum along each row: a row's key is the same wherever the row lies
+                p[j, at + a:at + a + len(b)] = (u * r[:, j]).sum(axis=1)
+        at += len(blk)
     return [p[1], p[0]]
 
 
-def _content_order(g, x: np.ndarray):
-    """`g` with each pool's rows in content order (see `_order_keys`), so a
+def _all_finite(x: EmbeddingBlocks) -> bool:
+    return all(bool(np.isfinite(b).all()) for b in x.blocks)
+
+
+def _content_order(g, keys: list[np.ndarray]):
+    """`g` with each pool's rows in content order (by `_order_keys` of every row), so a
     pool's modes do not depend on the order of its rows."""
-    if not np.all(np.isfinite(x)):
-        return g  # the core names the bad row
     pool_of = np.repeat(np.arange(g.n_pools), g.sizes())
     r = g.rows.astype(np.int64)
-    order = np.lexsort([k[r] for k in _order_keys(x)] + [pool_of])
+    order = np.lexsort([k[r] for k in keys] + [pool_of])
     rows = g.rows[order]
     return type(g)(keys=g.keys, offsets=g.offsets, rows=rows,
                    identity=bool(np.array_equal(rows, np.arange(len(rows), dtype=rows.dtype))))
 
 
 def renumber(labels: np.ndarray, g, position: np.ndarray) -> np.ndarray:
-    """`labels` renumbered in each pool of `g` by first appearance along
+    """`labels` (non-negative) renumbered in each pool of `g` by first appearance along
     `position` (a rank of every row): the first row is mode 0."""
     pool_of = np.empty(len(labels), dtype=np.int64)
     pool_of[g.rows.astype(np.int64)] = np.repeat(np.arange(g.n_pools), g.sizes())
-    d = pl.DataFrame({"p": pool_of, "l": labels, "i": position})
-    first = d.group_by(["p", "l"]).agg(pl.col("i").min().alias("f"))
-    first = first.with_columns((pl.col("f").rank("ordinal").over("p") - 1).cast(pl.Int64).alias("new"))
-    return d.join(first, on=["p", "l"], how="left", maintain_order="left")["new"].to_numpy()
+    width = int(labels.max()) + 1 if len(labels) else 1
+    if g.n_pools * width > 4 * len(labels) + 1024:  # many labels: a hash table rather than a table of all
+        d = pl.DataFrame({"p": pool_of, "l": labels, "i": position})
+        first = d.group_by(["p", "l"]).agg(pl.col("i").min().alias("f"))
+        first = first.with_columns((pl.col("f").rank("ordinal").over("p") - 1).cast(pl.Int64).alias("new"))
+        return d.join(first, on=["p", "l"], how="left", maintain_order="left")["new"].to_numpy()
+    slot = pool_of * width + labels  # (pool, label) as one index into a table of every pair
+    del pool_of
+    none = np.iinfo(np.int64).max
+    first = np.full(g.n_pools * width, none, dtype=np.int64)
+    np.minimum.at(first, slot, np.asarray(position, dtype=np.int64))
+    used = np.flatnonzero(first != none)
+    pool = used // width
+    order = np.lexsort((first[used], pool))  # each pool's labels by where they first appear
+    rank = np.empty(len(used), dtype=np.int64)
+    rank[order] = np.arange(len(used)) - np.searchsorted(pool[order], pool[order], side="left")
+    first[used] = rank
+    return first[slot]
 
 
 def _check_params(n_modes: Any, m_max: Any, min_silhouette: Any, seed: Any, max_mode_cosine: Any) -> None:
@@ -178,6 +205,23 @@ def first_copies(keys: np.ndarray, pool_of: np.ndarray) -> np.ndarray:
     pool with the same content key: the row itself unless it repeats one."""
     d = pl.DataFrame({"p": pool_of, "k": keys, "i": np.arange(len(keys), dtype=np.int64)})
     return d.select(pl.col("i").min().over(["p", "k"]))["i"].to_numpy()
+
+
+
+def first_copies_in_order(keys: np.ndarray, pool_of: np.ndarray, order_keys: list[np.ndarray]) -> np.ndarray:
+    """:func:`first_copies` of rows in content order: each pool's rows sorted by their
+    `_order_keys` (``order_keys``, given for these rows), where the copies of a row are next to
+    each other, found without a hash table. Equal rows share their order keys, so only a run of
+    rows with equal order keys but different content keys (distinct rows the two projections
+    do not tell apart) could separate two copies; then the hash table decides."""
+    same_pool = pool_of[1:] == pool_of[:-1]
+    same_run = same_pool & np.logical_and.reduce([k[1:] == k[:-1] for k in order_keys])
+    same_key = keys[1:] == keys[:-1]
+    if np.any(same_run != (same_pool & same_key)):
+        return first_copies(keys, pool_of)
+    start = np.ones(len(keys), dtype=bool)
+    start[1:] = ~same_run
+    return np.maximum.accumulate(np.where(start, np.arange(len(keys), dtype=np.int64), 0))
 
 
 def kmeans(
@@ -240,6 +284,129 @@ def _kmeans_ordered(xs, n_modes, m_max, min_silhouette, seed, key, max_iter, lar
                         int(seed) ^ int(int(key) & 0x3FFFFFFF))
 
 
+
+#: bytes of float32 rows of split pools whose modes are coarsened at once (besides their float64 copies)
+COARSEN_BYTES = 1 << 25
+
+
+@dataclass
+class FoundModes:
+    """What :func:`labelled_modes` finds: the groups with each pool's rows in content order,
+    every row's mode label (numbered by first appearance in row order), modes and
+    silhouette per pool, and every row's content order keys (`_order_keys`; None when an
+    embedding is not finite)."""
+
+    groups: Any
+    labels: np.ndarray
+    n_modes: np.ndarray
+    silhouette: np.ndarray
+    order_keys: list[np.ndarray] | None
+
+
+def _pool_positions(off: np.ndarray, pools: np.ndarray) -> np.ndarray:
+    """Positions ``off[p]..off[p+1]`` of each pool in ``pools``, one after another."""
+    sizes = off[pools + 1] - off[pools]
+    first = np.cumsum(sizes) - sizes
+    return np.repeat(off[pools], sizes) + (np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(first, sizes))
+
+
+def labelled_modes(df: pl.DataFrame, g, by: str, embedding: str, *, n_modes: int | None = None, m_max: int = 8,
+                   min_silhouette: float = 0.25, max_mode_cosine: float = DEFAULT_MAX_MODE_COSINE, seed: int = 0,
+                   large_pool: int = LARGE_POOL, max_iter: int = 100) -> FoundModes:
+    """Modes of every pool of ``g`` (the groups of ``df`` by ``by``) by the policy of this module. The embedding
+    column is read where it lies (`embedding_blocks`: float16 stays float16 and is widened a pool
+    at a time by the core); copies are made a block of rows at a time, so the memory beyond the
+    table is a few integers per row."""
+    x = embedding_blocks(df, embedding)
+    finite = _all_finite(x)
+    keys_o = _order_keys(x) if finite else None
+    if keys_o is not None:  # else the core names the bad row
+        g = _content_order(g, keys_o)
+    sizes = g.sizes()
+    labels = np.zeros(df.height, dtype=np.int64)
+    n_m = np.zeros(g.n_pools, dtype=np.int64)
+    sil = np.zeros(g.n_pools, dtype=np.float64)
+    keys = pool_keys(g.keys)
+    small = sizes <= large_pool
+    # small pools: one batched call into the core on their distinct rows (the same labels as kmeans() per pool)
+    if small.any():
+        sp = np.flatnonzero(small)
+        off = g.offsets.astype(np.int64)
+        pos = np.arange(df.height, dtype=np.int64) if small.all() else _pool_positions(off, sp)
+        rows = g.rows[pos].astype(np.int64)
+        del pos
+        pool_of = np.repeat(np.arange(len(sp)), sizes[sp])
+        ck = block_keys(x)[rows]
+        first = first_copies(ck, pool_of) if keys_o is None else \
+            first_copies_in_order(ck, pool_of, [k[rows] for k in keys_o])
+        del ck
+        distinct = np.flatnonzero(first == np.arange(len(rows)))
+        drows = rows[distinct]
+        d_off = np.zeros(len(sp) + 1, dtype=np.uint64)
+        np.cumsum(np.bincount(pool_of[distinct], minlength=len(sp)), out=d_off[1:])
+        try:
+            res = core.kmeans_modes(
+                x.blocks, d_off, np.ascontiguousarray(keys[sp]), int(seed),
+                rows=np.ascontiguousarray(drows, dtype=np.uint64),
+                n_modes=None if n_modes is None else int(n_modes), m_max=int(m_max),
+                min_silhouette=float(min_silhouette), max_iter=int(max_iter),
+            )
+        except MrtInputError as e:
+            from mrt_fast.selection.table_errors import said_of_table as _said_of_table
+
+            raise _said_of_table(e, g.keys.gather(sp), by, {"embeddings": embedding}) from None
+        lab_d = np.asarray(res["labels"], dtype=np.int64)
+        sil[sp] = res["silhouette"]
+        if n_modes is None:
+            _coarsen_split(x, drows, lab_d, pool_of[distinct], np.asarray(res["n_modes"]) > 1, d_off, sp, sil,
+                           float(max_mode_cosine))
+        lab = np.empty(len(rows), dtype=np.int64)
+        lab[distinct] = lab_d
+        labels[rows] = lab[first]
+        n_m[sp] = pl.DataFrame({"p": pool_of, "l": labels[rows]}).group_by("p").agg(pl.col("l").n_unique()) \
+            .sort("p")["l"].to_numpy()
+    for p in np.flatnonzero(~small):
+        rows = g.rows[g.offsets[p] : g.offsets[p + 1]].astype(np.int64)
+        try:
+            lab = kmeans(x.rows(rows), n_modes, m_max=m_max, min_silhouette=min_silhouette,
+                         max_mode_cosine=max_mode_cosine, seed=seed, key=int(keys[p]), max_iter=max_iter,
+                         large_pool=large_pool)
+        except MrtInputError as e:
+            key = g.keys[int(p)]
+            key = key.to_list() if isinstance(key, pl.Series) else key
+            raise MrtInputError(f"pool {p} ({by}={key!r}): {e}", pool=key, column=embedding) from None
+        labels[rows] = lab
+        n_m[p] = int(lab.max()) + 1
+        sil[p] = np.nan
+    return FoundModes(groups=g, labels=renumber(labels, g, np.arange(df.height)), n_modes=n_m, silhouette=sil,
+                      order_keys=keys_o)
+
+
+def _coarsen_split(x: EmbeddingBlocks, drows: np.ndarray, lab_d: np.ndarray, d_pool: np.ndarray, split: np.ndarray,
+                   d_off: np.ndarray, sp: np.ndarray, sil: np.ndarray, max_cosine: float) -> None:
+    """`coarsen` the modes of the pools the silhouette rule split (``split``, per pool of the
+    distinct rows ``drows``, labels ``lab_d`` changed in place), ``COARSEN_BYTES`` of rows of whole
+    pools at a time (coarsening looks at one pool at a time), and the silhouette of the pools
+    whose modes changed (in ``sil``, at ``sp``)."""
+    if not split.any():
+        return
+    on = np.flatnonzero(split[d_pool])  # a pool's distinct rows are contiguous and pools in order
+    step = max(1, COARSEN_BYTES // (4 * x.dim))
+    a = 0
+    while a < len(on):
+        b = min(len(on), a + step)
+        while b < len(on) and d_pool[on[b]] == d_pool[on[b - 1]]:  # whole pools
+            b += 1
+        at = on[a:b]
+        merged = coarsen(unit_rows(x.rows(drows[at])), lab_d[at], d_pool[at], max_cosine)
+        changed = np.unique(d_pool[at][merged != lab_d[at]])
+        lab_d[at] = merged
+        for p in changed:  # the silhouette of the merged modes (a pool's distinct rows are contiguous)
+            span = slice(int(d_off[p]), int(d_off[p + 1]))
+            sil[sp[p]] = silhouette_score(unit_rows(x.rows(drows[span])), lab_d[span])
+        a = b
+
+
 def pool_modes(
     table: Any,
     *,
@@ -272,69 +439,10 @@ def pool_modes(
     require(cols, embedding, "embedding")
     full = table if kind == "polars" else to_polars(table, kind, cols)
     df = full.select([by, embedding])
-    g = group(df, by)
-    x = _embeddings(df, embedding)
-    g = _content_order(g, x)
+    found = labelled_modes(df, group(df, by), by, embedding, n_modes=n_modes, m_max=m_max, min_silhouette=min_silhouette,
+                           max_mode_cosine=max_mode_cosine, seed=seed, large_pool=large_pool, max_iter=max_iter)
+    g, labels, n_m, sil = found.groups, found.labels, found.n_modes, found.silhouette
     sizes = g.sizes()
-    labels = np.zeros(df.height, dtype=np.int64)
-    n_m = np.zeros(g.n_pools, dtype=np.int64)
-    sil = np.zeros(g.n_pools, dtype=np.float64)
-    keys = pool_keys(g.keys)
-    small = sizes <= large_pool
-    # small pools: one batched call into the core on their distinct rows (the same labels as kmeans() per pool)
-    if small.any():
-        sp = np.flatnonzero(small)
-        pos = np.concatenate([np.arange(g.offsets[p], g.offsets[p + 1], dtype=np.int64) for p in sp])
-        rows = g.rows[pos].astype(np.int64)
-        pool_of = np.repeat(np.arange(len(sp)), sizes[sp])
-        first = first_copies(core.content_keys(np.ascontiguousarray(x[rows])), pool_of)
-        distinct = np.flatnonzero(first == np.arange(len(rows)))
-        drows = rows[distinct]
-        off = np.zeros(len(sp) + 1, dtype=np.uint64)
-        np.cumsum(np.bincount(pool_of[distinct], minlength=len(sp)), out=off[1:])
-        try:
-            res = core.kmeans_modes(
-                x, off, np.ascontiguousarray(keys[sp]), int(seed), rows=np.ascontiguousarray(drows, dtype=np.uint64),
-                n_modes=None if n_modes is None else int(n_modes), m_max=int(m_max),
-                min_silhouette=float(min_silhouette), max_iter=int(max_iter),
-            )
-        except MrtInputError as e:
-            from mrt_fast.selection.table_errors import said_of_table as _said_of_table
-
-            raise _said_of_table(e, g.keys.gather(sp), by, {"embeddings": embedding}) from None
-        lab_d = np.asarray(res["labels"], dtype=np.int64)
-        sil[sp] = res["silhouette"]
-        if n_modes is None:
-            split = np.asarray(res["n_modes"]) > 1
-            if split.any():
-                on = np.flatnonzero(split[pool_of[distinct]])
-                ur = unit_rows(x[drows[on]])
-                merged = coarsen(ur, lab_d[on], pool_of[distinct][on], float(max_mode_cosine))
-                changed = np.flatnonzero(np.bincount(pool_of[distinct][on], weights=merged != lab_d[on],
-                                                     minlength=len(sp)) > 0)
-                lab_d[on] = merged
-                for p in changed:  # the silhouette of the merged modes (a pool's distinct rows are contiguous)
-                    at = slice(int(off[p]), int(off[p + 1]))
-                    sil[sp[p]] = silhouette_score(unit_rows(x[drows[at]]), lab_d[at])
-        lab = np.empty(len(rows), dtype=np.int64)
-        lab[distinct] = lab_d
-        labels[rows] = lab[first]
-        n_m[sp] = pl.DataFrame({"p": pool_of, "l": labels[rows]}).group_by("p").agg(pl.col("l").n_unique()) \
-            .sort("p")["l"].to_numpy()
-    for p in np.flatnonzero(~small):
-        rows = g.rows[g.offsets[p] : g.offsets[p + 1]].astype(np.int64)
-        try:
-            lab = kmeans(x[rows], n_modes, m_max=m_max, min_silhouette=min_silhouette,
-                         max_mode_cosine=max_mode_cosine, seed=seed, key=int(keys[p]), max_iter=max_iter,
-                         large_pool=large_pool)
-        except MrtInputError as e:
-            key = g.keys[int(p)]
-            key = key.to_list() if isinstance(key, pl.Series) else key
-            raise MrtInputError(f"pool {p} ({by}={key!r}): {e}", pool=key, column=embedding) from None
-        labels[rows] = lab
-        n_m[p] = int(lab.max()) + 1
-        sil[p] = np.nan
-    labels = renumber(labels, g, np.arange(df.height))
     if out in full.columns:
         full = full.drop(out)
     result = full.with_columns(pl.Series(out, labels, dtype=pl.Int64))

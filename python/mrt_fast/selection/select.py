@@ -44,22 +44,19 @@ from mrt_fast.selection.content import (content_keys, content_ordered, duplicate
 from mrt_fast.selection.dedup import near_duplicate_mask
 
 
-def found_modes(df: pl.DataFrame, by: str, embedding: str, seed: int, n_modes: int | None = None,
+def found_modes(df: pl.DataFrame, g, by: str, embedding: str, seed: int, n_modes: int | None = None,
                 max_mode_cosine: float = DEFAULT_MAX_MODE_COSINE) -> np.ndarray:
-    """Mode labels of every row of `df` by the k-means policy of `modes`
+    """Mode labels of every row of `df` (grouped by `g`) by the k-means policy of `modes`
     (stratified with no mode column)."""
-    from mrt_fast.selection.modes import _order_keys, pool_modes, renumber
+    from mrt_fast.selection.modes import labelled_modes, renumber
 
-    labelled = pool_modes(df.select([by, embedding]), by=by, embedding=embedding, out="__mrt_mode", seed=seed,
-                          n_modes=n_modes, max_mode_cosine=max_mode_cosine)
-    labels = labelled["__mrt_mode"].to_numpy().astype(np.int64)
+    found = labelled_modes(df, g, by, embedding, seed=seed, n_modes=n_modes, max_mode_cosine=max_mode_cosine)
+    if found.order_keys is None:  # an embedding is not finite: the core named it already
+        return np.ascontiguousarray(found.labels)
     # strata numbered in content order, not row order: the allocation's ties then follow the data
-    x = _embeddings(df, embedding)
-    if not np.all(np.isfinite(x)):
-        return np.ascontiguousarray(labels)
     rank = np.empty(df.height, dtype=np.int64)
-    rank[np.lexsort(_order_keys(x))] = np.arange(df.height)
-    return np.ascontiguousarray(renumber(labels, group(df, by), rank))
+    rank[np.lexsort(found.order_keys)] = np.arange(df.height)
+    return np.ascontiguousarray(renumber(found.labels, found.groups, rank))
 
 
 def one_mode_pools(modes: np.ndarray, g) -> int:
@@ -449,7 +446,7 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
             res = core.top_k(g.offsets, rew, k, rows=rows, content=content, dups=dups)
         else:
             if find_modes:
-                modes = found = found_modes(df, by, embedding, seed, opts.n_modes, opts.max_mode_cosine)
+                modes = found = found_modes(df, g, by, embedding, seed, opts.n_modes, opts.max_mode_cosine)
             else:
                 modes = mode_labels(df, mode)
             res = core.stratified_k(g.offsets, modes, pool_keys(g.keys), k, seed, rows=rows, content=content,

@@ -1,13 +1,16 @@
 //! k-means mode bindings.
 
-use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::{run, slice1, slice2};
+use super::embeddings::Held;
+use super::{run, slice1};
 use crate::pools::Pools;
 
-/// Modes of every pool by k-means on unit-normalised embeddings.
+/// Modes of every pool by k-means on unit-normalised embeddings (`data`: one
+/// float32 or float16 matrix, or a list of row blocks, as `fl_batch` takes;
+/// float16 rows are widened as a pool is gathered).
 /// `n_modes=None` chooses the number per pool by the silhouette rule.
 /// Returns dict(labels (per position), n_modes, inertia, silhouette (per pool)).
 #[pyfunction]
@@ -15,7 +18,7 @@ use crate::pools::Pools;
 #[allow(clippy::too_many_arguments)]
 fn kmeans_modes<'py>(
     py: Python<'py>,
-    data: PyReadonlyArray2<'py, f32>,
+    data: &Bound<'py, PyAny>,
     offsets: PyReadonlyArray1<'py, u64>,
     keys: PyReadonlyArray1<'py, u64>,
     seed: u64,
@@ -25,7 +28,8 @@ fn kmeans_modes<'py>(
     min_silhouette: f64,
     max_iter: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (x, _, d) = slice2(&data, "embeddings")?;
+    let held = Held::of(data)?;
+    let x = held.view()?;
     let off = slice1(&offsets, "offsets")?;
     let ks = slice1(&keys, "keys")?;
     let rows_s = match &rows {
@@ -34,7 +38,7 @@ fn kmeans_modes<'py>(
     };
     let params = crate::kmeans::KmeansParams { n_modes, m_max, min_silhouette, max_iter };
     let res = run(py, || {
-        let pools = Pools::new(x, d, off, rows_s)?;
+        let pools = Pools::over(x, off, rows_s)?;
         crate::kmeans::modes_batch(&pools, ks, seed, &params)
     })?;
     let dct = PyDict::new(py);
