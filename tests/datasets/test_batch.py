@@ -156,7 +156,7 @@ def _select_in_child(src: Path, out: Path, limit: str, method: str = "grades") -
     """`mrt select` in a child process: (exit code, stderr, the child's own peak resident bytes)."""
     env = {**os.environ, "PYTHONPATH": str(Path(mrt_fast.__file__).parent.parent), "OMP_NUM_THREADS": "1"}
     p = subprocess.run([sys.executable, "-c", _CHILD, "select", str(src), str(out), "--k", "3",
-                        "--method", method, "--memory-limit", limit], stdout=subprocess.DEVNULL,
+                        "--method", *method.split(), "--memory-limit", limit], stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True, env=env)
     err, _, peak = p.stderr.rstrip().rpartition("\npeak ")
     return p.returncode, err, int(peak)
@@ -215,11 +215,11 @@ def test_a_text_column_holds_the_limit_at_every_step(tmp_path):
         assert peak <= limit, (f, limit, peak)
 
 
-@pytest.mark.parametrize("method", ["stratified", "top", "random", "diverse"])
+@pytest.mark.parametrize("method", ["stratified", "top", "random", "diverse", "grades --dedup 0.95"])
 def test_every_method_holds_the_limit_from_the_least_one_up(tmp_path, method):
     """Each method's own work (stratified finding modes from the embeddings: k-means, content
-    order, duplicate classes) stays within the limit from the smallest the job accepts up to
-    where it runs in memory: float16 vectors, as generated data comes."""
+    order, duplicate classes; near-duplicate removal) stays within the limit from the smallest
+    the job accepts up to where it runs in memory: float16 vectors, as generated data comes."""
     rng = np.random.default_rng(3)
     n = 300_000
     ids = np.repeat(np.arange(n // 40), rng.integers(8, 73, n // 40))[:n]

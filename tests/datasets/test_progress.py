@@ -261,3 +261,8 @@ def test_a_long_select_step_says_its_picks_while_the_rows_stand_still(monkeypatc
     with picks_shown(JobProgress(False), quiet_for=0.01):
         time.sleep(0.1)
     assert capsys.readouterr().err == ""
+    monkeypatch.setattr(core, "picks_made", lambda: 7)  # a step that makes no picks (finding modes)
+    with picks_shown(bar, quiet_for=0.05):
+        time.sleep(0.2)
+    said = capsys.readouterr().err.splitlines()
+    assert said and all(re.fullmatch(r"mrt select: grades-4: selecting for \d+s", ln) for ln in said), said

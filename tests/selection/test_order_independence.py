@@ -206,6 +206,7 @@ def test_embedding_keys_are_the_keys_of_the_float32_matrix(monkeypatch, sizes, d
     matrix, for float16 and float32, list and array columns, in any number of chunks."""
     import mrt_fast.selection.content as content
     from mrt_fast.tables.arrays import embeddings
+    from mrt_fast.tables.embedding_blocks import embedding_blocks
 
     assume(sum(sizes) > 0)
     monkeypatch.setattr(content, "KEY_ROWS", key_rows)  # the same value in every example
@@ -216,6 +217,9 @@ def test_embedding_keys_are_the_keys_of_the_float32_matrix(monkeypatch, sizes, d
     df = pl.concat(parts, rechunk=False)
     want = core.content_keys(embeddings(df, "e"))
     assert content.embedding_keys(df, "e").tolist() == want.tolist()
+    rew = rng.normal(size=df.height).round(1)  # with rewards: a key of each row's embedding and reward
+    want = core.content_keys(embeddings(df, "e"), rewards=rew)
+    assert content.block_keys(embedding_blocks(df, "e"), rewards=rew).tolist() == want.tolist()
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -233,3 +237,56 @@ def test_keys_repeated_in_a_pool_are_found_pool_by_pool(monkeypatch, sizes, valu
     pool = np.repeat(np.arange(len(sizes)), sizes)
     want = pl.DataFrame({"p": pool, "c": keys}).is_duplicated().to_numpy() if len(keys) else np.zeros(0, bool)
     assert content.repeated_in_pools(offsets, keys).tolist() == want.tolist()
+
+
+def _near_duplicates_reference(x, offsets, rows, order_key, reward, threshold, content):
+    """The definition: each pool visited by reward (highest first), order key, content; a row
+    within `threshold` (cosine, float64 unit rows) of one kept before it is dropped; rows that
+    are not finite or have zero norm are kept."""
+    keep = np.ones(len(x), dtype=bool)
+    u = x.astype(np.float64)
+    nrm = np.linalg.norm(u, axis=1)
+    ok = np.isfinite(nrm) & (nrm > 0)
+    for p in range(len(offsets) - 1):
+        r = [int(i) for i in rows[offsets[p]:offsets[p + 1]] if ok[i]]
+        r.sort(key=lambda i: (-reward[i], order_key[i], content[i]))
+        kept = []
+        for i in r:
+            if any(float(u[i] @ u[j]) / (nrm[i] * nrm[j]) >= threshold for j in kept):
+                keep[i] = False
+            else:
+                kept.append(i)
+    return keep
+
+
+@settings(max_examples=80, deadline=None)
+@given(sizes=st.lists(st.integers(1, 14), min_size=1, max_size=10), d=st.integers(1, 6),
+       chunk=st.sampled_from([8, 100, 1 << 24]), half=st.booleans(), seed=st.integers(0, 10_000))
+def test_near_duplicates_are_the_definition_in_any_chunking(sizes, d, chunk, half, seed):
+    """Near-duplicate removal compares whole pools a chunk at a time, reading float16 rows where
+    they lie: the rows it drops are those of the definition, whatever the chunk."""
+    import mrt_fast.selection.dedup as dedup
+    from mrt_fast.tables.arrays import group
+    from mrt_fast.tables.embedding_blocks import embedding_blocks
+
+    rng = np.random.default_rng(seed)
+    ids = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    base = rng.integers(-2, 3, size=(4, d)).astype(np.float64)
+    x = base[rng.integers(0, 4, len(ids))] + rng.integers(-1, 2, size=(len(ids), d)) * 0.25
+    x[rng.random(len(ids)) < 0.1] = 0.0  # zero rows are kept
+    dt = pl.Float16 if half else pl.Float32
+    df = pl.DataFrame({"p": ids, "e": x.tolist()}, schema={"p": pl.Int64, "e": pl.List(dt)})
+    g = group(df, "p")
+    reward = rng.integers(0, 3, len(ids)).astype(np.float64)
+    order_key = rng.integers(0, 2**63, len(ids)).astype(np.uint64)
+    content = rng.integers(0, 2**63, len(ids)).astype(np.uint64)
+    before = dedup.DEDUP_BYTES
+    try:
+        dedup.DEDUP_BYTES = chunk
+        got = dedup.near_duplicate_mask(embedding_blocks(df, "e"), g.offsets, g.rows, order_key, reward, 0.9037,
+                                        content)
+    finally:
+        dedup.DEDUP_BYTES = before
+    want = _near_duplicates_reference(x.astype(np.float16 if half else np.float32), g.offsets, g.rows, order_key,
+                                      reward, 0.9037, content)
+    assert got.tolist() == want.tolist()

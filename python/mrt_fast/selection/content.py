@@ -72,15 +72,16 @@ def embedding_keys(df: pl.DataFrame, embedding: str) -> np.ndarray:
     return block_keys(embedding_blocks(df, embedding))
 
 
-def block_keys(x: EmbeddingBlocks) -> np.ndarray:
-    """:func:`embedding_keys` of the rows of ``x``."""
+def block_keys(x: EmbeddingBlocks, rewards: np.ndarray | None = None) -> np.ndarray:
+    """:func:`embedding_keys` of the rows of ``x`` (with ``rewards``: ``core.content_keys`` of
+    each row's embedding and reward)."""
     keys = []
-    for b in x.blocks:
-        if b.dtype == np.float32:
-            keys.append(core.content_keys(b))
-            continue
-        for a in range(0, len(b), KEY_ROWS):
-            keys.append(core.content_keys(np.ascontiguousarray(b[a:a + KEY_ROWS], dtype=np.float32)))
+    for b, first in zip(x.blocks, x.starts):
+        step = len(b) if b.dtype == np.float32 else KEY_ROWS
+        for a in range(0, len(b), max(step, 1)):
+            e = min(a + step, len(b))
+            rew = None if rewards is None else np.ascontiguousarray(rewards[first + a:first + e])
+            keys.append(core.content_keys(np.ascontiguousarray(b[a:e], dtype=np.float32), rewards=rew))
     return np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
 
 

@@ -22,7 +22,6 @@ from mrt_fast.tables.hf import arrow_to_hf, hf_to_arrow, is_hf
 from mrt_fast.tables.layouts import GROUPED, table_layout
 from mrt_fast.tables.arrays import (
     columns_of,
-    embeddings as _embeddings,
     group,
     mode_labels,
     numeric,
@@ -39,8 +38,8 @@ from mrt_fast.selection.options import DEFAULT_KERNEL, FACILITY_METHODS, SelectO
 from mrt_fast.selection.mode_merge import DEFAULT_MAX_MODE_COSINE
 from mrt_fast.selection.facility import dense_limit_bytes
 from mrt_fast.selection.table_errors import said_of_table as _said_of_table
-from mrt_fast.selection.content import (content_keys, content_ordered, duplicate_classes, repeated_in_pools,
-                                       table_content_keys, text_keys)
+from mrt_fast.selection.content import (block_keys, content_keys, content_ordered, duplicate_classes,
+                                       repeated_in_pools, table_content_keys, text_keys)
 from mrt_fast.selection.dedup import near_duplicate_mask
 
 
@@ -70,7 +69,7 @@ def one_mode_pools(modes: np.ndarray, g) -> int:
 def _dedup(table, kind, df, g, by, embedding, reward, mode, candidate_key, threshold, added_columns):
     """Remove near-duplicates inside each pool (see `dedup`): the table,
     its frame and groups without them, and how many were removed."""
-    x = _embeddings(df, embedding)
+    x = embedding_blocks(df, embedding)  # read where it lies; whole pools are widened a few at a time
     rew = numeric(df, reward, "reward") if reward in df.columns else None
     if rew is not None and not np.all(np.isfinite(rew)):
         return table, df, g, 0  # selection names the bad reward
@@ -78,10 +77,9 @@ def _dedup(table, kind, df, g, by, embedding, reward, mode, candidate_key, thres
         order = np.empty(df.height, dtype=np.uint64)
         order[g.rows.astype(np.int64)] = np.arange(df.height, dtype=np.uint64)
     else:
-        norms_ok = np.all(np.isfinite(x))
-        if not norms_ok:
+        if not all(bool(np.isfinite(b).all()) for b in x.blocks):
             return table, df, g, 0  # selection names the bad embedding
-        order = core.content_keys(x, rewards=rew)
+        order = block_keys(x, rewards=rew)
     # candidates equal in embedding and reward: their content (every column) orders them
     content = None if candidate_key is not None else table_content_keys(table, kind, (embedding, mode),
                                                                            added_columns, None)
@@ -326,11 +324,6 @@ def _by_content(res: dict, g, x: EmbeddingBlocks, rew, text_key, params, kernel,
     return g, out
 
 
-def _inner(dtype: pl.DataType) -> pl.DataType | None:
-    """The element type of a list or array column (None for any other)."""
-    return dtype.inner if isinstance(dtype, (pl.List, pl.Array)) else None  # type: ignore[return-value]
-
-
 def select_one_k(table: Any, opts: SelectOptions, *, return_report: bool, added_columns: tuple[str, ...] = ()):
     """`select` of a flat table with one integer K (``opts.k``)."""
     t0 = time.perf_counter()
@@ -373,12 +366,6 @@ def _select(table: Any, opts: SelectOptions, t0: float, *, return_report: bool, 
     if text is not None:
         require(cols, text, "text")
         need.append(text)
-    if kind == "polars" and embedding in need and table[embedding].n_chunks() > 1 \
-            and _inner(table[embedding].dtype) == pl.Float32 and (m not in FACILITY_METHODS or dedup is not None):
-        # one contiguous copy of the embeddings (a table read from several files
-        # comes in chunks) for the steps that read them as one matrix (facility
-        # location alone reads the chunks in place)
-        table = table.with_columns(table[embedding].rechunk())
     df = to_polars(table, kind, list(dict.fromkeys(need)))
     if candidate_key is not None:
         df = checked_key(table, kind, df, by, candidate_key, added_columns)
