@@ -162,6 +162,19 @@ def content_keys(
     text: Optional[npt.NDArray[np.uint64]] = None,
 ) -> npt.NDArray[np.uint64]:
     """xxh3 of each embedding row, its reward and its text key: the key ties and draws are decided by."""
+def near_duplicates(
+    data: Union[npt.NDArray[np.float32], npt.NDArray[np.float16],
+                list[npt.NDArray[np.float32]], list[npt.NDArray[np.float16]]],
+    offsets: npt.NDArray[np.uint64],
+    threshold: float,
+    *,
+    order: npt.NDArray[np.uint64],
+    rows: Optional[npt.NDArray[np.uint64]] = None,
+    rewards: Optional[npt.NDArray[np.float64]] = None,
+    content: Optional[npt.NDArray[np.uint64]] = None,
+) -> npt.NDArray[np.bool_]: ...
+
+
 def kmeans_modes(
     data: Union[npt.NDArray[np.float32], npt.NDArray[np.float16],
                 list[npt.NDArray[np.float32]], list[npt.NDArray[np.float16]]],

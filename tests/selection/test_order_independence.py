@@ -261,11 +261,11 @@ def _near_duplicates_reference(x, offsets, rows, order_key, reward, threshold, c
 
 @settings(max_examples=80, deadline=None)
 @given(sizes=st.lists(st.integers(1, 14), min_size=1, max_size=10), d=st.integers(1, 6),
-       chunk=st.sampled_from([8, 100, 1 << 24]), half=st.booleans(), seed=st.integers(0, 10_000))
-def test_near_duplicates_are_the_definition_in_any_chunking(sizes, d, chunk, half, seed):
-    """Near-duplicate removal compares whole pools a chunk at a time, reading float16 rows where
-    they lie: the rows it drops are those of the definition, whatever the chunk."""
-    import mrt_fast.selection.dedup as dedup
+       cuts=st.integers(1, 4), half=st.booleans(), rewards=st.booleans(), seed=st.integers(0, 10_000))
+def test_near_duplicates_are_the_definition(sizes, d, cuts, half, rewards, seed):
+    """Near-duplicate removal in the core, reading float16 or float32 rows where they lie (a
+    column in several chunks): the rows it drops are those of the definition."""
+    from mrt_fast.selection.dedup import near_duplicate_mask
     from mrt_fast.tables.arrays import group
     from mrt_fast.tables.embedding_blocks import embedding_blocks
 
@@ -274,19 +274,16 @@ def test_near_duplicates_are_the_definition_in_any_chunking(sizes, d, chunk, hal
     base = rng.integers(-2, 3, size=(4, d)).astype(np.float64)
     x = base[rng.integers(0, 4, len(ids))] + rng.integers(-1, 2, size=(len(ids), d)) * 0.25
     x[rng.random(len(ids)) < 0.1] = 0.0  # zero rows are kept
+    x[rng.random(len(ids)) < 0.05, 0] = np.inf  # so are rows that are not finite
     dt = pl.Float16 if half else pl.Float32
     df = pl.DataFrame({"p": ids, "e": x.tolist()}, schema={"p": pl.Int64, "e": pl.List(dt)})
+    at = np.linspace(0, df.height, cuts + 1).astype(int)
+    df = pl.concat([df[a:b] for a, b in zip(at[:-1], at[1:])], rechunk=False)
     g = group(df, "p")
-    reward = rng.integers(0, 3, len(ids)).astype(np.float64)
+    reward = rng.integers(0, 3, len(ids)).astype(np.float64) if rewards else None
     order_key = rng.integers(0, 2**63, len(ids)).astype(np.uint64)
     content = rng.integers(0, 2**63, len(ids)).astype(np.uint64)
-    before = dedup.DEDUP_BYTES
-    try:
-        dedup.DEDUP_BYTES = chunk
-        got = dedup.near_duplicate_mask(embedding_blocks(df, "e"), g.offsets, g.rows, order_key, reward, 0.9037,
-                                        content)
-    finally:
-        dedup.DEDUP_BYTES = before
+    got = near_duplicate_mask(embedding_blocks(df, "e"), g.offsets, g.rows, order_key, reward, 0.9037, content)
     want = _near_duplicates_reference(x.astype(np.float16 if half else np.float32), g.offsets, g.rows, order_key,
-                                      reward, 0.9037, content)
+                                      np.zeros(len(ids)) if reward is None else reward, 0.9037, content)
     assert got.tolist() == want.tolist()

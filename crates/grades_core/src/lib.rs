@@ -13,6 +13,7 @@
 //! * [`facility`]: the (quality-weighted) facility-location objective, naive and
 //!   lazy greedy, and a certified upper bound on the optimum.
 //! * [`keys`]: stable 64-bit keys of prompt ids (by value).
+//! * [`dedup`]: near-duplicates inside pools, by a cosine threshold.
 //! * [`grouping`]: rows grouped by integer prompt id, in order of first appearance.
 //! * [`pooling`]: static (model2vec-style) sentence embeddings from token ids.
 //! * [`progress`]: a count of picks made, for progress displays.
@@ -21,6 +22,7 @@
 //! * [`variance`]: streaming, mergeable prompt/response variance accumulators.
 
 pub mod convert;
+pub mod dedup;
 pub mod embeddings;
 pub mod error;
 pub mod facility;

@@ -13,6 +13,7 @@
 //! * `gram`: the similarity matrix of one pool.
 //! * `sampling`: random-K, top-K and mode-stratified K.
 //! * `keys`: 64-bit keys of prompt ids.
+//! * `dedup`: near-duplicates inside pools.
 //! * `grouping`: rows grouped by integer prompt id.
 //! * `pooling`: a static model's sentence embeddings from token ids.
 //! * `progress`: the count of picks made.
@@ -29,6 +30,7 @@ use pyo3::types::PyDict;
 use crate::error::Error;
 
 mod convert;
+mod dedup;
 mod embeddings;
 mod facility;
 mod gram;
@@ -95,6 +97,7 @@ fn slice2<'a, T: numpy::Element>(a: &'a PyReadonlyArray2<'_, T>, name: &str) -> 
 #[pymodule]
 fn _grades_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     convert::register(m)?;
+    dedup::register(m)?;
     facility::register(m)?;
     progress::register(m)?;
     gram::register(m)?;
