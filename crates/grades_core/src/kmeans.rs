@@ -79,11 +79,6 @@ pub struct Modes {
     pub silhouette: Vec<f64>,
 }
 
-#[inline]
-fn sqdist(a: &[f32], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(&x, &c)| (x as f64 - c) * (x as f64 - c)).sum()
-}
-
 /// An index drawn with probability proportional to `w` (`total` its sum, > 0); never a
 /// point of weight 0 (rounding at the end of the sum).
 fn draw_by_weight(w: &[f64], total: f64, rng: &mut ChaCha8Rng) -> usize {
@@ -103,6 +98,77 @@ fn draw_by_weight(w: &[f64], total: f64, rng: &mut ChaCha8Rng) -> usize {
     pick
 }
 
+/// The rows of `x` (`n x d`) by dimension: `d x n`, float64. The loops below
+/// run over rows innermost (many rows at once in vector registers), each
+/// row's sum still taken dimension by dimension in order, so every sum is
+/// rounded exactly as when one row is done at a time.
+fn by_dimension(x: &[f32], n: usize, d: usize) -> Vec<f64> {
+    let mut xt = vec![0f64; n * d];
+    for i in 0..n {
+        for (j, &v) in x[i * d..(i + 1) * d].iter().enumerate() {
+            xt[j * n + i] = v as f64;
+        }
+    }
+    xt
+}
+
+/// Squared distance of every row of `xt` (`d x n`, see [`by_dimension`]) to
+/// `c`, into `out`: `sum_j (x_ij - c_j)^2`, dimension by dimension.
+fn sqdists(xt: &[f64], n: usize, c: &[f64], out: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked just above).
+            return unsafe { sqdists_avx2(xt, n, c, out) };
+        }
+    }
+    sqdists_body(xt, n, c, out)
+}
+
+/// [`sqdists`] compiled for AVX2 (the same lane-wise operations, no fused
+/// multiply-add: the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sqdists_avx2(xt: &[f64], n: usize, c: &[f64], out: &mut [f64]) {
+    sqdists_body(xt, n, c, out)
+}
+
+#[inline(always)]
+fn sqdists_body(xt: &[f64], n: usize, c: &[f64], out: &mut [f64]) {
+    out[..n].fill(0.0);
+    for (j, &cj) in c.iter().enumerate() {
+        for (o, &v) in out[..n].iter_mut().zip(&xt[j * n..(j + 1) * n]) {
+            let t = v - cj;
+            *o += t * t;
+        }
+    }
+}
+
+/// `acc[i] += row[i]` for every i (vectorised; each entry's sum in the caller's order).
+fn add_row(acc: &mut [f64], row: &[f64]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked just above).
+            return unsafe { add_row_avx2(acc, row) };
+        }
+    }
+    add_row_body(acc, row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_row_avx2(acc: &mut [f64], row: &[f64]) {
+    add_row_body(acc, row)
+}
+
+#[inline(always)]
+fn add_row_body(acc: &mut [f64], row: &[f64]) {
+    for (a, &v) in acc.iter_mut().zip(row) {
+        *a += v;
+    }
+}
+
 /// k-means++ seeding then Lloyd on the rows of `x` (`n x d`, unit rows).
 /// Returns canonical labels and the inertia.
 pub fn kmeans_one(x: &[f32], n: usize, d: usize, m: usize, max_iter: usize, rng: &mut ChaCha8Rng) -> (Vec<u32>, f64) {
@@ -110,13 +176,15 @@ pub fn kmeans_one(x: &[f32], n: usize, d: usize, m: usize, max_iter: usize, rng:
     if n == 0 {
         return (Vec::new(), 0.0);
     }
+    let xt = by_dimension(x, n, d);
     let row = |i: usize| &x[i * d..(i + 1) * d];
     // greedy k-means++ seeding (Arthur and Vassilvitskii; scikit-learn's default): each new
     // centre is the best, by the potential it leaves, of 2 + ln(m) candidates drawn by D^2
     let mut centres: Vec<f64> = Vec::with_capacity(m * d);
     let first = rng.random_range(0..n);
     centres.extend(row(first).iter().map(|&v| v as f64));
-    let mut d2: Vec<f64> = (0..n).map(|i| sqdist(row(i), &centres[0..d])).collect();
+    let mut d2 = vec![0f64; n];
+    sqdists(&xt, n, &centres[0..d], &mut d2);
     let trials = 2 + (m as f64).ln().floor() as usize;
     let mut cand_d2 = vec![0f64; n];
     let mut best_d2 = vec![0f64; n];
@@ -130,9 +198,10 @@ pub fn kmeans_one(x: &[f32], n: usize, d: usize, m: usize, max_iter: usize, rng:
         for _ in 0..trials {
             let pick = draw_by_weight(&d2, total, rng);
             let c: Vec<f64> = row(pick).iter().map(|&v| v as f64).collect();
+            sqdists(&xt, n, &c, &mut cand_d2);
             let mut potential = 0.0;
-            for (i, (cd, &di)) in cand_d2.iter_mut().zip(&d2).enumerate() {
-                *cd = sqdist(row(i), &c).min(di);
+            for (cd, &di) in cand_d2.iter_mut().zip(&d2) {
+                *cd = cd.min(di);
                 potential += *cd;
             }
             if best.is_none_or(|(_, p)| potential < p) {
@@ -147,14 +216,18 @@ pub fn kmeans_one(x: &[f32], n: usize, d: usize, m: usize, max_iter: usize, rng:
     let mc = centres.len() / d;
     // Lloyd
     let mut labels = vec![0usize; n];
-    let assign = |centres: &[f64], labels: &mut [usize]| -> (bool, f64) {
+    let mut dist = vec![0f64; mc * n]; // squared distance of every row to every centre
+    let mut assign = |centres: &[f64], labels: &mut [usize]| -> (bool, f64) {
+        for c in 0..mc {
+            sqdists(&xt, n, &centres[c * d..(c + 1) * d], &mut dist[c * n..(c + 1) * n]);
+        }
         let mut changed = false;
         let mut inertia = 0.0;
         for (i, l) in labels.iter_mut().enumerate() {
             let mut best = 0usize;
             let mut bd = f64::INFINITY;
             for c in 0..mc {
-                let dd = sqdist(row(i), &centres[c * d..(c + 1) * d]);
+                let dd = dist[c * n + i];
                 if dd < bd {
                     bd = dd;
                     best = c;
@@ -211,7 +284,7 @@ fn canonical(labels: &[usize]) -> Vec<u32> {
         .collect()
 }
 
-/// Mean silhouette of `labels` given the `n x n` distance matrix `dist`.
+/// Mean silhouette of `labels` given the symmetric `n x n` distance matrix `dist`.
 /// Points alone in their cluster score 0; one cluster scores 0.
 pub fn silhouette(dist: &[f64], n: usize, labels: &[u32]) -> f64 {
     let m = labels.iter().copied().max().map_or(0, |v| v as usize + 1);
@@ -222,20 +295,25 @@ pub fn silhouette(dist: &[f64], n: usize, labels: &[u32]) -> f64 {
     for &l in labels {
         size[l as usize] += 1;
     }
+    // sums[c * n + i]: the distances of row i to the rows of cluster c, added in row order; the
+    // matrix is symmetric, so row j of it gives every row's distance to j (one pass over rows
+    // at once for each j: the same additions in the same order as one row at a time)
+    let mut sums = vec![0f64; m * n];
+    for j in 0..n {
+        let c = labels[j] as usize;
+        add_row(&mut sums[c * n..(c + 1) * n], &dist[j * n..(j + 1) * n]);
+    }
     let mut total = 0.0;
-    let mut sum = vec![0f64; m];
     for i in 0..n {
-        sum.iter_mut().for_each(|s| *s = 0.0);
-        for j in 0..n {
-            sum[labels[j] as usize] += dist[i * n + j];
-        }
         let li = labels[i] as usize;
         if size[li] < 2 {
             continue;
         }
-        let a = sum[li] / (size[li] - 1) as f64;
-        let b =
-            (0..m).filter(|&c| c != li && size[c] > 0).map(|c| sum[c] / size[c] as f64).fold(f64::INFINITY, f64::min);
+        let a = sums[li * n + i] / (size[li] - 1) as f64;
+        let b = (0..m)
+            .filter(|&c| c != li && size[c] > 0)
+            .map(|c| sums[c * n + i] / size[c] as f64)
+            .fold(f64::INFINITY, f64::min);
         let den = a.max(b);
         if den > 0.0 && b.is_finite() {
             total += (b - a) / den;
@@ -270,19 +348,23 @@ fn pool_modes(x: &[f32], n: usize, d: usize, p: &KmeansParams, rng: &mut ChaCha8
     }
 }
 
-/// Euclidean distances between the rows of `x` (`n x n`).
+/// Euclidean distances between the rows of `x` (`n x n`), each squared
+/// distance summed dimension by dimension (rows by dimension, as in
+/// [`kmeans_one`]).
 fn distances(x: &[f32], n: usize, d: usize) -> Vec<f64> {
+    let xt = by_dimension(x, n, d);
     let mut out = vec![0f64; n * n];
+    let mut acc = vec![0f64; n];
+    let mut centre = vec![0f64; d];
     for i in 0..n {
-        for j in (i + 1)..n {
-            let s: f64 = x[i * d..(i + 1) * d]
-                .iter()
-                .zip(&x[j * d..(j + 1) * d])
-                .map(|(&a, &b)| {
-                    let t = a as f64 - b as f64;
-                    t * t
-                })
-                .sum();
+        // row i as a centre: the rows after it, squared distances dimension by dimension
+        // (x_j - x_i)^2 = (x_i - x_j)^2 to the bit
+        for (k, c) in centre.iter_mut().enumerate() {
+            *c = xt[k * n + i];
+        }
+        sqdists(&xt, n, &centre, &mut acc);
+        let rest = &acc[i + 1..n];
+        for (j, &s) in (i + 1..n).zip(rest.iter()) {
             let v = s.sqrt();
             out[i * n + j] = v;
             out[j * n + i] = v;

@@ -148,12 +148,24 @@ def _all_finite(x: EmbeddingBlocks) -> bool:
     return all(bool(np.isfinite(b).all()) for b in x.blocks)
 
 
-def _content_order(g, keys: list[np.ndarray]):
-    """`g` with each pool's rows in content order (by `_order_keys` of every row), so a
-    pool's modes do not depend on the order of its rows."""
-    pool_of = np.repeat(np.arange(g.n_pools), g.sizes())
+def content_rank(keys: list[np.ndarray]) -> np.ndarray:
+    """Every row's place in content order (by its `_order_keys`, ties by row): distinct ranks."""
+    order = np.lexsort(keys)
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank
+
+
+def _content_order(g, rank: np.ndarray):
+    """`g` with each pool's rows in content order (by `content_rank`), so a pool's modes do not
+    depend on the order of its rows."""
     r = g.rows.astype(np.int64)
-    order = np.lexsort([k[r] for k in keys] + [pool_of])
+    bits = max(1, int(len(rank)).bit_length())
+    if bits <= 31:  # (pool, rank) as one distinct 64-bit key: any sort gives the one order
+        pool_of = np.repeat(np.arange(g.n_pools, dtype=np.uint64), g.sizes())
+        order = np.argsort((pool_of << np.uint64(bits)) | rank[r].astype(np.uint64))
+    else:
+        order = np.lexsort([rank[r], np.repeat(np.arange(g.n_pools), g.sizes())])
     rows = g.rows[order]
     return type(g)(keys=g.keys, offsets=g.offsets, rows=rows,
                    identity=bool(np.array_equal(rows, np.arange(len(rows), dtype=rows.dtype))))
@@ -293,14 +305,14 @@ COARSEN_BYTES = 1 << 25
 class FoundModes:
     """What :func:`labelled_modes` finds: the groups with each pool's rows in content order,
     every row's mode label (numbered by first appearance in row order), modes and
-    silhouette per pool, and every row's content order keys (`_order_keys`; None when an
+    silhouette per pool, and every row's place in content order (`content_rank`; None when an
     embedding is not finite)."""
 
     groups: Any
     labels: np.ndarray
     n_modes: np.ndarray
     silhouette: np.ndarray
-    order_keys: list[np.ndarray] | None
+    content_rank: np.ndarray | None
 
 
 def _pool_positions(off: np.ndarray, pools: np.ndarray) -> np.ndarray:
@@ -320,8 +332,9 @@ def labelled_modes(df: pl.DataFrame, g, by: str, embedding: str, *, n_modes: int
     x = embedding_blocks(df, embedding)
     finite = _all_finite(x)
     keys_o = _order_keys(x) if finite else None
-    if keys_o is not None:  # else the core names the bad row
-        g = _content_order(g, keys_o)
+    rank = None if keys_o is None else content_rank(keys_o)
+    if rank is not None:  # else the core names the bad row
+        g = _content_order(g, rank)
     sizes = g.sizes()
     labels = np.zeros(df.height, dtype=np.int64)
     n_m = np.zeros(g.n_pools, dtype=np.int64)
@@ -379,7 +392,7 @@ def labelled_modes(df: pl.DataFrame, g, by: str, embedding: str, *, n_modes: int
         n_m[p] = int(lab.max()) + 1
         sil[p] = np.nan
     return FoundModes(groups=g, labels=renumber(labels, g, np.arange(df.height)), n_modes=n_m, silhouette=sil,
-                      order_keys=keys_o)
+                      content_rank=rank)
 
 
 def _coarsen_split(x: EmbeddingBlocks, drows: np.ndarray, lab_d: np.ndarray, d_pool: np.ndarray, split: np.ndarray,

@@ -50,12 +50,10 @@ def found_modes(df: pl.DataFrame, g, by: str, embedding: str, seed: int, n_modes
     from mrt_fast.selection.modes import labelled_modes, renumber
 
     found = labelled_modes(df, g, by, embedding, seed=seed, n_modes=n_modes, max_mode_cosine=max_mode_cosine)
-    if found.order_keys is None:  # an embedding is not finite: the core named it already
+    if found.content_rank is None:  # an embedding is not finite: the core named it already
         return np.ascontiguousarray(found.labels)
     # strata numbered in content order, not row order: the allocation's ties then follow the data
-    rank = np.empty(df.height, dtype=np.int64)
-    rank[np.lexsort(found.order_keys)] = np.arange(df.height)
-    return np.ascontiguousarray(renumber(found.labels, found.groups, rank))
+    return np.ascontiguousarray(renumber(found.labels, found.groups, found.content_rank))
 
 
 def one_mode_pools(modes: np.ndarray, g) -> int:
