@@ -62,7 +62,7 @@ def content_keys(full: pl.DataFrame, leave_out: tuple[str, ...], text_key: np.nd
 
 
 #: rows of a float16 embedding column widened to float32 at a time, for their keys
-KEY_ROWS = 1 << 16
+KEY_ROWS = 1 << 14
 
 
 def embedding_keys(df: pl.DataFrame, embedding: str) -> np.ndarray:

@@ -115,7 +115,7 @@ def _faiss_modes(xs: np.ndarray, n_modes: int | None, m_max: int, min_silhouette
 #: rows whose order keys are computed at once (their float64 copies are the temporaries), at most
 #: ``ORDER_BYTES`` of float64 values
 ORDER_ROWS = 1 << 16
-ORDER_BYTES = 1 << 21
+ORDER_BYTES = 1 << 20
 
 
 def _order_keys(x: Any) -> list[np.ndarray]:
@@ -134,12 +134,15 @@ def _order_keys(x: Any) -> list[np.ndarray]:
     step = max(1, min(ORDER_ROWS, ORDER_BYTES // (8 * max(d, 1))))
     at = 0
     for blk in blocks:
+        tmp = np.empty((min(step, len(blk)), d))
         for a in range(0, len(blk), step):  # float64 rows a block at a time, not the whole matrix
-            b = blk[a:a + step].astype(np.float64)
-            nrm = np.linalg.norm(b, axis=1, keepdims=True)
-            u = np.where(nrm > 0, b / np.where(nrm > 0, nrm, 1), b)
+            u = blk[a:a + step].astype(np.float64)
+            nrm = np.linalg.norm(u, axis=1, keepdims=True)
+            np.divide(u, np.where(nrm > 0, nrm, 1), out=u)  # unit rows (a zero row stays zero)
+            t = tmp[:len(u)]
             for j in range(2):  # a sum along each row: a row's key is the same wherever the row lies
-                p[j, at + a:at + a + len(b)] = (u * r[:, j]).sum(axis=1)
+                np.multiply(u, r[:, j], out=t)
+                p[j, at + a:at + a + len(u)] = t.sum(axis=1)
         at += len(blk)
     return [p[1], p[0]]
 

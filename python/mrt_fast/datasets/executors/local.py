@@ -44,6 +44,7 @@ from mrt_fast.datasets.pick_progress import picks_shown
 from mrt_fast.datasets.profile import Profile
 from mrt_fast.datasets.select_stage import (SelectRows, counts_into, finish_select, select_counts,
                                             select_rows)
+from mrt_fast.selection.warm import warm_method
 from mrt_fast.datasets.spill import (ROW, SPILL_DIR, drop_bucket, holds_buckets, load_spill_modules, null_ids_error,
                                      read_bucket, read_bucket_bytes, spill, spill_area)
 from mrt_fast.datasets.stage import Counts, as_stage, split_result
@@ -160,7 +161,10 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
     total_bytes = ds.memory_bytes()
     fixed = job.n_parts if job.n_parts is not None else None if parts is None else int(parts)
     if not fits_in_memory(total_bytes, n_rows, Budget.now(limit), fixed):
-        load_spill_modules()  # counted in what the process holds before the buckets are planned
+        # counted in what the process holds before the buckets are planned: the modules the spill
+        # loads, and the code and heaps the method touches
+        load_spill_modules()
+        warm_method(opts, schema)
     budget = Budget.now(limit)
     if parts is not None:
         workers = max(1, int(workers or 1))
