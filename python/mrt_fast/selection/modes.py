@@ -126,7 +126,8 @@ def _order_keys(x: Any) -> list[np.ndarray]:
     survives it; identical rows tie and are interchangeable: each row's keys
     are computed from that row alone (no matrix product, whose rounding can
     depend on how many rows it is given). ``x``: a matrix or `EmbeddingBlocks`
-    (float16 rows are widened ``ORDER_ROWS`` at a time, exactly as float32)."""
+    (rows are widened to float64 a block of at most ``ORDER_BYTES`` at a time;
+    float16 exactly as the same values in float32)."""
     blocks = x.blocks if isinstance(x, EmbeddingBlocks) else [np.asarray(x, dtype=np.float32).reshape(len(x), -1)]
     d = blocks[0].shape[1] if blocks else 0
     r = np.random.default_rng(0x6D6F646573).normal(size=(d, 2))
@@ -222,7 +223,6 @@ def first_copies(keys: np.ndarray, pool_of: np.ndarray) -> np.ndarray:
     return d.select(pl.col("i").min().over(["p", "k"]))["i"].to_numpy()
 
 
-
 def first_copies_in_order(keys: np.ndarray, pool_of: np.ndarray, order_keys: list[np.ndarray]) -> np.ndarray:
     """:func:`first_copies` of rows in content order: each pool's rows sorted by their
     `_order_keys` (``order_keys``, given for these rows), where the copies of a row are next to
@@ -299,7 +299,6 @@ def _kmeans_ordered(xs, n_modes, m_max, min_silhouette, seed, key, max_iter, lar
                         int(seed) ^ int(int(key) & 0x3FFFFFFF))
 
 
-
 #: bytes of float32 rows of split pools whose modes are coarsened at once (besides their float64 copies)
 COARSEN_BYTES = 1 << 25
 
@@ -328,10 +327,10 @@ def _pool_positions(off: np.ndarray, pools: np.ndarray) -> np.ndarray:
 def labelled_modes(df: pl.DataFrame, g, by: str, embedding: str, *, n_modes: int | None = None, m_max: int = 8,
                    min_silhouette: float = 0.25, max_mode_cosine: float = DEFAULT_MAX_MODE_COSINE, seed: int = 0,
                    large_pool: int = LARGE_POOL, max_iter: int = 100) -> FoundModes:
-    """Modes of every pool of ``g`` (the groups of ``df`` by ``by``) by the policy of this module. The embedding
-    column is read where it lies (`embedding_blocks`: float16 stays float16 and is widened a pool
-    at a time by the core); copies are made a block of rows at a time, so the memory beyond the
-    table is a few integers per row."""
+    """Modes of every pool of ``g`` (the groups of ``df`` by ``by``) by the policy of this
+    module. The embedding column is read where it lies (`embedding_blocks`: float16 stays
+    float16 and is widened a pool at a time by the core); copies are made a block of rows at a
+    time, so the memory beyond the table is a few integers per row."""
     x = embedding_blocks(df, embedding)
     finite = _all_finite(x)
     keys_o = _order_keys(x) if finite else None
