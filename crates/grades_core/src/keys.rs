@@ -10,6 +10,7 @@
 
 use rayon::prelude::*;
 
+use crate::embeddings::Embeddings;
 use crate::error::{invalid, Result};
 
 /// Content key of one candidate: xxh3 of its embedding's bits (-0.0 as
@@ -51,6 +52,27 @@ pub fn content_keys(x: &[f32], d: usize, rewards: Option<&[f64]>, text: Option<&
     Ok((0..n)
         .into_par_iter()
         .map(|i| content_key(&x[i * d..(i + 1) * d], rewards.map(|r| r[i]), text.map(|t| t[i])))
+        .collect())
+}
+
+/// [`content_key`] of every row of `x` (float32 or float16, in blocks: a
+/// float16 row is widened to the same f32 values first), in parallel.
+pub fn embedding_content_keys(x: &Embeddings<'_>, rewards: Option<&[f64]>, text: Option<&[u64]>) -> Result<Vec<u64>> {
+    let n = x.n_rows();
+    for (name, len) in [("rewards", rewards.map(|r| r.len())), ("text keys", text.map(|t| t.len()))] {
+        if let Some(len) = len {
+            if len != n {
+                return invalid(format!("{name} have {len} entries but embeddings have {n} rows"));
+            }
+        }
+    }
+    Ok((0..n)
+        .into_par_iter()
+        .map_init(Vec::new, |row, i| {
+            row.clear();
+            x.extend_row(i, row);
+            content_key(row, rewards.map(|r| r[i]), text.map(|t| t[i]))
+        })
         .collect())
 }
 
@@ -147,6 +169,24 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        #[test]
+        fn float16_blocks_hash_as_their_float32_values(
+            vals in proptest::collection::vec(-4i32..4, 1..120),
+            d in 1usize..5,
+            cut in 0usize..40,
+        ) {
+            // signed zeros and repeats; float16 rows in two blocks
+            let n = vals.len() / d;
+            prop_assume!(n > 0);
+            let h: Vec<half::f16> = vals[..n * d].iter().map(|&v| half::f16::from_f32(if v == 0 { -0.0 } else { v as f32 * 0.5 })).collect();
+            let f: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+            let r: Vec<f64> = (0..n).map(|i| (i % 3) as f64).collect();
+            let c = cut.min(n) * d;
+            let x = Embeddings::f16_blocks(vec![&h[..c], &h[c..]], d).unwrap();
+            prop_assert_eq!(embedding_content_keys(&x, Some(&r), None).unwrap(), content_keys(&f, d, Some(&r), None).unwrap());
+            prop_assert!(embedding_content_keys(&x, Some(&r[1..]), None).is_err());
+        }
+
         #[test]
         fn batched_keys_equal_one_at_a_time(
             runs in prop::collection::vec((any::<i64>(), 1usize..40), 0..300),

@@ -61,28 +61,19 @@ def content_keys(full: pl.DataFrame, leave_out: tuple[str, ...], text_key: np.nd
     return np.ascontiguousarray(h)
 
 
-#: rows of a float16 embedding column widened to float32 at a time, for their keys
-KEY_ROWS = 1 << 14
-
-
 def embedding_keys(df: pl.DataFrame, embedding: str) -> np.ndarray:
-    """``core.content_keys`` of every row's embedding (as float32), read block by block where
-    the column lies (`embedding_blocks`): a float16 column is widened ``KEY_ROWS`` rows at a
-    time, never into a whole float32 matrix."""
+    """``core.content_keys`` of every row's embedding (as float32), read where the column lies
+    (`embedding_blocks`): the core widens a float16 row as it hashes it, never the whole column."""
     return block_keys(embedding_blocks(df, embedding))
 
 
 def block_keys(x: EmbeddingBlocks, rewards: np.ndarray | None = None) -> np.ndarray:
     """:func:`embedding_keys` of the rows of ``x`` (with ``rewards``: ``core.content_keys`` of
     each row's embedding and reward)."""
-    keys = []
-    for b, first in zip(x.blocks, x.starts):
-        step = len(b) if b.dtype == np.float32 else KEY_ROWS
-        for a in range(0, len(b), max(step, 1)):
-            e = min(a + step, len(b))
-            rew = None if rewards is None else np.ascontiguousarray(rewards[first + a:first + e])
-            keys.append(core.content_keys(np.ascontiguousarray(b[a:e], dtype=np.float32), rewards=rew))
-    return np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
+    if not len(x):
+        return np.zeros(0, dtype=np.uint64)
+    rew = None if rewards is None else np.ascontiguousarray(rewards, dtype=np.float64)
+    return core.content_keys(x.blocks, rewards=rew)
 
 
 #: rows whose repeated keys are looked for at once (whole pools, at least this many rows apart)

@@ -153,8 +153,18 @@ def _all_finite(x: EmbeddingBlocks) -> bool:
 
 
 def content_rank(keys: list[np.ndarray]) -> np.ndarray:
-    """Every row's place in content order (by its `_order_keys`, ties by row): distinct ranks."""
-    order = np.lexsort(keys)
+    """Every row's place in content order (by its `_order_keys`, ties by row): distinct ranks,
+    those of ``np.lexsort(keys)``. Sorted by the most significant key alone, then the runs it
+    ties (copies of a row, mostly) by the other keys."""
+    major = keys[-1]
+    order = np.argsort(major, kind="stable")
+    m = major[order]
+    tied = np.flatnonzero(m[1:] == m[:-1])
+    if len(tied):
+        at = np.unique(np.concatenate([tied, tied + 1]))  # positions in a run of ties, in order
+        run = np.cumsum(np.r_[True, (np.diff(at) != 1) | (m[at[1:]] != m[at[:-1]])])
+        sub = order[at]
+        order[at] = sub[np.lexsort([k[sub] for k in keys[:-1]] + [run])]
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     return rank

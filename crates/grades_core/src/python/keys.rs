@@ -1,9 +1,10 @@
 //! Prompt-id key bindings: stable 64-bit keys of string and integer ids.
 
-use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 
-use super::{run, slice1, slice2};
+use super::embeddings::Held;
+use super::{run, slice1};
 use crate::keys;
 
 /// Stable 64-bit keys of string prompt ids given as Arrow-style
@@ -39,18 +40,24 @@ fn keys_from_uints<'py>(py: Python<'py>, ids: PyReadonlyArray1<'py, u64>) -> PyR
 
 /// Content keys of candidates: xxh3 of each embedding row, its reward and
 /// its text key (where given); the keys ties and random draws are decided by.
+/// `x`: the embeddings as `fl_batch` takes them (float32 or float16, one
+/// array or a list of row blocks; float16 rows hashed as their f32 values).
 #[pyfunction]
 #[pyo3(signature = (x, *, rewards=None, text=None))]
 fn content_keys<'py>(
     py: Python<'py>,
-    x: PyReadonlyArray2<'py, f32>,
+    x: &Bound<'py, PyAny>,
     rewards: Option<PyReadonlyArray1<'py, f64>>,
     text: Option<PyReadonlyArray1<'py, u64>>,
 ) -> PyResult<Bound<'py, PyArray1<u64>>> {
-    let (v, _, d) = slice2(&x, "embeddings")?;
+    let held = Held::of(x)?;
+    let m = held.view()?;
     let r = rewards.as_ref().map(|a| slice1(a, "rewards")).transpose()?;
     let t = text.as_ref().map(|a| slice1(a, "text")).transpose()?;
-    let keys = run(py, || keys::content_keys(v, d.max(1), r, t))?;
+    let keys = run(py, || match m.f32_span(0, m.n_rows()) {
+        Some(v) => keys::content_keys(v, m.dim().max(1), r, t),
+        None => keys::embedding_content_keys(&m, r, t),
+    })?;
     Ok(PyArray1::from_vec(py, keys))
 }
 
