@@ -334,9 +334,18 @@ def check_select(c, out, method, k, alpha, kernel, pools, eps=1e-6):
         if len(rows) <= k:
             continue
         if method == "top":
+            # the K best rewards of distinct candidates (the same embedding, as float32 with -0 as 0,
+            # is kept once while a distinct one is left), then the best repeats
             r = c["rew"][rows]
+            cls = [(c["emb"][i].astype(np.float32) + np.float32(0.0)).tobytes() for i in rows]
+            best: dict[bytes, int] = {}
+            for i in np.argsort(-r, kind="stable"):
+                best.setdefault(cls[i], int(i))
+            first = sorted(r[list(best.values())], reverse=True)
+            rest = sorted(np.delete(r, list(best.values())), reverse=True)
+            want = sorted(first[: len(picks)] + rest[: max(0, len(picks) - len(first))], reverse=True)
             got = np.sort(c["rew"][picks])[::-1]
-            assert np.array_equal(got, np.sort(r)[::-1][: len(picks)])
+            assert np.array_equal(got, np.array(want)), (p, got, want)
         elif method in ("diverse", "grades"):
             x = c["emb"].astype(np.float32)[rows]
             S = ref.cosine_sim(ref.unit_rows(x), kernel)

@@ -10,6 +10,7 @@ use std::cmp::Ordering;
 use rayon::prelude::*;
 
 use crate::error::{invalid, Result};
+use crate::keys::per_row_lengths;
 use crate::pools::Pools;
 
 /// What each pool's candidates are visited by, one entry per row of the
@@ -28,17 +29,14 @@ pub struct Visit<'a> {
 pub fn near_duplicates(pools: &Pools<'_>, visit: &Visit<'_>, threshold: f64) -> Result<Vec<bool>> {
     let lay = &pools.layout;
     let n_rows = lay.n_rows();
-    for (name, len) in [
-        ("rewards", visit.rewards.map(<[f64]>::len)),
-        ("order keys", Some(visit.order.len())),
-        ("content keys", visit.content.map(<[u64]>::len)),
-    ] {
-        if let Some(len) = len {
-            if len != n_rows {
-                return invalid(format!("{name} have {len} entries but embeddings have {n_rows} rows"));
-            }
-        }
-    }
+    per_row_lengths(
+        n_rows,
+        &[
+            ("rewards", visit.rewards.map(<[f64]>::len)),
+            ("order keys", Some(visit.order.len())),
+            ("content keys", visit.content.map(<[u64]>::len)),
+        ],
+    )?;
     if !(threshold > -1.0 && threshold <= 1.0) {
         return invalid(format!("the near-duplicate threshold must be a cosine in (-1, 1], got {threshold}"));
     }

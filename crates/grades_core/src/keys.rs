@@ -36,19 +36,26 @@ pub fn content_key_of(row: impl Iterator<Item = f32>, reward: Option<f64>, text:
     h.digest()
 }
 
-/// [`content_key`] of every row of `x` (`d` columns), in parallel.
-pub fn content_keys(x: &[f32], d: usize, rewards: Option<&[f64]>, text: Option<&[u64]>) -> Result<Vec<u64>> {
-    let n = x.len().checked_div(d).unwrap_or(0);
-    if d == 0 || x.len() != n * d {
-        return invalid(format!("embeddings have {} floats, not a whole number of rows of {d}", x.len()));
-    }
-    for (name, len) in [("rewards", rewards.map(|r| r.len())), ("text keys", text.map(|t| t.len()))] {
+/// Refuses a per-row argument (`(name, length)`, absent: `None`) whose length
+/// is not the `n` rows of the embeddings.
+pub fn per_row_lengths(n: usize, args: &[(&str, Option<usize>)]) -> Result<()> {
+    for &(name, len) in args {
         if let Some(len) = len {
             if len != n {
                 return invalid(format!("{name} have {len} entries but embeddings have {n} rows"));
             }
         }
     }
+    Ok(())
+}
+
+/// [`content_key`] of every row of `x` (`d` columns), in parallel.
+pub fn content_keys(x: &[f32], d: usize, rewards: Option<&[f64]>, text: Option<&[u64]>) -> Result<Vec<u64>> {
+    let n = x.len().checked_div(d).unwrap_or(0);
+    if d == 0 || x.len() != n * d {
+        return invalid(format!("embeddings have {} floats, not a whole number of rows of {d}", x.len()));
+    }
+    per_row_lengths(n, &[("rewards", rewards.map(<[f64]>::len)), ("text keys", text.map(<[u64]>::len))])?;
     Ok((0..n)
         .into_par_iter()
         .map(|i| content_key(&x[i * d..(i + 1) * d], rewards.map(|r| r[i]), text.map(|t| t[i])))
@@ -59,13 +66,7 @@ pub fn content_keys(x: &[f32], d: usize, rewards: Option<&[f64]>, text: Option<&
 /// float16 row is widened to the same f32 values first), in parallel.
 pub fn embedding_content_keys(x: &Embeddings<'_>, rewards: Option<&[f64]>, text: Option<&[u64]>) -> Result<Vec<u64>> {
     let n = x.n_rows();
-    for (name, len) in [("rewards", rewards.map(|r| r.len())), ("text keys", text.map(|t| t.len()))] {
-        if let Some(len) = len {
-            if len != n {
-                return invalid(format!("{name} have {len} entries but embeddings have {n} rows"));
-            }
-        }
-    }
+    per_row_lengths(n, &[("rewards", rewards.map(<[f64]>::len)), ("text keys", text.map(<[u64]>::len))])?;
     Ok((0..n)
         .into_par_iter()
         .map_init(Vec::new, |row, i| {
