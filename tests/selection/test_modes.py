@@ -225,3 +225,21 @@ def test_content_rank_is_the_rank_of_the_lexsort(n, values, zeros, seed):
     want = np.empty(n, dtype=np.int64)
     want[np.lexsort(keys)] = np.arange(n)
     assert content_rank(keys).tolist() == want.tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_pools=st.integers(1, 8), per=st.integers(2, 30), m=st.integers(1, 4), fixed=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_info_counts_each_pools_modes_and_one_mode_pools_are_counted(n_pools, per, m, fixed, seed):
+    """pool_modes' info gives each pool's number of distinct labels, and the stratified report's
+    count of one-mode pools is the pools whose rows carry one label."""
+    from mrt_fast.selection.select import one_mode_pools
+    from mrt_fast.tables.arrays import group
+
+    df = planted(n_pools, per, m, d=6, noise=0.1, seed=seed).sample(fraction=1.0, shuffle=True, seed=seed)
+    out, info = pool_modes(df, seed=seed, n_modes=m if fixed else None, return_info=True)
+    want = out.group_by("prompt_id").agg(pl.col("mode").n_unique().alias("k"))
+    got = info.select("prompt_id", pl.col("n_modes").alias("k"))
+    assert got.sort("prompt_id").equals(want.sort("prompt_id").cast({"k": got["k"].dtype}))
+    ones = int((want["k"] == 1).sum())
+    assert one_mode_pools(out["mode"].to_numpy(), group(out, "prompt_id")) == ones

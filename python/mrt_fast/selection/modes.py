@@ -388,8 +388,6 @@ def labelled_modes(df: pl.DataFrame, g, by: str, embedding: str, *, n_modes: int
         lab = np.empty(len(rows), dtype=np.int64)
         lab[distinct] = lab_d
         labels[rows] = lab[first]
-        n_m[sp] = pl.DataFrame({"p": pool_of, "l": labels[rows]}).group_by("p").agg(pl.col("l").n_unique()) \
-            .sort("p")["l"].to_numpy()
     for p in np.flatnonzero(~small):
         rows = g.rows[g.offsets[p] : g.offsets[p + 1]].astype(np.int64)
         try:
@@ -403,8 +401,11 @@ def labelled_modes(df: pl.DataFrame, g, by: str, embedding: str, *, n_modes: int
         labels[rows] = lab
         n_m[p] = int(lab.max()) + 1
         sil[p] = np.nan
-    return FoundModes(groups=g, labels=renumber(labels, g, np.arange(df.height)), n_modes=n_m, silhouette=sil,
-                      content_rank=rank)
+    labels = renumber(labels, g, np.arange(df.height))
+    if small.any():  # each pool's labels are now 0, 1, ...: its modes are its largest label and one more
+        top = np.maximum.reduceat(labels[g.rows.astype(np.int64)], g.offsets[:-1].astype(np.int64))
+        n_m[sp] = top[sp] + 1
+    return FoundModes(groups=g, labels=labels, n_modes=n_m, silhouette=sil, content_rank=rank)
 
 
 def _coarsen_split(x: EmbeddingBlocks, drows: np.ndarray, lab_d: np.ndarray, d_pool: np.ndarray, split: np.ndarray,

@@ -58,10 +58,9 @@ def found_modes(df: pl.DataFrame, g, by: str, embedding: str, seed: int, n_modes
 
 def one_mode_pools(modes: np.ndarray, g) -> int:
     """Pools whose candidates all carry one mode label."""
-    pool_of = np.repeat(np.arange(g.n_pools), g.sizes())
     lab = modes[g.rows.astype(np.int64)]
-    d = pl.DataFrame({"p": pool_of, "m": lab}).group_by("p").agg(pl.col("m").n_unique())
-    return int((d["m"] == 1).sum())
+    at = g.offsets[:-1].astype(np.int64)
+    return int(np.sum(np.minimum.reduceat(lab, at) == np.maximum.reduceat(lab, at))) if len(lab) else 0
 
 
 def _dedup(table, kind, df, g, by, embedding, reward, mode, candidate_key, threshold, added_columns):
