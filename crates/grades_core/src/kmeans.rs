@@ -410,6 +410,73 @@ mod tests {
     use rand::SeedableRng;
     use rand_distr_free::normal;
 
+    // The vectorised loops against the row-at-a-time definitions, to the bit.
+    fn sqdist_ref(a: &[f32], b: &[f64]) -> f64 {
+        a.iter().map(|&x| x as f64).zip(b).map(|(x, &c)| (x - c) * (x - c)).sum()
+    }
+
+    fn silhouette_ref(dist: &[f64], n: usize, labels: &[u32]) -> f64 {
+        let m = labels.iter().copied().max().map_or(0, |v| v as usize + 1);
+        if m < 2 || n < 2 {
+            return 0.0;
+        }
+        let mut size = vec![0usize; m];
+        labels.iter().for_each(|&l| size[l as usize] += 1);
+        let mut total = 0.0;
+        for i in 0..n {
+            let mut sum = vec![0f64; m];
+            for j in 0..n {
+                sum[labels[j] as usize] += dist[i * n + j];
+            }
+            let li = labels[i] as usize;
+            if size[li] < 2 {
+                continue;
+            }
+            let a = sum[li] / (size[li] - 1) as f64;
+            let b = (0..m)
+                .filter(|&c| c != li && size[c] > 0)
+                .map(|c| sum[c] / size[c] as f64)
+                .fold(f64::INFINITY, f64::min);
+            let den = a.max(b);
+            if den > 0.0 && b.is_finite() {
+                total += (b - a) / den;
+            }
+        }
+        total / n as f64
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn vectorised_sums_equal_one_row_at_a_time(
+            vals in proptest::collection::vec(-1000i32..1000, 1..400),
+            d in 1usize..10,
+            labels in proptest::collection::vec(0u32..4, 40),
+        ) {
+            let n = vals.len() / d;
+            proptest::prop_assume!(n > 0);
+            let x: Vec<f32> = vals[..n * d].iter().map(|&v| v as f32 / 337.0).collect();
+            let xt = by_dimension(&x, n, d);
+            let c: Vec<f64> = x[..d].iter().map(|&v| v as f64 * 0.7 + 0.1).collect();
+            let mut out = vec![0f64; n];
+            sqdists(&xt, n, &c, &mut out);
+            for i in 0..n {
+                proptest::prop_assert_eq!(out[i].to_bits(), sqdist_ref(&x[i * d..(i + 1) * d], &c).to_bits());
+            }
+            let dist = distances(&x, n, d);
+            for i in 0..n {
+                for j in 0..n {
+                    let r: Vec<f64> = x[j * d..(j + 1) * d].iter().map(|&v| v as f64).collect();
+                    let want = if i == j { 0.0 } else { sqdist_ref(&x[i * d..(i + 1) * d], &r).sqrt() };
+                    proptest::prop_assert_eq!(dist[i * n + j].to_bits(), want.to_bits());
+                }
+            }
+            let lab = &labels[..n.min(labels.len())];
+            let m = lab.len();
+            let sub: Vec<f64> = (0..m).flat_map(|i| (0..m).map(move |j| (i, j))).map(|(i, j)| dist[i * n + j]).collect();
+            proptest::prop_assert_eq!(silhouette(&sub, m, lab).to_bits(), silhouette_ref(&sub, m, lab).to_bits());
+        }
+    }
+
     /// Tiny Box-Muller so the tests need no extra crate.
     mod rand_distr_free {
         use rand::Rng;
