@@ -166,3 +166,22 @@ def test_an_unfinished_input_is_refused_unless_partial_reads_are_asked_for(tmp_p
         rep = answers_dataset(tmp_path / "half", tmp_path / "again.parquet", allow_partial=True,
                               answer="answer2", mode="mode2")
     assert rep.rows == 10
+
+
+def test_an_output_whose_every_pool_is_dropped_reads_as_the_empty_result(tmp_path):
+    """Every pool without signal and dropped: the directory (no part file) and the file read as
+    zero rows of the in-memory result's columns, and the report counts every pool dropped."""
+    df = pl.DataFrame({"prompt_id": ["a", "a", "b", "b", "b"], "response": ["\\boxed{3}"] * 2 + ["Answer: 4"] * 3,
+                       "ref": ["3", "3", "4", "4", "4"]})
+    df.write_parquet(tmp_path / "in.parquet")
+    want, want_rep = mrt_fast.answers(df, reference="ref", drop_zero_signal=True, return_report=True)
+    assert want.height == 0 and want_rep.dropped_pools == 2
+    rep = answers_dataset(tmp_path / "in.parquet", tmp_path / "out", reference="ref", rows_per_part=2,
+                          drop_zero_signal=True)
+    assert read_dir(tmp_path / "out").equals(want)
+    assert (rep.pools, rep.zero_signal_pools, rep.dropped_pools, rep.dropped_rows) == \
+        (want_rep.pools, want_rep.zero_signal_pools, want_rep.dropped_pools, want_rep.dropped_rows)
+    assert rep.rows_out == 0
+    one = answers_dataset(tmp_path / "in.parquet", tmp_path / "out.jsonl", reference="ref", drop_zero_signal=True)
+    assert (one.dropped_pools, one.rows_out) == (2, 0)
+    assert pl.read_ndjson(tmp_path / "out.jsonl", schema=want.schema).equals(want)

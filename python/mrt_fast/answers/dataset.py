@@ -84,7 +84,7 @@ def answers_dataset(source: Any, output: str | os.PathLike, *, rows_per_part: in
                               workers=ray_workers, address=ray_address)
         out = str(job.out)
         to_dir, resumed, notes, logs = job.to_dir, job.resumed, list(job.notes), job.logs
-    rep = dataset_report(ds, out, opts, lay)
+    rep = dataset_report(ds, out, opts, lay, r["rows_written"])
     rep.engine, rep.rows, rep.resumed, rep.already_done, rep.notes, rep.logs = engine, n, resumed, done, notes, logs
     rep.parts = r["parts"] if to_dir else 1
     rep.parts_done_now = r["parts_done_now"] if to_dir else (0 if done else 1)
@@ -106,13 +106,18 @@ def program_statuses(keys: pl.Series) -> dict[str, int]:
     return out
 
 
-def dataset_report(ds: Any, output: str, opts: AnswerOptions, layout: str) -> AnswerReport:
-    """The report of a finished answers output (see the module doc)."""
+def dataset_report(ds: Any, output: str, opts: AnswerOptions, layout: str,
+                   rows_written: int | None = None) -> AnswerReport:
+    """The report of a finished answers output (see the module doc); an output of no rows
+    (``rows_written`` 0: every pool dropped) is counted as the empty result it holds."""
     from mrt_fast.datasets import sources
     from mrt_fast.tables.layouts import GROUPED
 
     cols = [opts.by] + opts.added() + ([opts.reference] if opts.reference else [])
-    lf = sources.discover(output).scan().select(cols)
+    if rows_written == 0:  # an empty file has no columns to read: the columns of an empty result
+        lf = apply(ds.scan().head(0).collect(), opts)[0].lazy().select(cols)
+    else:
+        lf = sources.discover(output).scan().select(cols)
     if layout == GROUPED:
         lf = lf.explode(opts.added())
     flat = lf.collect()

@@ -252,6 +252,8 @@ class Job:
         a part of no rows is recorded with no file. Returns its rows."""
         assert self.to_dir and self.man is not None
         self._check_stop()
+        if not df.height:
+            self.man.note_schema(df.to_arrow().schema)
         if self.remote:
             rows, name, check = object_output.put_part(df, self.out, i)
             self._record(i, rows, check, name)

@@ -152,8 +152,15 @@ class Manifest:
         atomic_write_bytes(self.path(out_dir), sink.getvalue().to_pybytes())
         (out_dir / OLD_MANIFEST).unlink(missing_ok=True)
 
+    def note_schema(self, schema) -> None:
+        """The schema of a part committed with no rows (an Arrow schema): the manifest's schema
+        while no part on disk gives one, so an output whose every part is empty still reads as
+        zero rows of its columns."""
+        self.__dict__.setdefault("_empty_schema", schema)
+
     def _schema(self, out_dir: Path):
-        """The parts' schema (that of the first part on disk; no columns before any part)."""
+        """The parts' schema (that of the first part on disk; else that of an empty part
+        committed, :meth:`note_schema`; no columns before any part)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -170,7 +177,7 @@ class Manifest:
                     continue
                 self.__dict__["_part_schema"] = sch
                 return sch
-        return pa.schema([])
+        return self.__dict__.get("_empty_schema", pa.schema([]))
 
     # ---- the job
     def same_job(self, parameters: dict[str, Any], fingerprint: str) -> str | None:

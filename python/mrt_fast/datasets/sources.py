@@ -331,6 +331,12 @@ def discover(source: str | os.PathLike, *, allow_partial: bool = False) -> Datas
         _refuse_special_files([p])
         raise MrtInputError(f"input {s!r} does not exist")
     files = finished_parts(s, files, root if p.is_dir() else None, allow_partial=allow_partial)
+    if not files and p.is_dir():
+        from mrt_fast.datasets.manifest import Manifest
+
+        man = Manifest.read(p)
+        if man is not None and man.done and man.rows == 0:  # a finished output of no rows: its manifest's schema
+            return Dataset(s, [Manifest.path(p)], "parquet", False, p)
     if not files:
         raise MrtInputError(f"{what} matches no .parquet/.jsonl file")
     fmts = {fmt_of(f, "input") for f in files}
