@@ -1208,3 +1208,19 @@ def test_the_plan_knows_the_largest_row_group_only_where_polars_decodes_it(tmp_p
             pq.write_table(pa.table({"prompt_id": list(range(n)), "embedding": vecs}), d / f"{f}.parquet",
                            row_group_size=40)
         assert local_plan.whole_group_rows(mrt_fast.datasets.sources.discover(d)) == want
+
+
+def test_a_killed_runs_spill_beside_a_file_is_removed_when_the_file_is_done(tmp_path):
+    """A run killed after its file output was finished, before it removed its spill: the next run
+    finds the job done, and the dead run's spill folder is gone all the same."""
+    df = make_rows(20, 3)
+    cut(df, tmp_path / "in", 2)
+    out = tmp_path / "o.parquet"
+    select_dataset(tmp_path / "in", out, 3, "grades")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a process id that is gone
+    stale = tmp_path / f".o.parquet.spill-{dead.pid}-x"
+    (stale / "parts").mkdir(parents=True)
+    rep = select_dataset(tmp_path / "in", out, 3, "grades")
+    assert rep.already_done
+    assert sorted(os.listdir(tmp_path)) == ["in", "o.parquet"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from mrt_fast.datasets.executors import executor, only_on
 from mrt_fast.datasets.job import Job
 from mrt_fast.datasets.profile import Profile
 from mrt_fast.datasets.report import BatchReport
+from mrt_fast.datasets.spill import remove_stale_spills
 from mrt_fast.datasets.select_stage import layout_hint, list_columns, refuse_missing_embedding, resolve_layout
 from mrt_fast.errors import MrtInputError
 from mrt_fast.selection.options import SelectOptions
@@ -111,6 +113,8 @@ def select_dataset(
     params = {**opts.parameters(), "layout": lay}
     command = command or f"select_dataset(k={opts.k}, method={opts.method!r})"
     with Job(ds, output, params, overwrite=overwrite, command=command, what="select", progress=progress) as job:
+        if not job.to_dir and not job.remote:  # a killed run's spill beside the file: gone, whether this run spills
+            remove_stale_spills(job.out.parent if str(job.out.parent) else Path("."), job.out.name)
         counts = ds.row_counts()
         n_rows = sum(counts) if counts is not None else None
         rep = BatchReport(output=str(job.out), engine=engine, layout=lay, method=opts.method, k=opts.k,
