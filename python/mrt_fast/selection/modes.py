@@ -344,7 +344,9 @@ def labelled_modes(df: pl.DataFrame, g, by: str, embedding: str, *, n_modes: int
     x = embedding_blocks(df, embedding)
     finite = _all_finite(x)
     keys_o = _order_keys(x) if finite else None
-    rank = None if keys_o is None else content_rank(keys_o)
+    ck_all = block_keys(x)
+    # rows of one direction (a row and its multiples) share their order keys: their content keys order them
+    rank = None if keys_o is None else content_rank([ck_all] + keys_o)
     if rank is not None:  # else the core names the bad row
         g = _content_order(g, rank)
     sizes = g.sizes()
@@ -361,7 +363,7 @@ def labelled_modes(df: pl.DataFrame, g, by: str, embedding: str, *, n_modes: int
         rows = g.rows[pos].astype(np.int64)
         del pos
         pool_of = np.repeat(np.arange(len(sp)), sizes[sp])
-        ck = block_keys(x)[rows]
+        ck = ck_all[rows]
         first = first_copies(ck, pool_of) if keys_o is None else \
             first_copies_in_order(ck, pool_of, [k[rows] for k in keys_o])
         del ck
