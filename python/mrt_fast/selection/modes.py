@@ -153,9 +153,9 @@ def _all_finite(x: EmbeddingBlocks) -> bool:
 
 
 def content_rank(keys: list[np.ndarray]) -> np.ndarray:
-    """Every row's place in content order (by its `_order_keys`, ties by row): distinct ranks,
-    those of ``np.lexsort(keys)``. Sorted by the most significant key alone, then the runs it
-    ties (copies of a row, mostly) by the other keys."""
+    """Every row's place in content order (by ``keys``, most significant last, as `np.lexsort`
+    takes them; ties by row): distinct ranks, those of ``np.lexsort(keys)``. Sorted by the most
+    significant key alone, then the runs it ties (copies of a row, mostly) by the other keys."""
     major = keys[-1]
     order = np.argsort(major, kind="stable")
     m = major[order]
