@@ -148,10 +148,6 @@ def _order_keys(x: Any) -> list[np.ndarray]:
     return [p[1], p[0]]
 
 
-def _all_finite(x: EmbeddingBlocks) -> bool:
-    return all(bool(np.isfinite(b).all()) for b in x.blocks)
-
-
 def content_rank(keys: list[np.ndarray]) -> np.ndarray:
     """Every row's place in content order (by ``keys``, most significant last, as `np.lexsort`
     takes them; ties by row): distinct ranks, those of ``np.lexsort(keys)``. Sorted by the most
@@ -342,7 +338,7 @@ def labelled_modes(df: pl.DataFrame, g, by: str, embedding: str, *, n_modes: int
     float16 and is widened a pool at a time by the core); copies are made a block of rows at a
     time, so the memory beyond the table is a few integers per row."""
     x = embedding_blocks(df, embedding)
-    finite = _all_finite(x)
+    finite = x.all_finite()
     keys_o = _order_keys(x) if finite else None
     ck_all = block_keys(x)
     # rows of one direction (a row and its multiples) share their order keys: their content keys order them

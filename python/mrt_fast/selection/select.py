@@ -66,7 +66,7 @@ def one_mode_pools(modes: np.ndarray, g) -> int:
 def _dedup(table, kind, df, g, by, embedding, reward, mode, candidate_key, threshold, added_columns):
     """Remove near-duplicates inside each pool (see `dedup`): the table,
     its frame and groups without them, and how many were removed."""
-    x = embedding_blocks(df, embedding)  # read where it lies; whole pools are widened a few at a time
+    x = embedding_blocks(df, embedding)  # read where it lies; the core widens a pool at a time
     rew = numeric(df, reward, "reward") if reward in df.columns else None
     if rew is not None and not np.all(np.isfinite(rew)):
         return table, df, g, 0  # selection names the bad reward
@@ -74,7 +74,7 @@ def _dedup(table, kind, df, g, by, embedding, reward, mode, candidate_key, thres
         order = np.empty(df.height, dtype=np.uint64)
         order[g.rows.astype(np.int64)] = np.arange(df.height, dtype=np.uint64)
     else:
-        if not all(bool(np.isfinite(b).all()) for b in x.blocks):
+        if not x.all_finite():
             return table, df, g, 0  # selection names the bad embedding
         order = block_keys(x, rewards=rew)
     # candidates equal in embedding and reward: their content (every column) orders them

@@ -30,6 +30,10 @@ class EmbeddingBlocks:
     def __len__(self) -> int:
         return int(self.starts[-1])
 
+    def all_finite(self) -> bool:
+        """Whether every value is finite."""
+        return all(bool(np.isfinite(b).all()) for b in self.blocks)
+
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` as a C-contiguous (len(idx), d) float32 matrix."""
         return self._gather(idx, (len(idx), self.dim), lambda block, local: block[local])
