@@ -126,6 +126,7 @@ class BatchReport(JobReport):
     modes_missed: int = 0
     mean_ratio: float | None = None
     spilled: bool = False
+    in_place: bool = False  # parts of consecutive pools read from the input, no exchange
     memory_limit: int = 0
     peak_rss: int = 0
     workers: int = 1
@@ -157,7 +158,9 @@ class BatchReport(JobReport):
             buckets = f"{self.parts}" + (" (exchanged through files)" if self.spilled else " (rows as read)")
             memory = f"{self.peak_rss / 2**30:.2f} GiB in this process (Ray's tasks: see its log)"
         else:
-            buckets = f"{self.parts}" + (" (spilled to disk)" if self.spilled else " (in memory)")
+            buckets = f"{self.parts}" + (" (spilled to disk)" if self.spilled else
+                                         " (pools in consecutive rows, read in place)" if self.in_place
+                                         else " (in memory)")
             memory = f"{self.peak_rss / 2**30:.2f} GiB (limit {self.memory_limit / 2**30:.2f} GiB)"
         if self.resumed:
             buckets += f", {self.parts_done_now} done by this run"
@@ -180,7 +183,7 @@ class BatchReport(JobReport):
         pieces of the buckets' work summed over the buckets (:mod:`mrt_fast.datasets.profile`)."""
         steps, pieces = self.profile.get("steps", {}), self.profile.get("pieces", {})
         out = [(name, f"{s['wall']:.3f} s wall, {s['cpu']:.3f} s CPU") for name, s in steps.items()]
-        out += [(f"  {name}", f"{p['wall']:.3f} s summed over {int(p['count']):,} buckets")
+        out += [(f"  {name}", f"{p['wall']:.3f} s summed over {int(p['count']):,} {name.split()[0]}s")
                 for name, p in pieces.items()]
         return out
 

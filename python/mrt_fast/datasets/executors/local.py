@@ -11,7 +11,9 @@ selected; otherwise it is spilled into bucket files in one pass
 (:func:`mrt_fast.datasets.spill.spill`) beside the output and each bucket is
 selected in memory, several at a time where memory allows
 (:mod:`mrt_fast.datasets.executors.local_plan`). A directory output keeps its
-spill when the job fails, so that a rerun picks up where it stopped. Grouped
+spill when the job fails, so that a rerun picks up where it stopped. An input
+whose pools already lie in consecutive rows is not spilled: parts of it are
+read in place (:mod:`mrt_fast.datasets.executors.local_in_place`). Grouped
 layout: parts of consecutive prompts, run as a row stage.
 
 The variance fold over a source: :func:`variance_budget_files`
@@ -36,6 +38,7 @@ from mrt_fast._util.memory import (Budget, default_memory_limit, hold_to_limit, 
 from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.executors.local_fold import variance_budget_files
+from mrt_fast.datasets.executors.local_in_place import plan_consecutive, select_in_place
 from mrt_fast.datasets.executors.local_overlap import run_overlapped
 from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, dense_left, fits_in_memory,
                                                     grouped_size, overlap_fits, plan_grouped, plan_memory)
@@ -165,6 +168,10 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
         # loads, and the code and heaps the method touches
         load_spill_modules()
         warm_method(opts, schema)
+        planned = plan_consecutive(job, opts.by, total_bytes, limit, workers, fixed, prof)
+        if planned is not None:
+            select_in_place(job, rep, opts, limit, prof, total_bytes, *planned)
+            return
     budget = Budget.now(limit)
     if parts is not None:
         workers = max(1, int(workers or 1))

@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -130,6 +131,67 @@ def plan_memory(ds: _sources.Dataset, total_bytes: int, n_rows: int | None, budg
     return got
 
 
+def plan_in_place(ds: _sources.Dataset, total_bytes: int, bounds, budget: Budget, workers: int | None,
+                  n_parts: int | None = None) -> tuple[Any, int] | None:
+    """(cuts, workers) for an input whose pools lie in consecutive rows (``bounds``: the
+    first row of each run and the row count, :func:`mrt_fast.datasets.pool_runs.consecutive_pools`),
+    read in place by parts of consecutive rows cut between runs
+    (:func:`mrt_fast.datasets.pool_runs.cut_runs`), ``workers`` parts at once, each read by
+    polars' scan, which decodes every row group a part touches (:func:`polars_read_bytes` of the
+    largest, for the whole process). Parts are planned as :func:`plan_buckets` plans buckets, but
+    with the whole budget (no spill pass holds memory first), with fewer workers where that makes
+    parts of at least ``MIN_PART_GROUPS`` row groups: a part shorter than that decodes the row
+    groups at its ends for little of their rows. ``n_parts``: the count a resumed job or the
+    caller fixed. None when no plan fits or parts would be that short (the caller spills
+    instead, and refuses what that cannot fit either)."""
+    from mrt_fast.datasets.pool_runs import cut_runs
+
+    n_rows = int(bounds[-1])
+    if n_rows == 0:
+        return None
+    group_bytes, group_rows = largest_group(ds)
+    work = budget.work - polars_read_bytes(group_bytes)
+    if work <= SELECT_WORKER:
+        return None
+    row_bytes = total_bytes / n_rows
+    left = budget.with_work(work)
+    if n_parts is not None:
+        tries = [(int(n_parts), max(1, int(workers or 1)))]
+    else:
+        most = plan_buckets(total_bytes, left, workers)[1]
+        tries = [(max(2, plan_buckets(total_bytes, left, w)[0]), w) for w in range(most, 0, -1)]
+    for n, w in tries:
+        if n_parts is None and n_rows / n < MIN_PART_GROUPS * group_rows and w > 1:
+            continue
+        for _ in range(4):  # cut finer while a part of long runs is larger than planned
+            cuts = cut_runs(bounds, n)
+            largest = WORK_FACTOR * float((cuts[1:] - cuts[:-1]).max()) * row_bytes
+            if w * (largest + SELECT_WORKER) <= work:
+                if n_parts is None and n_rows / n < MIN_PART_GROUPS * group_rows:
+                    return None
+                return cuts, w
+            if n_parts is not None:
+                return None
+            n *= 2
+    return None
+
+
+#: a part read in place holds at least this many of the input's (largest) row groups
+MIN_PART_GROUPS = 2
+
+
+def largest_group(ds: _sources.Dataset) -> tuple[int, int]:
+    """Bytes (uncompressed) and rows of the largest row group of a Parquet dataset."""
+    import pyarrow.parquet as pq
+
+    size = rows = 0
+    for f in ds.files:
+        md = pq.ParquetFile(storage.open_input(f)).metadata
+        for g in range(md.num_row_groups):
+            size, rows = max(size, md.row_group(g).total_byte_size), max(rows, md.row_group(g).num_rows)
+    return size, rows
+
+
 def bucket_workers(spill_dir: Path, todo: list[int], limit: int, workers: int) -> tuple[int, int]:
     """How many of the spilled buckets ``todo`` to select at once within ``limit``,
     counting what the process holds now (the spill pass leaves some of its
@@ -200,13 +262,7 @@ def spill_read_bytes(ds: _sources.Dataset, total_bytes: int) -> int:
         return 0
     if ds.fmt != "parquet":
         return 2 * max((f.stat().st_size for f in ds.files), default=0)
-    import pyarrow.parquet as pq
-
-    largest = 0
-    for f in ds.files:
-        md = pq.ParquetFile(storage.open_input(f)).metadata
-        largest = max([largest, *(md.row_group(g).total_byte_size for g in range(md.num_row_groups))])
-    return min(polars_read_bytes(largest), 2 * total_bytes)
+    return min(polars_read_bytes(largest_group(ds)[0]), 2 * total_bytes)
 
 
 #: a planned part of grouped rows holds at least this many candidates (or the whole input): parts of one

@@ -40,6 +40,7 @@ from mrt_fast.datasets.executors.ray_runtime import (BUCKET, FAULT_ENV, ORDER, R
 from mrt_fast.datasets.executors.ray_tasks import (BucketToPart, FilesToPart, ReadAndSplit, SpilledBucketToPart,
                                                    SpillRuns, row_ranges, spill_runs, tag_buckets)
 from mrt_fast.datasets.job import start_row_parts
+from mrt_fast.datasets.pool_runs import LAYOUT as CONSECUTIVE
 from mrt_fast.datasets.select_stage import SelectRows, counts_into, finish_select
 from mrt_fast.datasets.spill import null_ids_error, spill_area
 from mrt_fast.datasets.stage import Counts, as_stage, split_result
@@ -179,6 +180,10 @@ def _run_select(job: Any, rep: Any, *, opts: Any, layout: str, lists: list[str] 
                 n_rows: int | None, parts: int | None, rows_per_part: int | None, settings: dict) -> None:
     global _last_stats
     src, man = job.ds, job.man
+    if man is not None and man.layout == CONSECUTIVE:
+        raise MrtInputError(f"{str(job.out)!r} was started by the local engine reading the consecutive pools of "
+                            f"{src.source!r} in place, in parts the Ray engine does not cut: rerun it with "
+                            "--engine local, or remove it to start over")
     rep.spilled = layout == "flat"
     init(settings["address"])
     if job.progress.mode != "off":  # the job shows progress and a summary: Ray's own lines go to its log
