@@ -49,8 +49,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 0, block: int = 1_000_000,
                  dtype: str = "float32", candidate_column: bool = True, pool_sizes: tuple[int, int] = (8, 128),
-                 ids: str = "int") -> None:
-    """Pools of ``pool_sizes`` (8..128) candidates, blocks of rows shuffled and scattered over n_files files:
+                 ids: str = "int", order: str = "shuffled") -> None:
+    """Pools of ``pool_sizes`` (8..128) candidates, blocks of rows shuffled and scattered over n_files files
+    (``order="consecutive"``: every pool's rows together, pools in id order, the files consecutive runs of
+    rows, as generation writes them):
     prompt ids (int64, or ``ids="string"``: ``prompt-000000000042``), an int32 candidate index
     (``candidate_column``), a float64 reward and ``dim``-d embeddings of ``dtype`` (float32 or float16; the
     same draws either way)."""
@@ -61,6 +63,8 @@ def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 
     ids_kind = ids
     if ids_kind not in ("int", "string"):
         raise ValueError(f"ids must be int or string, got {ids!r}")
+    if order not in ("shuffled", "consecutive"):
+        raise ValueError(f"order must be shuffled or consecutive, got {order!r}")
     writers: list = [None] * n_files
     made = pid = 0
     while made < n_rows:
@@ -76,9 +80,12 @@ def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 
         cand = (np.arange(m) - np.repeat(np.cumsum(sizes) - sizes, sizes)).astype(np.int32)
         rew = rng.standard_normal(m)
         emb = rng.standard_normal((m, dim), dtype=np.float32).astype(np_dt, copy=False)
-        perm = rng.permutation(m)
-        f = rng.integers(0, n_files, size=m)
-        ids, cand, rew, emb, f = ids[perm], cand[perm], rew[perm], emb[perm], f[perm]
+        if order == "shuffled":
+            perm = rng.permutation(m)
+            f = rng.integers(0, n_files, size=m)
+            ids, cand, rew, emb, f = ids[perm], cand[perm], rew[perm], emb[perm], f[perm]
+        else:
+            f = (np.arange(made, made + m, dtype=np.int64) * n_files) // n_rows
         for j in range(n_files):
             s = f == j
             pids = ids[s] if ids_kind == "int" else pa.array(np.char.add("prompt-", np.char.zfill(

@@ -7,7 +7,10 @@ interleaved rounds of:
 
 * `mrt select` (GRADES, K = 4, ``--profile``) under each limit: the minimum, 1.5x it, and ``--limits``;
 * the spilling floor of ``bench_scale.py`` (polars reads the files, spills them to Arrow IPC with
-  ``sink_ipc``, scans them back and writes as many rows as the selection keeps), which no limit changes.
+  ``sink_ipc``, scans them back and writes as many rows as the selection keeps), which no limit changes;
+* with ``--order consecutive`` (every pool's rows together, as generation writes them, which `mrt select`
+  reads in place without spilling) also the read+write floor: polars' streaming engine reading the files and
+  writing as many rows.
 
 Each limit's median wall and CPU seconds, peak RSS against the limit, buckets, and ratio to the floor (the
 median over the rounds of each round's wall over the floor's in the same round) go
@@ -33,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import compile_package, folder_bytes, measure, package_env, parse_size, warm  # noqa: E402
+from bench_batch import FLOORS, compile_package, folder_bytes, measure, package_env, parse_size, warm  # noqa: E402
 from bench_scale import FLOOR, make_dataset  # noqa: E402
 from one_dataset import dataset_arguments, finish, median_of, select_once, work_area  # noqa: E402
 
@@ -56,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool-sizes", default="8-128", help="smallest-largest pool, e.g. 1000-10000")
     ap.add_argument("--ids", choices=["int", "string"], default="int", help="prompt ids: int64 or strings")
     ap.add_argument("--limits", default="1GB,2GB,4GB,8GB", help="limits beside the minimum and 1.5x it")
+    ap.add_argument("--order", choices=["shuffled", "consecutive"], default="shuffled",
+                    help="rows shuffled over the files, or every pool's rows together")
     a = ap.parse_args(argv)
     compile_package()
     sys.path.insert(0, str(ROOT / "python"))
@@ -65,15 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     size = parse_size(a.size)
     lo, hi = (int(x) for x in a.pool_sizes.split("-"))
     with work_area(a.workdir, ROOT / "bench" / ".limits_data") as work:
-        d = work / f"in_{size}_{a.files}_{a.dim}_{a.dtype}_{lo}-{hi}_{a.ids}"
+        d = work / f"in_{size}_{a.files}_{a.dim}_{a.dtype}_{lo}-{hi}_{a.ids}_{a.order}"
         if not d.exists():
-            make_dataset(d, size, a.files, a.dim, a.dtype, pool_sizes=(lo, hi), ids=a.ids)
+            make_dataset(d, size, a.files, a.dim, a.dtype, pool_sizes=(lo, hi), ids=a.ids, order=a.order)
         warm(d)
         least = least_limit(d, env)
         limits = sorted({least, int(least * 1.5), *(parse_memory(x) for x in a.limits.split(","))})
         print(f"== {size:,} candidates, {folder_bytes(d) / 1e9:.2f} GB; least limit {least / 2**20:.0f} MiB", flush=True)
         runs: dict[int, list] = {lim: [] for lim in limits}
-        floors = []
+        floors, rw_floors = [], []
         for _ in range(a.repeats):
             for lim in limits:
                 r = select_once(d, work / "out", env, a.k, lim)
@@ -88,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
             fo.unlink(missing_ok=True)
             floors.append(f)
             print(f"   floor: {f['seconds']:.1f} s ({f['cpu_seconds']:.1f} s CPU)", flush=True)
+            if a.order == "consecutive":
+                f = measure([sys.executable, "-c", FLOORS["streaming"], str(d), str(fo),
+                             str(max(1, round(size / kept)))], env, [fo])
+                fo.unlink(missing_ok=True)
+                rw_floors.append(f)
+                print(f"   read+write floor: {f['seconds']:.1f} s ({f['cpu_seconds']:.1f} s CPU)", flush=True)
         floor = {"seconds": median_of(floors, "seconds"), "cpu_seconds": median_of(floors, "cpu_seconds"),
                  "runs_seconds": [x["seconds"] for x in floors],
                  "peak_rss_bytes": max(x["peak_rss_bytes"] for x in floors)}
@@ -97,18 +108,27 @@ def main(argv: list[str] | None = None) -> int:
             s = {"limit_bytes": lim, "seconds": median_of(rs, "seconds"), "cpu_seconds": median_of(rs, "cpu_seconds"),
                  "runs_seconds": [x["seconds"] for x in rs], "peak_rss_bytes": max(x["peak_rss_bytes"] for x in rs),
                  "peak_disk_bytes": max(x["peak_disk_bytes"] for x in rs), "parts": rs[0]["parts"],
+                 "layout": rs[0].get("layout", "flat"),
                  "profile": rs[-1]["profile"]}
             # paired: each round's wall over the floor's in the same round, the median of those
             s["ratio_runs"] = [x["seconds"] / f["seconds"] for x, f in zip(rs, floors)]
             s["ratio_to_floor"] = float(statistics.median(s["ratio_runs"]))
             s["peak_rss_over_limit"] = s["peak_rss_bytes"] / lim
+            if rw_floors:
+                s["ratio_to_read_write_floor"] = float(statistics.median(
+                    [x["seconds"] / f["seconds"] for x, f in zip(rs, rw_floors)]))
             rows.append(s)
         doc = {"what": "mrt select (GRADES) on one dataset under memory limits from the refused minimum up, "
                        "against the polars spilling floor, in one run",
                "candidates": size, "files": a.files, "dim": a.dim, "dtype": a.dtype, "k": a.k,
-               "pool_sizes": [lo, hi], "ids": a.ids,
+               "pool_sizes": [lo, hi], "ids": a.ids, "order": a.order,
                "input_bytes": folder_bytes(d), "least_limit_bytes": least, "repeats": a.repeats,
                "floor": floor, "results": rows, "date": time.strftime("%Y-%m-%d")}
+        if rw_floors:
+            doc["read_write_floor"] = {"seconds": median_of(rw_floors, "seconds"),
+                                       "cpu_seconds": median_of(rw_floors, "cpu_seconds"),
+                                       "runs_seconds": [x["seconds"] for x in rw_floors],
+                                       "peak_rss_bytes": max(x["peak_rss_bytes"] for x in rw_floors)}
         finish(a.out, doc)
     return 0
 

@@ -3,7 +3,8 @@
 
 The shapes vary one thing at a time from the limits page's data (32-d float16, int ids, pools of 8-128,
 8 files): 384-d float32 vectors, string prompt ids, pools of 1,000-10,000 candidates, 1 file and 100
-files. Every shape's rows go to ``bench/results/limits_shapes.json``; ``limits_doc.py`` tables them in
+files, and every pool's rows together (as generation writes them; read in place, with the read+write
+floor beside the spilling one). Every shape's rows go to ``bench/results/limits_shapes.json``; ``limits_doc.py`` tables them in
 ``docs/results/limits.md``.
 
     python bench/perf/bench_shapes.py                       # 2M candidates a shape (384-d: 500k)
@@ -36,6 +37,7 @@ SHAPES = {
     "pools 1,000-10,000": ["--pool-sizes", "1000-10000"],
     "1 file": ["--files", "1"],
     "100 files": ["--files", "100"],
+    "pools in consecutive rows": ["--order", "consecutive"],
 }
 
 
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size-384", default="5e5", help="candidates of the 384-d shape (12x the bytes a row)")
     ap.add_argument("--limits", default="1GB,2GB", help="limits beside the minimum and 1.5x it")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--shapes", default=None, help="a comma list of shape numbers (0-5) to run")
+    ap.add_argument("--shapes", default=None, help="a comma list of shape numbers (0-6) to run")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "limits_shapes.json"))
     a = ap.parse_args(argv)
     names = list(SHAPES)
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = json.loads(out.read_text())
             rows.append({"shape": name, **{k: doc[k] for k in ("candidates", "files", "dim", "dtype", "pool_sizes",
                                                               "ids", "input_bytes", "least_limit_bytes")},
+                         "order": doc.get("order", "shuffled"), "repeats": a.repeats, "read_write_floor": doc.get("read_write_floor"),
                          "floor": doc["floor"], "results": doc["results"], "machine": doc["machine"],
                          "date": doc["date"]})
             shutil.rmtree(Path(tmp) / "data", ignore_errors=True)  # one shape's data on disk at a time

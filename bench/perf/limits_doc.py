@@ -85,25 +85,54 @@ def render(b: dict) -> str:
     return "\n".join(lines)
 
 
+def rounds(sh: dict) -> str:
+    """How many rounds each shape ran (the file's count for shapes that do not record their own)."""
+    by = {}
+    for s in sh["shapes"]:
+        by.setdefault(s.get("repeats", sh["repeats"]), []).append(s["shape"])
+    if len(by) == 1:
+        return f"{next(iter(by))} round(s) each"
+    common = max(by, key=lambda n: len(by[n]))
+    rest = "; ".join(f"{n} for {', '.join(names)}" for n, names in by.items() if n != common)
+    return f"{common} round(s) each, {rest}; medians"
+
+
 def shapes_section(sh: dict) -> list[str]:
     """One row per shape and limit: the same measures, each shape against its own floor."""
     out = ["## Other shapes", "",
            "`python bench/perf/bench_shapes.py` runs the same comparison on data that differs from the above in "
            "one thing at a time, each shape under its own refused minimum, 1.5x it and larger limits, against "
-           f"its own spilling floor in the same run ({sh['repeats']} round(s) each, GRADES, K = 4).", "",
+           f"its own spilling floor in the same run ({rounds(sh)}, GRADES, K = 4).", "",
            "| shape | candidates | input GB | limit | buckets | select s | floor s | × floor | peak / limit |",
            "|---|---|---|---|---|---|---|---|---|"]
+    def parts(r: dict) -> str:
+        if r.get("layout") == "consecutive":
+            return f"{r['parts']} (read in place)"
+        return f"{r['parts']}{'' if r['parts'] > 1 else ' (in memory)'}"
+
     for s in sh["shapes"]:
         for r in s["results"]:
             out.append(f"| {s['shape']} | {s['candidates']:,} | {s['input_bytes'] / 1e9:.2f} | {mib(r['limit_bytes'])} "
-                       f"| {r['parts']}{'' if r['parts'] > 1 else ' (in memory)'} | {r['seconds']:.1f} | "
+                       f"| {parts(r)} | {r['seconds']:.1f} | "
                        f"{s['floor']['seconds']:.1f} | {r['ratio_to_floor']:.2f} | {r['peak_rss_over_limit']:.2f} |")
-    spilled = [r for s in sh["shapes"] for r in s["results"] if r["parts"] > 1]
+    spilled = [r for s in sh["shapes"] for r in s["results"] if r["parts"] > 1 and r.get("layout") != "consecutive"]
     if spilled:
         lo, hi = min(r["ratio_to_floor"] for r in spilled), max(r["ratio_to_floor"] for r in spilled)
         plo, phi = min(r["peak_rss_over_limit"] for r in spilled), max(r["peak_rss_over_limit"] for r in spilled)
         out += ["", f"Where a shape spills, the job takes {lo:.2f}–{hi:.2f}x its floor and peaks at "
                 f"{plo:.0%}–{phi:.0%} of its limit."]
+    for s in sh["shapes"]:
+        placed = [r for r in s["results"] if r.get("layout") == "consecutive"]
+        rw = s.get("read_write_floor")
+        if placed and rw:
+            lo, hi = min(r["ratio_to_read_write_floor"] for r in placed), \
+                max(r["ratio_to_read_write_floor"] for r in placed)
+            plo, phi = min(r["peak_rss_over_limit"] for r in placed), max(r["peak_rss_over_limit"] for r in placed)
+            out += ["", f"With every pool's rows together ({s['shape']}), the job spills nothing: at "
+                    f"{len(placed)} of its {len(s['results'])} limits it reads the input in place, taking "
+                    f"{lo:.2f}–{hi:.2f}x the read+write floor (polars' streaming engine reading the files and "
+                    f"writing as many rows: {rw['seconds']:.1f} s, peak RSS {mib(rw['peak_rss_bytes'])}) and "
+                    f"peaking at {plo:.0%}–{phi:.0%} of its limit."]
     return out + ["", "Reproduce: `python bench/perf/bench_shapes.py`, then `python bench/perf/limits_doc.py`.", ""]
 
 

@@ -51,7 +51,8 @@ def select_once(d: Path, out: Path, env: dict, k: int, limit: int, extra: list[s
     r = measure([sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(k),
                  "--memory-limit", str(limit), "--profile", *extra], env, [out])
     man = json.loads(Manifest.read(out).to_json())
-    r.update(parts=man["n_parts"], kept=sum(man["parts"].values()), profile=profile(r["output_tail"]))
+    r.update(parts=man["n_parts"], layout=man.get("layout", "flat"), kept=sum(man["parts"].values()),
+             profile=profile(r["output_tail"]))
     shutil.rmtree(out, ignore_errors=True)
     return r
 

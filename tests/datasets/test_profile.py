@@ -38,7 +38,8 @@ def test_in_memory_job_times_plan_read_select_write(tmp_path):
 def test_spilled_job_times_each_bucket_piece(tmp_path):
     _table().write_parquet(tmp_path / "in.parquet")
     rep = select_dataset(tmp_path / "in.parquet", tmp_path / "out", 2, "grades", parts=4)
-    assert rep.spilled and list(rep.profile["steps"]) == ["plan", "spill", "select by bucket", "finish"]
+    # the ids are looked at for pools in consecutive rows first (one batch of a shuffled input)
+    assert rep.spilled and list(rep.profile["steps"]) == ["plan", "find pools", "spill", "select by bucket", "finish"]
     pieces = rep.profile["pieces"]
     assert set(pieces) == {"bucket read", "bucket select", "bucket write"}
     # every bucket holds rows here: each piece ran once a bucket
@@ -46,6 +47,17 @@ def test_spilled_job_times_each_bucket_piece(tmp_path):
     _check_times(rep.profile)
     lines = dict(rep.profile_lines())
     assert lines["  bucket select"].endswith("summed over 4 buckets")
+
+
+def test_job_read_in_place_times_each_part_piece(tmp_path):
+    _table().sort("prompt_id", maintain_order=True).write_parquet(tmp_path / "in.parquet")
+    rep = select_dataset(tmp_path / "in.parquet", tmp_path / "out", 2, "grades", parts=3)
+    assert rep.in_place and list(rep.profile["steps"]) == ["plan", "find pools", "select by part", "finish"]
+    pieces = rep.profile["pieces"]
+    assert set(pieces) == {"part read", "part select", "part write"}
+    assert all(p["count"] == 3 for p in pieces.values())
+    _check_times(rep.profile)
+    assert dict(rep.profile_lines())["  part select"].endswith("summed over 3 parts")
 
 
 def test_grouped_and_resumed_jobs_name_their_steps(tmp_path):

@@ -58,7 +58,8 @@ def select_cmd(
                                "instance, or the cluster at --ray-address)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join (e.g. auto, "
                                               "host:6379, ray://host:10001); --engine ray only."),
-    parts: Optional[int] = typer.Option(None, "--parts", help="Number of parts (buckets of pools), both engines "
+    parts: Optional[int] = typer.Option(None, "--parts", help="Number of parts (buckets of pools, or runs of "
+                                        "consecutive pools read in place), both engines "
                                         "(default: local from --memory-limit, ray from the data and the CPUs)."),
     eps: float = typer.Option(1e-6, help="Quality floor eps of GRADES weights."),
     candidate_key: Optional[str] = typer.Option(None, "--candidate-key", help="Column ordering each pool's "
