@@ -12,10 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_batch import by_pool, cut, make_rows, read_dir, ref_select
+from test_batch import _select_in_child, by_pool, cut, make_rows, read_dir, ref_select
 from typer.testing import CliRunner
 
 from mrt_fast import MrtInputError
+from mrt_fast._util.memory import parse_memory
 from mrt_fast.cli import app
 from mrt_fast.datasets import pool_runs
 from mrt_fast.datasets import sources
@@ -34,8 +35,12 @@ def consecutive(df: pl.DataFrame) -> pl.DataFrame:
             .sort(["__f", "__i"]).drop("__i", "__f"))
 
 
-def _bytes(p):
-    return p.read_bytes()
+def _same_parts(a, b, n: int) -> None:
+    """Directories ``a`` and ``b`` hold the same ``n`` parts, byte for byte (a part of no rows: no file in either)."""
+    for i in range(n):
+        assert part_path(a, i).exists() == part_path(b, i).exists()
+        if part_path(a, i).exists():
+            assert part_path(a, i).read_bytes() == part_path(b, i).read_bytes()
 
 
 # --------------------------------------------------------------------------- equal to in memory
@@ -98,6 +103,39 @@ def test_a_memory_limit_reads_in_place_within_it(tmp_path):
         rep = select_dataset(tmp_path / "in", tmp_path / "out.parquet", 3, "grades", memory_limit=rss() + (512 << 20))
     assert rep.in_place and rep.parts >= 2
     assert pl.read_parquet(tmp_path / "out.parquet").equals(ref)
+
+
+def test_read_in_place_holds_the_limit_from_the_least_one_up(tmp_path):
+    """Float16 vectors and a text column with every pool's rows together, in files of small row
+    groups: from the smallest limit the job accepts up, the peak stays under the limit, the job
+    reads in place (from 1.5x that limit at least) and every limit keeps the same rows."""
+    rng = np.random.default_rng(5)
+    n = 300_000
+    ids = np.repeat(np.arange(n // 40), rng.integers(8, 73, n // 40))[:n]
+    words = np.array(["alpha", "beta", "gamma", "answer", "because", "therefore", "the", "is", "x", "=", "42"])
+    texts = np.array([" ".join(words[rng.integers(0, len(words), m)]) for m in rng.integers(20, 120, 500)])
+    df = pl.DataFrame({"prompt_id": ids, "reward": rng.standard_normal(len(ids)),
+                       "response": texts[rng.integers(0, len(texts), len(ids))],
+                       "embedding": rng.standard_normal((len(ids), 128)).astype(np.float16)})
+    t = df.with_columns(pl.col("embedding").cast(pl.List(pl.Float16))).to_arrow()
+    src = tmp_path / "in"
+    src.mkdir()
+    for i, (a, b) in enumerate([(0, 120_000), (120_000, 200_000), (200_000, n)]):
+        pq.write_table(t.slice(a, b - a), src / f"f{i}.parquet", row_group_size=8192)
+    rc, err, _ = _select_in_child(src, tmp_path / "refused", "64MiB")
+    assert rc == 2 and "use a limit of at least" in err, err
+    least = parse_memory(err.strip().splitlines()[-1].rsplit("at least ", 1)[1].replace(" ", ""))
+    kept, layouts = None, []
+    for i, f in enumerate([1.0, 1.2, 1.5, 2.0, 3.0]):
+        limit = int(least * f)
+        rc, err, peak = _select_in_child(src, tmp_path / f"o{i}", str(limit))
+        assert rc == 0, err
+        assert peak <= limit, (f, limit, peak)
+        layouts.append(Manifest.read(tmp_path / f"o{i}").layout)
+        got = read_dir(tmp_path / f"o{i}").sort("prompt_id", "pick_rank")
+        assert kept is None or got.equals(kept), f
+        kept = got
+    assert layouts[2:] == [pool_runs.LAYOUT] * 3, layouts
 
 
 # --------------------------------------------------------------------------- finding runs
@@ -181,11 +219,7 @@ def test_a_stopped_job_read_in_place_resumes_to_the_same_parts(tmp_path):
     assert not m.done and len(m.parts) == 2 and m.layout == pool_runs.LAYOUT
     rep = select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades")
     assert rep.resumed and rep.in_place and rep.parts_done_now == 4
-    for i in range(6):
-        p = part_path(tmp_path / "full", i)
-        assert p.exists() == part_path(tmp_path / "part", i).exists()
-        if p.exists():
-            assert _bytes(part_path(tmp_path / "part", i)) == _bytes(p)
+    _same_parts(tmp_path / "full", tmp_path / "part", 6)
 
 
 def test_a_job_that_spilled_resumes_spilled(tmp_path):
@@ -198,11 +232,7 @@ def test_a_job_that_spilled_resumes_spilled(tmp_path):
     assert Manifest.read(tmp_path / "part").layout == "flat"
     rep = select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades")
     assert rep.resumed and rep.spilled and not rep.in_place
-    for i in range(5):
-        p = part_path(tmp_path / "full", i)
-        assert p.exists() == part_path(tmp_path / "part", i).exists()
-        if p.exists():
-            assert _bytes(part_path(tmp_path / "part", i)) == _bytes(p)
+    _same_parts(tmp_path / "full", tmp_path / "part", 5)
 
 
 def test_ray_refuses_to_resume_a_job_read_in_place(tmp_path):
