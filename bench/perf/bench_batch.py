@@ -88,6 +88,8 @@ def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 
             f = (np.arange(made, made + m, dtype=np.int64) * n_files) // n_rows
         for j in range(n_files):
             s = f == j
+            if order == "consecutive" and not s.any():
+                continue
             pids = ids[s] if ids_kind == "int" else pa.array(np.char.add("prompt-", np.char.zfill(
                 ids[s].astype(str), 12)).astype(object), pa.string())
             cols = {"prompt_id": pids, "cand": cand[s]} if candidate_column else {"prompt_id": pids}
@@ -96,7 +98,8 @@ def make_dataset(d: Path, n_rows: int, n_files: int, dim: int = 64, seed: int = 
                           .cast(pa.list_(pa_dt))})
             if writers[j] is None:
                 writers[j] = pq.ParquetWriter(d / f"part-{j:03d}.parquet", t.schema, compression="snappy")
-            writers[j].write_table(t)
+            # consecutive rows: row groups of a block's share of a file, as the shuffled rows get them
+            writers[j].write_table(t, row_group_size=-(-m // n_files) if order == "consecutive" else None)
         made += m
     for w in writers:
         w.close()

@@ -97,9 +97,8 @@ def test_a_memory_limit_reads_in_place_within_it(tmp_path):
     ref = ref_select(df, 3, "grades")
     from mrt_fast._util.memory import rss
 
-    # the tiny table made to look too big to select whole, its row groups small
-    with mock.patch.object(local_executor, "fits_in_memory", return_value=False), \
-            mock.patch("mrt_fast.datasets.executors.local_plan.largest_group", return_value=(1, 1)):
+    # the tiny table made to look too big to select whole
+    with mock.patch.object(local_executor, "fits_in_memory", return_value=False):
         rep = select_dataset(tmp_path / "in", tmp_path / "out.parquet", 3, "grades", memory_limit=rss() + (512 << 20))
     assert rep.in_place and rep.parts >= 2
     assert pl.read_parquet(tmp_path / "out.parquet").equals(ref)
@@ -213,8 +212,8 @@ def test_a_stopped_job_read_in_place_resumes_to_the_same_parts(tmp_path):
     df = consecutive(make_rows(80, 11))
     cut(df, tmp_path / "in", 4)
     select_dataset(tmp_path / "in", tmp_path / "full", 3, "grades", parts=6)
-    with stopping_after(2), pytest.raises(StoppedForTest):
-        select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades", parts=6)
+    with stopping_after(2), pytest.raises(StoppedForTest):  # one worker: no part written as the stop comes
+        select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades", parts=6, workers=1)
     m = Manifest.read(tmp_path / "part")
     assert not m.done and len(m.parts) == 2 and m.layout == pool_runs.LAYOUT
     rep = select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades")

@@ -72,12 +72,12 @@ def arrow_schema(ds: "FileSet") -> pa.Schema | None:
     return first
 
 
-def plan_runs(ds: "FileSet", n_runs: int) -> list[list[Piece]]:
-    """The dataset's row groups cut into at most ``n_runs`` runs of consecutive
-    row groups with about as many rows each (empty runs left out)."""
+def row_groups(ds: "FileSet") -> list[tuple[str, int, int, int, int]]:
+    """Every non-empty row group of the dataset, in order: (path, row group, first global row, rows,
+    first row in its file)."""
     import pyarrow.parquet as pq
 
-    groups: list[tuple[str, int, int, int, int]] = []  # path, row group, first row, rows, first row in its file
+    groups: list[tuple[str, int, int, int, int]] = []
     start = 0
     for f in ds.files:
         md = pq.ParquetFile(storage.open_input(f)).metadata
@@ -88,7 +88,30 @@ def plan_runs(ds: "FileSet", n_runs: int) -> list[list[Piece]]:
                 groups.append((str(f), g, start, n, in_file))
                 start += n
                 in_file += n
-    total = start
+    return groups
+
+
+def pieces_of_rows(groups: list[tuple[str, int, int, int, int]], first: int, end: int) -> list[Piece]:
+    """The row groups (of :func:`row_groups`) that hold global rows ``[first, end)``, whole, as a run
+    for :func:`iter_run`."""
+    run: list[Piece] = []
+    for path, g, start, n, in_file in groups:
+        if start >= end or start + n <= first:
+            continue
+        if run and run[-1].path == path:
+            run[-1].row_groups.append(g)
+            run[-1].rows += n
+            run[-1].group_rows.append(n)  # type: ignore[union-attr]
+        else:
+            run.append(Piece(path, [g], start, n, in_file, [n]))
+    return run
+
+
+def plan_runs(ds: "FileSet", n_runs: int) -> list[list[Piece]]:
+    """The dataset's row groups cut into at most ``n_runs`` runs of consecutive
+    row groups with about as many rows each (empty runs left out)."""
+    groups = row_groups(ds)
+    total = groups[-1][2] + groups[-1][3] if groups else 0
     runs: list[list[Piece]] = []
     k = 0
     for r in range(max(1, n_runs)):

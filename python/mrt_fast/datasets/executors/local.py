@@ -170,7 +170,7 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
         warm_method(opts, schema)
         planned = plan_consecutive(job, opts.by, total_bytes, limit, workers, fixed, prof)
         if planned is not None:
-            select_in_place(job, rep, opts, limit, prof, total_bytes, *planned)
+            select_in_place(job, rep, opts, limit, prof, total_bytes, planned)
             return
     budget = Budget.now(limit)
     if parts is not None:

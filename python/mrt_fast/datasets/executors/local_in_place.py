@@ -3,45 +3,56 @@
 An input too large for memory whose every pool is one run of consecutive rows
 (:func:`mrt_fast.datasets.pool_runs.consecutive_pools`) needs no bucket
 exchange: it is cut between runs into parts of consecutive rows
-(:func:`mrt_fast.datasets.executors.local_plan.plan_in_place`), and each part
-is read by polars' scan, selected and written, several parts at once. The
-input is read once and nothing is written but the output. The manifest records
-the layout ``consecutive``, so a rerun finds the same parts again; a rerun of
-a job that spilled keeps spilling.
+(:func:`mrt_fast.datasets.executors.local_plan.plan_in_place`). One reader
+thread decodes the input in order, a batch (or a few whole row groups) at a
+time, and gathers each part's rows; a finished part goes to one of the
+selecting workers, which selects and writes it while the reader goes on. Every
+row group is decoded once, the input is read once and nothing is written but
+the output. The manifest records the layout ``consecutive``, so a rerun finds
+the same parts again (and reads past those done); a rerun of a job that
+spilled keeps spilling.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from mrt_fast._util.memory import Budget
 from mrt_fast.datasets import formats as _formats
-from mrt_fast.datasets.executors.local_plan import dense_left, plan_in_place
-from mrt_fast.datasets.job import Job, run_all
+from mrt_fast.datasets.executors.local_plan import InPlacePlan, dense_left, plan_in_place
+from mrt_fast.datasets.job import Job
 from mrt_fast.datasets.pick_progress import picks_shown
 from mrt_fast.datasets.pool_runs import LAYOUT, consecutive_pools
 from mrt_fast.datasets.profile import Profile
 from mrt_fast.datasets.select_stage import counts_into, finish_select, select_counts, select_rows
-from mrt_fast.datasets.spill import ROW, spill_area
+from mrt_fast.datasets.spill import ROW, SMALL_BATCH_ROWS, pa_index_type, spill_area
 from mrt_fast.datasets.stage import Counts
-from mrt_fast.errors import MrtInputError
+from mrt_fast.errors import MrtInputError, SmallPoolWarning
+from mrt_fast.tables.arrays import arrow_of
 
-#: bytes a run of the input is counted at while its starts are found (its first row and id, and polars' own)
+#: bytes a run of the input is counted at while its starts are found (its first row and key, and a sort's copy)
 RUN_BYTES = 64
 
 
 def plan_consecutive(job: Job, by: str, total_bytes: int, limit: int, workers: int | None,
-                     n_parts: int | None, prof: Profile) -> tuple[np.ndarray, int] | None:
-    """(cuts, workers) when the job's input is read in place (its pools in consecutive rows and a
-    plan that fits), else None: the job spills. A rerun of a job that spilled is not looked at;
-    a rerun of one read in place that can no longer be is refused (its parts would not match)."""
+                     n_parts: int | None, prof: Profile) -> InPlacePlan | None:
+    """How the job reads its input in place (its pools in consecutive rows and a plan that fits),
+    else None: the job spills. A rerun of a job that spilled is not looked at; a rerun of one
+    read in place that can no longer be is refused (its parts would not match)."""
+    from mrt_fast.datasets.arrow_runs import arrow_schema
+
     man = job.man
     if man is not None and man.layout != LAYOUT:
         return None
+    if arrow_schema(job.ds) is None and man is None:
+        return None  # files Arrow does not read as polars would: the spill's readers report them
     budget = Budget.now(limit)
     with prof.step("find pools"):
         bounds = consecutive_pools(job.ds, by, max(1, budget.work // RUN_BYTES))
@@ -54,41 +65,53 @@ def plan_consecutive(job: Job, by: str, total_bytes: int, limit: int, workers: i
 
 
 def select_in_place(job: Job, rep: Any, opts: Any, limit: int, prof: Profile, total_bytes: int,
-                    cuts: np.ndarray, w: int) -> None:
-    """Select the parts ``[cuts[i], cuts[i + 1])`` of the job's input, ``w`` at once, each
-    committed as part ``i`` (a directory) or gathered into the file in the in-memory order."""
+                    plan: InPlacePlan) -> None:
+    """Select the parts ``[cuts[i], cuts[i + 1])`` of the job's input as the reader finishes them,
+    ``plan.workers`` at once, each committed as part ``i`` (a directory) or gathered into the
+    file in the in-memory order."""
     from mrt_fast.selection.facility import dense_limit_within
 
     ds, to_dir, bar = job.ds, job.to_dir, job.progress
+    cuts, w = plan.cuts, plan.workers
     n_parts, n_rows = len(cuts) - 1, int(cuts[-1])
-    todo = job.start(n_parts, layout=LAYOUT, n_rows=n_rows)
+    todo = set(job.start(n_parts, layout=LAYOUT, n_rows=n_rows))
     rep.parts, rep.workers, rep.rows, rep.in_place = n_parts, w, n_rows, True
     counts = Counts()
     bar.phase(f"{opts.method}-{opts.k} by part")
     bar.start(n_rows if len(todo) == n_parts else None)
-    lf = ds.scan(row_index=ROW)
     with spill_area(job) if not to_dir else contextlib.nullcontext() as area:
-        def one(i: int) -> None:
-            a, b = int(cuts[i]), int(cuts[i + 1])
-            if a == b:  # one run spans this part's share: its empty part is committed at the end
-                return
-            with prof.piece("part read"):
-                df = job.read_rows(a, b - a, lf)
-            with prof.piece("part select"):
-                kept, r = select_rows(df, opts, ds, first=not to_dir)
-            del df
-            counts.add(select_counts(r))
-            with prof.piece("part write"):
-                if to_dir:
-                    job.commit(i, kept)
-                else:
-                    _formats.write_parquet_atomic(kept, area / f"{i:05d}.parquet")
-            del kept
-            bar.advance(b - a)
+        def one(i: int, batches: list[pa.RecordBatch]) -> None:
+            try:
+                with prof.piece("part read"):
+                    t = pa.Table.from_batches(batches)
+                    del batches[:]
+                    if t.column(0).num_chunks > 1 and t.num_rows < SMALL_BATCH_ROWS * t.column(0).num_chunks:
+                        t = t.combine_chunks()  # many small batches (a tight limit): one copy costs less
+                    df = pl.from_arrow(t)
+                    del t
+                with prof.piece("part select"):
+                    kept, r = select_rows(df, opts, ds, first=not to_dir)
+                n = df.height
+                del df
+                counts.add(select_counts(r))
+                with prof.piece("part write"):
+                    if to_dir:
+                        job.commit(i, kept)
+                    else:
+                        _formats.write_parquet_atomic(kept, area / f"{i:05d}.parquet")
+                del kept
+                bar.advance(n)
+            finally:
+                selecting.release()
 
+        selecting = threading.Semaphore(w)
         with dense_limit_within(dense_left(Budget.now(limit), total_bytes, n_parts, w)), \
-                prof.step("select by part"), picks_shown(bar):
-            run_all(one, todo, w)
+                prof.step("select by part"), picks_shown(bar), ThreadPoolExecutor(max_workers=w) as ex:
+            import warnings
+
+            with warnings.catch_warnings():  # process-wide, set before the workers start
+                warnings.simplefilter("ignore", SmallPoolWarning)
+                _read_parts(job, plan, todo, ex, selecting, one)
         rep.parts_done_now = len(todo)
         with prof.step("finish"):
             if to_dir:
@@ -100,3 +123,97 @@ def select_in_place(job: Job, rep: Any, opts: Any, limit: int, prof: Profile, to
     counts_into(counts.total, rep)
     rep.rows_out = rep.n_kept
     rep.rows_done_now = rep.n_candidates
+
+
+def _read_parts(job: Job, plan: InPlacePlan, todo: set[int], ex: ThreadPoolExecutor,
+                selecting: threading.Semaphore, one: Any) -> None:
+    """``plan.readers`` threads each decode one block of consecutive parts in order (the row
+    groups that hold them; the next batch decoded meanwhile), every row with its global row
+    index ``__row``, and hand each part of ``todo`` to ``one`` on ``ex`` once its last row is
+    read, waiting for a free worker first (``selecting``); the rows of parts done before are
+    read past. The first failure (a read, named by its file, or a part's) stops the reading
+    and is raised once every part handed over has ended."""
+    from mrt_fast.datasets.arrow_runs import arrow_schema, row_groups
+
+    ds, cuts = job.ds, plan.cuts
+    schema = arrow_schema(ds)
+    groups = row_groups(ds)
+    n_parts = len(cuts) - 1
+    blocks = np.linspace(0, n_parts, plan.readers + 1).round().astype(int)
+    futures: list[Future] = []
+    failed: list[BaseException] = []
+    lock = threading.Lock()
+
+    def hand_over(i: int, buf: list) -> None:
+        if i in todo and buf:
+            selecting.acquire()
+            with lock:
+                futures.append(ex.submit(one, i, buf))
+
+    def stop() -> bool:
+        with lock:
+            return bool(failed) or any(f.done() and f.exception() is not None for f in futures)
+
+    def read(first: int, last: int) -> None:
+        try:
+            _read_block(groups, schema, plan, cuts, first, last, todo, hand_over, stop)
+        except BaseException as e:  # noqa: BLE001 - raised once every part has ended
+            with lock:
+                failed.append(e)
+
+    threads = [threading.Thread(target=read, args=(int(a), int(b)), daemon=True)
+               for a, b in zip(blocks[:-1], blocks[1:]) if b > a]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = []
+    for f in list(futures):
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+    if errors:
+        raise errors[0]
+    if failed:
+        e = failed[0]
+        if isinstance(e, MrtInputError) or not isinstance(e, Exception):
+            raise e
+        from mrt_fast._util import messages as _messages
+
+        ds.find_unreadable()
+        raise MrtInputError(f"cannot read {ds.source!r}: {_messages.one_line(e)}") from None
+
+
+def _read_block(groups: list, schema: Any, plan: InPlacePlan, cuts: Any, first: int, last: int, todo: set[int],
+                hand_over: Any, stop: Any) -> None:
+    """Parts ``first .. last - 1``: the row groups holding their rows decoded in order, each part's
+    rows gathered and handed over as soon as they are all read."""
+    from mrt_fast._util.read_ahead import read_ahead
+    from mrt_fast.datasets.arrow_runs import iter_run, pieces_of_rows
+
+    if not any(i in todo for i in range(first, last)):
+        return
+    lo_row, hi_row = int(cuts[first]), int(cuts[last])
+    idx = pa_index_type()
+    part, buf = first, []
+    for pos, b in read_ahead(iter_run(pieces_of_rows(groups, lo_row, hi_row), None, plan.batch_rows,
+                                      plan.chunk_rows, schema), 1):
+        start, end = max(pos, lo_row), min(pos + b.num_rows, hi_row)
+        while start < end:
+            while part < last and cuts[part + 1] <= start:  # parts that end here (or hold no row)
+                hand_over(part, buf)
+                part, buf = part + 1, []
+            stop_at = min(end, int(cuts[part + 1]))
+            if part in todo:
+                piece = b.slice(start - pos, stop_at - start)
+                row = arrow_of(np.arange(start, stop_at, dtype=idx))
+                buf.append(pa.RecordBatch.from_arrays([row, *piece.columns], names=[ROW, *piece.schema.names]))
+            start = stop_at
+        if pos + b.num_rows >= hi_row or stop():
+            break
+    if stop():
+        return
+    while part < last:
+        hand_over(part, buf)
+        part, buf = part + 1, []

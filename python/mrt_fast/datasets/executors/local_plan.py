@@ -131,53 +131,66 @@ def plan_memory(ds: _sources.Dataset, total_bytes: int, n_rows: int | None, budg
     return got
 
 
+@dataclass(frozen=True)
+class InPlacePlan:
+    """How a job reads its consecutive pools in place: part ``i`` holds rows
+    ``[cuts[i], cuts[i + 1])``; ``readers`` threads each decode a block of consecutive parts
+    in order, ``batch_rows`` a batch (``chunk_rows``: row groups polars decodes whole,
+    :func:`mrt_fast.datasets.arrow_runs.iter_run`), while ``workers`` parts are selected at once."""
+
+    cuts: Any
+    workers: int
+    readers: int
+    batch_rows: int
+    chunk_rows: int
+
+
+#: the global row index each row read in place carries (``__row``)
+ROW_BYTES = 8
+#: a part read in place is planned no smaller than this (many tiny parts cost a part file each) while
+#: fewer readers or workers would make it larger
+MIN_PART_BYTES = 16 * MiB
+
+
 def plan_in_place(ds: _sources.Dataset, total_bytes: int, bounds, budget: Budget, workers: int | None,
-                  n_parts: int | None = None) -> tuple[Any, int] | None:
-    """(cuts, workers) for an input whose pools lie in consecutive rows (``bounds``: the
-    first row of each run and the row count, :func:`mrt_fast.datasets.pool_runs.consecutive_pools`),
-    read in place by parts of consecutive rows cut between runs
-    (:func:`mrt_fast.datasets.pool_runs.cut_runs`), ``workers`` parts at once, each read by
-    polars' scan, which decodes every row group a part touches (:func:`polars_read_bytes` of the
-    largest, for the whole process). Parts are planned as :func:`plan_buckets` plans buckets, but
-    with the whole budget (no spill pass holds memory first), with fewer workers where that makes
-    parts of at least ``MIN_PART_GROUPS`` row groups: a part shorter than that decodes the row
-    groups at its ends for little of their rows. ``n_parts``: the count a resumed job or the
-    caller fixed. None when no plan fits or parts would be that short (the caller spills
-    instead, and refuses what that cannot fit either)."""
+                  n_parts: int | None = None) -> InPlacePlan | None:
+    """How to read an input whose pools lie in consecutive rows (``bounds``: the first row of
+    each run and the row count, :func:`mrt_fast.datasets.pool_runs.consecutive_pools`) in
+    place: reader threads (one a core at most), each planned as a spill thread with no bucket
+    files in at most half the budget's share (whole row groups decoded by polars where that
+    is faster and fits), and parts cut between runs (:func:`mrt_fast.datasets.pool_runs.cut_runs`)
+    small enough that ``workers`` of them being selected (3x a part and 24 MiB each) and one a
+    reader being filled fit in the rest, with 30% room for uneven parts. The most readers,
+    then workers, whose parts are at least ``MIN_PART_BYTES``. ``n_parts``: the count a
+    resumed job or the caller fixed. None when no plan fits (a pool too large for the budget,
+    or no reader): the caller spills instead, and refuses what that cannot fit either."""
+    from mrt_fast._util.memory import CHUNK_COPIES, SPILL_COPIES, SPILL_THREAD
     from mrt_fast.datasets.pool_runs import cut_runs
 
     n_rows = int(bounds[-1])
     if n_rows == 0:
         return None
-    group_bytes, group_rows = largest_group(ds)
-    work = budget.work - polars_read_bytes(group_bytes)
-    if work <= SELECT_WORKER:
-        return None
-    row_bytes = total_bytes / n_rows
-    left = budget.with_work(work)
-    if n_parts is not None:
-        tries = [(int(n_parts), max(1, int(workers or 1)))]
-    else:
-        most = plan_buckets(total_bytes, left, workers)[1]
-        tries = [(max(2, plan_buckets(total_bytes, left, w)[0]), w) for w in range(most, 0, -1)]
-    for n, w in tries:
-        if n_parts is None and n_rows / n < MIN_PART_GROUPS * group_rows and w > 1:
+    rb = max(1.0, total_bytes / n_rows)
+    work = budget.work - int(bounds.nbytes)  # the runs are held throughout
+    group_rows = whole_group_rows(ds)
+    cpus = os.cpu_count() or 1
+    most = max(1, min(cpus + (cpus > 1), 4) if workers is None else int(workers))
+    for r in range(min(cpus, n_parts or cpus), 0, -1):
+        reader = plan_spill(budget.with_work(work // (2 * r)), rb, 0, 1, n_rows, group_rows)
+        if reader is None:
             continue
-        for _ in range(4):  # cut finer while a part of long runs is larger than planned
+        chunk = group_rows if group_rows and reader.chunk_rows >= group_rows else 0
+        rest = work - r * (SPILL_THREAD + (SPILL_COPIES * reader.batch_rows + CHUNK_COPIES * chunk) * rb)
+        for w in range(most, 0, -1):
+            part = (rest - w * SELECT_WORKER) / (SLACK * (r + w * WORK_FACTOR))
+            if part <= 0 or (part < MIN_PART_BYTES and r + w > 2 and n_parts is None):
+                continue
+            n = int(n_parts) if n_parts is not None else max(r, math.ceil(n_rows * (rb + ROW_BYTES) / part))
             cuts = cut_runs(bounds, n)
-            largest = WORK_FACTOR * float((cuts[1:] - cuts[:-1]).max()) * row_bytes
-            if w * (largest + SELECT_WORKER) <= work:
-                if n_parts is None and n_rows / n < MIN_PART_GROUPS * group_rows:
-                    return None
-                return cuts, w
-            if n_parts is not None:
-                return None
-            n *= 2
+            largest = float((cuts[1:] - cuts[:-1]).max()) * (rb + ROW_BYTES)  # each row with its index
+            if largest * (r + w * WORK_FACTOR) + w * SELECT_WORKER <= rest:
+                return InPlacePlan(cuts, w, r, reader.batch_rows, chunk)
     return None
-
-
-#: a part read in place holds at least this many of the input's (largest) row groups
-MIN_PART_GROUPS = 2
 
 
 def largest_group(ds: _sources.Dataset) -> tuple[int, int]:
@@ -245,13 +258,7 @@ def whole_group_rows(ds: _sources.Dataset) -> int:
     schema = arrow_schema(ds)
     if not polars_decodes_faster(schema) or any(storage.is_url(f) for f in ds.files):
         return 0
-    import pyarrow.parquet as pq
-
-    largest = 0
-    for f in ds.files:
-        md = pq.ParquetFile(storage.open_input(f)).metadata
-        largest = max([largest, *(md.row_group(g).num_rows for g in range(md.num_row_groups))])
-    return largest
+    return largest_group(ds)[1]
 
 
 def spill_read_bytes(ds: _sources.Dataset, total_bytes: int) -> int:
