@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         # some shapes rerun: they replace their rows of the existing results, the others are kept (each row
         # records its own date and machine)
         new = {r["shape"]: r for r in rows}
-        old_rows = json.loads(out_path.read_text())["shapes"]
+        old = json.loads(out_path.read_text())
+        old_rows = [{"repeats": old["repeats"], **r} for r in old["shapes"]]  # each row keeps its own rounds
         rows = [new.pop(r["shape"], r) for r in old_rows] + list(new.values())
     out_path.parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"what": "mrt select (GRADES, K = 4) under memory limits, shape by shape, "

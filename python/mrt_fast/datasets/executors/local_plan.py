@@ -147,6 +147,12 @@ class InPlacePlan:
 
 #: the global row index each row read in place carries (``__row``)
 ROW_BYTES = 8
+#: parts read in place, at least, a reader or worker (the first part is read before any is selected,
+#: the last selected after all are read: smaller parts overlap the two more)
+PARTS_PER_THREAD = 4
+#: memory a job read in place keeps aside: its readers' allocators hold some of what they free
+#: (at the tightest limits the peak came within 1% of the limit without it)
+IN_PLACE_RESERVE = 16 * MiB
 #: a part read in place is planned no smaller than this (many tiny parts cost a part file each) while
 #: fewer readers or workers would make it larger
 MIN_PART_BYTES = 16 * MiB
@@ -160,8 +166,9 @@ def plan_in_place(ds: _sources.Dataset, total_bytes: int, bounds, budget: Budget
     files in at most half the budget's share (whole row groups decoded by polars where that
     is faster and fits), and parts cut between runs (:func:`mrt_fast.datasets.pool_runs.cut_runs`)
     small enough that ``workers`` of them being selected (3x a part and 24 MiB each) and one a
-    reader being filled fit in the rest, with 30% room for uneven parts. The most readers,
-    then workers, whose parts are at least ``MIN_PART_BYTES``. ``n_parts``: the count a
+    reader being filled fit in the rest (less ``IN_PLACE_RESERVE``), with 30% room for uneven
+    parts, and at least ``PARTS_PER_THREAD`` parts a reader or worker. The most readers, then
+    workers, whose parts are at least ``MIN_PART_BYTES``. ``n_parts``: the count a
     resumed job or the caller fixed. None when no plan fits (a pool too large for the budget,
     or no reader): the caller spills instead, and refuses what that cannot fit either."""
     from mrt_fast._util.memory import CHUNK_COPIES, SPILL_COPIES, SPILL_THREAD
@@ -171,7 +178,8 @@ def plan_in_place(ds: _sources.Dataset, total_bytes: int, bounds, budget: Budget
     if n_rows == 0:
         return None
     rb = max(1.0, total_bytes / n_rows)
-    work = budget.work - int(bounds.nbytes)  # the runs are held throughout
+    # the runs are held throughout; the readers' allocators keep some of what they free
+    work = budget.work - int(bounds.nbytes) - IN_PLACE_RESERVE
     group_rows = whole_group_rows(ds)
     cpus = os.cpu_count() or 1
     most = max(1, min(cpus + (cpus > 1), 4) if workers is None else int(workers))
@@ -185,7 +193,9 @@ def plan_in_place(ds: _sources.Dataset, total_bytes: int, bounds, budget: Budget
             part = (rest - w * SELECT_WORKER) / (SLACK * (r + w * WORK_FACTOR))
             if part <= 0 or (part < MIN_PART_BYTES and r + w > 2 and n_parts is None):
                 continue
-            n = int(n_parts) if n_parts is not None else max(r, math.ceil(n_rows * (rb + ROW_BYTES) / part))
+            # parts no larger than planned, and enough of them that reading and selecting overlap
+            n = int(n_parts) if n_parts is not None else \
+                max(PARTS_PER_THREAD * (r + w), math.ceil(n_rows * (rb + ROW_BYTES) / part))
             cuts = cut_runs(bounds, n)
             largest = float((cuts[1:] - cuts[:-1]).max()) * (rb + ROW_BYTES)  # each row with its index
             if largest * (r + w * WORK_FACTOR) + w * SELECT_WORKER <= rest:
