@@ -85,6 +85,12 @@ def render(b: dict) -> str:
     return "\n".join(lines)
 
 
+def span(lo: float, hi: float, fmt: str) -> str:
+    """``lo–hi`` in ``fmt``, or one value where they are the same."""
+    a, b = fmt.format(lo), fmt.format(hi)
+    return a if a == b else f"{a}–{b}"
+
+
 def rounds(sh: dict) -> str:
     """How many rounds each shape ran (the file's count for shapes that do not record their own)."""
     by = {}
@@ -128,11 +134,15 @@ def shapes_section(sh: dict) -> list[str]:
             lo, hi = min(r["ratio_to_read_write_floor"] for r in placed), \
                 max(r["ratio_to_read_write_floor"] for r in placed)
             plo, phi = min(r["peak_rss_over_limit"] for r in placed), max(r["peak_rss_over_limit"] for r in placed)
-            out += ["", f"With every pool's rows together ({s['shape']}), the job spills nothing: at "
-                    f"{len(placed)} of its {len(s['results'])} limits it reads the input in place, taking "
-                    f"{lo:.2f}–{hi:.2f}x the read+write floor (polars' streaming engine reading the files and "
-                    f"writing as many rows: {rw['seconds']:.1f} s, peak RSS {mib(rw['peak_rss_bytes'])}) and "
-                    f"peaking at {plo:.0%}–{phi:.0%} of its limit."]
+            spilled_here = [mib(r["limit_bytes"]) for r in s["results"]
+                            if r["parts"] > 1 and r.get("layout") != "consecutive"]
+            out += ["", f"With every pool's rows together ({s['shape']}), the job reads the input in place, "
+                    f"spilling nothing, at {len(placed)} of its {len(s['results'])} limits: "
+                    f"{span(lo, hi, '{:.2f}')}x the read+write floor (polars' streaming engine reading the files "
+                    f"and writing as many rows: {rw['seconds']:.1f} s, peak RSS {mib(rw['peak_rss_bytes'])}), "
+                    f"peaking at {span(plo, phi, '{:.0%}')} of its limit"
+                    + (f"; it spills under {', '.join(spilled_here)}, where the parts and readers do not fit."
+                       if spilled_here else ".")]
     return out + ["", "Reproduce: `python bench/perf/bench_shapes.py`, then `python bench/perf/limits_doc.py`.", ""]
 
 
@@ -190,10 +200,14 @@ def consecutive_section(c: dict, shuffled: dict) -> list[str]:
         lo = min(r["ratio_to_read_write_floor"] for r in placed)
         hi = max(r["ratio_to_read_write_floor"] for r in placed)
         plo, phi = min(r["peak_rss_over_limit"] for r in placed), max(r["peak_rss_over_limit"] for r in placed)
+        spilled_here = [mib(r["limit_bytes"]) for r in c["results"]
+                        if r["parts"] > 1 and r.get("layout") != "consecutive"]
         out += ["", f"Read in place ({len(placed)} of the {len(c['results'])} limits), the job spills nothing and "
-                f"takes {lo:.2f}–{hi:.2f}x the read+write floor, peaking at {plo:.0%}–{phi:.0%} of its limit. The "
-                "last column is the shuffled data's time under the same limit, from the run above (another run: "
-                "compare it loosely)."]
+                f"takes {span(lo, hi, '{:.2f}')}x the read+write floor, peaking at {span(plo, phi, '{:.0%}')} of "
+                "its limit" + (f"; under {', '.join(spilled_here)} the parts and readers do not fit and it spills"
+                               if spilled_here else "") +
+                ". The last column is the shuffled data's time under the same limit, from the run above "
+                "(another run: compare it loosely)."]
     return out + ["", "Reproduce: `python bench/perf/bench_limits.py --order consecutive --out "
                   "bench/results/limits_consecutive.json`, then `python bench/perf/limits_doc.py`.", ""]
 

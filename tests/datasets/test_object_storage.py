@@ -29,15 +29,18 @@ pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::mrt_fast.error
 _n = iter(range(10**6))  # bucket names of the property test
 
 
-def rows(n_pools: int, seed: int, d: int = 4) -> pl.DataFrame:
+def rows(n_pools: int, seed: int, d: int = 4, shuffled: bool = False) -> pl.DataFrame:
+    """Pools of 1-6 rows, every pool's rows together (a job reads them in place), or ``shuffled``
+    (a job spills them)."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 7, n_pools)
     n = int(sizes.sum())
-    return pl.DataFrame({
+    df = pl.DataFrame({
         "prompt_id": np.repeat(np.arange(n_pools), sizes),
         "response": [f"r{i}" for i in range(n)],
         "reward": rng.normal(size=n),
     }).with_columns(pl.Series("embedding", rng.normal(size=(n, d)).astype(np.float32), dtype=pl.List(pl.Float32)))
+    return df.sample(fraction=1.0, shuffle=True, seed=seed) if shuffled else df
 
 
 def put_table(df: pl.DataFrame, url: str) -> None:
@@ -63,11 +66,12 @@ def expected(df: pl.DataFrame, k: int = 2) -> pl.DataFrame:
     return mrt_fast.select(df, k, "grades").sort(["prompt_id", "pick_rank"])
 
 
-def test_select_from_and_to_s3_equals_the_in_memory_result(s3_bucket):
-    df = rows(40, 1)
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_select_from_and_to_s3_equals_the_in_memory_result(s3_bucket, shuffled):
+    df = rows(40, 1, shuffled=shuffled)
     put_files(df, f"{s3_bucket}/in", 3)
     rep = select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=4)
-    assert rep.n_parts == 4 and not rep.resumed
+    assert rep.n_parts == 4 and not rep.resumed and rep.in_place != shuffled and rep.spilled == shuffled
     assert read_output(f"{s3_bucket}/out").equals(expected(df))
     m = Manifest.read(f"{s3_bucket}/out")
     assert m.done and set(m.files) == {n for n, r in m.parts.items() if r}
@@ -109,13 +113,15 @@ def test_resume_on_s3_after_a_stop_loses_and_duplicates_no_row(s3_bucket):
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(parts=st.integers(2, 5), stop=st.integers(1, 4), seed=st.integers(0, 1000), n_files=st.integers(1, 3))
-def test_stopped_after_any_part_a_rerun_on_s3_gives_the_in_memory_result(s3_endpoint, parts, stop, seed, n_files):
+@given(parts=st.integers(2, 5), stop=st.integers(1, 4), seed=st.integers(0, 1000), n_files=st.integers(1, 3),
+       shuffled=st.booleans())
+def test_stopped_after_any_part_a_rerun_on_s3_gives_the_in_memory_result(s3_endpoint, parts, stop, seed, n_files,
+                                                                         shuffled):
     stop = min(stop, parts - 1)
     name = f"mrt-prop-{next(_n)}"
     boto3.client("s3").create_bucket(Bucket=name)
     b = f"s3://{name}"
-    df = rows(25, seed)
+    df = rows(25, seed, shuffled=shuffled)
     put_files(df, f"{b}/in", n_files)
     with stopping_after(stop), pytest.raises(StoppedForTest):
         select_dataset(f"{b}/in", f"{b}/out", 2, "grades", parts=parts)
