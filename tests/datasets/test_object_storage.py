@@ -31,7 +31,7 @@ _n = iter(range(10**6))  # bucket names of the property test
 
 def rows(n_pools: int, seed: int, d: int = 4, shuffled: bool = False) -> pl.DataFrame:
     """Pools of 1-6 rows, every pool's rows together (a job reads them in place), or ``shuffled``
-    (a job spills them)."""
+    (a job exchanges them)."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 7, n_pools)
     n = int(sizes.sum())

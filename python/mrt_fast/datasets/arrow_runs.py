@@ -44,11 +44,12 @@ class Piece:
     group_rows: list[int] | None = None
 
 
-def arrow_schema(ds: "FileSet") -> pa.Schema | None:
+def arrow_schema(ds: "FileSet", objects: bool = False) -> pa.Schema | None:
     """The Arrow schema every file of a Parquet dataset shares, when polars
     reads it to the same column names and types as ``pl.from_arrow`` makes of
     Arrow's batches; None otherwise (text formats, hive partitions, files
-    that differ, a footer that cannot be read)."""
+    that differ, a footer that cannot be read, and objects on object storage
+    unless ``objects``: the exchanges read those with polars)."""
     import polars as pl
     import pyarrow.parquet as pq
 
@@ -57,7 +58,7 @@ def arrow_schema(ds: "FileSet") -> pa.Schema | None:
     if ds.fmt != "parquet" or ds.hive or not ds.files:
         return None
     try:
-        schemas = [pq.read_schema(f).remove_metadata() for f in ds.files]
+        schemas = [pq.read_schema(storage.open_input(f) if objects else f).remove_metadata() for f in ds.files]
         first = schemas[0]
         if has_views(first):  # read by polars, or by pyarrow with the views cast
             return None

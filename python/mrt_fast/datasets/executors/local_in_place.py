@@ -51,7 +51,7 @@ def plan_consecutive(job: Job, by: str, total_bytes: int, limit: int, workers: i
     man = job.man
     if man is not None and man.layout != LAYOUT:
         return None
-    if arrow_schema(job.ds) is None and man is None:
+    if arrow_schema(job.ds, objects=True) is None and man is None:
         return None  # files Arrow does not read as polars would: the spill's readers report them
     budget = Budget.now(limit)
     with prof.step("find pools"):
@@ -136,7 +136,7 @@ def _read_parts(job: Job, plan: InPlacePlan, todo: set[int], ex: ThreadPoolExecu
     from mrt_fast.datasets.arrow_runs import arrow_schema, row_groups
 
     ds, cuts = job.ds, plan.cuts
-    schema = arrow_schema(ds)
+    schema = arrow_schema(ds, objects=True)
     groups = row_groups(ds)
     n_parts = len(cuts) - 1
     blocks = np.linspace(0, n_parts, plan.readers + 1).round().astype(int)
