@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -66,7 +67,7 @@ def plan_consecutive(job: Job, by: str, total_bytes: int, limit: int, workers: i
 
 def select_in_place(job: Job, rep: Any, opts: Any, limit: int, prof: Profile, total_bytes: int,
                     plan: InPlacePlan) -> None:
-    """Select the parts ``[cuts[i], cuts[i + 1])`` of the job's input as the reader finishes them,
+    """Select the parts ``[cuts[i], cuts[i + 1])`` of the job's input as the readers finish them,
     ``plan.workers`` at once, each committed as part ``i`` (a directory) or gathered into the
     file in the in-memory order."""
     from mrt_fast.selection.facility import dense_limit_within
@@ -79,6 +80,7 @@ def select_in_place(job: Job, rep: Any, opts: Any, limit: int, prof: Profile, to
     counts = Counts()
     bar.phase(f"{opts.method}-{opts.k} by part")
     bar.start(n_rows if len(todo) == n_parts else None)
+    selecting = threading.Semaphore(w)  # parts being selected: a reader waits for a free worker
     with spill_area(job) if not to_dir else contextlib.nullcontext() as area:
         def one(i: int, batches: list[pa.RecordBatch]) -> None:
             try:
@@ -104,11 +106,8 @@ def select_in_place(job: Job, rep: Any, opts: Any, limit: int, prof: Profile, to
             finally:
                 selecting.release()
 
-        selecting = threading.Semaphore(w)
         with dense_limit_within(dense_left(Budget.now(limit), total_bytes, n_parts, w)), \
                 prof.step("select by part"), picks_shown(bar), ThreadPoolExecutor(max_workers=w) as ex:
-            import warnings
-
             with warnings.catch_warnings():  # process-wide, set before the workers start
                 warnings.simplefilter("ignore", SmallPoolWarning)
                 _read_parts(job, plan, todo, ex, selecting, one)
