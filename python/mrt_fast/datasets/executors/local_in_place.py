@@ -106,7 +106,9 @@ def select_in_place(job: Job, rep: Any, opts: Any, limit: int, prof: Profile, to
             finally:
                 selecting.release()
 
-        with dense_limit_within(dense_left(Budget.now(limit), total_bytes, n_parts, w)), \
+        # the similarity blocks get what the largest part's selection leaves (one long pool: all of the input)
+        largest = int((cuts[1:] - cuts[:-1]).max())
+        with dense_limit_within(dense_left(Budget.now(limit), total_bytes, max(1, n_rows // max(1, largest)), w)), \
                 prof.step("select by part"), picks_shown(bar), ThreadPoolExecutor(max_workers=w) as ex:
             with warnings.catch_warnings():  # process-wide, set before the workers start
                 warnings.simplefilter("ignore", SmallPoolWarning)
