@@ -9,7 +9,10 @@ output folder reaches, polled every 0.2 s):
   does not fit;
 * the spilling floor: polars reading the files and spilling them to Arrow IPC with ``sink_ipc``, then
   scanning the IPC back and writing as many rows as the selection keeps with ``sink_parquet``: what any
-  out-of-core job over the same bytes pays.
+  out-of-core job over the same bytes pays;
+* with ``--order consecutive`` (every pool's rows together, as generation writes them; `mrt select` reads
+  them in place, spilling nothing), also the read+write floor: polars' streaming engine reading the files
+  and writing as many rows.
 
 Sizes up to ``--repeat-below`` (10M) run ``--repeats`` (2) interleaved rounds; larger ones run once, the
 job and its floor back to back. Results (seconds, CPU seconds, rows/s, peak RSS against the limit, peak
@@ -19,6 +22,7 @@ disk, ratios to the floor, and seconds per million rows against the smallest siz
 
     python bench/perf/bench_scale.py                                   # 1M, 3M, 10M, 30M, 100M; 32-d float16
     python bench/perf/bench_scale.py --sizes 1e6,3e6 --out /tmp/s.json # a quick one
+    python bench/perf/bench_scale.py --order consecutive --out bench/results/scale_consecutive.json
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_batch import (available, compile_package, folder_bytes, machine,  # noqa: E402
+from bench_batch import (FLOORS, available, compile_package, folder_bytes, machine,  # noqa: E402
                          measure, package_env, parse_size, warm)
 from bench_batch import make_dataset as batch_dataset  # noqa: E402
 
@@ -69,24 +73,25 @@ def profile(output: str) -> dict[str, str]:
 def run_size(size: int, a, work: Path, env: dict, limit: int) -> dict:
     from mrt_fast.datasets import Manifest
 
-    d = work / f"in_{size}"
+    d = work / f"in_{size}_{a.order}"
     t0 = time.perf_counter()
     if not d.exists():  # in its own process, so that the benchmark process stays small
-        subprocess.run([sys.executable, __file__, "--make", str(d), str(size), str(a.files), str(a.dim), a.dtype],
-                       check=True)
+        subprocess.run([sys.executable, __file__, "--make", str(d), str(size), str(a.files), str(a.dim), a.dtype,
+                        a.order], check=True)
     gen = time.perf_counter() - t0
     row = {"candidates": size, "files": a.files, "input_bytes": folder_bytes(d), "generate_seconds": gen,
            "warm_read_seconds": warm(d)}
     print(f"== {size:,} candidates, {row['input_bytes'] / 1e9:.2f} GB on disk (made in {gen:.0f} s)", flush=True)
     rounds = a.repeats if size <= a.repeat_below else 1
-    sel, floors = [], []
+    sel, floors, rw_floors = [], [], []
     for _ in range(rounds):
         out = work / f"out_{size}"
         shutil.rmtree(out, ignore_errors=True)
         r = measure([sys.executable, "-m", "mrt_fast.cli", "select", str(d), str(out), "--k", str(a.k), "--method",
                      a.method, "--memory-limit", str(limit), "--profile"], env, [out])
         man = json.loads(Manifest.read(out).to_json())
-        r.update(parts=man["n_parts"], kept=sum(man["parts"].values()), output_bytes=folder_bytes(out))
+        r.update(parts=man["n_parts"], layout=man.get("layout", "flat"), kept=sum(man["parts"].values()),
+                 output_bytes=folder_bytes(out))
         sel.append(r)
         shutil.rmtree(out, ignore_errors=True)
         print(f"   mrt select: {r['seconds']:.1f} s ({r['cpu_seconds']:.1f} s CPU), peak RSS "
@@ -100,10 +105,16 @@ def run_size(size: int, a, work: Path, env: dict, limit: int) -> dict:
         floors.append(f)
         print(f"   floor (parquet -> sink_ipc -> scan -> sink_parquet): {f['seconds']:.1f} s "
               f"({f['cpu_seconds']:.1f} s CPU), peak disk {f['peak_disk_bytes'] / 1e9:.2f} GB", flush=True)
+        if a.order == "consecutive":
+            f = measure([sys.executable, "-c", FLOORS["streaming"], str(d), str(fo), str(stride)], env, [fo])
+            fo.unlink(missing_ok=True)
+            rw_floors.append(f)
+            print(f"   read+write floor: {f['seconds']:.1f} s ({f['cpu_seconds']:.1f} s CPU)", flush=True)
     med = lambda rs, k: float(np.median([x[k] for x in rs]))  # noqa: E731
     s = {"runs_seconds": [x["seconds"] for x in sel], "seconds": med(sel, "seconds"),
          "cpu_seconds": med(sel, "cpu_seconds"), "peak_rss_bytes": max(x["peak_rss_bytes"] for x in sel),
          "peak_disk_bytes": max(x["peak_disk_bytes"] for x in sel), "parts": sel[0]["parts"],
+         "layout": sel[0]["layout"],
          "kept": sel[0]["kept"], "output_bytes": sel[0]["output_bytes"], "profile": profile(sel[-1]["output_tail"])}
     fl = {"runs_seconds": [x["seconds"] for x in floors], "seconds": med(floors, "seconds"),
           "cpu_seconds": med(floors, "cpu_seconds"), "peak_rss_bytes": max(x["peak_rss_bytes"] for x in floors),
@@ -113,6 +124,12 @@ def run_size(size: int, a, work: Path, env: dict, limit: int) -> dict:
     s["cpu_ratio_to_floor"] = s["cpu_seconds"] / fl["cpu_seconds"]
     s["seconds_per_million_rows"] = s["seconds"] / size * 1e6
     s["peak_rss_over_limit"] = s["peak_rss_bytes"] / limit
+    if rw_floors:
+        row["read_write_floor"] = {"runs_seconds": [x["seconds"] for x in rw_floors],
+                                   "seconds": med(rw_floors, "seconds"), "cpu_seconds": med(rw_floors, "cpu_seconds"),
+                                   "peak_rss_bytes": max(x["peak_rss_bytes"] for x in rw_floors)}
+        s["ratio_to_read_write_floor"] = float(np.median([x["seconds"] / f["seconds"]
+                                                          for x, f in zip(sel, rw_floors)]))
     row.update(rounds=rounds, select=s, floor=fl)
     if not a.keep:
         shutil.rmtree(d, ignore_errors=True)
@@ -122,8 +139,8 @@ def run_size(size: int, a, work: Path, env: dict, limit: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--make"]:
-        d, size, files, dim, dtype = argv[1:6]
-        make_dataset(Path(d), int(size), int(files), int(dim), dtype)
+        d, size, files, dim, dtype, order = argv[1:7]
+        make_dataset(Path(d), int(size), int(files), int(dim), dtype, order=order)
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1e6,3e6,10e6,30e6,100e6", help="candidates per dataset, comma separated")
@@ -133,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-limit", default="2GB")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--method", default="grades")
+    ap.add_argument("--order", choices=["shuffled", "consecutive"], default="shuffled",
+                    help="rows shuffled over the files, or every pool's rows together")
     ap.add_argument("--repeats", type=int, default=2, help="rounds of the job and its floor for sizes up to "
                     "--repeat-below (medians reported)")
     ap.add_argument("--repeat-below", type=float, default=10e6)
@@ -150,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     doc = {"what": "mrt select (GRADES) from 1M to 100M candidates under one memory limit, against the polars "
                    "spilling floor (parquet -> sink_ipc -> scan -> sink_parquet), in one run",
-           "k": a.k, "method": a.method, "dim": a.dim, "dtype": a.dtype, "limit_bytes": limit,
+           "k": a.k, "method": a.method, "dim": a.dim, "dtype": a.dtype, "order": a.order, "limit_bytes": limit,
            "machine": machine(mem_available_bytes_at_start=available(), load_avg_at_start=os.getloadavg()),
            "results": []}
     t_all = time.perf_counter()
