@@ -128,8 +128,7 @@ def run_size(size: int, a, work: Path, env: dict, limit: int) -> dict:
         row["read_write_floor"] = {"runs_seconds": [x["seconds"] for x in rw_floors],
                                    "seconds": med(rw_floors, "seconds"), "cpu_seconds": med(rw_floors, "cpu_seconds"),
                                    "peak_rss_bytes": max(x["peak_rss_bytes"] for x in rw_floors)}
-        s["ratio_to_read_write_floor"] = float(np.median([x["seconds"] / f["seconds"]
-                                                          for x, f in zip(sel, rw_floors)]))
+        s["ratio_to_read_write_floor"] = s["seconds"] / row["read_write_floor"]["seconds"]  # as ratio_to_floor
     row.update(rounds=rounds, select=s, floor=fl)
     if not a.keep:
         shutil.rmtree(d, ignore_errors=True)
