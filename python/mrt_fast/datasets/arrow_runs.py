@@ -96,16 +96,22 @@ def pieces_of_rows(groups: list[tuple[str, int, int, int, int]], first: int, end
     """The row groups (of :func:`row_groups`) that hold global rows ``[first, end)``, whole, as a run
     for :func:`iter_run`."""
     run: list[Piece] = []
-    for path, g, start, n, in_file in groups:
-        if start >= end or start + n <= first:
-            continue
-        if run and run[-1].path == path:
-            run[-1].row_groups.append(g)
-            run[-1].rows += n
-            run[-1].group_rows.append(n)  # type: ignore[union-attr]
-        else:
-            run.append(Piece(path, [g], start, n, in_file, [n]))
+    for group in groups:
+        if not (group[2] >= end or group[2] + group[3] <= first):
+            _add_group(run, group)
     return run
+
+
+def _add_group(run: list[Piece], group: tuple[str, int, int, int, int]) -> None:
+    """Row group ``group`` (of :func:`row_groups`) appended to ``run``: to its last piece when that is
+    of the same file, else as a new piece."""
+    path, g, start, n, in_file = group
+    if run and run[-1].path == path:
+        run[-1].row_groups.append(g)
+        run[-1].rows += n
+        run[-1].group_rows.append(n)  # type: ignore[union-attr]
+    else:
+        run.append(Piece(path, [g], start, n, in_file, [n]))
 
 
 def plan_runs(ds: "FileSet", n_runs: int) -> list[list[Piece]]:
@@ -119,13 +125,7 @@ def plan_runs(ds: "FileSet", n_runs: int) -> list[list[Piece]]:
         end = round((r + 1) * total / max(1, n_runs))
         run: list[Piece] = []
         while k < len(groups) and (groups[k][2] < end or r == n_runs - 1):
-            path, g, first, n, in_file = groups[k]
-            if run and run[-1].path == path:
-                run[-1].row_groups.append(g)
-                run[-1].rows += n
-                run[-1].group_rows.append(n)  # type: ignore[union-attr]
-            else:
-                run.append(Piece(path, [g], first, n, in_file, [n]))
+            _add_group(run, groups[k])
             k += 1
         if run:
             runs.append(run)
