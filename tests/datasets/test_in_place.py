@@ -137,6 +137,25 @@ def test_read_in_place_holds_the_limit_from_the_least_one_up(tmp_path):
     assert layouts[2:] == [pool_runs.LAYOUT] * 3, layouts
 
 
+def test_a_large_input_of_consecutive_pools_is_read_in_place_even_where_it_fits(tmp_path, monkeypatch):
+    df = consecutive(make_rows(60, 4))
+    cut(df, tmp_path / "in", 3)
+    ref = ref_select(df, 3, "grades")
+    rep = select_dataset(tmp_path / "in", tmp_path / "small.parquet", 3, "grades")  # small: read whole
+    assert not rep.in_place and not rep.spilled and rep.parts == 1
+    monkeypatch.setattr(local_executor, "IN_PLACE_MIN_BYTES", 0)  # every input "large"
+    rep = select_dataset(tmp_path / "in", tmp_path / "large.parquet", 3, "grades")
+    assert rep.in_place and not rep.spilled and rep.parts >= 2
+    assert pl.read_parquet(tmp_path / "large.parquet").equals(ref)
+    rep = select_dataset(tmp_path / "in", tmp_path / "large", 3, "grades")
+    assert rep.in_place and Manifest.read(tmp_path / "large").layout == pool_runs.LAYOUT
+    assert by_pool(read_dir(tmp_path / "large")).equals(by_pool(ref))
+    # shuffled rows of any size that fit are read whole
+    cut(make_rows(60, 4), tmp_path / "shuffled", 3)
+    rep = select_dataset(tmp_path / "shuffled", tmp_path / "s.parquet", 3, "grades")
+    assert not rep.in_place and not rep.spilled and rep.parts == 1
+
+
 # --------------------------------------------------------------------------- finding runs
 
 

@@ -38,7 +38,7 @@ from mrt_fast._util.memory import (Budget, default_memory_limit, hold_to_limit, 
 from mrt_fast.datasets import formats as _formats
 from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.executors.local_fold import variance_budget_files
-from mrt_fast.datasets.executors.local_in_place import plan_consecutive, select_in_place
+from mrt_fast.datasets.executors.local_in_place import IN_PLACE_MIN_BYTES, plan_consecutive, select_in_place
 from mrt_fast.datasets.executors.local_overlap import run_overlapped
 from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, dense_left, fits_in_memory,
                                                     grouped_size, overlap_fits, plan_grouped, plan_memory)
@@ -163,11 +163,15 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
     ds = job.ds
     total_bytes = ds.memory_bytes()
     fixed = job.n_parts if job.n_parts is not None else None if parts is None else int(parts)
-    if not fits_in_memory(total_bytes, n_rows, Budget.now(limit), fixed):
+    fits = fits_in_memory(total_bytes, n_rows, Budget.now(limit), fixed)
+    if not fits:
         # counted in what the process holds before the buckets are planned: the modules the spill
         # loads, and the code and heaps the method touches
         load_spill_modules()
         warm_method(opts, schema)
+    if not fits or (fixed is None and total_bytes >= IN_PLACE_MIN_BYTES):
+        # a large input of consecutive pools is read in place even where it fits: reading, selecting and
+        # writing overlap, in a fraction of the memory
         planned = plan_consecutive(job, opts.by, total_bytes, limit, workers, fixed, prof)
         if planned is not None:
             select_in_place(job, rep, opts, limit, prof, total_bytes, planned)

@@ -1,6 +1,7 @@
 """The local executor's select over pools that lie in consecutive rows: parts read in place.
 
-An input too large for memory whose every pool is one run of consecutive rows
+An input too large for memory (or larger than ``IN_PLACE_MIN_BYTES``) whose
+every pool is one run of consecutive rows
 (:func:`mrt_fast.datasets.pool_runs.consecutive_pools`) needs no bucket
 exchange: it is cut between runs into parts of consecutive rows
 (:func:`mrt_fast.datasets.executors.local_plan.plan_in_place`). One reader
@@ -40,6 +41,11 @@ from mrt_fast.tables.arrays import arrow_of
 
 #: bytes a run of the input is counted at while its starts are found (its first row and key, and a sort's copy)
 RUN_BYTES = 64
+#: an input of consecutive pools this large (in memory) is read in place even where it fits whole: parts
+#: enough for the readers and workers to overlap (``PARTS_PER_THREAD`` a thread of 16 MiB, for 2 readers and
+#: 3 workers). Measured on 2 cores, 5 pairs each: 10M float16 candidates (0.77 GB) 0.91x the time of reading
+#: them whole at 0.4x the peak memory; 1M (0.08 GB) no faster
+IN_PLACE_MIN_BYTES = 320 * 2**20
 
 
 def plan_consecutive(job: Job, by: str, total_bytes: int, limit: int, workers: int | None,
