@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from test_batch import _select_in_child, by_pool, cut, make_rows, read_dir, ref_select
 from typer.testing import CliRunner
 
-from mrt_fast import MrtInputError
 from mrt_fast._util.memory import parse_memory
 from mrt_fast.cli import app
 from mrt_fast.datasets import pool_runs
@@ -251,15 +250,3 @@ def test_a_job_that_spilled_resumes_spilled(tmp_path):
     rep = select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades")
     assert rep.resumed and rep.spilled and not rep.in_place
     _same_parts(tmp_path / "full", tmp_path / "part", 5)
-
-
-def test_ray_refuses_to_resume_a_job_read_in_place(tmp_path):
-    pytest.importorskip("ray")
-    from mrt_fast.datasets.ray_engine import select_dataset as ray_select
-
-    df = consecutive(make_rows(40, 2))
-    cut(df, tmp_path / "in", 2)
-    with stopping_after(1), pytest.raises(StoppedForTest):
-        select_dataset(tmp_path / "in", tmp_path / "out", 2, "grades", parts=3)
-    with pytest.raises(MrtInputError, match="--engine local"):
-        ray_select(tmp_path / "in", tmp_path / "out", 2, "grades")

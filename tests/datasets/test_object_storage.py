@@ -222,18 +222,20 @@ def local_ray(s3_endpoint):
 
 
 @pytest.mark.ray
-def test_ray_engine_on_s3_resumes_and_equals_the_local_engine(s3_bucket, local_ray):
+@pytest.mark.parametrize("shuffled", [True, False])
+def test_ray_engine_on_s3_resumes_and_equals_the_local_engine(s3_bucket, local_ray, shuffled):
     """Ray reads the input from s3, exchanges the rows through pieces under the output's prefix
-    and writes the parts there: stopped after a part and rerun, the output is the in-memory result."""
+    (or, pools in consecutive rows, reads each part's rows in place) and writes the parts there:
+    stopped after a part and rerun, the output is the in-memory result."""
     from mrt_fast.datasets import ray_engine
 
-    df = rows(50, 9)
+    df = rows(50, 9, shuffled=shuffled)
     put_files(df, f"{s3_bucket}/in", 3)
     with stopping_after(1), pytest.raises(StoppedForTest):
         ray_engine.select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=4)
     assert not any(k.startswith("_spill/") for k in keys(f"{s3_bucket}/out"))  # the exchange is cleaned up
     rep = ray_engine.select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=4)
-    assert rep.resumed and 0 < rep.parts_done_now < 4
+    assert rep.resumed and 0 < rep.parts_done_now < 4 and rep.in_place == (not shuffled)
     got = read_output(f"{s3_bucket}/out")
     assert got.equals(expected(df)) and got.select("prompt_id", "response").is_duplicated().sum() == 0
     m = Manifest.read(f"{s3_bucket}/out")

@@ -173,6 +173,25 @@ def iter_run(run: list[Piece], columns: list[str] | None, batch_rows: int, chunk
             raise ValueError(f"{p.path}: read {pos - p.start} rows, its footer says {p.rows}")
 
 
+def iter_rows(groups: list[tuple[str, int, int, int, int]], schema: pa.Schema | None, first: int, end: int,
+              batch_rows: int, chunk_rows: int | None = None, ahead: int = 0) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(first global row, batch) for global rows ``[first, end)`` of a dataset in order (its
+    :func:`row_groups`), read from the row groups that hold them by :func:`iter_run` and cut
+    to the range; with ``ahead``, that many batches decoded by a second thread meanwhile
+    (:func:`mrt_fast._util.read_ahead.read_ahead`)."""
+    from mrt_fast._util.read_ahead import read_ahead
+
+    if end <= first:
+        return
+    for pos, b in read_ahead(iter_run(pieces_of_rows(groups, first, end), None, batch_rows, chunk_rows, schema),
+                             ahead):
+        lo, hi = max(pos, first), min(pos + b.num_rows, end)
+        if hi > lo:
+            yield lo, b if hi - lo == b.num_rows else b.slice(lo - pos, hi - lo)
+        if pos + b.num_rows >= end:
+            break
+
+
 def polars_decodes_faster(schema: pa.Schema | None) -> bool:
     """Whether polars decodes these files' row groups faster than Arrow: where a column holds
     float16 vectors (about 2x faster row group by row group, dictionary-encoded; float32 vectors about

@@ -154,8 +154,10 @@ class BatchReport(JobReport):
 
     def lines(self) -> list[tuple[str, str]]:
         """The summary as (label, value) rows: what `str(report)` and `mrt select` print."""
-        if self.engine == "ray":  # parts: buckets of pools exchanged through files, or input rows (grouped)
-            buckets = f"{self.parts}" + (" (exchanged through files)" if self.spilled else " (rows as read)")
+        if self.engine == "ray":  # parts: buckets exchanged through files, runs of pools read in place, or rows
+            buckets = f"{self.parts}" + (" (exchanged through files)" if self.spilled else
+                                         " (pools in consecutive rows, read in place)" if self.in_place
+                                         else " (rows as read)")
             memory = f"{self.peak_rss / 2**30:.2f} GiB in this process (Ray's tasks: see its log)"
         else:
             buckets = f"{self.parts}" + (" (spilled to disk)" if self.spilled else

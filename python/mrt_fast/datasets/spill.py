@@ -173,15 +173,18 @@ def spill_run(run: list, spill_dir: Path, n_buckets: int, by: str, tag: int, bat
     from mrt_fast._util.read_ahead import read_ahead
     from mrt_fast.datasets.arrow_runs import iter_run
 
-    idx = pa_index_type()
     with BucketWriters(Path(spill_dir), n_buckets, tag, staging) as w:
         for pos, b in read_ahead(iter_run(run, None, batch_rows, chunk_rows, schema), ahead):
-            row = arrow_of(np.arange(pos, pos + b.num_rows, dtype=idx))
-            rb = pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
-            w.add(rb, series_of(by, b.column(b.schema.get_field_index(by))))
+            w.add(with_rows(b, pos), series_of(by, b.column(b.schema.get_field_index(by))))
             if on_rows is not None:
                 on_rows(b.num_rows)
         return w.nulls
+
+
+def with_rows(b: pa.RecordBatch, first: int) -> pa.RecordBatch:
+    """``b`` (global rows ``first`` on) with its global row index ``__row`` as the first column."""
+    row = arrow_of(np.arange(first, first + b.num_rows, dtype=pa_index_type()))
+    return pa.RecordBatch.from_arrays([row, *b.columns], names=[ROW, *b.schema.names])
 
 
 def null_ids_error(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str, nulls: int) -> MrtInputError:

@@ -34,10 +34,9 @@ from mrt_fast.datasets.pick_progress import picks_shown
 from mrt_fast.datasets.pool_runs import LAYOUT, consecutive_pools
 from mrt_fast.datasets.profile import Profile
 from mrt_fast.datasets.select_stage import counts_into, finish_select, select_counts, select_rows
-from mrt_fast.datasets.spill import ROW, SMALL_BATCH_ROWS, pa_index_type, spill_area
+from mrt_fast.datasets.spill import SMALL_BATCH_ROWS, spill_area, with_rows
 from mrt_fast.datasets.stage import Counts
 from mrt_fast.errors import MrtInputError, SmallPoolWarning
-from mrt_fast.tables.arrays import arrow_of
 
 #: bytes a run of the input is counted at while its starts are found (its first row and key, and a sort's copy)
 RUN_BYTES = 64
@@ -196,31 +195,27 @@ def _read_block(groups: list, schema: Any, plan: InPlacePlan, cuts: Any, first: 
                 hand_over: Any, stop: Any) -> None:
     """Parts ``first .. last - 1``: the row groups holding their rows decoded in order, each part's
     rows gathered and handed over as soon as they are all read."""
-    from mrt_fast._util.read_ahead import read_ahead
-    from mrt_fast.datasets.arrow_runs import iter_run, pieces_of_rows
+    from mrt_fast.datasets.arrow_runs import iter_rows
 
     if not any(i in todo for i in range(first, last)):
         return
     lo_row, hi_row = int(cuts[first]), int(cuts[last])
-    idx = pa_index_type()
     part, buf = first, []
-    for pos, b in read_ahead(iter_run(pieces_of_rows(groups, lo_row, hi_row), None, plan.batch_rows,
-                                      plan.chunk_rows, schema), 1):
-        start, end = max(pos, lo_row), min(pos + b.num_rows, hi_row)
+    for start, b in iter_rows(groups, schema, lo_row, hi_row, plan.batch_rows, plan.chunk_rows, ahead=1):
+        end, pos = start + b.num_rows, start
         while start < end:
             while part < last and cuts[part + 1] <= start:  # parts that end here (or hold no row)
                 hand_over(part, buf)
                 part, buf = part + 1, []
             stop_at = min(end, int(cuts[part + 1]))
             if part in todo:
-                piece = b.slice(start - pos, stop_at - start)
-                row = arrow_of(np.arange(start, stop_at, dtype=idx))
-                buf.append(pa.RecordBatch.from_arrays([row, *piece.columns], names=[ROW, *piece.schema.names]))
+                buf.append(with_rows(b.slice(start - pos, stop_at - start), start))
             start = stop_at
-        if pos + b.num_rows >= hi_row or stop():
-            break
+        if stop():
+            return
     if stop():
         return
     while part < last:
         hand_over(part, buf)
         part, buf = part + 1, []
+

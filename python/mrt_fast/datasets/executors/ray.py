@@ -16,6 +16,9 @@ through files (``shuffle="files"``, the default: the bucket exchange of
 anyway) or through Ray Data's own shuffle (``"sort"``, ``"hash"``, ``"v2"``:
 the object store, no shared storage); each bucket task selects its pools with
 the local executor's code (:mod:`mrt_fast.datasets.executors.ray_tasks`).
+Where every pool lies in consecutive rows (:mod:`mrt_fast.datasets.pool_runs`)
+and the exchange would go through files, there is none: a task per part reads
+the part's rows in place, with the local executor's cuts (:func:`consecutive_cuts`).
 Grouped layout: parts of consecutive prompts, run as a row stage.
 
 Ray is imported on first use (the ``ray`` extra: ``pip install 'mrt_fast[ray]'``).
@@ -37,8 +40,9 @@ from mrt_fast._util.memory import peak_rss
 from mrt_fast.datasets.executors.ray_runtime import (BUCKET, FAULT_ENV, ORDER, ROWS_PER_BUCKET, QuietInputErrors, Unwrapping,
                                                      init, own_context, quiet_console, quiet_remote_args, ray_module,
                                                      read, retry_args, run_tasks, shuffle_strategy, to_polars)
-from mrt_fast.datasets.executors.ray_tasks import (BucketToPart, FilesToPart, ReadAndSplit, SpilledBucketToPart,
-                                                   SpillRuns, row_ranges, spill_runs, tag_buckets)
+from mrt_fast.datasets.executors.ray_tasks import (BucketToPart, FilesToPart, PartInPlace, ReadAndSplit,
+                                                   SpilledBucketToPart, SpillRuns, row_ranges, spill_runs,
+                                                   tag_buckets)
 from mrt_fast.datasets.job import start_row_parts
 from mrt_fast.datasets.pool_runs import LAYOUT as CONSECUTIVE
 from mrt_fast.datasets.select_stage import SelectRows, counts_into, finish_select
@@ -180,10 +184,6 @@ def _run_select(job: Any, rep: Any, *, opts: Any, layout: str, lists: list[str] 
                 n_rows: int | None, parts: int | None, rows_per_part: int | None, settings: dict) -> None:
     global _last_stats
     src, man = job.ds, job.man
-    if man is not None and man.layout == CONSECUTIVE:
-        raise MrtInputError(f"{str(job.out)!r} was started by the local engine reading the consecutive pools of "
-                            f"{src.source!r} in place, in parts the Ray engine does not cut: rerun it with "
-                            "--engine local, or remove it to start over")
     rep.spilled = layout == "flat"
     init(settings["address"])
     if job.progress.mode != "off":  # the job shows progress and a summary: Ray's own lines go to its log
@@ -217,11 +217,17 @@ def _run_select(job: Any, rep: Any, *, opts: Any, layout: str, lists: list[str] 
         rep.n_kept = r["counts"].get("kept", 0)
         rep.peak_rss = peak_rss()
         return
+    cuts = consecutive_cuts(job, opts.by, nb, settings["shuffle"])
+    if cuts is not None:
+        layout = CONSECUTIVE
+        rep.spilled, rep.in_place = False, True
     todo = job.start(nb, layout=layout, n_rows=n_rows)
     job.progress.start(n_rows if len(todo) == nb else None)  # the rows of the buckets done before are unknown
     run = _FlatRun(job, opts, schema, nb, todo, n_rows, cpus, settings, rds)
     with Unwrapping(), QuietInputErrors(), quiet_remote_args():
-        if run.shuffle == "files":
+        if cuts is not None:
+            run.in_place(cuts)
+        elif run.shuffle == "files":
             with spill_area(job, shared=True, fresh=True) as spill:
                 run.through_files(str(spill))
         else:
@@ -233,6 +239,29 @@ def _run_select(job: Any, rep: Any, *, opts: Any, layout: str, lists: list[str] 
     counts_into(run.counts.total, rep)
     rep.rows_done_now = rep.n_candidates
     rep.peak_rss = peak_rss()
+
+
+#: runs of consecutive pools the driver holds at most while it cuts them into parts (8 bytes each)
+MOST_RUNS = 1 << 27
+
+
+def consecutive_cuts(job: Any, by: str, n_parts: int, shuffle: str) -> Any:
+    """The cuts of a flat job's parts when its input's pools lie in consecutive rows and the bucket
+    exchange would go through files (the default), else None. A job started with parts in place (by
+    either engine) is resumed in place, with the same cuts; one that exchanged keeps exchanging."""
+    from mrt_fast.datasets.arrow_runs import arrow_schema
+    from mrt_fast.datasets.pool_runs import consecutive_pools, cut_runs
+
+    man, src = job.man, job.ds
+    if man is not None and man.layout != CONSECUTIVE or man is None and shuffle != "files":
+        return None
+    bounds = consecutive_pools(src, by, MOST_RUNS) if arrow_schema(src, objects=True) is not None else None
+    if bounds is None:
+        if man is not None:
+            raise MrtInputError(f"{str(job.out)!r} was started reading the consecutive pools of {src.source!r} in "
+                                "place, and its pools no longer lie in consecutive rows: remove it to start over")
+        return None
+    return cut_runs(bounds, n_parts)
 
 
 class _FlatRun:
@@ -258,6 +287,24 @@ class _FlatRun:
                 self.job.record_written(row["part"], row["rows"])
             self.job.progress.advance(row["candidates"])
             self.counts.add({k: v for k, v in row.items() if k not in ("part", "rows")})
+
+    def part_done(self, out: tuple) -> None:
+        """What a task of parts returned: (the kept rows of a file output, or None; one row of counts a part)."""
+        kept_rows, part_counts = out
+        if kept_rows is not None:
+            self.kept_tables.append(kept_rows)
+        if part_counts is not None:
+            self.account(part_counts, written=self.job.to_dir)
+
+    def in_place(self, cuts: Any) -> None:
+        """Pools in consecutive rows: a task per part reads its rows where they lie and selects them."""
+        from mrt_fast.datasets.arrow_runs import arrow_schema, row_groups
+
+        src = self.job.ds
+        task = PartInPlace(src, self.opts, row_groups(src), arrow_schema(src, objects=True), cuts, self.out_dir,
+                           self.fault, src.memory_bytes() / max(1, self.n_rows))
+        self.stats.append(run_tasks("PartInPlace", task, [pa.table({"part": [i]}) for i in self.todo],
+                                    self.part_done, self.max_retries))
 
     def through_files(self, spill: str) -> None:
         """The bucket exchange through files: read tasks write each bucket's rows, bucket tasks read them."""
@@ -285,17 +332,11 @@ class _FlatRun:
             if nulls[0]:
                 raise null_ids_error(src, spill, self.nb, by, nulls[0])
 
-            def bucket_done(out: tuple) -> None:
-                kept_rows, part_counts = out
-                if kept_rows is not None:
-                    self.kept_tables.append(kept_rows)
-                if part_counts is not None:
-                    self.account(part_counts, written=job.to_dir)
-
             self.stats.append(run_tasks("SpilledBucketToPart",
                                         SpilledBucketToPart(src, self.opts, self.schema, spill, self.out_dir,
                                                             self.fault),
-                                        [pa.table({"part": [i]}) for i in self.todo], bucket_done, self.max_retries))
+                                        [pa.table({"part": [i]}) for i in self.todo], self.part_done,
+                                        self.max_retries))
             return
         ranges = row_ranges(src, counts)
         items = own_context(ray.data.from_items(ranges, override_num_blocks=len(ranges)))

@@ -1,4 +1,4 @@
-"""The Ray tasks of a select job: rows to their bucket, a bucket to its part.
+"""The Ray tasks of a select job: rows to their bucket, a bucket (or a part read in place) to its part.
 
 Each task does what the local executor does with the same pieces
 (:mod:`mrt_fast.datasets.spill` and :mod:`mrt_fast.datasets.select_stage`),
@@ -12,7 +12,9 @@ so the parts are the same byte for byte:
   :class:`FilesToPart` reads a bucket's pieces and selects it: the exchange for
   text formats, hive folders and object storage;
 * :class:`BucketToPart` selects a bucket Ray Data's own shuffle brought together
-  (:func:`tag_buckets` gives each row its bucket).
+  (:func:`tag_buckets` gives each row its bucket);
+* :class:`PartInPlace` reads a part of consecutive pools where its rows lie and
+  selects it: no exchange.
 
 A bucket task writes its part itself (a directory output) and returns one row
 of what it counted (:func:`part_stats`), or returns the kept rows (a file output).
@@ -36,6 +38,8 @@ ROWS_PER_READ_TASK = 500_000
 ROWS_PER_SPILL_TASK = 2_000_000
 #: rows of row groups a spill task decodes at once by polars, in bytes in memory
 CHUNK_BYTES = 64 << 20
+#: rows a part task reading consecutive pools in place decodes at a time (Arrow)
+READ_BATCH_ROWS = 1 << 16
 
 
 def part_stats(i: int, n: int, rep: Any) -> pa.Table:
@@ -232,6 +236,66 @@ class SpilledBucketToPart:
                 counts.append(part_stats(i, write_part(kept, self.out_dir, i), rep))
         return (pa.concat_tables(kept_rows, promote_options="default") if kept_rows else None,
                 pa.concat_tables(counts) if counts else None)
+
+
+class PartInPlace:
+    """Part tasks over an input whose pools lie in consecutive rows: part ``i`` is global rows
+    ``[cuts[i], cuts[i + 1])`` (:func:`mrt_fast.datasets.pool_runs.cut_runs`), read from the row
+    groups that hold them (``groups``: :func:`mrt_fast.datasets.arrow_runs.row_groups`), selected
+    and written as the local executor reads a part in place
+    (:mod:`mrt_fast.datasets.executors.local_in_place`): no exchange."""
+
+    def __init__(self, src: Any, opts: Any, groups: list, schema: pa.Schema, cuts: Any, out_dir: str | None,
+                 fault: str | None, row_bytes: float):
+        from mrt_fast.datasets.arrow_runs import polars_decodes_faster
+
+        self.src, self.opts, self.groups, self.schema, self.cuts = src, opts, groups, schema, cuts
+        self.out_dir, self.fault = out_dir, fault
+        # row groups decoded whole by polars where it is the faster (as SpillRuns)
+        self.chunk_rows = int(CHUNK_BYTES / row_bytes) if row_bytes > 0 and polars_decodes_faster(schema) else 0
+        self.__name__ = "select_part_in_place"
+
+    def __call__(self, t: pa.Table) -> tuple[pa.Table | None, pa.Table | None]:
+        """(the kept rows for a file output, else None; one row of counts per part done, or None)."""
+        from mrt_fast.datasets.job import write_part
+        from mrt_fast.datasets.select_stage import select_rows
+        from mrt_fast.datasets.spill import SMALL_BATCH_ROWS
+
+        maybe_fail(self.fault)
+        kept_rows, counts = [], []
+        for i in t.column("part").to_pylist():
+            tb = self.read(int(self.cuts[i]), int(self.cuts[i + 1]))
+            if tb is None:
+                continue  # no row: its empty part is committed with the job's end
+            if tb.column(0).num_chunks > 1 and tb.num_rows < SMALL_BATCH_ROWS * tb.column(0).num_chunks:
+                tb = tb.combine_chunks()
+            df = to_polars(tb)
+            del tb
+            kept, rep = select_rows(df, self.opts, self.src, first=self.out_dir is None)
+            if self.out_dir is None:
+                kept_rows.append(kept.to_arrow())
+                counts.append(part_stats(i, kept.height, rep))
+            else:
+                counts.append(part_stats(i, write_part(kept, self.out_dir, i), rep))
+        return (pa.concat_tables(kept_rows, promote_options="default") if kept_rows else None,
+                pa.concat_tables(counts) if counts else None)
+
+    def read(self, first: int, end: int) -> pa.Table | None:
+        """Global rows ``[first, end)`` with their row index ``__row``; None when there is none. A file
+        that cannot be read is named."""
+        from mrt_fast._util import messages as _messages
+        from mrt_fast.datasets.arrow_runs import iter_rows
+        from mrt_fast.datasets.spill import with_rows
+
+        try:
+            batches = [with_rows(b, pos) for pos, b in iter_rows(self.groups, self.schema, first, end,
+                                                                 READ_BATCH_ROWS, self.chunk_rows)]
+        except MrtInputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - find the file at fault, else report Arrow's words
+            self.src.find_unreadable()
+            raise MrtInputError(f"cannot read {self.src.source!r}: {_messages.one_line(e)}") from None
+        return pa.Table.from_batches(batches) if batches else None
 
 
 def spill_runs(src: Any, n_rows: int, cpus: int) -> list | None:
