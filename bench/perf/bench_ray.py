@@ -2,7 +2,8 @@
 
 Data: the batch benchmark's (``bench_batch.make_dataset``: 64-d float32
 embeddings, or ``--dim`` / ``--dtype``, float64 rewards, int64 prompt ids, pools of 8 to 128 candidates,
-rows shuffled across ``--files`` Parquet files), at each size of ``--rows``.
+rows shuffled across ``--files`` Parquet files, or with ``--order consecutive`` every pool's rows
+together, as generation writes them, which both engines read in place), at each size of ``--rows``.
 Job: GRADES, K = 4, to a dataset directory. Each run is its own process, and
 the job's own time is measured inside it, apart from imports and Ray's start:
 
@@ -31,6 +32,9 @@ Results: ``bench/results/ray_bench.json``.
     # the scale curve's data (32-d float16) from 1M to 30M, for docs/results/scale.md
     python bench/perf/bench_ray.py --rows 1e6,3e6,10e6,30e6 --dim 32 --dtype float16 --groupby-rows 0 \
         --out bench/results/ray_curve.json
+    # the same with every pool's rows together (read in place, no exchange)
+    python bench/perf/bench_ray.py --rows 1e6,3e6,10e6,30e6 --dim 32 --dtype float16 --groupby-rows 0 \
+        --order consecutive --out bench/results/ray_curve_consecutive.json
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ t1 = time.perf_counter()
 rep = select_dataset(data, out, 4, "grades", parts=parts or None)
 t2 = time.perf_counter()
 open(sys.argv[-1], "w").write(json.dumps({"job_s": t2 - t1, "parts": rep.n_parts, "spilled": rep.spilled,
-                                         "kept": rep.n_kept, "rows": rep.n_input_rows}))
+                                         "in_place": rep.in_place, "kept": rep.n_kept, "rows": rep.n_input_rows}))
 """
 
 RAY_JOB = r"""
@@ -83,7 +87,8 @@ t1 = time.perf_counter()
 rep = D.select_dataset(data, out, 4, "grades", shuffle=shuffle)
 t2 = time.perf_counter()
 open(sys.argv[-1], "w").write(json.dumps({"ray_init_s": t1 - t0, "job_s": t2 - t1, "parts": rep.n_parts,
-                                         "kept": rep.n_kept, "rows": rep.n_input_rows, "stats": D.last_job_stats()}))
+                                         "in_place": rep.in_place, "kept": rep.n_kept, "rows": rep.n_input_rows,
+                                         "stats": D.last_job_stats()}))
 """
 
 GROUPBY = r"""
@@ -235,7 +240,7 @@ def one_size(n_rows: int, data: Path, work: Path, workers: list[int], shuffle: s
         kept = pl.read_parquet(sorted(out.glob("part-*.parquet"))).sort(["prompt_id", "pick_rank"])
         local_kept = kept if local_kept is None else local_kept
         rec = {"rows": n_rows, "engine": name, "workers": cpus, "parts": r["parts"], "job_s": r["job_s"],
-               "process_s": r["process_s"], "rows_per_s_per_worker": n_rows / r["job_s"] / cpus,
+               "in_place": r["in_place"], "process_s": r["process_s"], "rows_per_s_per_worker": n_rows / r["job_s"] / cpus,
                "same_kept_rows": bool(kept.equals(local_kept)), "driver_peak_rss_bytes": r["driver_peak_rss_bytes"]}
         if name == "local-spill":
             spill = rec
@@ -248,7 +253,7 @@ def one_size(n_rows: int, data: Path, work: Path, workers: list[int], shuffle: s
         r = run_python(RAY_JOB, [str(n), str(data), str(out), shuffle, address], env)
         got = pl.read_parquet(sorted(out.glob("part-*.parquet"))).sort(["prompt_id", "pick_rank"])
         rec = {"rows": n_rows, "engine": name, "workers": n, "parts": r["parts"], "job_s": r["job_s"],
-               "ray_start_s": r["ray_init_s"], "process_s": r["process_s"],
+               "in_place": r["in_place"], "ray_start_s": r["ray_init_s"], "process_s": r["process_s"],
                "job_vs_local_spill": r["job_s"] / spill["job_s"],
                "rows_per_s_per_worker": n_rows / r["job_s"] / n,
                "per_worker_vs_local_per_core": (n_rows / r["job_s"] / n) / spill["rows_per_s_per_worker"],
@@ -272,6 +277,9 @@ def main() -> None:
                     "(the multi-node test's layout, 1 CPU each)")
     ap.add_argument("--shuffle", default="files", help="how rows reach their bucket: files (the default: the "
                     "read tasks spill into bucket files), or Ray Data's sort, hash or v2 shuffle")
+    ap.add_argument("--order", choices=["shuffled", "consecutive"], default="shuffled",
+                    help="rows shuffled over the files, or every pool's rows together (as generation writes them: "
+                    "both engines read them in place)")
     ap.add_argument("--groupby-rows", default="2e5", help="rows of the coarse-bucket vs per-prompt groupby case (0: skip)")
     ap.add_argument("--out", default=str(HERE.parent / "results" / "ray_bench.json"))
     args = ap.parse_args()
@@ -280,15 +288,17 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
     work = Path(tempfile.mkdtemp(prefix="mrt-ray-bench-"))
-    res: dict = {"method": "grades", "k": 4, "files": args.files, "dim": args.dim, "dtype": args.dtype, "machine": {
+    res: dict = {"method": "grades", "k": 4, "files": args.files, "dim": args.dim, "dtype": args.dtype,
+                 "order": args.order, "machine": {
         "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "load_average_before": os.getloadavg()[0], "runs": []}
     try:
         for n_rows in sizes:
-            data = (Path(args.data) / f"rows-{n_rows}") if args.data else work / f"data-{n_rows}"
+            tag = f"rows-{n_rows}" + ("-consecutive" if args.order == "consecutive" else "")
+            data = (Path(args.data) / tag) if args.data else work / f"data-{n_rows}"
             if not (data.exists() and any(data.glob("*.parquet"))):
                 t = time.perf_counter()
-                make_dataset(data, n_rows, args.files, args.dim, dtype=args.dtype)
+                make_dataset(data, n_rows, args.files, args.dim, dtype=args.dtype, order=args.order)
                 print(f"built {n_rows:,} rows in {time.perf_counter() - t:.1f} s", flush=True)
             if args.nodes:
                 with TwoNodes(env) as cluster:

@@ -1,5 +1,6 @@
 """Write docs/results/scale.md from bench/results/scale_bench.json (the scale curve),
-bench/results/ray_curve.json (the Ray engine on the same data, 1 and 2 workers) and
+bench/results/ray_curve.json (the Ray engine on the same data, 1 and 2 workers), ray_curve_nodes.json (on two
+nodes), scale_consecutive.json and ray_curve_consecutive.json (both engines on pools in consecutive rows) and
 bench/results/embed_bench.json (the static embedding tier's rate): the measured curves, their linearity, and the
 projection to 1B and 10B candidates with the formula and every input shown.
 
@@ -82,22 +83,34 @@ def breakdown(scale: dict) -> list[str]:
 
 def ray_section(ray: dict, nodes: bool = False) -> list[str]:
     """The Ray engine's curve: every size's local, local-spill and Ray runs, and each engine's straight line;
-    ``nodes``: the run on two nodes started with ``ray start`` (``bench_ray.py --nodes``)."""
+    ``nodes``: the run on two nodes started with ``ray start`` (``bench_ray.py --nodes``); data of
+    ``--order consecutive``: both engines read in place, the local engine in as many parts as Ray's."""
     runs = ray["runs"]
-    name = {"local": "local", "local-spill": "local, spill forced", "ray-1": "Ray, 1 worker",
-            "ray-2": "Ray, 2 workers", "ray-2-nodes": "Ray, 2 nodes of 1 CPU"}
+    together = ray.get("order") == "consecutive"
+    name = {"local": "local", "local-spill": "local, Ray's part count" if together else "local, spill forced",
+            "ray-1": "Ray, 1 worker", "ray-2": "Ray, 2 workers", "ray-2-nodes": "Ray, 2 nodes of 1 CPU"}
     where = ("on two nodes started as separate processes with `ray start` (a head and a worker of 1 CPU each, "
              "the multi-node test's layout: two raylets and two object stores on this machine; "
              "`bench_ray.py --nodes --workers 0`), the job's driver joining by address" if nodes else
              "on a local instance of 1 and 2 CPUs (`ray.init(num_cpus=N)`)")
-    out = ["## The Ray engine on two nodes" if nodes else "## The Ray engine on the same curve", "",
-           f"`python bench/perf/bench_ray.py` on the same kind of data ({ray['dim']}-d {ray['dtype']}, pools of 8 "
-           f"to 128, {ray['files']} files; GRADES, K = {ray['k']}), each run its own process on this machine: the "
-           "local engine with the default limit, the local engine with the spill forced into as many buckets as "
-           f"the Ray job's parts (both engines then write and read every row once), and the Ray engine {where}. "
-           "Job seconds leave out imports and Ray's start (shown apart); one round per size.", "",
-           "| candidates | engine | parts | job s | Ray start s | job / local-spill | rows/s per worker or core | "
-           "same kept rows |", "|---|---|---|---|---|---|---|---|"]
+    if together:
+        head = "## The Ray engine on pools in consecutive rows"
+        what = (f"`python bench/perf/bench_ray.py --order consecutive` on data of the same kind whose every pool's "
+                f"rows are together, as generation writes them ({ray['dim']}-d {ray['dtype']}, pools of 8 to 128, "
+                f"{ray['files']} files; GRADES, K = {ray['k']}), each run its own process on this machine: the local "
+                "engine with the default limit (in memory below 320 MiB, else read in place), the local engine in as "
+                "many parts as the Ray job's (read in place), and the Ray engine reading each part in place, a task "
+                f"per part, no exchange, {where}.")
+    else:
+        head = "## The Ray engine on two nodes" if nodes else "## The Ray engine on the same curve"
+        what = (f"`python bench/perf/bench_ray.py` on the same kind of data ({ray['dim']}-d {ray['dtype']}, pools "
+                f"of 8 to 128, {ray['files']} files; GRADES, K = {ray['k']}), each run its own process on this "
+                "machine: the local engine with the default limit, the local engine with the spill forced into as "
+                "many buckets as the Ray job's parts (both engines then write and read every row once), and the Ray "
+                f"engine {where}.")
+    out = [head, "", what + " Job seconds leave out imports and Ray's start (shown apart); one round per size.", "",
+           "| candidates | engine | parts | job s | Ray start s | job / local, same parts | rows/s per worker or "
+           "core | same kept rows |", "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         eng = name.get(r["engine"], f"Ray, {r['workers']} worker{'s' if r['workers'] > 1 else ''}")
         rate = r.get("rows_per_s_per_worker") or r["rows"] / r["job_s"] / max(1, r.get("workers") or 1)
@@ -113,9 +126,9 @@ def ray_section(ray: dict, nodes: bool = False) -> list[str]:
             a, b, r2 = fit(np.array([r["rows"] for r in rs], float), np.array([r["job_s"] for r in rs]))
             lines.append(f"{name.get(eng, eng)}: job seconds = {a:.2f} + {b * 1e6:.3f} × millions, R² = {r2:.4f}")
     ratios = [r["job_vs_local_spill"] for r in runs if r["engine"].startswith("ray") and "job_vs_local_spill" in r]
+    against = "the local engine in the same parts" if together else "the local engine with the same spill"
     out += ["Straight lines through the sizes: " + "; ".join(lines) + "." if lines else "",
-            "", f"Ray jobs against the local engine with the same spill: {min(ratios):.2f}–{max(ratios):.2f}x."
-            if ratios else "", ""]
+            "", f"Ray jobs against {against}: {min(ratios):.2f}–{max(ratios):.2f}x." if ratios else "", ""]
     return out
 
 
@@ -157,7 +170,7 @@ def render(scale: dict, embed: dict, ray: dict | None = None, nodes: dict | None
     lim = scale["limit_bytes"] / 1e9
     m = scale["machine"]
     out = ["<!-- generated by `python bench/perf/scale_doc.py` from bench/results/scale_bench.json, "
-           "bench/results/ray_curve.json, ray_curve_nodes.json, scale_consecutive.json and "
+           "bench/results/ray_curve.json, ray_curve_nodes.json, scale_consecutive.json, ray_curve_consecutive.json and "
            "bench/results/embed_bench.json; edit scale_doc.py, "
            "not this page -->", "",
            "# Scale: the measured curve and a projection to 10B candidates", "",
@@ -270,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     cons = ROOT / "bench" / "results" / "scale_consecutive.json"
     if cons.exists():
         text += "\n" + "\n".join(consecutive_section(json.loads(cons.read_text())))
+    ray_cons = ROOT / "bench" / "results" / "ray_curve_consecutive.json"
+    if ray_cons.exists():
+        text += "\n" + "\n".join(ray_section(json.loads(ray_cons.read_text())))
     out.write_text(text)
     print(f"wrote {out}")
     return 0
