@@ -66,13 +66,16 @@ def wait_for_cpus(address: str, cpus: int, env: dict, timeout: float = 180) -> N
         time.sleep(1)  # the head is not listening yet
 
 
-def make_input(d: Path, n_pools: int = 3000, seed: int = 0) -> Path:
+def make_input(d: Path, n_pools: int = 3000, seed: int = 0, shuffled: bool = True) -> Path:
+    """Pools of 8 to 39 rows over 4 files: rows shuffled (the job exchanges them), or every pool's rows
+    together (the job reads them in place)."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(8, 40, n_pools)
     ids = np.repeat(np.arange(n_pools), sizes)
     df = pl.DataFrame({"prompt_id": ids, "reward": rng.standard_normal(len(ids)),
                        "embedding": rng.standard_normal((len(ids), 16)).astype(np.float32)})
-    df = df.sample(fraction=1.0, shuffle=True, seed=seed)
+    if shuffled:
+        df = df.sample(fraction=1.0, shuffle=True, seed=seed)
     d.mkdir()
     for j, part in enumerate(df.iter_slices(df.height // 4 + 1)):
         part.write_parquet(d / f"in-{j}.parquet", row_group_size=5000)
@@ -80,13 +83,14 @@ def make_input(d: Path, n_pools: int = 3000, seed: int = 0) -> Path:
 
 
 @pytest.mark.skipif(RAY is None, reason="the ray command is not installed")
-def test_select_on_a_two_node_cluster_survives_losing_a_node(tmp_path):
+@pytest.mark.parametrize("shuffled", [True, False], ids=["exchanged", "in-place"])
+def test_select_on_a_two_node_cluster_survives_losing_a_node(tmp_path, shuffled):
     from mrt_fast.datasets import Manifest
     from mrt_fast.datasets.local import select_dataset as local_job
 
-    src = make_input(tmp_path / "in")
+    src = make_input(tmp_path / "in", shuffled=shuffled)
     parts = 12
-    local_job(src, tmp_path / "local", 4, "grades", parts=parts)
+    assert local_job(src, tmp_path / "local", 4, "grades", parts=parts).in_place == (not shuffled)
     want = {p.name: p.read_bytes() for p in sorted((tmp_path / "local").glob("part-*.parquet"))}
 
     # a throwaway local cluster: no token authentication (Ray enables it by default)
@@ -129,6 +133,7 @@ def test_select_on_a_two_node_cluster_survives_losing_a_node(tmp_path):
     got = {p.name: p.read_bytes() for p in sorted(out.glob("part-*.parquet"))}
     assert list(got) == list(want) and got == want  # the local engine's parts, byte for byte
     kept = pl.read_parquet(sorted(out.glob("part-*.parquet")))
+    assert Manifest.read(out).layout == ("flat" if shuffled else "consecutive")
     assert kept.height == Manifest.read(out).rows == pl.read_parquet(sorted(want and (tmp_path / "local").glob(
         "part-*.parquet"))).height
     assert kept.select("prompt_id", "pick_rank").is_duplicated().sum() == 0  # nothing written twice
