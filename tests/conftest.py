@@ -62,6 +62,20 @@ def _no_ray_left_running():
         ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray instance of 2 CPUs for a module's tests, Ray Data's progress bars and banners off."""
+    import logging
+
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    yield ray
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def tiny_source(tmp_path_factory):
     """A one-layer BERT (random, seeded) with the bundled MiniLM tokenizer: a model source that builds in seconds."""

@@ -2,7 +2,6 @@
 same variance report as the in-memory functions, through shuffled blocks,
 bucket counts, retries and both layouts; bad input raises the local error."""
 
-import logging
 import re
 import warnings
 
@@ -17,19 +16,9 @@ import mrt_fast  # noqa: E402
 from mrt_fast import MrtInputError, SmallPoolWarning  # noqa: E402
 from mrt_fast.datasets import Manifest, ray_engine as D  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
 METHODS = ["random", "top", "diverse", "grades", "stratified"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.print_on_execution_start = False
-    yield
-    ray.shutdown()
 
 
 def make_table(n_pools=40, d=8, seed=0, ids="str", shuffle=True):

@@ -6,7 +6,6 @@ to a value other than its default."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import warnings
 
 import numpy as np
@@ -173,17 +172,6 @@ def test_select_with_options_finds_the_number_of_modes_asked_for():
 
 
 # --------------------------------------------------------------------------- Ray
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.print_on_execution_start = False
-    yield ray
-    ray.shutdown()
-
 
 #: options with several fields off their default at once (every field in one case or another), so that
 #: the Ray engine runs a few jobs only

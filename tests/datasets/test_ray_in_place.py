@@ -4,7 +4,6 @@ engine started in place is finished by the other."""
 
 from __future__ import annotations
 
-import logging
 
 import polars as pl
 import pytest
@@ -22,17 +21,7 @@ ray = pytest.importorskip("ray")
 
 from mrt_fast.datasets import ray_engine  # noqa: E402
 
-pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.print_on_execution_start = False
-    yield
-    ray.shutdown()
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
 
 @pytest.mark.parametrize("method", ["grades", "stratified", "top"])

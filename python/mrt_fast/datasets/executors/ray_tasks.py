@@ -216,26 +216,44 @@ class SpilledBucketToPart:
 
     def __call__(self, t: pa.Table) -> tuple[pa.Table | None, pa.Table | None]:
         """(the kept rows for a file output, else None; one row of counts per part done, or None)."""
-        from mrt_fast.datasets.job import write_part
-        from mrt_fast.datasets.select_stage import select_rows
         from mrt_fast.datasets.spill import ROW, read_bucket
 
         maybe_fail(self.fault)
         empty = pl.Schema({ROW: pl.get_index_type(), **dict(self.schema)})
         emb = self.opts.embedding if self.opts.uses_embedding(list(self.schema.names())) else None
-        kept_rows, counts = [], []
+        parts = PartsDone(self.opts, self.src, self.out_dir)
         for i in t.column("part").to_pylist():
             df = read_bucket(Path(self.spill), i, empty, emb)
-            if df.height == 0:
-                continue
-            kept, rep = select_rows(df, self.opts, self.src, first=self.out_dir is None)
-            if self.out_dir is None:
-                kept_rows.append(kept.to_arrow())
-                counts.append(part_stats(i, kept.height, rep))
-            else:
-                counts.append(part_stats(i, write_part(kept, self.out_dir, i), rep))
-        return (pa.concat_tables(kept_rows, promote_options="default") if kept_rows else None,
-                pa.concat_tables(counts) if counts else None)
+            if df.height:
+                parts.select(i, df)
+        return parts.result()
+
+
+class PartsDone:
+    """What a task of parts returns: each part's rows selected (the local executor's
+    :func:`~mrt_fast.datasets.select_stage.select_rows`) and written as part ``i`` (a directory
+    output) or kept to return (a file output), with one row of counts a part."""
+
+    def __init__(self, opts: Any, src: Any, out_dir: str | None):
+        self.opts, self.src, self.out_dir = opts, src, out_dir
+        self.kept: list[pa.Table] = []
+        self.counts: list[pa.Table] = []
+
+    def select(self, i: int, df: pl.DataFrame) -> None:
+        from mrt_fast.datasets.job import write_part
+        from mrt_fast.datasets.select_stage import select_rows
+
+        kept, rep = select_rows(df, self.opts, self.src, first=self.out_dir is None)
+        if self.out_dir is None:
+            self.kept.append(kept.to_arrow())
+            self.counts.append(part_stats(i, kept.height, rep))
+        else:
+            self.counts.append(part_stats(i, write_part(kept, self.out_dir, i), rep))
+
+    def result(self) -> tuple[pa.Table | None, pa.Table | None]:
+        """(the kept rows for a file output, else None; one row of counts per part done, or None)."""
+        return (pa.concat_tables(self.kept, promote_options="default") if self.kept else None,
+                pa.concat_tables(self.counts) if self.counts else None)
 
 
 class PartInPlace:
@@ -257,12 +275,10 @@ class PartInPlace:
 
     def __call__(self, t: pa.Table) -> tuple[pa.Table | None, pa.Table | None]:
         """(the kept rows for a file output, else None; one row of counts per part done, or None)."""
-        from mrt_fast.datasets.job import write_part
-        from mrt_fast.datasets.select_stage import select_rows
         from mrt_fast.datasets.spill import SMALL_BATCH_ROWS
 
         maybe_fail(self.fault)
-        kept_rows, counts = [], []
+        parts = PartsDone(self.opts, self.src, self.out_dir)
         for i in t.column("part").to_pylist():
             tb = self.read(int(self.cuts[i]), int(self.cuts[i + 1]))
             if tb is None:
@@ -271,14 +287,9 @@ class PartInPlace:
                 tb = tb.combine_chunks()
             df = to_polars(tb)
             del tb
-            kept, rep = select_rows(df, self.opts, self.src, first=self.out_dir is None)
-            if self.out_dir is None:
-                kept_rows.append(kept.to_arrow())
-                counts.append(part_stats(i, kept.height, rep))
-            else:
-                counts.append(part_stats(i, write_part(kept, self.out_dir, i), rep))
-        return (pa.concat_tables(kept_rows, promote_options="default") if kept_rows else None,
-                pa.concat_tables(counts) if counts else None)
+            parts.select(i, df)
+            del df
+        return parts.result()
 
     def read(self, first: int, end: int) -> pa.Table | None:
         """Global rows ``[first, end)`` with their row index ``__row``; None when there is none. A file
