@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "bench" / "perf"))
 
 import bench_batch  # noqa: E402
 import bench_shapes  # noqa: E402
+import bench_small  # noqa: E402
 import benchmarks_doc  # noqa: E402
 import limits_doc  # noqa: E402
 
@@ -63,3 +64,16 @@ def test_the_bucket_counts_run_and_are_tabled(tmp_path):
     rows = "\n".join(limits_doc.buckets_section(bk)).splitlines()
     assert sum(line.startswith("| 1 | the plan |") for line in rows) == 1
     assert sum(line.startswith("| 3 | --parts 3 |") for line in rows) == 1
+
+
+def test_small_jobs_bench_runs_a_shape_and_is_tabled(tmp_path):
+    out = tmp_path / "small.json"
+    assert bench_small.main(["--size", "3000", "--repeats", "2", "--shapes", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (r,) = doc["results"]
+    assert r["shape"] == "string ids" and r["candidates"] == 3000 and len(r["ratio_runs"]) == 2
+    # the ratio is the median of each round's job over the floor of the same round
+    assert r["ratio_to_floor"] == np.median([j / f for j, f in zip(r["runs_seconds"], r["floor_runs"])])
+    assert r["steps_seconds"]["select"] > 0 and r["steps_seconds"]["read"] > 0
+    text = benchmarks_doc._render_small(doc)
+    assert text.count("\n| string ids | 3,000 |") == 1

@@ -34,6 +34,12 @@ SECTIONS = [
      "`python bench/perf/bench_variance.py` (see its `--help`)."),
     ("batch_bench", "Batch jobs on datasets against the polars read/write floor",
      "`python bench/perf/bench_batch.py` (see docs/guides/batch.md)."),
+    ("small_bench", "Small jobs: 1M candidates of each shape against the polars read/write floor",
+     "`python bench/perf/bench_small.py`: `mrt select` (GRADES, K = 4, in memory, whole process, imports "
+     "included) against the faster of polars reading the files into memory or streaming and writing as many "
+     "rows, in the same rounds; each ratio the median of each round's ratio to the floor of its round, with "
+     "its range. The steps are the job's own `--profile` (medians): the interpreter's start with its imports, "
+     "reading, the selection (the GRADES work, which the floor does not do) and writing."),
     ("scale_bench", "Scale: 1M to 100M candidates against the spilling floor",
      "`python bench/perf/bench_scale.py`; the page with its projection to 10B: docs/results/scale.md "
      "(`python bench/perf/scale_doc.py`)."),
@@ -313,7 +319,23 @@ def _render_huge_pool(doc: dict) -> str:
     return "\n".join(out)
 
 
-RENDERERS = {"huge_pool_bench": _render_huge_pool, "batch_bench": _render_batch, "embed_bench": _render_embed, "gpu_bench": _render_gpu,
+def _render_small(doc: dict) -> str:
+    out = ["| shape | candidates | input MB | mrt select s | floor s | ratio (range) | start s | read s | "
+           "select s | write s | peak RSS MiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["results"]:
+        st = r["steps_seconds"]
+        start = st.get("start (interpreter, imports, arguments)", float("nan"))
+        lo, hi = r["ratio_range"]
+        out.append(f"| {r['shape']} | {r['candidates']:,} | {r['input_bytes'] / 1e6:,.0f} | {r['seconds']:.2f} | "
+                   f"{r['floor_seconds']:.2f} ({r['floor_kind']}) | {r['ratio_to_floor']:.2f} ({lo:.2f}-{hi:.2f}) | "
+                   f"{start:.2f} | {st.get('read', float('nan')):.2f} | {st.get('select', float('nan')):.2f} | "
+                   f"{st.get('write', float('nan')):.2f} | {r['peak_rss_bytes'] / 2**20:,.0f} |")
+    rounds = sorted({r["rounds"] for r in doc["results"]})
+    out += ["", f"Rounds: {', '.join(map(str, rounds))} a shape, interleaved with the floor's; {doc['date']}."]
+    return "\n".join(out)
+
+
+RENDERERS = {"small_bench": _render_small, "huge_pool_bench": _render_huge_pool, "batch_bench": _render_batch, "embed_bench": _render_embed, "gpu_bench": _render_gpu,
              "scale_bench": _render_scale, "limits_bench": _render_limits}
 
 
