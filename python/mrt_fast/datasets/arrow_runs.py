@@ -142,35 +142,69 @@ def iter_run(run: list[Piece], columns: list[str] | None, batch_rows: int, chunk
     and cut into batches of the same Arrow types; a larger row group, or a file on
     object storage (whose pages Arrow checks against their checksums), is read by
     Arrow a batch at a time."""
+    for p in run:
+        try:
+            yield from _iter_piece(p, columns, batch_rows, chunk_rows, schema)
+        except OSError as e:
+            if "CRC checksum" not in str(e):
+                raise
+            raise damaged(p.path, p.row_groups) from None
+
+
+def damaged(path: str, groups: list[int]):
+    """The error of a page that does not match its checksum, in row groups ``groups`` of ``path``."""
+    from mrt_fast.errors import MrtInputError
+
+    where = f"row group {groups[0]}" if len(groups) == 1 else f"row groups {groups[0]}-{groups[-1]}"
+    return MrtInputError(f"{str(path)!r} is damaged: a page in {where} does not match its checksum; restore the "
+                         "file from a good copy")
+
+
+def _iter_piece(p: Piece, columns: list[str] | None, batch_rows: int, chunk_rows: int | None,
+                schema: pa.Schema | None) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """:func:`iter_run` over one piece."""
     import pyarrow.parquet as pq
 
-    for p in run:
-        pos = p.start
-        if chunk_rows and schema is not None and p.group_rows and not storage.is_url(p.path):
-            fields = schema if columns is None else pa.schema([schema.field(c) for c in columns])
-            for first, rows, groups in row_group_chunks(p, chunk_rows):
-                batches = None
-                if groups is None:
-                    t = pl_scan(p.path, columns).slice(first, rows).collect().to_arrow(compat_level=_oldest())
-                    try:
-                        batches = t.cast(fields).to_batches(max_chunksize=batch_rows)
-                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a type polars gives back otherwise
-                        groups = groups_of(p, first, rows)
-                    del t
-                if batches is None:
-                    batches = pq.ParquetFile(storage.open_input(p.path), **READ_OPTIONS).iter_batches(
-                        batch_size=batch_rows, row_groups=groups, columns=columns, use_threads=False)
-                for b in batches:
-                    if b.num_rows:
-                        yield pos, b
-                        pos += b.num_rows
-        else:
-            for b in pq.ParquetFile(storage.open_input(p.path), **READ_OPTIONS).iter_batches(
-                    batch_size=batch_rows, row_groups=p.row_groups, columns=columns, use_threads=False):
-                yield pos, b
-                pos += b.num_rows
-        if pos != p.start + p.rows:
-            raise ValueError(f"{p.path}: read {pos - p.start} rows, its footer says {p.rows}")
+    pos = p.start
+    if chunk_rows and schema is not None and p.group_rows and not storage.is_url(p.path):
+        fields = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+        for first, rows, groups in row_group_chunks(p, chunk_rows):
+            batches = None
+            if groups is None:
+                t = pl_scan(p.path, columns).slice(first, rows).collect().to_arrow(compat_level=_oldest())
+                try:
+                    batches = t.cast(fields).to_batches(max_chunksize=batch_rows)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a type polars gives back otherwise
+                    groups = groups_of(p, first, rows)
+                del t
+            if batches is None:
+                batches = pq.ParquetFile(storage.open_input(p.path), **READ_OPTIONS).iter_batches(
+                    batch_size=batch_rows, row_groups=groups, columns=columns, use_threads=False)
+            for b in batches:
+                if b.num_rows:
+                    yield pos, b
+                    pos += b.num_rows
+    else:
+        for b in pq.ParquetFile(storage.open_input(p.path), **READ_OPTIONS).iter_batches(
+                batch_size=batch_rows, row_groups=p.row_groups, columns=columns, use_threads=False):
+            yield pos, b
+            pos += b.num_rows
+    if pos != p.start + p.rows:
+        raise ValueError(f"{p.path}: read {pos - p.start} rows, its footer says {p.rows}")
+
+
+def read_runs(ds: "FileSet", schema: pa.Schema, threads: int, batch_rows: int = 1 << 16) -> pa.Table:
+    """Every row of a Parquet dataset that Arrow reads as polars would (``schema``: its
+    :func:`arrow_schema`), in order, ``threads`` threads each reading a run of row groups;
+    objects on object storage have each page checked against its checksum as it is read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runs = plan_runs(ds, threads)
+    if not runs:
+        return pa.Table.from_batches([], schema=schema)
+    with ThreadPoolExecutor(max_workers=len(runs)) as ex:
+        parts = list(ex.map(lambda run: [b for _, b in iter_run(run, None, batch_rows, None, schema)], runs))
+    return pa.Table.from_batches([b for part in parts for b in part], schema=schema)
 
 
 def iter_rows(groups: list[tuple[str, int, int, int, int]], schema: pa.Schema | None, first: int, end: int,

@@ -330,7 +330,7 @@ class Job:
     def read_rows(self, start: int, n: int, lf: pl.LazyFrame | None = None) -> pl.DataFrame:
         """Input rows ``[start, start + n)`` in file order; an unreadable file is named."""
         try:
-            return (lf if lf is not None else self.ds.scan()).slice(start, n).collect()
+            return self.ds.rows(start, n, lf)
         except MrtInputError:
             raise
         except Exception as e:  # noqa: BLE001

@@ -11,9 +11,10 @@ CRC compared with ``zlib.crc32`` of its bytes: a mismatch is one line naming
 the file, the column and the page. A chunk whose first page carries no CRC
 (polars and many writers write none) costs one small read.
 
-Local files are verified when a dataset first looks at them; objects on object
-storage are not walked (a request per column chunk), and where pyarrow reads
-them it verifies the checksums itself.
+Local files are verified when a dataset first looks at them. Objects on object
+storage are verified as they are read: where pyarrow reads them (Arrow runs,
+:mod:`mrt_fast.datasets.arrow_runs`) it checks each page itself; where polars
+would read them, they are walked first, a column chunk a request.
 """
 
 from __future__ import annotations
@@ -190,22 +191,29 @@ def _check_chunk(fh: BinaryIO, f: str, start: int, end: int, column: str, group:
 
 
 def verify_pages(f: Any) -> None:
-    """Check the CRC of every page of a local Parquet file that carries one (once per file
+    """Check the CRC of every page of a Parquet file that carries one (once per file
     version in a process); an `MrtInputError` naming the file and page if one does not match.
-    A file whose footer or headers cannot be followed is left to the reader to report."""
+    A local file is walked in place; an object on object storage is read a column chunk at a
+    time (one request each: a whole read of the object). A file whose footer or headers cannot
+    be followed is left to the reader to report."""
+    import io
+
     import pyarrow.parquet as pq
 
-    if not isinstance(f, (str, os.PathLike)):
+    from mrt_fast.datasets import storage
+
+    remote = storage.is_url(f)
+    if not remote and not isinstance(f, (str, os.PathLike)):
         return
     try:
-        st = os.stat(f)
-    except OSError:
+        st = f.stat() if remote else os.stat(f)
+    except (OSError, MrtInputError):
         return
-    key = (os.path.abspath(f), st.st_size, st.st_mtime_ns)
+    key = (str(f) if remote else os.path.abspath(f), st.st_size, st.st_mtime_ns)
     if key in _verified:
         return
     try:
-        with open(f, "rb") as fh:
+        with (storage.open_input(f) if remote else open(f, "rb")) as fh:
             md = pq.ParquetFile(fh).metadata
             for g in range(md.num_row_groups):
                 rg = md.row_group(g)
@@ -214,7 +222,12 @@ def verify_pages(f: Any) -> None:
                     start = cc.data_page_offset
                     if cc.has_dictionary_page and cc.dictionary_page_offset:
                         start = min(start, cc.dictionary_page_offset)
-                    _check_chunk(fh, str(f), start, start + cc.total_compressed_size, cc.path_in_schema, g)
+                    if remote:  # the chunk's bytes in one request, walked in memory
+                        fh.seek(start)
+                        chunk = io.BytesIO(fh.read(cc.total_compressed_size))
+                        _check_chunk(chunk, str(f), 0, cc.total_compressed_size, cc.path_in_schema, g)
+                    else:
+                        _check_chunk(fh, str(f), start, start + cc.total_compressed_size, cc.path_in_schema, g)
     except MrtInputError:
         raise
     except Exception:  # noqa: BLE001 - a file we cannot walk is named by the reader

@@ -9,13 +9,14 @@ knows the file and row of any row it reads.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
 
 from mrt_fast.errors import MrtInputError
 from mrt_fast._util.messages import one_line
-from mrt_fast.datasets import hf_disk, json_text, parquet_views, storage
+from mrt_fast.datasets import checked_objects, hf_disk, json_text, parquet_views, storage
 from mrt_fast.datasets.exact_numbers import KEY_ROLES, check_json_keys, check_widening
 from mrt_fast.datasets.finished import finished_parts
 from mrt_fast.datasets.formats import FORMATS, file_schema, fmt_of, table_suffix
@@ -125,6 +126,9 @@ class Dataset:
             if df is not None:
                 return df
         n = min(len(self.files), pl.thread_pool_size(), os.cpu_count() or 1)
+        df = checked_objects.read_all(self, max(1, min(pl.thread_pool_size(), os.cpu_count() or 1)))
+        if df is not None:  # Parquet objects: every page checked
+            return df
         if self.fmt == "parquet" and not self.hive and n > 1 and self.uniform() and not self.by_arrow():
             from concurrent.futures import ThreadPoolExecutor
 
@@ -138,6 +142,18 @@ class Dataset:
             except Exception:  # noqa: BLE001 - the single scan below reports it
                 pass
         return self.scan().collect()
+
+    def rows(self, start: int, n: int, lf: pl.LazyFrame | None = None) -> pl.DataFrame:
+        """Rows ``[start, start + n)`` in dataset order (``lf``: the dataset's scan, made once by
+        the caller); Parquet objects with every page checked (:mod:`mrt_fast.datasets.checked_objects`)."""
+        df = checked_objects.read_rows(self, start, n)
+        return df if df is not None else (lf if lf is not None else self.scan()).slice(start, n).collect()
+
+    def frames(self, columns: list[str], batch_rows: int) -> Iterator[pl.DataFrame]:
+        """Batches of ``columns`` in dataset order, about ``batch_rows`` rows each; Parquet objects
+        with every page checked (:mod:`mrt_fast.datasets.checked_objects`)."""
+        it = checked_objects.iter_frames(self, columns, batch_rows)
+        return it if it is not None else self.scan().select(columns).collect_batches(chunk_size=batch_rows)
 
     def schema(self) -> pl.Schema:
         """The schema shared by every file (checked file by file, so a corrupt file

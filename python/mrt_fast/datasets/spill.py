@@ -98,8 +98,9 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
     """Partition the dataset into ``n_buckets`` buckets of Arrow IPC streams
     ``spill_dir/bucket-NNNNN.T.arrow`` in one pass. Every row keeps its global
     row index ``__row``; each batch is cut by bucket with one stable sort.
-    A Parquet dataset Arrow reads as polars would (:mod:`mrt_fast.datasets.arrow_runs`)
-    is read by ``threads`` threads, one run of row groups each, thread ``T``
+    A Parquet dataset Arrow reads as polars would (:mod:`mrt_fast.datasets.arrow_runs`; on disk
+    or object storage, where Arrow checks every page against its checksum) is read by
+    ``threads`` threads, one run of row groups each, thread ``T``
     writing files ``.T``: the files of a bucket, in ``T`` order, hold its
     rows in input order; where polars decodes the files faster, a thread decodes up
     to ``chunk_rows`` rows of row groups of a local file at once
@@ -117,13 +118,19 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
     if staging is None:
         staging = spill_staging(n_buckets, threads)
     try:
-        schema = arrow_schema(ds)
+        schema = arrow_schema(ds, objects=True)
         runs = plan_runs(ds, threads) if schema is not None else []
         if not polars_decodes_faster(schema):
             chunk_rows = 0
         if runs and pa_index_type() == np.uint32 and runs[-1][-1].start + runs[-1][-1].rows >= 2**32:
             runs = []  # more rows than polars' row index holds: its scan says so
         if not runs:
+            if ds.fmt == "parquet":  # objects polars reads unchecked: walked first
+                from mrt_fast.datasets.parquet_pages import verify_pages
+
+                for f in ds.files:
+                    if storage.is_url(f):
+                        verify_pages(f)
             with BucketWriters(spill_dir, n_buckets, 0, staging) as w:
                 for df in ds.scan(row_index=ROW).collect_batches(chunk_size=batch_rows):
                     if df.height == 0:

@@ -58,7 +58,7 @@ def variance_budget_files(
     lo, hi = np.inf, -np.inf
     seen = 0
     try:
-        for df in ds.scan().select([c for c, _ in roles]).collect_batches(chunk_size=batch_rows):
+        for df in ds.frames([c for c, _ in roles], batch_rows):
             if df.height == 0:
                 continue
             if grouped:

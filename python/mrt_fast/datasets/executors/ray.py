@@ -87,7 +87,7 @@ class _RowPartWorker:
         parts, rows, tables, counts = [], [], [], []
         for i in batch["part"]:
             i = int(i)
-            df = self.ds.scan().slice(i * self.per, self.per).collect()
+            df = self.ds.rows(i * self.per, self.per)
             res, c = split_result(self.fn(df))
             if self.out_dir is not None:
                 rows.append(write_part(res, self.out_dir, i))
@@ -322,7 +322,7 @@ class _FlatRun:
 
             from mrt_fast.datasets.arrow_runs import arrow_schema, polars_decodes_faster
 
-            schema = arrow_schema(src)
+            schema = arrow_schema(src, objects=True)
             faster = polars_decodes_faster(schema)
             sr = SpillRuns(runs, spill, by, self.nb, schema if faster else None,
                            src.memory_bytes() / max(1, self.n_rows))
@@ -340,7 +340,10 @@ class _FlatRun:
             return
         ranges = row_ranges(src, counts)
         items = own_context(ray.data.from_items(ranges, override_num_blocks=len(ranges)))
-        split = items.map_batches(ReadAndSplit(src, spill, by, self.nb, self.todo_set), batch_size=1,
+        from mrt_fast.datasets.arrow_runs import arrow_schema
+
+        reader = ReadAndSplit(src, spill, by, self.nb, self.todo_set, arrow_schema(src, objects=True))
+        split = items.map_batches(reader, batch_size=1,
                                   batch_format="pyarrow", **retry_args(self.max_retries))
         for _ in split.iter_internal_ref_bundles():  # every piece written before any bucket is read
             pass

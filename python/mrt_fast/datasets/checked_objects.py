@@ -1,0 +1,103 @@
+"""Parquet objects on object storage, read with every page checked against its checksum.
+
+Local Parquet files are walked page by page when a dataset first looks at them
+(:func:`mrt_fast.datasets.parquet_pages.verify_pages`); objects are not (a walk
+reads every byte once more, over the network). polars reads objects without
+checking page checksums, so a damaged page would be decoded as other values.
+Here an object dataset is read by Arrow, which checks each page as it decodes
+it (:mod:`mrt_fast.datasets.arrow_runs`), wherever Arrow reads the files to the
+same columns and types as polars; where it would not (files that differ in
+types, hive folders, views), each object is walked first and polars reads it.
+
+Every reader gives the rows in dataset order: the whole dataset
+(:func:`read_all`), a range of rows (:func:`read_rows`, what a row stage's part
+reads) or batches of some columns (:func:`iter_frames`, what a fold reads).
+Each returns None where the dataset holds no Parquet object: the caller reads
+it its own way.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+import polars as pl
+
+from mrt_fast.datasets import storage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mrt_fast.datasets.file_set import FileSet
+
+#: rows Arrow decodes at a time
+BATCH_ROWS = 1 << 16
+
+
+def applies(ds: "FileSet") -> bool:
+    """Whether the dataset is Parquet on object storage."""
+    return ds.fmt == "parquet" and any(storage.is_url(f) for f in ds.files)
+
+
+def _reader(ds: "FileSet"):
+    """(the files' Arrow schema, their row groups) where Arrow reads them as polars would, else None
+    once every object has been walked; looked up once per dataset."""
+    cached = ds.__dict__.get("_checked_reader", False)
+    if cached is not False:
+        return cached
+    from mrt_fast.datasets.arrow_runs import arrow_schema, row_groups
+    from mrt_fast.datasets.parquet_pages import verify_pages
+
+    schema = arrow_schema(ds, objects=True)
+    if schema is None:
+        for f in ds.files:
+            verify_pages(f)  # raises on a damaged page; polars reads them after
+        got = None
+    else:
+        got = (schema, row_groups(ds))
+    ds.__dict__["_checked_reader"] = got
+    return got
+
+
+def read_all(ds: "FileSet", threads: int) -> pl.DataFrame | None:
+    """Every row, read by ``threads`` threads (a run of row groups each); None where the
+    dataset holds no object or polars reads it (its objects walked)."""
+    if not applies(ds):
+        return None
+    r = _reader(ds)
+    if r is None:
+        return None
+    from mrt_fast.datasets.arrow_runs import read_runs
+
+    return pl.from_arrow(read_runs(ds, r[0], threads, BATCH_ROWS))  # type: ignore[return-value]
+
+
+def read_rows(ds: "FileSet", start: int, n: int) -> pl.DataFrame | None:
+    """Rows ``[start, start + n)``; None as for :func:`read_all`."""
+    if not applies(ds):
+        return None
+    r = _reader(ds)
+    if r is None:
+        return None
+    import pyarrow as pa
+
+    from mrt_fast.datasets.arrow_runs import iter_rows
+
+    schema, groups = r
+    batches = [b for _, b in iter_rows(groups, schema, start, start + n, BATCH_ROWS)]
+    return pl.from_arrow(pa.Table.from_batches(batches, schema=schema))  # type: ignore[return-value]
+
+
+def iter_frames(ds: "FileSet", columns: list[str], batch_rows: int) -> Iterator[pl.DataFrame] | None:
+    """Batches of about ``batch_rows`` rows of ``columns``, in order (only those columns' pages
+    are read); None as for :func:`read_all`."""
+    if not applies(ds):
+        return None
+    r = _reader(ds)
+    if r is None:
+        return None
+    from mrt_fast.datasets.arrow_runs import iter_run, plan_runs
+
+    def frames() -> Iterator[pl.DataFrame]:
+        for run in plan_runs(ds, 1):
+            for _, b in iter_run(run, columns, batch_rows):
+                yield pl.from_arrow(b)  # type: ignore[misc]
+
+    return frames()
