@@ -110,14 +110,17 @@ def test_the_variance_fold_refuses_a_damaged_object(tmp_path, s3_bucket):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("consecutive", [False, True], ids=["exchanged", "in place"])
-def test_the_ray_engine_refuses_a_damaged_object_naming_it(tmp_path, s3_endpoint, local_ray, s3_bucket,
-                                                           consecutive):
+@pytest.mark.parametrize("how", ["exchanged", "in place", "Ray Data's shuffle", "Ray Data's reader"])
+def test_the_ray_engine_refuses_a_damaged_object_naming_it(tmp_path, s3_endpoint, local_ray, s3_bucket, how):
     from mrt_fast.datasets import ray_engine
 
-    bad = put_damaged(table(consecutive=consecutive), tmp_path, f"{s3_bucket}/in")
+    bad = put_damaged(table(consecutive=how == "in place"), tmp_path, f"{s3_bucket}/in")
     with pytest.raises(MrtInputError) as e:
-        ray_engine.select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=3)
+        if how == "Ray Data's reader":
+            ray_engine.read(f"{s3_bucket}/in").count()
+        else:
+            ray_engine.select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=3,
+                                      shuffle="sort" if how == "Ray Data's shuffle" else "files")
     assert bad in str(e.value) and "checksum" in str(e.value), str(e.value)
 
 

@@ -260,14 +260,22 @@ def read(source: Any, columns: list[str] | None = None, *, allow_partial: bool =
     """A Ray Dataset over the files of a source (a file, a directory of
     Parquet/JSONL files or a glob, found as `mrt_fast.datasets.sources.discover` finds
     them, an unfinished ``mrt`` output only with ``allow_partial``), rows in the same
-    order: files sorted by path, then row order."""
+    order: files sorted by path, then row order. Parquet objects on object storage are
+    walked first (:func:`mrt_fast.datasets.parquet_pages.verify_pages`): Ray Data's reader
+    does not check page checksums."""
     ray = ray_module()
     from mrt_fast.datasets import hf_disk, json_text
     from mrt_fast.datasets import sources as _sources
     src = source if isinstance(source, _sources.Dataset) else _sources.discover(source, allow_partial=allow_partial)
     files = [str(f) for f in src.files]
     if src.fmt == "parquet":
-        fs = {"filesystem": storage.filesystem()} if src.files and storage.is_url(src.files[0]) else {}
+        objects = bool(src.files) and storage.is_url(src.files[0])
+        if objects:  # Ray Data's reader does not check page checksums: each object walked first
+            from mrt_fast.datasets.parquet_pages import verify_pages
+
+            for f in src.files:
+                verify_pages(f)
+        fs = {"filesystem": storage.filesystem()} if objects else {}
         return ray.data.read_parquet(files, columns=columns, shuffle=None, **fs)
     # text formats are parsed by polars in the tasks, file by file, as the
     # local executor parses them (the Arrow readers infer other types and round
