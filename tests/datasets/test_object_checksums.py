@@ -132,3 +132,21 @@ def test_ray_row_stages_refuse_a_damaged_object(tmp_path, s3_endpoint, local_ray
     with pytest.raises(MrtInputError) as e:
         ray_engine.select_dataset(f"{s3_bucket}/in", f"{s3_bucket}/out", 2, "grades", parts=3)
     assert bad in str(e.value) and "checksum" in str(e.value), str(e.value)
+
+
+def test_objects_without_checksums_are_read_by_polars_and_give_the_same_rows(tmp_path, s3_bucket):
+    """Most writers (polars, pyarrow's default) write no page checksums: nothing to check, so such
+    objects keep polars' reader; objects with them are read by Arrow; the rows are the same."""
+    from mrt_fast.datasets import checked_objects, discover
+    from mrt_fast.datasets.parquet_pages import carries_checksums
+
+    t = table()
+    for name, crc in (("plain", False), ("crc", True)):
+        pq.write_table(t, tmp_path / f"{name}.parquet", write_page_checksum=crc)
+        storage.write_bytes(f"{s3_bucket}/{name}/f.parquet", (tmp_path / f"{name}.parquet").read_bytes())
+        ds = discover(f"{s3_bucket}/{name}")
+        assert carries_checksums(ds.files[0]) is crc and checked_objects.applies(ds) is crc
+        assert (checked_objects.read_all(ds, 2) is not None) is crc
+    got = [select_dataset(f"{s3_bucket}/{name}", tmp_path / f"{name}-o.parquet", 2, "grades") and
+           pq.read_table(tmp_path / f"{name}-o.parquet") for name in ("plain", "crc")]
+    assert got[0].equals(got[1])

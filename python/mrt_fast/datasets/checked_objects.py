@@ -12,8 +12,9 @@ types, hive folders, views), each object is walked first and polars reads it.
 Every reader gives the rows in dataset order: the whole dataset
 (:func:`read_all`), a range of rows (:func:`read_rows`, what a row stage's part
 reads) or batches of some columns (:func:`iter_frames`, what a fold reads).
-Each returns None where the dataset holds no Parquet object: the caller reads
-it its own way.
+Each returns None where the dataset holds no Parquet object that carries page
+checksums (most writers write none; mrt_fast's own outputs do): the caller
+reads it its own way, with polars.
 """
 
 from __future__ import annotations
@@ -32,8 +33,16 @@ BATCH_ROWS = 1 << 16
 
 
 def applies(ds: "FileSet") -> bool:
-    """Whether the dataset is Parquet on object storage."""
-    return ds.fmt == "parquet" and any(storage.is_url(f) for f in ds.files)
+    """Whether the dataset holds Parquet objects on object storage that carry page checksums
+    (:func:`mrt_fast.datasets.parquet_pages.carries_checksums`: one small read an object, once).
+    Objects without them have nothing to check: polars reads them, at its own speed."""
+    cached = ds.__dict__.get("_checked_applies")
+    if cached is None:
+        from mrt_fast.datasets.parquet_pages import carries_checksums
+
+        cached = ds.fmt == "parquet" and any(storage.is_url(f) and carries_checksums(f) for f in ds.files)
+        ds.__dict__["_checked_applies"] = cached
+    return cached
 
 
 def _reader(ds: "FileSet"):

@@ -98,8 +98,8 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
     """Partition the dataset into ``n_buckets`` buckets of Arrow IPC streams
     ``spill_dir/bucket-NNNNN.T.arrow`` in one pass. Every row keeps its global
     row index ``__row``; each batch is cut by bucket with one stable sort.
-    A Parquet dataset Arrow reads as polars would (:mod:`mrt_fast.datasets.arrow_runs`; on disk
-    or object storage, where Arrow checks every page against its checksum) is read by
+    A Parquet dataset Arrow reads as polars would (:mod:`mrt_fast.datasets.arrow_runs`; on disk,
+    or objects that carry page checksums, which Arrow checks) is read by
     ``threads`` threads, one run of row groups each, thread ``T``
     writing files ``.T``: the files of a bucket, in ``T`` order, hold its
     rows in input order; where polars decodes the files faster, a thread decodes up
@@ -118,7 +118,10 @@ def spill(ds: _sources.Dataset, spill_dir: Path, n_buckets: int, by: str,
     if staging is None:
         staging = spill_staging(n_buckets, threads)
     try:
-        schema = arrow_schema(ds, objects=True)
+        from mrt_fast.datasets import checked_objects
+
+        # objects that carry page checksums: Arrow checks them (polars does not)
+        schema = arrow_schema(ds, objects=checked_objects.applies(ds))
         runs = plan_runs(ds, threads) if schema is not None else []
         if not polars_decodes_faster(schema):
             chunk_rows = 0

@@ -275,7 +275,9 @@ def spill_read_bytes(ds: _sources.Dataset, total_bytes: int) -> int:
     """Memory of reading a dataset that Arrow cannot read by runs of row groups (polars' streaming engine)."""
     from mrt_fast.datasets.arrow_runs import arrow_schema
 
-    if arrow_schema(ds, objects=True) is not None:
+    from mrt_fast.datasets import checked_objects
+
+    if arrow_schema(ds, objects=checked_objects.applies(ds)) is not None:
         return 0
     if ds.fmt != "parquet":
         return 2 * max((f.stat().st_size for f in ds.files), default=0)

@@ -322,7 +322,7 @@ class _FlatRun:
 
             from mrt_fast.datasets.arrow_runs import arrow_schema, polars_decodes_faster
 
-            schema = arrow_schema(src, objects=True)
+            schema = arrow_schema(src, objects=True)  # spill_runs read objects only where they carry checksums
             faster = polars_decodes_faster(schema)
             sr = SpillRuns(runs, spill, by, self.nb, schema if faster else None,
                            src.memory_bytes() / max(1, self.n_rows))
@@ -340,10 +340,7 @@ class _FlatRun:
             return
         ranges = row_ranges(src, counts)
         items = own_context(ray.data.from_items(ranges, override_num_blocks=len(ranges)))
-        from mrt_fast.datasets.arrow_runs import arrow_schema
-
-        reader = ReadAndSplit(src, spill, by, self.nb, self.todo_set, arrow_schema(src, objects=True))
-        split = items.map_batches(reader, batch_size=1,
+        split = items.map_batches(ReadAndSplit(src, spill, by, self.nb, self.todo_set), batch_size=1,
                                   batch_format="pyarrow", **retry_args(self.max_retries))
         for _ in split.iter_internal_ref_bundles():  # every piece written before any bucket is read
             pass

@@ -116,29 +116,25 @@ class ReadAndSplit:
     """A read task of the "files" exchange: rows ``[offset, offset + rows)`` of
     one file, read with polars (as the local executor reads them), their global
     row index added, cut by bucket into pieces (a retried task rewrites the same pieces).
-    A Parquet object on object storage is read by Arrow where ``schema`` (the files' Arrow
-    schema, which polars reads alike) is given, each page checked against its checksum; else
-    it is walked first (:func:`mrt_fast.datasets.parquet_pages.verify_pages`)."""
+    A Parquet object that carries page checksums is read with each page checked
+    (:mod:`mrt_fast.datasets.checked_objects`)."""
 
-    def __init__(self, src: Any, spill: str, by: str, n_buckets: int, todo: set[int] | None,
-                 schema: pa.Schema | None = None):
+    def __init__(self, src: Any, spill: str, by: str, n_buckets: int, todo: set[int] | None):
         self.src, self.spill, self.by, self.n, self.todo = src, spill, by, n_buckets, todo
-        self.schema = schema
         self.__name__ = "read_and_split"
 
     def __call__(self, t: pa.Table) -> pa.Table:
         from mrt_fast._util import messages as _messages
+        from mrt_fast.datasets import checked_objects
         from mrt_fast.datasets import sources as _sources
-        from mrt_fast.datasets import storage
         from mrt_fast.datasets.spill import write_pieces
 
         d = t.to_pylist()[0]
         f = self.src.files[d["file"]]
         one = _sources.Dataset(str(f), [f], self.src.fmt, self.src.hive, self.src.root)
         try:
-            if self.src.fmt == "parquet" and storage.is_url(f):
-                df = self.read_object(one, d)
-            else:
+            df = checked_objects.read_rows(one, d["offset"], d["rows"]) if d["rows"] >= 0 else None
+            if df is None:
                 lf = one.scan()
                 if d["rows"] >= 0:
                     lf = lf.slice(d["offset"], d["rows"])
@@ -160,18 +156,6 @@ class ReadAndSplit:
         write_pieces(tb, b, self.spill, self.n, int(tb.column(ORDER)[0].as_py()), self.todo)
         return pa.table({"rows": pa.array([tb.num_rows], pa.int64())})
 
-    def read_object(self, one: Any, d: dict) -> pl.DataFrame:
-        """Rows ``[offset, offset + rows)`` of one Parquet object, every page checked."""
-        from mrt_fast.datasets.arrow_runs import iter_rows, row_groups
-        from mrt_fast.datasets.parquet_pages import verify_pages
-
-        if self.schema is None or d["rows"] < 0:
-            verify_pages(one.files[0])
-            lf = one.scan()
-            return (lf if d["rows"] < 0 else lf.slice(d["offset"], d["rows"])).collect()
-        batches = [b for _, b in iter_rows(row_groups(one), self.schema, d["offset"], d["offset"] + d["rows"],
-                                           READ_BATCH_ROWS)]
-        return to_polars(pa.Table.from_batches(batches, schema=self.schema))
 
 
 class FilesToPart:
@@ -338,6 +322,9 @@ def spill_runs(src: Any, n_rows: int, cpus: int) -> list | None:
     from mrt_fast.datasets.arrow_runs import arrow_schema, plan_runs
     from mrt_fast.datasets.spill import pa_index_type
 
-    if arrow_schema(src, objects=True) is None or (pa_index_type() == np.uint32 and n_rows >= 2**32):
+    from mrt_fast.datasets import checked_objects
+
+    if arrow_schema(src, objects=checked_objects.applies(src)) is None or \
+            (pa_index_type() == np.uint32 and n_rows >= 2**32):
         return None
     return plan_runs(src, max(cpus, -(-n_rows // ROWS_PER_SPILL_TASK))) or None
