@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench" / "perf"))
 
 import bench_batch  # noqa: E402
+import bench_objects  # noqa: E402
 import bench_shapes  # noqa: E402
 import bench_small  # noqa: E402
 import benchmarks_doc  # noqa: E402
@@ -77,3 +78,17 @@ def test_small_jobs_bench_runs_a_shape_and_is_tabled(tmp_path):
     assert r["steps_seconds"]["select"] > 0 and r["steps_seconds"]["read"] > 0
     text = benchmarks_doc._render_small(doc)
     assert text.count("\n| string ids | 3,000 |") == 1
+
+
+def test_objects_bench_pairs_checked_and_unchecked_reads(tmp_path):
+    import pytest
+
+    pytest.importorskip("moto.server")
+    out = tmp_path / "objects.json"
+    assert bench_objects.main(["--size", "3000", "--repeats", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    d = doc["paired_difference_seconds"]
+    assert doc["same_kept_rows"] and len(d["each"]) == 2
+    assert d["each"] == [c - u for c, u in zip(doc["runs_seconds"]["checked"], doc["runs_seconds"]["unchecked"])]
+    assert d["ci95"][0] <= d["mean"] <= d["ci95"][1]
+    assert "| with page checksums (checked) |" in benchmarks_doc._render_objects(doc)

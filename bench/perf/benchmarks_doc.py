@@ -40,6 +40,11 @@ SECTIONS = [
      "rows, in the same rounds; each ratio the median of each round's ratio to the floor of its round, with "
      "its range. The steps are the job's own `--profile` (medians): the interpreter's start with its imports, "
      "reading, the selection (the GRADES work, which the floor does not do) and writing."),
+    ("objects_bench", "Page checksums on object storage: checked against unchecked reads",
+     "`python bench/perf/bench_objects.py`: `mrt select` (GRADES, K = 4, in memory, whole process) on the same "
+     "Parquet objects written without page checksums (read by polars, nothing to check) and with them (read by "
+     "Arrow, every page checked), against an S3-compatible server started on this machine; interleaved rounds, "
+     "paired differences with their 95% t interval."),
     ("scale_bench", "Scale: 1M to 100M candidates against the spilling floor",
      "`python bench/perf/bench_scale.py`; the page with its projection to 10B: docs/results/scale.md "
      "(`python bench/perf/scale_doc.py`)."),
@@ -335,7 +340,20 @@ def _render_small(doc: dict) -> str:
     return "\n".join(out)
 
 
-RENDERERS = {"small_bench": _render_small, "huge_pool_bench": _render_huge_pool, "batch_bench": _render_batch, "embed_bench": _render_embed, "gpu_bench": _render_gpu,
+def _render_objects(doc: dict) -> str:
+    d = doc["paired_difference_seconds"]
+    runs = {k: ", ".join(f"{x:.2f}" for x in v) for k, v in doc["runs_seconds"].items()}
+    return "\n".join([
+        "| objects | median s | runs s | peak RSS MiB |", "|---|---|---|---|",
+        *(f"| {'with page checksums (checked)' if k == 'checked' else 'without (unchecked)'} | "
+          f"{doc['seconds'][k]:.2f} | {runs[k]} | {doc['peak_rss_bytes'][k] / 2**20:,.0f} |" for k in ("unchecked", "checked")),
+        "", f"{doc['candidates']:,} candidates, {doc['dim']}-d {doc['dtype']}, {doc['files']} files, {doc['rounds']} rounds, "
+        f"{doc['date']}. Checked minus unchecked, paired by round: mean {d['mean']:+.2f} s, 95% interval "
+        f"{d['ci95'][0]:+.2f} to {d['ci95'][1]:+.2f} s; ratio of the medians {doc['checked_over_unchecked']:.2f}; "
+        f"the same kept rows: {doc['same_kept_rows']}."])
+
+
+RENDERERS = {"objects_bench": _render_objects, "small_bench": _render_small, "huge_pool_bench": _render_huge_pool, "batch_bench": _render_batch, "embed_bench": _render_embed, "gpu_bench": _render_gpu,
              "scale_bench": _render_scale, "limits_bench": _render_limits}
 
 
