@@ -84,12 +84,16 @@ def diagnose_cmd(
                     bootstrap=bootstrap, interval=interval)
         if allocate is not None:
             # per-prompt K names each prompt: the (id, loss) columns are read into memory
+            import polars as pl
+
             from mrt_fast.datasets.sources import discover
 
             ds = discover(inp, allow_partial=allow_partial)
             cols = [(by, "prompt id"), (loss, "loss")] + ([(tok_col, "token count")] if tok_col else [])
             ds.check_columns(cols)
-            rep = variance_budget(ds.scan().select([c for c, _ in cols]).collect(), **opts)
+            names = [c for c, _ in cols]
+            frames = list(ds.frames(names, 1 << 20))  # Parquet objects: every page checked
+            rep = variance_budget(pl.concat(frames) if frames else ds.scan().select(names).head(0).collect(), **opts)
         else:
             rep = variance_budget(inp, engine=engine, address=ray_address, allow_partial=allow_partial, **opts)
         # every option is checked before any output is written: the allocation too
