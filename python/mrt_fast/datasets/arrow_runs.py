@@ -29,13 +29,16 @@ if TYPE_CHECKING:  # pragma: no cover
 #: a column chunk is read through a 1 MiB buffer, not whole: the memory of a
 #: batch stays a batch, not a row group of every column
 READ_OPTIONS = {"buffer_size": 1 << 20, "pre_buffer": False, "page_checksum_verification": True}
-#: the same for an object on object storage: 8 MiB a request (1 MiB requests take about twice as long)
-OBJECT_READ_OPTIONS = {**READ_OPTIONS, "buffer_size": 8 << 20}
+#: an object on object storage read where no memory plan counts the reader's buffers (a whole read,
+#: a part's rows): 8 MiB a request (1 MiB requests took about twice as long on an S3-compatible server)
+OBJECT_BUFFER = 8 << 20
 
 
-def read_options(path) -> dict:
-    """:data:`READ_OPTIONS`, or :data:`OBJECT_READ_OPTIONS` for an object."""
-    return OBJECT_READ_OPTIONS if storage.is_url(path) else READ_OPTIONS
+def read_options(path, object_buffer: int | None = None) -> dict:
+    """:data:`READ_OPTIONS`, with ``object_buffer`` bytes a request for an object when given."""
+    if object_buffer and storage.is_url(path):
+        return {**READ_OPTIONS, "buffer_size": int(object_buffer)}
+    return READ_OPTIONS
 
 
 @dataclass
@@ -140,7 +143,7 @@ def plan_runs(ds: "FileSet", n_runs: int) -> list[list[Piece]]:
 
 
 def iter_run(run: list[Piece], columns: list[str] | None, batch_rows: int, chunk_rows: int | None = None,
-             schema: pa.Schema | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
+             schema: pa.Schema | None = None, object_buffer: int | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
     """(first global row, batch) for every batch of a run, in row order; one thread.
 
     With ``chunk_rows`` (and the files' Arrow ``schema``), the row groups of a local
@@ -151,7 +154,7 @@ def iter_run(run: list[Piece], columns: list[str] | None, batch_rows: int, chunk
     Arrow a batch at a time."""
     for p in run:
         try:
-            yield from _iter_piece(p, columns, batch_rows, chunk_rows, schema)
+            yield from _iter_piece(p, columns, batch_rows, chunk_rows, schema, object_buffer)
         except OSError as e:
             if "CRC checksum" not in str(e):
                 raise
@@ -168,7 +171,7 @@ def damaged(path: str, groups: list[int]):
 
 
 def _iter_piece(p: Piece, columns: list[str] | None, batch_rows: int, chunk_rows: int | None,
-                schema: pa.Schema | None) -> Iterator[tuple[int, pa.RecordBatch]]:
+                schema: pa.Schema | None, object_buffer: int | None) -> Iterator[tuple[int, pa.RecordBatch]]:
     """:func:`iter_run` over one piece."""
     import pyarrow.parquet as pq
 
@@ -185,14 +188,14 @@ def _iter_piece(p: Piece, columns: list[str] | None, batch_rows: int, chunk_rows
                     groups = groups_of(p, first, rows)
                 del t
             if batches is None:
-                batches = pq.ParquetFile(storage.open_input(p.path), **read_options(p.path)).iter_batches(
+                batches = pq.ParquetFile(storage.open_input(p.path), **READ_OPTIONS).iter_batches(
                     batch_size=batch_rows, row_groups=groups, columns=columns, use_threads=False)
             for b in batches:
                 if b.num_rows:
                     yield pos, b
                     pos += b.num_rows
     else:
-        for b in pq.ParquetFile(storage.open_input(p.path), **read_options(p.path)).iter_batches(
+        for b in pq.ParquetFile(storage.open_input(p.path), **read_options(p.path, object_buffer)).iter_batches(
                 batch_size=batch_rows, row_groups=p.row_groups, columns=columns, use_threads=False):
             yield pos, b
             pos += b.num_rows
@@ -210,12 +213,14 @@ def read_runs(ds: "FileSet", schema: pa.Schema, threads: int, batch_rows: int = 
     if not runs:
         return pa.Table.from_batches([], schema=schema)
     with ThreadPoolExecutor(max_workers=len(runs)) as ex:
-        parts = list(ex.map(lambda run: [b for _, b in iter_run(run, None, batch_rows, None, schema)], runs))
+        parts = list(ex.map(lambda run: [b for _, b in iter_run(run, None, batch_rows, None, schema, OBJECT_BUFFER)],
+                            runs))
     return pa.Table.from_batches([b for part in parts for b in part], schema=schema)
 
 
 def iter_rows(groups: list[tuple[str, int, int, int, int]], schema: pa.Schema | None, first: int, end: int,
-              batch_rows: int, chunk_rows: int | None = None, ahead: int = 0) -> Iterator[tuple[int, pa.RecordBatch]]:
+              batch_rows: int, chunk_rows: int | None = None, ahead: int = 0,
+              object_buffer: int | None = None) -> Iterator[tuple[int, pa.RecordBatch]]:
     """(first global row, batch) for global rows ``[first, end)`` of a dataset in order (its
     :func:`row_groups`), read from the row groups that hold them by :func:`iter_run` and cut
     to the range; with ``ahead``, that many batches decoded by a second thread meanwhile
@@ -224,8 +229,8 @@ def iter_rows(groups: list[tuple[str, int, int, int, int]], schema: pa.Schema | 
 
     if end <= first:
         return
-    for pos, b in read_ahead(iter_run(pieces_of_rows(groups, first, end), None, batch_rows, chunk_rows, schema),
-                             ahead):
+    for pos, b in read_ahead(iter_run(pieces_of_rows(groups, first, end), None, batch_rows, chunk_rows, schema,
+                                      object_buffer), ahead):
         lo, hi = max(pos, first), min(pos + b.num_rows, end)
         if hi > lo:
             yield lo, b if hi - lo == b.num_rows else b.slice(lo - pos, hi - lo)

@@ -87,10 +87,10 @@ def read_rows(ds: "FileSet", start: int, n: int) -> pl.DataFrame | None:
         return None
     import pyarrow as pa
 
-    from mrt_fast.datasets.arrow_runs import iter_rows
+    from mrt_fast.datasets.arrow_runs import OBJECT_BUFFER, iter_rows
 
     schema, groups = r
-    batches = [b for _, b in iter_rows(groups, schema, start, start + n, BATCH_ROWS)]
+    batches = [b for _, b in iter_rows(groups, schema, start, start + n, BATCH_ROWS, object_buffer=OBJECT_BUFFER)]
     return pl.from_arrow(pa.Table.from_batches(batches, schema=schema))  # type: ignore[return-value]
 
 
@@ -102,11 +102,11 @@ def iter_frames(ds: "FileSet", columns: list[str], batch_rows: int) -> Iterator[
     r = _reader(ds)
     if r is None:
         return None
-    from mrt_fast.datasets.arrow_runs import iter_run, plan_runs
+    from mrt_fast.datasets.arrow_runs import OBJECT_BUFFER, iter_run, plan_runs
 
     def frames() -> Iterator[pl.DataFrame]:
         for run in plan_runs(ds, 1):
-            for _, b in iter_run(run, columns, batch_rows):
+            for _, b in iter_run(run, columns, batch_rows, object_buffer=OBJECT_BUFFER):
                 yield pl.from_arrow(b)  # type: ignore[misc]
 
     return frames()
