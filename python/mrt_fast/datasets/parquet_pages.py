@@ -12,9 +12,11 @@ the file, the column and the page. A chunk whose first page carries no CRC
 (polars and many writers write none) costs one small read.
 
 Local files are verified when a dataset first looks at them. Objects on object
-storage are verified as they are read: where pyarrow reads them (Arrow runs,
+storage whose pages carry checksums (:func:`carries_checksums`) are verified as
+they are read: where pyarrow reads them (Arrow runs,
 :mod:`mrt_fast.datasets.arrow_runs`) it checks each page itself; where polars
-would read them, they are walked first, a column chunk a request.
+would read them, they are walked first, a column chunk a request
+(:mod:`mrt_fast.datasets.checked_objects`).
 """
 
 from __future__ import annotations
@@ -203,6 +205,8 @@ def carries_checksums(f: Any) -> bool:
 
     if not storage.is_url(f):
         return False
+    if not isinstance(f, storage.ObjectPath):
+        f = storage.ObjectPath(str(f))
     try:
         st = f.stat()
         key = (str(f), st.st_size, st.st_mtime_ns)
@@ -235,6 +239,8 @@ def verify_pages(f: Any) -> None:
     from mrt_fast.datasets import storage
 
     remote = storage.is_url(f)
+    if remote and not isinstance(f, storage.ObjectPath):
+        f = storage.ObjectPath(str(f))
     if not remote and not isinstance(f, (str, os.PathLike)):
         return
     if remote and not carries_checksums(f):

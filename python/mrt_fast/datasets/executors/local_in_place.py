@@ -218,4 +218,3 @@ def _read_block(groups: list, schema: Any, plan: InPlacePlan, cuts: Any, first: 
     while part < last:
         hand_over(part, buf)
         part, buf = part + 1, []
-

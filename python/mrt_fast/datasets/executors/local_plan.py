@@ -273,9 +273,8 @@ def whole_group_rows(ds: _sources.Dataset) -> int:
 
 def spill_read_bytes(ds: _sources.Dataset, total_bytes: int) -> int:
     """Memory of reading a dataset that Arrow cannot read by runs of row groups (polars' streaming engine)."""
-    from mrt_fast.datasets.arrow_runs import arrow_schema
-
     from mrt_fast.datasets import checked_objects
+    from mrt_fast.datasets.arrow_runs import arrow_schema
 
     if arrow_schema(ds, objects=checked_objects.applies(ds)) is not None:
         return 0
