@@ -150,3 +150,34 @@ def test_objects_without_checksums_are_read_by_polars_and_give_the_same_rows(tmp
     got = [select_dataset(f"{s3_bucket}/{name}", tmp_path / f"{name}-o.parquet", 2, "grades") and
            pq.read_table(tmp_path / f"{name}-o.parquet") for name in ("plain", "crc")]
     assert got[0].equals(got[1])
+
+
+def test_the_memory_plan_counts_the_checked_readers_buffers(tmp_path, s3_bucket):
+    """A whole read of checksummed objects holds a read buffer a column a thread besides its batches: the
+    in-memory plan counts them, so a limit that fits the data alone no longer fits it with them."""
+    import os
+
+    import polars as pl
+
+    from mrt_fast._util.memory import Budget
+    from mrt_fast.datasets import discover
+    from mrt_fast.datasets.arrow_runs import OBJECT_BUFFER
+    from mrt_fast.datasets.checked_objects import read_buffer_bytes
+    from mrt_fast.datasets.executors.local_plan import fits_in_memory
+
+    t = table()
+    for name, crc in (("plain", False), ("crc", True)):
+        pq.write_table(t, tmp_path / f"{name}.parquet", write_page_checksum=crc)
+        storage.write_bytes(f"{s3_bucket}/{name}/f.parquet", (tmp_path / f"{name}.parquet").read_bytes())
+    assert read_buffer_bytes(discover(tmp_path / "crc.parquet")) == 0  # a local file: walked, read by polars
+    assert read_buffer_bytes(discover(f"{s3_bucket}/plain")) == 0
+    ds = discover(f"{s3_bucket}/crc")
+    buffers = read_buffer_bytes(ds)
+    assert buffers == OBJECT_BUFFER * 3 * max(1, min(pl.thread_pool_size(), os.cpu_count() or 1))
+    total = ds.memory_bytes()
+    lo, hi = 0, 1 << 34  # the least work that fits without the buffers
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits_in_memory(total, t.num_rows, Budget(0, 0).with_work(mid)) else (mid, hi)
+    work = Budget(0, 0).with_work(hi)
+    assert fits_in_memory(total, t.num_rows, work) and not fits_in_memory(total, t.num_rows, work, None, buffers)

@@ -45,6 +45,19 @@ def applies(ds: "FileSet") -> bool:
     return cached
 
 
+def read_buffer_bytes(ds: "FileSet") -> int:
+    """Memory :func:`read_all` holds in read buffers besides the batches: one ``OBJECT_BUFFER`` a
+    column a thread, where it reads the dataset (0 where polars does)."""
+    import os
+
+    if not applies(ds):
+        return 0
+    from mrt_fast.datasets.arrow_runs import OBJECT_BUFFER
+
+    threads = max(1, min(pl.thread_pool_size(), os.cpu_count() or 1))
+    return OBJECT_BUFFER * len(ds.files_schema()) * threads
+
+
 def _reader(ds: "FileSet"):
     """(the files' Arrow schema, their row groups) where Arrow reads them as polars would, else None
     once every object has been walked; looked up once per dataset."""
@@ -75,6 +88,7 @@ def read_all(ds: "FileSet", threads: int) -> pl.DataFrame | None:
         return None
     from mrt_fast.datasets.arrow_runs import read_runs
 
+    # its read buffers: :func:`read_buffer_bytes`, which the memory plan counts
     return pl.from_arrow(read_runs(ds, r[0], threads, BATCH_ROWS))  # type: ignore[return-value]
 
 

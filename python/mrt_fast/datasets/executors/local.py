@@ -40,6 +40,7 @@ from mrt_fast.datasets import sources as _sources
 from mrt_fast.datasets.executors.local_fold import variance_budget_files
 from mrt_fast.datasets.executors.local_in_place import IN_PLACE_MIN_BYTES, plan_consecutive, select_in_place
 from mrt_fast.datasets.executors.local_overlap import run_overlapped
+from mrt_fast.datasets.checked_objects import read_buffer_bytes
 from mrt_fast.datasets.executors.local_plan import (bucket_workers, dense_budget, dense_left, fits_in_memory,
                                                     grouped_size, overlap_fits, plan_grouped, plan_memory)
 from mrt_fast.datasets.job import Job, run_all, start_row_parts
@@ -163,7 +164,7 @@ def _run_flat(job: Job, rep: Any, opts: Any, schema: pl.Schema, n_rows: int | No
     ds = job.ds
     total_bytes = ds.memory_bytes()
     fixed = job.n_parts if job.n_parts is not None else None if parts is None else int(parts)
-    fits = fits_in_memory(total_bytes, n_rows, Budget.now(limit), fixed)
+    fits = fits_in_memory(total_bytes, n_rows, Budget.now(limit), fixed, read_buffer_bytes(ds))
     if not fits:
         # counted in what the process holds before the buckets are planned: the modules the spill
         # loads, and the code and heaps the method touches

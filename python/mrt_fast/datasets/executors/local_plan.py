@@ -89,13 +89,16 @@ def plan_buckets(total_bytes: int, budget: Budget, workers: int | None) -> tuple
     return n, w
 
 
-def fits_in_memory(total_bytes: int, n_rows: int | None, budget: Budget, n_buckets: int | None = None) -> bool:
+def fits_in_memory(total_bytes: int, n_rows: int | None, budget: Budget, n_buckets: int | None = None,
+                   read_buffers: int = 0) -> bool:
     """Whether an input of ``total_bytes`` (``n_rows`` rows) is selected in memory within ``budget``:
-    read whole and selected as one bucket (``n_buckets``: the count a resumed job or the caller fixed)."""
+    read whole and selected as one bucket (``n_buckets``: the count a resumed job or the caller fixed;
+    ``read_buffers``: what the reader holds besides its batches, for checked objects
+    :func:`mrt_fast.datasets.checked_objects.read_buffer_bytes`)."""
     from mrt_fast.datasets.contiguous import BATCH_ROWS
 
     row_bytes = total_bytes / n_rows if n_rows else 1024.0
-    whole = whole_read_bytes(total_bytes, row_bytes, BATCH_ROWS)
+    whole = whole_read_bytes(total_bytes, row_bytes, BATCH_ROWS) + int(read_buffers)
     return WORK_FACTOR * total_bytes + SELECT_WORKER + whole <= budget.work and n_buckets in (None, 1)
 
 
@@ -104,12 +107,15 @@ def plan_memory(ds: _sources.Dataset, total_bytes: int, n_rows: int | None, budg
     """(n_buckets, workers, how to spill) within the budget (``n_buckets`` given:
     a resumed job's or the caller's). A limit no plan fits is refused in one
     line naming the smallest limit that does."""
+    from mrt_fast.datasets.checked_objects import read_buffer_bytes
+
     reading = groups = -1
     row_bytes = total_bytes / n_rows if n_rows else 1024.0
+    buffers = read_buffer_bytes(ds)
 
     def attempt(b: Budget) -> tuple[int, int, SpillPlan | None] | None:
         nonlocal reading, groups
-        if fits_in_memory(total_bytes, n_rows, b, n_buckets):
+        if fits_in_memory(total_bytes, n_rows, b, n_buckets, buffers):
             return 1, 1, None
         # spilling: each phase gets half the work (the spill pass leaves some of its memory resident)
         half = b.with_work(b.work // 2)
