@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -548,7 +549,9 @@ def test_a_job_stopped_after_any_part_reruns_to_the_same_bytes(tmp_path_factory,
     j = data.draw(st.integers(1, n_parts - 1))
     with stopping_after(j), pytest.raises(StoppedForTest):
         select_dataset(tmp / "in", tmp / "o", 2, method, **kw)
-    damage(tmp / "o", how, data.draw(st.randoms(use_true_random=False)))
+    # the draw does not depend on how many parts the stopped run left (with two workers a part being
+    # written as the stop came may or may not be there): hypothesis replays the same draws
+    damage(tmp / "o", how, random.Random(data.draw(st.integers(0, 2**32 - 1))))
     rep = select_dataset(tmp / "in", tmp / "o", 2, method, **kw)
     assert rep.resumed and not rep.already_done
     assert_complete(tmp / "o", tmp / "clean")
