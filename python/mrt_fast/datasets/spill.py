@@ -359,12 +359,7 @@ def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None, embedd
         if mv.nbytes < len(STREAM_END) or bytes(mv[-len(STREAM_END):]) != STREAM_END:
             raise pa.ArrowInvalid(f"a spill file of bucket {i} ends before its end-of-stream marker")
         tables.append(ipc.open_stream(pa.py_buffer(mv)).read_all())
-    t = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    chunks = t.column(0).num_chunks if t.num_columns else 0
-    if chunks > 1 and t.num_rows < SMALL_BATCH_ROWS * chunks:
-        # a spill under a tight limit writes many small record batches: one copy of the bucket
-        # (small then too) costs less than carrying hundreds of chunks through polars and the core
-        t = t.combine_chunks()
+    t = few_chunks(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
     df = None
     if embedding is not None and embedding in t.column_names and t.num_rows:
         df = _with_contiguous(t, embedding, schema, buffers[1])
@@ -373,6 +368,14 @@ def read_bucket(spill_dir: Path, i: int, schema: pl.Schema | None = None, embedd
     if not df[ROW].is_sorted():
         df = df.sort(ROW)
     return df  # type: ignore[return-value]
+
+
+def few_chunks(t: pa.Table) -> pa.Table:
+    """``t``, its chunks joined into one where they average fewer than ``SMALL_BATCH_ROWS`` rows: a
+    spill or a read under a tight limit makes many small record batches, and one copy of the table
+    (small then too) costs less than carrying hundreds of chunks through polars and the core."""
+    chunks = t.column(0).num_chunks if t.num_columns else 0
+    return t.combine_chunks() if chunks > 1 and t.num_rows < SMALL_BATCH_ROWS * chunks else t
 
 
 def _with_contiguous(t, name: str, schema: pl.Schema | None, buffer: list | None) -> pl.DataFrame | None:

@@ -4,10 +4,11 @@ An input too large for memory (or larger than ``IN_PLACE_MIN_BYTES``) whose
 every pool is one run of consecutive rows
 (:func:`mrt_fast.datasets.pool_runs.consecutive_pools`) needs no bucket
 exchange: it is cut between runs into parts of consecutive rows
-(:func:`mrt_fast.datasets.executors.local_plan.plan_in_place`). One reader
-thread decodes the input in order, a batch (or a few whole row groups) at a
-time, and gathers each part's rows; a finished part goes to one of the
-selecting workers, which selects and writes it while the reader goes on. Every
+(:func:`mrt_fast.datasets.executors.local_plan.plan_in_place`). Reader threads
+(a core each at most) decode a block of consecutive parts each, in order, a
+batch (or a few whole row groups) at a time, and gather each part's rows; a
+finished part goes to one of the selecting workers, which selects and writes
+it while the readers go on. Every
 row group is decoded once, the input is read once and nothing is written but
 the output. The manifest records the layout ``consecutive``, so a rerun finds
 the same parts again (and reads past those done); a rerun of a job that
@@ -34,7 +35,7 @@ from mrt_fast.datasets.pick_progress import picks_shown
 from mrt_fast.datasets.pool_runs import LAYOUT, consecutive_pools
 from mrt_fast.datasets.profile import Profile
 from mrt_fast.datasets.select_stage import counts_into, finish_select, select_counts, select_rows
-from mrt_fast.datasets.spill import SMALL_BATCH_ROWS, spill_area, with_rows
+from mrt_fast.datasets.spill import few_chunks, spill_area, with_rows
 from mrt_fast.datasets.stage import Counts
 from mrt_fast.errors import MrtInputError, SmallPoolWarning
 
@@ -90,10 +91,8 @@ def select_in_place(job: Job, rep: Any, opts: Any, limit: int, prof: Profile, to
         def one(i: int, batches: list[pa.RecordBatch]) -> None:
             try:
                 with prof.piece("part read"):
-                    t = pa.Table.from_batches(batches)
+                    t = few_chunks(pa.Table.from_batches(batches))
                     del batches[:]
-                    if t.column(0).num_chunks > 1 and t.num_rows < SMALL_BATCH_ROWS * t.column(0).num_chunks:
-                        t = t.combine_chunks()  # many small batches (a tight limit): one copy costs less
                     df = pl.from_arrow(t)
                     del t
                 with prof.piece("part select"):

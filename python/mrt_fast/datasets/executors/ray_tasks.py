@@ -281,7 +281,7 @@ class PartInPlace:
 
     def __call__(self, t: pa.Table) -> tuple[pa.Table | None, pa.Table | None]:
         """(the kept rows for a file output, else None; one row of counts per part done, or None)."""
-        from mrt_fast.datasets.spill import SMALL_BATCH_ROWS
+        from mrt_fast.datasets.spill import few_chunks
 
         maybe_fail(self.fault)
         parts = PartsDone(self.opts, self.src, self.out_dir)
@@ -289,9 +289,7 @@ class PartInPlace:
             tb = self.read(int(self.cuts[i]), int(self.cuts[i + 1]))
             if tb is None:
                 continue  # no row: its empty part is committed with the job's end
-            if tb.column(0).num_chunks > 1 and tb.num_rows < SMALL_BATCH_ROWS * tb.column(0).num_chunks:
-                tb = tb.combine_chunks()
-            df = to_polars(tb)
+            df = to_polars(few_chunks(tb))
             del tb
             parts.select(i, df)
             del df
