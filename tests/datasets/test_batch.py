@@ -190,19 +190,24 @@ def test_memory_limit_holds_or_is_refused_in_one_line(tmp_path):
         read_dir(tmp_path / "o1").sort("prompt_id", "pick_rank"))
 
 
-def test_a_text_column_holds_the_limit_at_every_step(tmp_path):
-    """Responses as text beside float16 vectors (the shape of a real candidate pool): from the
-    smallest limit the job accepts up to where it reads a bucket ahead, the peak stays under the
-    limit (the selection touches memory the plan cannot size; what it holds back covers it)."""
-    rng = np.random.default_rng(1)
-    n = 300_000
+def text_pools(seed: int, dim: int, n: int = 300_000) -> pl.DataFrame:
+    """``n`` candidates in pools of 8-72, every pool's rows together: a reward, a text response of 20-120
+    words (500 distinct texts) and ``dim``-d float16 vectors (a real candidate pool's shape)."""
+    rng = np.random.default_rng(seed)
     ids = np.repeat(np.arange(n // 40), rng.integers(8, 73, n // 40))[:n]
     words = np.array(["alpha", "beta", "gamma", "answer", "because", "therefore", "the", "is", "x", "=", "42"])
     texts = np.array([" ".join(words[rng.integers(0, len(words), m)]) for m in rng.integers(20, 120, 500)])
     df = pl.DataFrame({"prompt_id": ids, "reward": rng.standard_normal(len(ids)),
                        "response": texts[rng.integers(0, len(texts), len(ids))],
-                       "embedding": rng.standard_normal((len(ids), 32)).astype(np.float16)})
-    df = df.with_columns(pl.col("embedding").cast(pl.List(pl.Float16))).sample(fraction=1.0, shuffle=True, seed=2)
+                       "embedding": rng.standard_normal((len(ids), dim)).astype(np.float16)})
+    return df.with_columns(pl.col("embedding").cast(pl.List(pl.Float16)))
+
+
+def test_a_text_column_holds_the_limit_at_every_step(tmp_path):
+    """Responses as text beside float16 vectors (the shape of a real candidate pool): from the
+    smallest limit the job accepts up to where it reads a bucket ahead, the peak stays under the
+    limit (the selection touches memory the plan cannot size; what it holds back covers it)."""
+    df = text_pools(seed=1, dim=32).sample(fraction=1.0, shuffle=True, seed=2)
     src = tmp_path / "in"
     cut(df, src, 4)
     rc, err, _ = _select_in_child(src, tmp_path / "refused", "64MiB")

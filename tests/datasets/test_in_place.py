@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_batch import _select_in_child, by_pool, cut, make_rows, read_dir, ref_select
+from test_batch import _select_in_child, by_pool, cut, make_rows, read_dir, ref_select, text_pools
 from typer.testing import CliRunner
 
 from mrt_fast._util.memory import parse_memory
@@ -107,15 +107,8 @@ def test_read_in_place_holds_the_limit_from_the_least_one_up(tmp_path):
     """Float16 vectors and a text column with every pool's rows together, in files of small row
     groups: from the smallest limit the job accepts up, the peak stays under the limit, the job
     reads in place (from 1.5x that limit at least) and every limit keeps the same rows."""
-    rng = np.random.default_rng(5)
     n = 300_000
-    ids = np.repeat(np.arange(n // 40), rng.integers(8, 73, n // 40))[:n]
-    words = np.array(["alpha", "beta", "gamma", "answer", "because", "therefore", "the", "is", "x", "=", "42"])
-    texts = np.array([" ".join(words[rng.integers(0, len(words), m)]) for m in rng.integers(20, 120, 500)])
-    df = pl.DataFrame({"prompt_id": ids, "reward": rng.standard_normal(len(ids)),
-                       "response": texts[rng.integers(0, len(texts), len(ids))],
-                       "embedding": rng.standard_normal((len(ids), 128)).astype(np.float16)})
-    t = df.with_columns(pl.col("embedding").cast(pl.List(pl.Float16))).to_arrow()
+    t = text_pools(seed=5, dim=128, n=n).to_arrow()
     src = tmp_path / "in"
     src.mkdir()
     for i, (a, b) in enumerate([(0, 120_000), (120_000, 200_000), (200_000, n)]):
