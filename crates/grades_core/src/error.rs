@@ -84,13 +84,37 @@ pub(crate) fn at_row<T>(row: u64, msg: impl Into<String>) -> Result<T> {
     Err(Error::Row { row, msg: msg.into() })
 }
 
+/// Plain numbers whose all-zero bytes are the value zero: a vector of them
+/// can come zeroed from the allocator ([`try_zeroed`]).
+///
+/// # Safety
+/// Every bit pattern of zeros must be a valid value of the type.
+pub unsafe trait Zeroable: Copy {}
+// SAFETY: all-zero bytes are 0 (integers) and +0.0 (floats).
+unsafe impl Zeroable for f32 {}
+unsafe impl Zeroable for f64 {}
+unsafe impl Zeroable for u32 {}
+unsafe impl Zeroable for u64 {}
+unsafe impl Zeroable for usize {}
+
 /// A zeroed vector of `n` values, allocated fallibly: an allocation failure
-/// is an [`Error::Memory`] naming `what` (and the pool), never an abort.
-pub fn try_zeroed<T: Clone + Default>(n: usize, pool: Option<usize>, what: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
+/// is an [`Error::Memory`] naming `what` (and the pool), never an abort. The
+/// memory comes zeroed from the allocator (a large block is fresh pages,
+/// zeroed by the system when first written, not written over here).
+pub fn try_zeroed<T: Zeroable>(n: usize, pool: Option<usize>, what: &str) -> Result<Vec<T>> {
     let fail = || Error::Memory { pool, bytes: n.saturating_mul(std::mem::size_of::<T>()), what: what.to_string() };
-    n.checked_mul(std::mem::size_of::<T>()).filter(|&b| b <= isize::MAX as usize).ok_or_else(fail)?;
-    v.try_reserve_exact(n).map_err(|_| fail())?;
-    v.resize(n, T::default());
-    Ok(v)
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| fail())?;
+    if layout.size() == 0 {
+        return Ok(vec![]);
+    }
+    // SAFETY: the layout has a non-zero size; a non-null pointer from
+    // `alloc_zeroed` holds `n` zeroed values of T, valid (`Zeroable`), with
+    // the global allocator's layout for a Vec of capacity n.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut T;
+        if p.is_null() {
+            return Err(fail());
+        }
+        Ok(Vec::from_raw_parts(p, n, n))
+    }
 }

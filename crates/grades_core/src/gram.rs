@@ -203,27 +203,59 @@ const COL_BLOCK: usize = 1024;
 /// after its own (the upper block triangle), `map` applied to each block
 /// while it is in cache, then the lower triangle mirrored from the upper
 /// (symmetric to the bit).
-pub fn syrk_large<F: Fn(f32) -> f32 + Sync>(x: &[f32], n: usize, d: usize, out: &mut [f32], map: F) {
+///
+/// With weights `w`, also returns `sum_{i != j} w_i out[i][j]` for every
+/// column `j`, formed from each block while it is in cache (each entry of
+/// the upper triangle adds to its column's sum and, by symmetry, to its
+/// row's): what a pass over the finished matrix would give, in another
+/// order of addition. Without, an empty vector.
+pub fn syrk_large<F: Fn(f32) -> f32 + Sync>(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    out: &mut [f32],
+    map: F,
+    w: Option<&[f64]>,
+) -> Vec<f64> {
     use rayon::prelude::*;
     assert!(x.len() >= n * d && out.len() >= n * n, "syrk_large: buffers too small");
-    out[..n * n].par_chunks_mut(STRIPE * n).enumerate().for_each(|(s, rows)| {
-        let r0 = s * STRIPE;
-        let m = rows.len() / n;
-        for c0 in (r0..n).step_by(COL_BLOCK) {
-            let nc = COL_BLOCK.min(n - c0);
-            // SAFETY: a = x[r0..r0 + m] (m x d), b = x[c0..c0 + nc] (nc x
-            // d), c = rows[.., c0..c0 + nc] at row stride n: in bounds, and
-            // `rows` belongs to this task alone.
-            unsafe {
-                gemm_abt_raw(&x[r0 * d..], m, &x[c0 * d..], nc, d, rows.as_mut_ptr().add(c0), n);
-            }
-            for row in rows.chunks_exact_mut(n) {
-                for v in &mut row[c0..c0 + nc] {
-                    *v = map(*v);
+    assert!(w.is_none_or(|w| w.len() >= n), "syrk_large: too few weights");
+    // each stripe's partial sums, for columns r0..n of stripe r0
+    let parts: Vec<Vec<f64>> = out[..n * n]
+        .par_chunks_mut(STRIPE * n)
+        .enumerate()
+        .map(|(s, rows)| {
+            let r0 = s * STRIPE;
+            let m = rows.len() / n;
+            let mut part = if w.is_some() { vec![0f64; n - r0] } else { Vec::new() };
+            for c0 in (r0..n).step_by(COL_BLOCK) {
+                let nc = COL_BLOCK.min(n - c0);
+                // SAFETY: a = x[r0..r0 + m] (m x d), b = x[c0..c0 + nc] (nc x
+                // d), c = rows[.., c0..c0 + nc] at row stride n: in bounds, and
+                // `rows` belongs to this task alone.
+                unsafe {
+                    gemm_abt_raw(&x[r0 * d..], m, &x[c0 * d..], nc, d, rows.as_mut_ptr().add(c0), n);
+                }
+                for (ii, row) in rows.chunks_exact_mut(n).enumerate() {
+                    let seg = &mut row[c0..c0 + nc];
+                    for v in seg.iter_mut() {
+                        *v = map(*v);
+                    }
+                    if let Some(w) = w {
+                        // the entries right of the diagonal: (i, j) adds w_i s to
+                        // column j and w_j s to column i
+                        let i = r0 + ii;
+                        let j0 = (i + 1).max(c0);
+                        if j0 < c0 + nc {
+                            let row_sum = add_weighted(&seg[j0 - c0..], w[i], &w[j0..c0 + nc], &mut part[j0 - r0..]);
+                            part[i - r0] += row_sum;
+                        }
+                    }
                 }
             }
-        }
-    });
+            part
+        })
+        .collect();
     let p = SendPtr(out.as_mut_ptr());
     (0..n.div_ceil(STRIPE)).into_par_iter().for_each(move |s| {
         let p = p;
@@ -244,6 +276,60 @@ pub fn syrk_large<F: Fn(f32) -> f32 + Sync>(x: &[f32], n: usize, d: usize, out: 
             }
         }
     });
+    if w.is_none() {
+        return Vec::new();
+    }
+    // the stripes' parts added in stripe order: the same bits every run
+    let mut sums = vec![0f64; n];
+    for (s, part) in parts.iter().enumerate() {
+        for (a, v) in sums[s * STRIPE..].iter_mut().zip(part) {
+            *a += v;
+        }
+    }
+    sums
+}
+
+/// `col[t] += wi * s[t]` for every `t`, and returns `sum_t wj[t] * s[t]`
+/// (four partial sums, added in a fixed order): one row segment of the
+/// upper triangle into the column sums and its row's sum. Compiled for AVX2
+/// where the CPU has it (lane-wise, no fused multiply-add: the same bits).
+fn add_weighted(s: &[f32], wi: f64, wj: &[f64], col: &mut [f64]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked just above).
+            return unsafe { add_weighted_avx2(s, wi, wj, col) };
+        }
+    }
+    add_weighted_impl(s, wi, wj, col)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_weighted_avx2(s: &[f32], wi: f64, wj: &[f64], col: &mut [f64]) -> f64 {
+    add_weighted_impl(s, wi, wj, col)
+}
+
+#[inline(always)]
+fn add_weighted_impl(s: &[f32], wi: f64, wj: &[f64], col: &mut [f64]) -> f64 {
+    let len = s.len().min(wj.len()).min(col.len());
+    let (s, wj, col) = (&s[..len], &wj[..len], &mut col[..len]);
+    let mut acc = [0f64; 4];
+    let full = len - len % 4;
+    for ((s4, w4), c4) in s[..full].chunks_exact(4).zip(wj[..full].chunks_exact(4)).zip(col[..full].chunks_exact_mut(4))
+    {
+        for l in 0..4 {
+            let v = s4[l] as f64;
+            c4[l] += wi * v;
+            acc[l] += w4[l] * v;
+        }
+    }
+    for t in full..len {
+        let v = s[t] as f64;
+        col[t] += wi * v;
+        acc[t - full] += wj[t] * v;
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3])
 }
 
 #[cfg(test)]
@@ -280,7 +366,7 @@ mod tests {
             // several stripes and column blocks, partial ones
             let x = values(n * d, seed);
             let mut out = vec![f32::NAN; n * n];
-            super::syrk_large(&x, n, d, &mut out, |c| 2.0 * c);
+            super::syrk_large(&x, n, d, &mut out, |c| 2.0 * c, None);
             for i in 0..n {
                 for j in 0..n {
                     prop_assert_eq!(out[i * n + j].to_bits(), out[j * n + i].to_bits(), "({}, {})", i, j);

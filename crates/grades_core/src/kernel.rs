@@ -127,6 +127,8 @@ pub fn gather_rows(pools: &Pools<'_>, p: usize, which: &[usize], out: &mut Vec<f
 /// Cosine similarity block of raw rows `x` (`n x d`, any norms) mapped by
 /// `kernel`: one GEMM on the raw rows, norms read off the Gram diagonal, then
 /// one fused scale + kernel pass. The block is symmetric to the bit.
+/// The block is the first `n * n` entries of `out` (row-major); a reused
+/// `out` may be longer, and is never made shorter.
 /// `name(i)` names row i in errors (pool, row, description).
 /// `next` is memory the caller reads next, prefetched while the product
 /// computes (a hint; may be empty). Fails on a non-finite value or a
@@ -144,18 +146,34 @@ pub fn cosine_gram(
     name: &RowName<'_>,
     next: &[u8],
 ) -> Result<()> {
-    // every entry is written below: a reused buffer is not cleared; a new
-    // one is allocated fallibly (a failure is an error, not an abort)
-    if out.capacity() < n * n {
-        *out = Vec::new(); // (the old block freed before the new one is made)
-        *out = try_zeroed(n * n, None, &format!("the {n} x {n} similarity block"))?;
-        advise_huge_pages(out);
-    } else {
-        out.resize(n * n, 0.0);
-        out.truncate(n * n);
+    cosine_gram_with(x, n, d, kernel, out, inv, name, next, None)
+}
+
+/// [`cosine_gram`]; with `sums` (weights `w` and a vector), a block computed
+/// in stripes (more than [`STRIPE`](crate::gram::STRIPE) rows) also leaves
+/// `sum_i w_i S_ij` for every column `j` in the vector (see
+/// [`crate::gram::syrk_large`]), and a smaller block leaves it empty.
+#[allow(clippy::too_many_arguments)] // cosine_gram's, and the sums
+pub fn cosine_gram_with(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    kernel: Kernel,
+    out: &mut Vec<f32>,
+    inv: &mut Vec<f32>,
+    name: &RowName<'_>,
+    next: &[u8],
+    mut sums: Option<(&[f64], &mut Vec<f64>)>,
+) -> Result<()> {
+    // every entry is written below: a reused buffer is neither cleared nor
+    // cut (a smaller block uses its start; cutting it would have the next
+    // larger one zero the rest again)
+    block_for(out, n, n)?;
+    if let Some((_, dst)) = &mut sums {
+        dst.clear();
     }
     if n > crate::gram::STRIPE {
-        return cosine_gram_large(x, n, d, kernel, out, name);
+        return cosine_gram_large(x, n, d, kernel, out, name, sums);
     }
     crate::gram::syrk(x, n, d, out, next);
     inv.clear();
@@ -164,7 +182,7 @@ pub fn cosine_gram(
         if !g.is_normal() {
             // slow path: a bad row is named; a norm outside the raw
             // product's range is scaled away (cosines do not depend on it)
-            return cosine_gram_large(x, n, d, kernel, out, name);
+            return cosine_gram_large(x, n, d, kernel, out, name, sums);
         }
         inv.push(1.0 / g.sqrt());
     }
@@ -219,18 +237,48 @@ fn scale_block_dispatch(out: &mut [f32], n: usize, inv: &[f32], kernel: Kernel) 
 /// embeddings are small next to the block), then one pass that computes the
 /// cosines and maps them while each block is in cache; no scaling pass over
 /// the n x n result.
-fn cosine_gram_large(x: &[f32], n: usize, d: usize, kernel: Kernel, out: &mut [f32], name: &RowName<'_>) -> Result<()> {
+fn cosine_gram_large(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    kernel: Kernel,
+    out: &mut [f32],
+    name: &RowName<'_>,
+    sums: Option<(&[f64], &mut Vec<f64>)>,
+) -> Result<()> {
     let mut xn = x[..n * d].to_vec();
     normalize_rows(&mut xn, n, d, name)?;
+    let w = sums.as_ref().map(|(w, _)| *w);
     // one closure per kernel, so the map over each block vectorises with no branch inside
-    match kernel {
-        Kernel::Clip => crate::gram::syrk_large(&xn, n, d, out, |c| Kernel::Clip.apply(c)),
-        Kernel::Shift => crate::gram::syrk_large(&xn, n, d, out, |c| Kernel::Shift.apply(c)),
-    }
+    let got = match kernel {
+        Kernel::Clip => crate::gram::syrk_large(&xn, n, d, out, |c| Kernel::Clip.apply(c), w),
+        Kernel::Shift => crate::gram::syrk_large(&xn, n, d, out, |c| Kernel::Shift.apply(c), w),
+    };
     let one = kernel.apply(1.0);
     for i in 0..n {
         out[i * n + i] = one;
     }
+    if let Some((w, dst)) = sums {
+        // the diagonal's own term
+        dst.clear();
+        dst.extend(got.iter().zip(w).map(|(&v, &wj)| v + wj * one as f64));
+    }
+    Ok(())
+}
+
+/// Make `out` hold at least an `n x n` block: kept as it is when it does
+/// (never cut, never cleared), else replaced by a block of `room x room`
+/// (`room >= n`: a caller that will need larger blocks soon asks for the
+/// largest at once, so that fresh memory is faulted in once, not once per
+/// growth), allocated fallibly: a failure is an error, not an abort.
+pub fn block_for(out: &mut Vec<f32>, n: usize, room: usize) -> Result<()> {
+    if out.len() >= n * n {
+        return Ok(());
+    }
+    let m = room.max(n);
+    *out = Vec::new(); // (the old block freed before the new one is made)
+    *out = try_zeroed(m * m, None, &format!("the {m} x {m} similarity block"))?;
+    advise_huge_pages(out);
     Ok(())
 }
 

@@ -4,7 +4,7 @@ use grades_core::facility::{
     facility_location_sparse, greedy, greedy_sweep, objective_dense, quality, use_sweep, DenseSource, OnDemandSource,
     Optimizer, Params, Source,
 };
-use grades_core::kernel::{cosine_gram, Csr, Kernel};
+use grades_core::kernel::{cosine_gram, cosine_gram_with, Csr, Kernel};
 use grades_core::pools::Pools;
 use grades_core::sampling::{largest_remainder, random_k, stratified_k, top_k};
 use proptest::prelude::*;
@@ -681,6 +681,52 @@ fn a_batch_gives_each_pool_what_it_gives_alone_on_any_number_of_threads() {
                 g.gains.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 a.gains.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
             );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Lazy greedy on a block made in stripes starts from the column sums
+    /// summed while the block was made: the same picks and gains, to the
+    /// bit, as naive greedy on the same pool, and the sums are those of the
+    /// finished block within rounding.
+    #[test]
+    fn striped_blocks_start_lazy_greedy_from_their_column_sums(
+        n in 257usize..700, d in 2usize..10, k in 1usize..7, seed in 0u64..1000,
+        alpha in prop::sample::select(vec![0.0, 0.75, 2.0]), shift in any::<bool>(),
+    ) {
+        let kernel = if shift { Kernel::Shift } else { Kernel::Clip };
+        let x: Vec<f32> = (0..n * d)
+            .map(|t| (((t as u64 + 1) * 2654435761 + seed * 7919) % 2000) as f32 / 1000.0 - 1.0)
+            .collect();
+        let r: Vec<f64> = (0..n).map(|i| ((i as u64 * 31 + seed) % 17) as f64 / 4.0).collect();
+        let off = [0u64, n as u64];
+        let pools = Pools::new(&x, d, &off, None).unwrap();
+        let lazy = facility_location_batch(&pools, Some(&r), &params(k, alpha, Optimizer::Lazy), kernel).unwrap();
+        let naive = facility_location_batch(&pools, Some(&r), &params(k, alpha, Optimizer::Naive), kernel).unwrap();
+        prop_assert_eq!(&lazy[0].indices, &naive[0].indices);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&lazy[0].gains), bits(&naive[0].gains));
+        prop_assert!(lazy[0].upper_bound >= lazy[0].objective);
+
+        // the sums against a pass over the finished block
+        let w = weights(&r, alpha);
+        let (mut s, mut inv, mut sums) = (Vec::new(), Vec::new(), Vec::new());
+        cosine_gram_with(&x, n, d, kernel, &mut s, &mut inv, &|i| (0, i, format!("{i}")), &[], Some((&w, &mut sums)))
+            .unwrap();
+        prop_assert_eq!(sums.len(), n);
+        let mut exact = vec![0f64; n];
+        let mut src = DenseSource::new(&s, n);
+        src.gains(&(0..n).collect::<Vec<_>>(), &w, &vec![0.0; n], &mut exact);
+        let mut bounds = vec![0f64; n];
+        DenseSource::with_sums(&s, n, &sums).initial_bounds(&w, &mut bounds);
+        for j in 0..n {
+            let direct: f64 = (0..n).map(|i| w[i] * s[i * n + j] as f64).sum();
+            prop_assert!((sums[j] - direct).abs() <= 1e-12 * direct.abs() + 1e-300, "column {}", j);
+            prop_assert!(bounds[j] >= exact[j], "bound {} < gain {} (column {})", bounds[j], exact[j], j);
+            prop_assert!(bounds[j] <= exact[j] * (1.0 + 1e-8) + 1e-300, "bound {} far above gain {}", bounds[j], exact[j]);
         }
     }
 }

@@ -9,12 +9,12 @@ use rayon::prelude::*;
 use super::dense::DenseSource;
 use super::greedy::greedy_with;
 use super::on_demand::OnDemandSource;
-use super::params::{need_rewards_error, FlResult, Params};
+use super::params::{need_rewards_error, FlResult, Optimizer, Params};
 use super::sweep::{greedy_sweep_with, use_sweep, SweepScratch};
 use super::ties::{Content, Ties};
 use super::weights::{ground_set, remap, weights_for};
 use crate::error::{invalid, Result};
-use crate::kernel::{cosine_gram, gather_normalized, gather_rows, Kernel};
+use crate::kernel::{block_for, cosine_gram_with, gather_normalized, gather_rows, Kernel};
 use crate::pools::Pools;
 
 /// Bytes of the n x n float32 similarity block of a pool of `n` candidates.
@@ -94,13 +94,21 @@ pub fn facility_location_batch_keyed(
     // block is then faulted in again); a pool run while its thread's set is
     // in use (stolen inside a nested parallel step) gets its own
     let sets: Vec<Mutex<Scratch>> = (0..rayon::current_num_threads()).map(|_| Mutex::default()).collect();
+    // the largest block a pool of this call holds: a thread that needs a large
+    // block takes room for it at once
+    let cap = |n: usize| params.k_max.map_or(n, |k| n.min(k));
+    let largest = (0..pools.layout.n_pools())
+        .map(|p| cap(pools.layout.len(p)))
+        .filter(|&m| dense_bytes(m) <= dense_limit)
+        .max()
+        .unwrap_or(0);
     let out: Vec<Result<FlResult>> = (0..pools.layout.n_pools())
         .into_par_iter()
         .map(|p| {
             let mut own = rayon::current_thread_index().and_then(|t| sets.get(t)).and_then(|m| m.try_lock().ok());
             let mut fresh = Scratch::default(); // holds nothing until a pool grows it
             let sc = own.as_deref_mut().unwrap_or(&mut fresh);
-            run_pool(pools, p, rewards, (text, ordered), params, kernel, dense_limit, sc)
+            run_pool(pools, p, rewards, (text, ordered), params, kernel, (dense_limit, largest), sc)
         })
         .collect();
     // the first failing pool, deterministically
@@ -118,6 +126,10 @@ fn prefetch_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>) {
     }
 }
 
+/// A thread whose pool needs a similarity block of this many bytes or more
+/// (1,024 candidates and up) takes room for the call's largest block at once.
+const GROW_TO_LARGEST: usize = 4 << 20;
+
 /// Per-thread buffers for the batched path.
 #[derive(Default)]
 struct Scratch {
@@ -125,6 +137,8 @@ struct Scratch {
     s: Vec<f32>,
     r: Vec<f64>,
     inv: Vec<f32>,
+    /// a striped block's column sums (lazy greedy's initial bounds)
+    sums: Vec<f64>,
     sweep: SweepScratch,
 }
 
@@ -136,7 +150,7 @@ fn run_pool(
     (text, ordered): (Option<&[u64]>, bool),
     params: &Params,
     kernel: Kernel,
-    dense_limit: usize,
+    (dense_limit, largest): (usize, usize),
     sc: &mut Scratch,
 ) -> Result<FlResult> {
     let n = pools.layout.len(p);
@@ -198,14 +212,25 @@ fn run_pool(
     } else {
         &[]
     };
-    cosine_gram(x, m, d, kernel, &mut sc.s, &mut sc.inv, &name, next).map_err(|e| e.in_pool(p))?;
+    if dense_bytes(m) >= GROW_TO_LARGEST {
+        block_for(&mut sc.s, m, largest).map_err(|e| e.in_pool(p))?;
+    }
     let w = weights_for(p, q.as_deref(), &u, params)?;
+    // the sweep evaluates every gain; lazy greedy starts from bounds, which a
+    // block made in stripes gives from its column sums, summed while made
+    let sweep = use_sweep(m, params.k);
+    let sums = (!sweep && params.optimizer == Optimizer::Lazy).then_some((&w[..], &mut sc.sums));
+    cosine_gram_with(x, m, d, kernel, &mut sc.s, &mut sc.inv, &name, next, sums).map_err(|e| e.in_pool(p))?;
     // the Gram block is exactly symmetric: small pools with a small K take
     // the sweep, which gives what naive (and so lazy) greedy gives
-    let mut res = if use_sweep(m, params.k) {
+    let mut res = if sweep {
         greedy_sweep_with(&sc.s, m, &w, params.k, &mut sc.sweep, &ties)
     } else {
-        let mut src = DenseSource::new(&sc.s, m);
+        let mut src = if sc.sums.len() == m && params.optimizer == Optimizer::Lazy {
+            DenseSource::with_sums(&sc.s, m, &sc.sums)
+        } else {
+            DenseSource::new(&sc.s, m)
+        };
         greedy_with(&mut src, &w, params.k, params.optimizer, &ties)
     };
     for i in res.indices.iter_mut() {

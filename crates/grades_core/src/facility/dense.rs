@@ -15,14 +15,30 @@ pub struct DenseSource<'a> {
     n: usize,
     /// every weight is 1.0 (set by `prepare`)
     unit: bool,
+    /// `sum_i w_i S_ij` for every column, computed while the block was made
+    sums: Option<&'a [f64]>,
 }
 
 impl<'a> DenseSource<'a> {
     pub fn new(s: &'a [f32], n: usize) -> Self {
         assert!(s.len() >= n * n, "DenseSource: {} entries for n = {n}", s.len());
-        DenseSource { s, n, unit: false }
+        DenseSource { s, n, unit: false, sums: None }
+    }
+
+    /// [`DenseSource::new`] whose initial bounds come from `sums[j] = sum_i
+    /// w_i S_ij` (the weights greedy will be given; see
+    /// [`crate::kernel::cosine_gram_with`]) instead of a pass over the block.
+    pub fn with_sums(s: &'a [f32], n: usize, sums: &'a [f64]) -> Self {
+        assert!(sums.len() >= n, "DenseSource: {} sums for n = {n}", sums.len());
+        DenseSource { sums: Some(sums), ..Self::new(s, n) }
     }
 }
+
+/// Relative room of an initial bound formed from column sums over a gain
+/// formed term by term: both add the same non-negative products in another
+/// order and rounding, at most about `n` units in the last place apart (n <
+/// 2^15 for a dense block), far below this.
+const SUMS_ROOM: f64 = 1e-9;
 
 /// Dense pools from this size evaluate columns in parallel, in batches.
 const DENSE_PAR_N: usize = 4096;
@@ -57,6 +73,23 @@ impl Source for DenseSource<'_> {
     }
     fn prepare(&mut self, w: &[f64]) {
         self.unit = w[..self.n].iter().all(|&v| v == 1.0);
+    }
+    fn initial_bounds(&mut self, w: &[f64], out: &mut [f64]) {
+        let n = self.n;
+        match self.sums {
+            // gain(j | {}) = sum_i w_i w_j S_ij; any bound at or above it keeps
+            // lazy greedy exact (a pick is always evaluated by `gains`)
+            Some(sums) => {
+                for ((o, &sj), &wj) in out[..n].iter_mut().zip(sums).zip(w) {
+                    *o = (wj * sj).max(0.0) * (1.0 + SUMS_ROOM) + f64::MIN_POSITIVE;
+                }
+            }
+            None => {
+                let all: Vec<usize> = (0..n).collect();
+                let c = vec![0.0; n];
+                self.gains(&all, w, &c, out);
+            }
+        }
     }
 }
 

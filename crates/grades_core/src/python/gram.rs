@@ -20,6 +20,7 @@ fn similarity<'py>(
     let out = run(py, || {
         let (mut s, mut inv) = (Vec::new(), Vec::new());
         kernel::cosine_gram(xs, n, d, kern, &mut s, &mut inv, &|i| (0, i, format!("row {i}")), &[])?;
+        s.truncate(n * n);
         Ok(s)
     })?;
     Ok(PyArray1::from_vec(py, out))
