@@ -36,8 +36,9 @@ impl<'a> DenseSource<'a> {
 
 /// Relative room of an initial bound formed from column sums over a gain
 /// formed term by term: both add the same non-negative products in another
-/// order and rounding, at most about `n` units in the last place apart (n <
-/// 2^15 for a dense block), far below this.
+/// order and rounding, so they lie within about `2 n` units in the last
+/// place of each other (1e-10 relative at half a million candidates, more
+/// than any n x n block in memory holds), below this.
 const SUMS_ROOM: f64 = 1e-9;
 
 /// Dense pools from this size evaluate columns in parallel, in batches.
