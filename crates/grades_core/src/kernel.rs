@@ -168,7 +168,7 @@ pub fn cosine_gram_with(
     // every entry is written below: a reused buffer is neither cleared nor
     // cut (a smaller block uses its start; cutting it would have the next
     // larger one zero the rest again)
-    block_for(out, n, n)?;
+    block_for(out, n)?;
     if let Some((_, dst)) = &mut sums {
         dst.clear();
     }
@@ -267,17 +267,14 @@ fn cosine_gram_large(
 }
 
 /// Make `out` hold at least an `n x n` block: kept as it is when it does
-/// (never cut, never cleared), else replaced by a block of `room x room`
-/// (`room >= n`: a caller that will need larger blocks soon asks for the
-/// largest at once, so that fresh memory is faulted in once, not once per
-/// growth), allocated fallibly: a failure is an error, not an abort.
-pub fn block_for(out: &mut Vec<f32>, n: usize, room: usize) -> Result<()> {
+/// (never cut, never cleared), else replaced by a fresh zeroed one,
+/// allocated fallibly: a failure is an error, not an abort.
+fn block_for(out: &mut Vec<f32>, n: usize) -> Result<()> {
     if out.len() >= n * n {
         return Ok(());
     }
-    let m = room.max(n);
     *out = Vec::new(); // (the old block freed before the new one is made)
-    *out = try_zeroed(m * m, None, &format!("the {m} x {m} similarity block"))?;
+    *out = try_zeroed(n * n, None, &format!("the {n} x {n} similarity block"))?;
     advise_huge_pages(out);
     Ok(())
 }

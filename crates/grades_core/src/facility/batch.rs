@@ -14,7 +14,7 @@ use super::sweep::{greedy_sweep_with, use_sweep, SweepScratch};
 use super::ties::{Content, Ties};
 use super::weights::{ground_set, remap, weights_for};
 use crate::error::{invalid, Result};
-use crate::kernel::{block_for, cosine_gram_with, gather_normalized, gather_rows, Kernel};
+use crate::kernel::{cosine_gram_with, gather_normalized, gather_rows, Kernel};
 use crate::pools::Pools;
 
 /// Bytes of the n x n float32 similarity block of a pool of `n` candidates.
@@ -94,21 +94,13 @@ pub fn facility_location_batch_keyed(
     // block is then faulted in again); a pool run while its thread's set is
     // in use (stolen inside a nested parallel step) gets its own
     let sets: Vec<Mutex<Scratch>> = (0..rayon::current_num_threads()).map(|_| Mutex::default()).collect();
-    // the largest block a pool of this call holds: a thread that needs a large
-    // block takes room for it at once
-    let cap = |n: usize| params.k_max.map_or(n, |k| n.min(k));
-    let largest = (0..pools.layout.n_pools())
-        .map(|p| cap(pools.layout.len(p)))
-        .filter(|&m| dense_bytes(m) <= dense_limit)
-        .max()
-        .unwrap_or(0);
     let out: Vec<Result<FlResult>> = (0..pools.layout.n_pools())
         .into_par_iter()
         .map(|p| {
             let mut own = rayon::current_thread_index().and_then(|t| sets.get(t)).and_then(|m| m.try_lock().ok());
             let mut fresh = Scratch::default(); // holds nothing until a pool grows it
             let sc = own.as_deref_mut().unwrap_or(&mut fresh);
-            run_pool(pools, p, rewards, (text, ordered), params, kernel, (dense_limit, largest), sc)
+            run_pool(pools, p, rewards, (text, ordered), params, kernel, dense_limit, sc)
         })
         .collect();
     // the first failing pool, deterministically
@@ -125,10 +117,6 @@ fn prefetch_pool(pools: &Pools<'_>, p: usize, rewards: Option<&[f64]>) {
         }
     }
 }
-
-/// A thread whose pool needs a similarity block of this many bytes or more
-/// (1,024 candidates and up) takes room for the call's largest block at once.
-const GROW_TO_LARGEST: usize = 4 << 20;
 
 /// Per-thread buffers for the batched path.
 #[derive(Default)]
@@ -150,7 +138,7 @@ fn run_pool(
     (text, ordered): (Option<&[u64]>, bool),
     params: &Params,
     kernel: Kernel,
-    (dense_limit, largest): (usize, usize),
+    dense_limit: usize,
     sc: &mut Scratch,
 ) -> Result<FlResult> {
     let n = pools.layout.len(p);
@@ -212,9 +200,6 @@ fn run_pool(
     } else {
         &[]
     };
-    if dense_bytes(m) >= GROW_TO_LARGEST {
-        block_for(&mut sc.s, m, largest).map_err(|e| e.in_pool(p))?;
-    }
     let w = weights_for(p, q.as_deref(), &u, params)?;
     // the sweep evaluates every gain; lazy greedy starts from bounds, which a
     // block made in stripes gives from its column sums, summed while made
