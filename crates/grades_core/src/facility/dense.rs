@@ -6,7 +6,7 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::column::column_gain_avx2;
 use super::column::{column_cover, column_gain_w};
-use super::source::Source;
+use super::source::{empty_cover_gains, Source};
 
 /// A dense similarity held column by column: column `j` (the `S_ij` for all
 /// i) is `s[j*n .. (j+1)*n]`. A symmetric row-major matrix qualifies as is.
@@ -85,11 +85,7 @@ impl Source for DenseSource<'_> {
                     *o = (wj * sj).max(0.0) * (1.0 + SUMS_ROOM) + f64::MIN_POSITIVE;
                 }
             }
-            None => {
-                let all: Vec<usize> = (0..n).collect();
-                let c = vec![0.0; n];
-                self.gains(&all, w, &c, out);
-            }
+            None => empty_cover_gains(self, w, out),
         }
     }
 }

@@ -10,10 +10,7 @@ pub trait Source {
     fn cover(&mut self, j: usize, w: &[f64], c: &mut [f64]);
     /// Upper bounds on every gain with an empty cover (default: exact).
     fn initial_bounds(&mut self, w: &[f64], out: &mut [f64]) {
-        let n = self.n();
-        let all: Vec<usize> = (0..n).collect();
-        let c = vec![0.0; n];
-        self.gains(&all, w, &c, out);
+        empty_cover_gains(self, w, out)
     }
     /// How many stale heap tops lazy greedy re-evaluates at once, at most.
     fn batch(&self) -> usize {
@@ -42,4 +39,12 @@ pub trait Source {
     fn gain_drops(&mut self, _rows: &[usize], _old: &[f64], _c: &[f64], _w: &[f64], _drop: &mut [f64]) -> bool {
         false
     }
+}
+
+/// Every gain of `src` with an empty cover, exactly: the default initial bounds.
+pub(super) fn empty_cover_gains<S: Source + ?Sized>(src: &mut S, w: &[f64], out: &mut [f64]) {
+    let n = src.n();
+    let all: Vec<usize> = (0..n).collect();
+    let c = vec![0.0; n];
+    src.gains(&all, w, &c, out);
 }
