@@ -1,6 +1,7 @@
 """The `mrt` command: one module per command group, registered on one Typer app.
 
-``python -m mrt_fast.cli`` and the ``mrt`` script (``mrt_fast.cli:app``) run it.
+``python -m mrt_fast.cli`` and the ``mrt`` script run it through ``mrt_fast.cli.process.main``, which starts and
+ends the process; ``app`` itself can be called in any Python process (Typer's ``CliRunner``, a notebook).
 """
 
 # the command groups register their commands on import, in the order `mrt --help` lists them

@@ -1,3 +1,3 @@
-from mrt_fast.cli import app
+from mrt_fast.cli.process import main
 
-app()
+main()
