@@ -23,11 +23,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
-COUNT = ("import sys, runpy\nsys.argv = ['mrt'] + sys.argv[1:]\n"
-         "try:\n    runpy.run_module('mrt_fast.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+COUNT = ("import atexit, sys, runpy\nsys.argv = ['mrt'] + sys.argv[1:]\n"
          "heavy = ['pandas', 'polars', 'numpy', 'pyarrow', 'pyarrow.compute', 'pydantic', 'torch', 'ray', 'scipy', 'matplotlib']\n"
-         "print(json.dumps({'modules': len(sys.modules), 'heavy': [m for m in heavy if m in sys.modules]}), "
-         "file=sys.__stderr__)\n")
+         "atexit.register(lambda: print(json.dumps({'modules': len(sys.modules), 'heavy': [m for m in heavy if m in sys.modules]}), "
+         "file=sys.__stderr__))\n"  # the process's end runs its exit handlers, then skips the teardown
+         "runpy.run_module('mrt_fast.cli', run_name='__main__')\n")
 
 
 def wall(cmd: list[str], env: dict) -> float:
