@@ -207,9 +207,11 @@ class Manifest:
     def verify(self, out_dir: Path) -> list[str]:
         """Match the record with the part files: a recorded part that is missing
         or whose size or checksum differs is forgotten (its file deleted), so the
-        job redoes it; a complete part on disk but not recorded (a kill between
-        its rename and the manifest's update) is recorded. Returns the names of
-        the parts forgotten."""
+        job redoes it. A part file the manifest does not record (a kill between
+        its rename and the manifest's update, or any file under a part's name)
+        is deleted and redone: nothing vouches for its bytes. A part recorded
+        without a checksum (a /1 manifest) is kept if its footer holds its
+        rows. Returns the names of the parts forgotten."""
         import pyarrow.parquet as pq
 
         dropped = []
@@ -226,12 +228,12 @@ class Manifest:
             if want is not None and name in self.parts:
                 if p.stat().st_size == want.get("bytes") and part_check(p) == want:
                     continue
-            else:  # unrecorded, or recorded by a /1 manifest: its footer must hold the rows
+            elif name in self.parts:  # recorded by a /1 manifest: its footer must hold the rows
                 try:
                     rows = pq.ParquetFile(p).metadata.num_rows
                 except Exception:  # noqa: BLE001 - a damaged file is redone
                     rows = None
-                if rows is not None and self.parts.get(name, rows) == rows:
+                if rows is not None and self.parts[name] == rows:
                     self.record(i, rows, part_check(p))
                     continue
             if name in self.parts:
