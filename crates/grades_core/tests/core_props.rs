@@ -581,11 +581,12 @@ proptest! {
 
     /// The on-demand source's drops are lower bounds on the true drops (its
     /// columns' dot products rounded in another order included), and close to
-    /// them.
+    /// them, whatever the budget that cuts its rows into blocks.
     #[test]
     fn on_demand_gain_drops_are_lower_bounds(
         n in 2usize..120, d in 1usize..40, picks in 1usize..6, seed in 0u64..1000, shift in any::<bool>(),
         rw in prop::collection::vec(0.1f64..3.0, 120),
+        budget in prop_oneof![Just(usize::MAX), 0usize..4096, 4096usize..200_000],
     ) {
         let h = |t: u64| {
             let z = (t + 1).wrapping_mul(6364136223846793005).wrapping_add(seed.wrapping_mul(1442695040888963407));
@@ -603,7 +604,7 @@ proptest! {
             let dot: f64 = (0..d).map(|a| x[i * d + a] as f64 * x[j * d + a] as f64).sum();
             kernel.apply(dot as f32) as f64
         };
-        let mut src = OnDemandSource::new(x.clone(), n, d, kernel);
+        let mut src = OnDemandSource::within(x.clone(), n, d, kernel, budget);
         let mut c = vec![0f64; n];
         for p in 0..picks {
             let j = (seed as usize * 7 + p * 13) % n;

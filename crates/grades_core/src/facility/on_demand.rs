@@ -15,6 +15,35 @@ const CHUNK: usize = 512;
 /// Block pairs whose partial sums are held at once by the initial bounds.
 const GROUP: usize = 256;
 
+/// `dst[t] += wi * min(max(wj[t] * s[t] - lo, 0), rise)` for every `t`: one
+/// row's terms of the gains' drops, along its stretch of columns. Compiled
+/// for AVX2 where the CPU has it (lane-wise, no fused multiply-add: the same
+/// bits).
+fn add_drop_row(dst: &mut [f64], s: &[f32], wj: &[f64], lo: f64, rise: f64, wi: f64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is available (checked just above).
+            return unsafe { add_drop_row_avx2(dst, s, wj, lo, rise, wi) };
+        }
+    }
+    add_drop_row_impl(dst, s, wj, lo, rise, wi)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_drop_row_avx2(dst: &mut [f64], s: &[f32], wj: &[f64], lo: f64, rise: f64, wi: f64) {
+    add_drop_row_impl(dst, s, wj, lo, rise, wi)
+}
+
+#[inline(always)]
+fn add_drop_row_impl(dst: &mut [f64], s: &[f32], wj: &[f64], lo: f64, rise: f64, wi: f64) {
+    for ((d, &sv), &wjv) in dst.iter_mut().zip(s).zip(wj) {
+        let v = (wjv * sv as f64 - lo).max(0.0).min(rise);
+        *d += wi * v;
+    }
+}
+
 /// A bounded cache of similarity columns, least recently used out.
 struct ColumnCache {
     n: usize,
@@ -81,6 +110,9 @@ pub struct OnDemandSource {
     d: usize,
     kernel: Kernel,
     batch: usize,
+    /// rows of S per block when the gains' drops are computed: a larger
+    /// GEMM than a batch of gains, from the budget the cache leaves
+    drop_batch: usize,
     cache: ColumnCache,
     /// the columns of the last batch computed, reused by the next
     scratch: Vec<f32>,
@@ -114,7 +146,12 @@ impl OnDemandSource {
         let cols = bytes / (4 * n.max(1)); // columns the budget holds in all
         let batch = (cols / 4).clamp(1, BATCH);
         let cap = cols.saturating_sub(2 * batch).clamp(batch, (8 * d).max(BATCH)).min(n.max(1));
-        Self { x, n, d, kernel, batch: batch.min(cap), cache: ColumnCache::new(n, cap), scratch: Vec::new() }
+        let batch = batch.min(cap);
+        // the drops' blocks take the batch buffer; half of what the cache
+        // leaves, up to 4 batches (a GEMM of 64 rows packs the embeddings
+        // for too few of them)
+        let drop_batch = (cols.saturating_sub(cap) / 2).clamp(batch, 4 * BATCH);
+        Self { x, n, d, kernel, batch, drop_batch, cache: ColumnCache::new(n, cap), scratch: Vec::new() }
     }
 
     /// Columns `js` into `out` (`b x n`, row r = column js[r]; grown as
@@ -207,7 +244,7 @@ impl Source for OnDemandSource {
         drop[..n].iter_mut().for_each(|v| *v = 0.0);
         let mut blk = std::mem::take(&mut self.scratch);
         let mut w_rows = 0.0f64;
-        for chunk in rows.chunks(self.batch.max(1)) {
+        for chunk in rows.chunks(self.drop_batch.max(1)) {
             self.columns_into(chunk, &mut blk);
             let (blk, m) = (&blk[..], chunk.len());
             w_rows += chunk.iter().map(|&i| w[i]).sum::<f64>();
@@ -216,12 +253,7 @@ impl Source for OnDemandSource {
                 let wj = &w[j0..j0 + dj.len()];
                 // row by row, each along its contiguous stretch of columns
                 for (r, &i) in chunk.iter().enumerate().take(m) {
-                    let (lo, rise, wi) = (old[i], c[i] - old[i], w[i]);
-                    let s = &blk[r * n + j0..r * n + j0 + dj.len()];
-                    for ((dst, &sv), &wjv) in dj.iter_mut().zip(s).zip(wj) {
-                        let v = (wjv * sv as f64 - lo).max(0.0).min(rise);
-                        *dst += wi * v;
-                    }
+                    add_drop_row(dj, &blk[r * n + j0..r * n + j0 + dj.len()], wj, old[i], c[i] - old[i], w[i]);
                 }
             });
         }
