@@ -394,13 +394,18 @@ def test_grouped_layout_refuses_ragged_lists(tmp_path):
 # --------------------------------------------------------------------------- resume
 
 
-def test_resume_after_a_kill_gives_byte_identical_parts(tmp_path):
-    df = make_rows(80, 11)
-    cut(df, tmp_path / "in", 4)
-    select_dataset(tmp_path / "in", tmp_path / "full", 3, "grades", parts=6)
+def stopped_after_two_parts(tmp_path, method: str, parts: int) -> Manifest:
+    """An input in 4 files, its uninterrupted job in ``full`` and the same job stopped after 2 of its
+    ``parts`` in ``part``: the stopped job's manifest."""
+    cut(make_rows(80, 11), tmp_path / "in", 4)
+    select_dataset(tmp_path / "in", tmp_path / "full", 3, method, parts=parts)
     with stopping_after(2), pytest.raises(StoppedForTest):
-        select_dataset(tmp_path / "in", tmp_path / "part", 3, "grades", parts=6)
-    m = Manifest.read(tmp_path / "part")
+        select_dataset(tmp_path / "in", tmp_path / "part", 3, method, parts=parts)
+    return Manifest.read(tmp_path / "part")
+
+
+def test_resume_after_a_kill_gives_byte_identical_parts(tmp_path):
+    m = stopped_after_two_parts(tmp_path, "grades", 6)
     assert not m.done and len(m.parts) == 2
     # a half-written temp file is never read and is cleaned
     import subprocess
@@ -429,12 +434,7 @@ def test_a_file_under_an_unrecorded_parts_name_is_redone_not_adopted(tmp_path, s
     """A rerun redoes every part its manifest does not record, whatever file sits under that part's
     name (a kill between a part's rename and its record leaves one that nothing vouches for): a valid
     Parquet file with rows, even the right part with one byte changed, never becomes the output."""
-    df = make_rows(80, 11)
-    cut(df, tmp_path / "in", 4)
-    select_dataset(tmp_path / "in", tmp_path / "full", 3, "top", parts=4)
-    with stopping_after(2), pytest.raises(StoppedForTest):
-        select_dataset(tmp_path / "in", tmp_path / "part", 3, "top", parts=4)
-    m = Manifest.read(tmp_path / "part")
+    m = stopped_after_two_parts(tmp_path, "top", 4)
     name = next(part_path(tmp_path / "part", i) for i in range(4) if part_path(tmp_path / "part", i).name
                 not in m.parts)
     if stray == "another part":
